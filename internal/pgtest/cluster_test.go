@@ -1,0 +1,178 @@
+package pgtest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func startCluster(t *testing.T) *Cluster {
+	t.Helper()
+	c, err := StartCluster(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return c
+}
+
+func TestClusterRestartKeepsData(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := startCluster(t)
+
+	conn, err := pgx.Connect(ctx, c.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE survivor (id int); INSERT INTO survivor VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+	before := c.PID()
+	if err := c.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := c.PID()
+	if after == before || after == 0 {
+		t.Errorf("postmaster PID %d after restart, was %d", after, before)
+	}
+	if processAlive(before) {
+		t.Errorf("old postmaster %d still runs after restart", before)
+	}
+	if err := conn.Ping(ctx); err == nil {
+		t.Error("connection from before the restart still works")
+	}
+	conn.Close(ctx)
+
+	conn, err = pgx.Connect(ctx, c.DSN("postgres"))
+	if err != nil {
+		t.Fatalf("connect after restart: %v", err)
+	}
+	defer conn.Close(ctx)
+	var id int
+	if err := conn.QueryRow(ctx, "SELECT id FROM survivor").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if id != 42 {
+		t.Errorf("survivor id = %d after restart, want 42", id)
+	}
+}
+
+func TestClusterStopRemovesEverything(t *testing.T) {
+	t.Parallel()
+	c, err := StartCluster(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := c.PID()
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if processAlive(pid) {
+		t.Errorf("postmaster %d still runs after Stop", pid)
+	}
+	if _, err := os.Stat(c.dir); !os.IsNotExist(err) {
+		t.Errorf("cluster directory %s still exists after Stop (stat: %v)", c.dir, err)
+	}
+	if err := c.Stop(); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+	if err := c.Restart(context.Background()); err == nil {
+		t.Error("Restart after Stop succeeded")
+	}
+}
+
+// helperEnv makes the test binary run TestHelperProcess as a cluster owner
+// that TestClusterDiesWithKilledOwner kills.
+const helperEnv = "PGTEST_HELPER_PROCESS"
+
+func TestHelperProcess(t *testing.T) {
+	if os.Getenv(helperEnv) != "1" {
+		return
+	}
+	c, err := StartCluster(context.Background())
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
+	fmt.Println("CLUSTER", c.PID(), c.dir)
+	time.Sleep(time.Minute)
+	os.Exit(1)
+}
+
+func TestClusterDiesWithKilledOwner(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+
+	lines := make(chan string)
+	go func() {
+		scanner := bufio.NewScanner(stdout)
+		for scanner.Scan() {
+			lines <- scanner.Text()
+		}
+		close(lines)
+	}()
+	var pid int
+	var dir string
+	for pid == 0 {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatal("helper exited without starting a cluster")
+			}
+			if rest, ok := strings.CutPrefix(line, "ERROR "); ok {
+				t.Fatalf("helper: %s", rest)
+			}
+			fields := strings.Fields(line)
+			if len(fields) == 3 && fields[0] == "CLUSTER" {
+				pid, _ = strconv.Atoi(fields[1])
+				dir = fields[2]
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("helper did not start a cluster within a minute")
+		}
+	}
+	if !processAlive(pid) {
+		t.Fatalf("postmaster %d is not running before its owner is killed", pid)
+	}
+
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("postmaster %d still runs 5s after its owner was killed", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	sweepStaleClusters()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("sweep left the killed owner's cluster directory %s (stat: %v)", dir, err)
+		os.RemoveAll(dir)
+	}
+}

@@ -1,0 +1,317 @@
+package keyrow_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const ttl = 30 * time.Second
+
+func request(t testing.TB, tenant, key, body string) keyrow.Request {
+	t.Helper()
+	fp, err := keyrow.Fingerprint("test", []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keyrow.Request{Tenant: tenant, Key: key, Workflow: "test", Fingerprint: fp, Params: []byte(body), TTL: ttl}
+}
+
+func acquire(t testing.TB, db keyrow.Querier, req keyrow.Request) (keyrow.Outcome, *keyrow.Row) {
+	t.Helper()
+	out, row, err := keyrow.Acquire(context.Background(), db, req)
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	return out, row
+}
+
+// expire makes the key's lease stale, as if its TTL had passed.
+func expire(t testing.TB, db *pgxpool.Pool, tenant, key string) {
+	t.Helper()
+	_, err := db.Exec(context.Background(),
+		`UPDATE idempotency_keys SET lock_expires_at = now() - interval '1 second'
+		 WHERE tenant = $1 AND idempotency_key = $2`, tenant, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+type snapshot struct {
+	RecoveryPoint string
+	State         string
+	Token         *uuid.UUID
+	Status        *int
+}
+
+func read(t testing.TB, db *pgxpool.Pool, tenant, key string) snapshot {
+	t.Helper()
+	var s snapshot
+	err := db.QueryRow(context.Background(),
+		`SELECT recovery_point, phase_state::text, lock_token, response_status
+		 FROM idempotency_keys WHERE tenant = $1 AND idempotency_key = $2`, tenant, key).
+		Scan(&s.RecoveryPoint, &s.State, &s.Token, &s.Status)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestAcquire64GoroutinesOnOneNewKeyExactlyOneWins(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 64
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	req := request(t, "acme", "race-key", `{"amount":100}`)
+
+	var (
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		mu       sync.Mutex
+		outcomes = map[keyrow.Outcome]int{}
+	)
+	for range 64 {
+		wg.Go(func() {
+			<-start
+			out, _ := acquire(t, db, req)
+			mu.Lock()
+			outcomes[out]++
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	if outcomes[keyrow.New] != 1 || outcomes[keyrow.Held] != 63 || len(outcomes) != 2 {
+		t.Fatalf("outcomes = %v, want exactly 1 new and 63 held", outcomes)
+	}
+}
+
+func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	req := request(t, "acme", "k1", `{"amount":100}`)
+
+	out, old := acquire(t, db, req)
+	if out != keyrow.New {
+		t.Fatalf("first acquire = %v, want new", out)
+	}
+	if err := keyrow.Advance(ctx, db, old.ID, old.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+		t.Fatal(err)
+	}
+	if out, row := acquire(t, db, req); out != keyrow.Held || row.LeaseLeft <= 0 || row.LeaseLeft > ttl {
+		t.Fatalf("acquire during live lease = %v (left %v), want held with time left", out, row.LeaseLeft)
+	}
+
+	expire(t, db, "acme", "k1")
+	out, taker := acquire(t, db, req)
+	if out != keyrow.Resumed || taker.RecoveryPoint != "charged" || string(taker.State) != `{"charge": "ch_1"}` {
+		t.Fatalf("takeover = %v at %q with state %s, want resumed at charged", out, taker.RecoveryPoint, taker.State)
+	}
+	if taker.LockToken == old.LockToken {
+		t.Fatal("takeover kept the old fencing token")
+	}
+	before := read(t, db, "acme", "k1")
+
+	if err := keyrow.Advance(ctx, db, old.ID, old.LockToken, "shipped", []byte(`{}`), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("old holder Advance = %v, want ErrLeaseLost", err)
+	}
+	resp := keyrow.Response{Status: 201, Body: []byte("{}")}
+	if err := keyrow.Finish(ctx, db, old.ID, old.LockToken, nil, resp); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("old holder Finish = %v, want ErrLeaseLost", err)
+	}
+	if err := keyrow.Release(ctx, db, old.ID, old.LockToken, "boom", ""); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("old holder Release = %v, want ErrLeaseLost", err)
+	}
+	if _, err := keyrow.Renew(ctx, db, old.ID, old.LockToken, ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("old holder Renew = %v, want ErrLeaseLost", err)
+	}
+	after := read(t, db, "acme", "k1")
+	if after.RecoveryPoint != before.RecoveryPoint || after.State != before.State ||
+		after.Status != nil || *after.Token != taker.LockToken {
+		t.Fatalf("fenced writes changed the row: before %+v after %+v", before, after)
+	}
+
+	// The new holder's writes go through.
+	if err := keyrow.Finish(ctx, db, taker.ID, taker.LockToken, taker.State, resp); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	if _, err := db.Exec(ctx, `CREATE TABLE effects (note text)`); err != nil {
+		t.Fatal(err)
+	}
+	req := request(t, "acme", "k1", `{}`)
+	_, old := acquire(t, db, req)
+	expire(t, db, "acme", "k1")
+	acquire(t, db, req)
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ('should not persist')`); err != nil {
+		t.Fatal(err)
+	}
+	b := &pgx.Batch{}
+	keyrow.QueueAdvance(b, old.ID, old.LockToken, "next", nil, ttl)
+	b.Queue("COMMIT")
+	if err := keyrow.AsLeaseLost(tx.SendBatch(ctx, b).Close()); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("pipelined advance = %v, want ErrLeaseLost", err)
+	}
+	tx.Rollback(ctx)
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("effects after lost lease = %d (%v), want 0", n, err)
+	}
+}
+
+func TestSameKeyUnderTwoTenantsIsTwoIndependentKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	a := request(t, "tenant-a", "shared", `{"amount":1}`)
+	b := request(t, "tenant-b", "shared", `{"amount":2}`)
+
+	outA, rowA := acquire(t, db, a)
+	outB, rowB := acquire(t, db, b)
+	if outA != keyrow.New || outB != keyrow.New || rowA.ID == rowB.ID {
+		t.Fatalf("outcomes %v/%v ids %v/%v, want two new rows", outA, outB, rowA.ID, rowB.ID)
+	}
+	if err := keyrow.Finish(ctx, db, rowA.ID, rowA.LockToken, nil, keyrow.Response{Status: 201, Body: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if out, row := acquire(t, db, a); out != keyrow.Replay || string(row.Response.Body) != "a" {
+		t.Fatalf("tenant a retry = %v, want replay of a", out)
+	}
+	if out, _ := acquire(t, db, b); out != keyrow.Held {
+		t.Fatalf("tenant b retry = %v, want held (its own lease is live)", out)
+	}
+}
+
+func TestReplayReturnsStoredResponseByteForByte(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	req := request(t, "acme", "k1", `{"b":2,"a":1}`)
+	_, row := acquire(t, db, req)
+	body := []byte("{\"id\": 7,\n \"raw\":\"\\u00e9\x00\xff\"}")
+	hdr := http.Header{"Content-Type": {"application/json"}, "X-Multi": {"1", "2"}}
+	if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"n":1}`), keyrow.Response{Status: 402, Header: hdr, Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	// Same meaning, other spelling: still a replay.
+	out, got := acquire(t, db, request(t, "acme", "k1", `{ "a": 1.0, "b": 2 }`))
+	if out != keyrow.Replay {
+		t.Fatalf("retry = %v, want replay", out)
+	}
+	if got.Response.Status != 402 || string(got.Response.Body) != string(body) ||
+		len(got.Response.Header["X-Multi"]) != 2 || got.Response.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("replayed %d %q %v, want the stored response", got.Response.Status, got.Response.Body, got.Response.Header)
+	}
+	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"a":1,"b":3}`)); out != keyrow.Mismatch {
+		t.Fatalf("other payload = %v, want mismatch", out)
+	}
+}
+
+func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	req := request(t, "acme", "k1", `{}`)
+	_, row := acquire(t, db, req)
+	if err := keyrow.Advance(ctx, db, row.ID, row.LockToken, "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
+		t.Fatal(err)
+	}
+	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "stripe down", ""); err != nil {
+		t.Fatal(err)
+	}
+	out, row := acquire(t, db, req)
+	if out != keyrow.Resumed || row.RecoveryPoint != "ride_created" || row.Attempts != 2 || row.LastError != "stripe down" {
+		t.Fatalf("after release: %v at %q attempts %d err %q, want resumed at ride_created, attempt 2",
+			out, row.RecoveryPoint, row.Attempts, row.LastError)
+	}
+	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "timeout", keyrow.HoldUnknown); err != nil {
+		t.Fatal(err)
+	}
+	if out, row := acquire(t, db, req); out != keyrow.Parked || row.Hold != keyrow.HoldUnknown {
+		t.Fatalf("after hold: %v (%q), want parked unknown", out, row.Hold)
+	}
+}
+
+func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var counter pgtest.StatementCounter
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = &counter
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+
+	assertOne := func(name string, want keyrow.Outcome, req keyrow.Request) *keyrow.Row {
+		t.Helper()
+		counter.Reset()
+		out, row := acquire(t, db, req)
+		if out != want {
+			t.Fatalf("%s: outcome %v, want %v", name, out, want)
+		}
+		if counter.Statements() != 1 || counter.RoundTrips() != 1 {
+			t.Fatalf("%s: %d statements, %d round trips, want 1 and 1: %q", name, counter.Statements(), counter.RoundTrips(), counter.SQL())
+		}
+		return row
+	}
+	row := assertOne("new", keyrow.New, request(t, "acme", "k1", `{}`))
+	assertOne("held", keyrow.Held, request(t, "acme", "k1", `{}`))
+	if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	assertOne("replay", keyrow.Replay, request(t, "acme", "k1", `{}`))
+	assertOne("mismatch", keyrow.Mismatch, request(t, "acme", "k1", `{"x":1}`))
+}
+
+func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
+	left, err := keyrow.Renew(ctx, db, row.ID, row.LockToken, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left < 59*time.Minute || left > time.Hour {
+		t.Fatalf("left after renew = %v, want about an hour", left)
+	}
+	if out, held := acquire(t, db, request(t, "acme", "k1", `{}`)); out != keyrow.Held || held.LeaseLeft < 59*time.Minute {
+		t.Fatalf("acquire = %v, left %v; want held for about an hour", out, held.LeaseLeft)
+	}
+}

@@ -1,0 +1,99 @@
+package phase
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// Stage is where in a phase's life a fault point sits.
+type Stage string
+
+// The stages at which a runner consults its Injector.
+const (
+	// BeforeTx: before the phase's transaction begins.
+	BeforeTx Stage = "before_tx"
+	// BeforeCall: before a foreign call is sent.
+	BeforeCall Stage = "before_call"
+	// AfterCall: after a foreign call returned, before its outcome is recorded.
+	AfterCall Stage = "after_call"
+	// BeforeCommit: the phase's work is done in its transaction, not committed.
+	BeforeCommit Stage = "before_commit"
+	// AfterCommit: the phase is committed, the next has not begun.
+	AfterCommit Stage = "after_commit"
+	// BeforeResponse: the response is stored, not yet written to the client.
+	BeforeResponse Stage = "before_response"
+)
+
+// Point names one fault point: a stage of a phase.
+type Point struct {
+	Phase string
+	Stage Stage
+}
+
+func (p Point) String() string { return p.Phase + "/" + string(p.Stage) }
+
+// ErrCrash is returned by an Injector to crash the run at a point exactly as
+// a killed process would: the open transaction rolls back, the lease is not
+// freed, nothing is answered. The key resumes once its lease expires.
+var ErrCrash = errors.New("phase: injected crash")
+
+// Injector decides, at each fault point of a run, whether to fail there.
+// Returning ErrCrash (or an error wrapping it) crashes the run; any other
+// error fails the phase as an unexpected error would.
+type Injector interface {
+	Inject(ctx context.Context, at Point) error
+}
+
+// InjectorFunc adapts a function to Injector.
+type InjectorFunc func(ctx context.Context, at Point) error
+
+// Inject calls f.
+func (f InjectorFunc) Inject(ctx context.Context, at Point) error { return f(ctx, at) }
+
+// CrashAt returns an Injector that crashes the first run that reaches at,
+// once, and lets every other point pass.
+func CrashAt(at Point) Injector {
+	var once sync.Once
+	return InjectorFunc(func(_ context.Context, p Point) error {
+		crash := false
+		if p == at {
+			once.Do(func() { crash = true })
+		}
+		if crash {
+			return ErrCrash
+		}
+		return nil
+	})
+}
+
+// Recorder is an Injector that records every point reached, in order, and
+// never fails. Running a workflow once with it discovers its fault points.
+type Recorder struct {
+	mu     sync.Mutex
+	points []Point
+}
+
+// Inject records at.
+func (r *Recorder) Inject(_ context.Context, at Point) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.points = append(r.points, at)
+	return nil
+}
+
+// Points returns the points reached so far.
+func (r *Recorder) Points() []Point {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Point(nil), r.points...)
+}
+
+type injectorKey struct{}
+
+// WithInjector returns a context whose runs consult inj at every fault
+// point, overriding the runner's Config.Injector. It lets one test, or one
+// simulated request, crash without affecting concurrent runs.
+func WithInjector(ctx context.Context, inj Injector) context.Context {
+	return context.WithValue(ctx, injectorKey{}, inj)
+}

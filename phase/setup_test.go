@@ -1,0 +1,258 @@
+package phase_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// payments is a fake payment provider that honours idempotency keys and
+// counts calls and charges per key, so tests can prove "one effect per key".
+type payments struct {
+	mu      sync.Mutex
+	calls   map[string]int
+	charges map[string]charge // by downstream key
+	// fail, when set, decides the fate of a call: errBeforeCharge fails it
+	// before any effect; errAfterCharge makes the charge and then loses the
+	// answer, as a timeout would.
+	fail  func(key string) error
+	delay time.Duration
+}
+
+type charge struct {
+	ID      string
+	OrderID int64
+	Amount  int
+}
+
+var (
+	errBeforeCharge = errors.New("provider refused the connection")
+	errAfterCharge  = errors.New("provider timed out after accepting the charge")
+)
+
+func newPayments() *payments {
+	return &payments{calls: map[string]int{}, charges: map[string]charge{}}
+}
+
+func (p *payments) Charge(ctx context.Context, key string, orderID int64, amount int) (string, error) {
+	if p.delay > 0 {
+		select {
+		case <-time.After(p.delay):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls[key]++
+	var failure error
+	if p.fail != nil {
+		failure = p.fail(key)
+	}
+	if errors.Is(failure, errBeforeCharge) {
+		return "", failure
+	}
+	c, seen := p.charges[key]
+	if !seen {
+		c = charge{ID: fmt.Sprintf("ch_%d", len(p.charges)+1), OrderID: orderID, Amount: amount}
+		p.charges[key] = c
+	}
+	if failure != nil {
+		return "", phase.OutcomeUnknown(failure)
+	}
+	return c.ID, nil
+}
+
+// chargesFor counts the charges made for an order.
+func (p *payments) chargesFor(orderID int64) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, c := range p.charges {
+		if c.OrderID == orderID {
+			n++
+		}
+	}
+	return n
+}
+
+func (p *payments) total() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.charges)
+}
+
+type order struct {
+	Item   string `json:"item"`
+	Amount int    `json:"amount"`
+	// Express orders skip the packing phase.
+	Express bool `json:"express,omitempty"`
+}
+
+type orderState struct {
+	OrderID  int64  `json:"order_id"`
+	ChargeID string `json:"charge_id"`
+}
+
+const ordersSchema = `
+CREATE TABLE orders (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    ikey        text NOT NULL UNIQUE,
+    item        text NOT NULL,
+    amount      int NOT NULL,
+    charge_id   text,
+    packed      boolean NOT NULL DEFAULT false,
+    receipt     boolean NOT NULL DEFAULT false
+)`
+
+// ordersWorkflow is a small three-phase workflow (four with packing): an order
+// row, one foreign charge, and a receipt with the response.
+func ordersWorkflow(t testing.TB, pay *payments) *phase.Workflow[order, orderState] {
+	t.Helper()
+	w, err := phase.New("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState]) (phase.Result, error) {
+			if run.Req.Amount <= 0 {
+				return phase.JSON(http.StatusUnprocessableEntity, map[string]string{"error": "amount must be positive"}), nil
+			}
+			err := tx.QueryRow(ctx, `INSERT INTO orders (ikey, item, amount) VALUES ($1, $2, $3) RETURNING id`,
+				run.Key, run.Req.Item, run.Req.Amount).Scan(&run.State.OrderID)
+			return phase.Next(), err
+		}),
+		phase.Foreign("charged",
+			func(ctx context.Context, run *phase.Run[order, orderState]) (string, error) {
+				return pay.Charge(ctx, run.DownstreamKey(), run.State.OrderID, run.Req.Amount)
+			},
+			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState], chargeID string) (phase.Result, error) {
+				run.State.ChargeID = chargeID
+				_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, run.State.OrderID, chargeID)
+				return phase.Next(), err
+			}).Repeatable(),
+		phase.Local("packed", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState]) (phase.Result, error) {
+			_, err := tx.Exec(ctx, `UPDATE orders SET packed = true WHERE id = $1`, run.State.OrderID)
+			return phase.Next(), err
+		}).When(func(run *phase.Run[order, orderState]) bool { return !run.Req.Express }),
+		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState]) (phase.Result, error) {
+			if _, err := tx.Exec(ctx, `UPDATE orders SET receipt = true WHERE id = $1`, run.State.OrderID); err != nil {
+				return phase.Result{}, err
+			}
+			return phase.JSON(http.StatusCreated, map[string]any{"message": "order placed", "item": run.Req.Item, "amount": run.Req.Amount}), nil
+		}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+type env struct {
+	db     *pgxpool.Pool
+	pay    *payments
+	w      *phase.Workflow[order, orderState]
+	rn     *phase.Runner
+	events *eventLog
+}
+
+type eventLog struct {
+	mu     sync.Mutex
+	events []phase.Event
+}
+
+func (l *eventLog) observe(ev phase.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, ev)
+}
+
+func (l *eventLog) count(kind phase.EventKind) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ev := range l.events {
+		if ev.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// setup returns a migrated database with the orders table, a fake provider,
+// the orders workflow and a runner; mutate adjusts the runner's config.
+func setup(t testing.TB, mutate ...func(*phase.Config)) *env {
+	t.Helper()
+	return setupPool(t, pgtest.Pool(t), mutate...)
+}
+
+func setupPool(t testing.TB, db *pgxpool.Pool, mutate ...func(*phase.Config)) *env {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), ordersSchema); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{db: db, pay: newPayments(), events: &eventLog{}}
+	e.w = ordersWorkflow(t, e.pay)
+	cfg := phase.Config{Pool: db, Observer: e.events.observe, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	rn, err := phase.NewRunner(cfg, e.w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.rn = rn
+	return e
+}
+
+func (e *env) handler(t testing.TB, mutate ...func(*phase.HTTPConfig[order])) http.Handler {
+	t.Helper()
+	cfg := phase.HTTPConfig[order]{
+		Tenant: func(r *http.Request) (string, error) {
+			if u := r.Header.Get("Authorization"); u != "" {
+				return u, nil
+			}
+			return "", errors.New("send your account id in Authorization")
+		},
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	h, err := e.w.Handler(e.rn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func post(h http.Handler, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
+	r.Header.Set("Authorization", "acme")
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+func (e *env) orderCount(t testing.TB, key string) (orders int, orderID int64) {
+	t.Helper()
+	err := e.db.QueryRow(context.Background(), `SELECT count(*), coalesce(max(id), 0) FROM orders WHERE ikey = $1`, key).Scan(&orders, &orderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return orders, orderID
+}

@@ -1,0 +1,279 @@
+package phase
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// Workflow is a named, ordered list of phases over a request type and a
+// state type. The declared order defines the recovery points: after a phase
+// commits, the key's recovery point is that phase's name, and a resumed run
+// starts at the phase after it.
+type Workflow[Req, State any] struct {
+	name   string
+	phases []Phase[Req, State]
+	index  map[string]int
+}
+
+// New declares a workflow. Names must be unique, non-empty and not one of the
+// reserved recovery points (keyrow.Started, keyrow.Finished); at least one
+// phase is required.
+func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Req, State], error) {
+	if name == "" || len(name) > 100 {
+		return nil, errors.New("phase: workflow name must be 1 to 100 characters")
+	}
+	if len(phases) == 0 {
+		return nil, fmt.Errorf("phase: workflow %q has no phases", name)
+	}
+	w := &Workflow[Req, State]{name: name, phases: phases, index: make(map[string]int, len(phases))}
+	for i, p := range phases {
+		switch {
+		case p.name == "" || len(p.name) > 100:
+			return nil, fmt.Errorf("phase: workflow %q: phase %d: name must be 1 to 100 characters", name, i)
+		case p.name == keyrow.Started || p.name == keyrow.Finished:
+			return nil, fmt.Errorf("phase: workflow %q: %q is a reserved recovery point", name, p.name)
+		case p.local == nil && p.foreign == nil:
+			return nil, fmt.Errorf("phase: workflow %q: phase %q has no function; declare it with Local or Foreign", name, p.name)
+		}
+		if _, dup := w.index[p.name]; dup {
+			return nil, fmt.Errorf("phase: workflow %q: phase %q declared twice", name, p.name)
+		}
+		w.index[p.name] = i
+	}
+	return w, nil
+}
+
+// Name returns the workflow's name, stored with every key it runs.
+func (w *Workflow[Req, State]) Name() string { return w.name }
+
+// Phases returns the phase names in declared order: the workflow's recovery
+// points between keyrow.Started and keyrow.Finished.
+func (w *Workflow[Req, State]) Phases() []string {
+	names := make([]string, len(w.phases))
+	for i, p := range w.phases {
+		names[i] = p.name
+	}
+	return names
+}
+
+// next returns the index of the first phase to run after recovery point rp.
+func (w *Workflow[Req, State]) next(rp string) (int, error) {
+	if rp == keyrow.Started {
+		return 0, nil
+	}
+	i, ok := w.index[rp]
+	if !ok {
+		return 0, fmt.Errorf("phase: workflow %q has no recovery point %q; was a phase renamed while keys were in flight?", w.name, rp)
+	}
+	return i + 1, nil
+}
+
+// Run is what a phase sees: the request, the typed state committed by earlier
+// phases, and the key it runs under.
+type Run[Req, State any] struct {
+	// Req is the decoded request. Phases must treat it as read-only.
+	Req Req
+	// State is the workflow state. A phase may change it; the change is
+	// committed with the phase, and discarded if the phase fails.
+	State State
+
+	// Tenant and Key identify the idempotency key.
+	Tenant string
+	Key    string
+	// ID is the key row's id.
+	ID uuid.UUID
+	// Attempt counts the runs that took the key's lease, this one included.
+	Attempt int
+	// Resumed is true when this run continues an earlier, interrupted one.
+	Resumed bool
+
+	prefix string
+	phase  string
+}
+
+// DownstreamKey returns the idempotency key to send with this phase's foreign
+// call: derived from the key row and the phase, so it is the same on every
+// retry and in every process, and different for every row and phase.
+func (r *Run[Req, State]) DownstreamKey() string {
+	return r.prefix + "-" + r.ID.String() + "-" + r.phase
+}
+
+// Result is how a phase ends when it does not fail: by moving on (Next), or
+// by answering the request (Respond, JSON).
+type Result struct {
+	response *keyrow.Response
+	err      error
+}
+
+// Next ends a phase by committing it and moving to the next applicable one.
+func Next() Result { return Result{} }
+
+// Respond ends the workflow with a terminal response. The response is
+// stored with the phase's commit, byte for byte, and replayed on every retry
+// of the key.
+func Respond(status int, header http.Header, body []byte) Result {
+	if body == nil {
+		body = []byte{}
+	}
+	return Result{response: &keyrow.Response{Status: status, Header: header.Clone(), Body: body}}
+}
+
+// JSON ends the workflow with a terminal JSON response of v.
+func JSON(status int, v any) Result {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return Result{err: fmt.Errorf("phase: encode response: %w", err)}
+	}
+	return Respond(status, http.Header{"Content-Type": {"application/json"}}, append(body, '\n'))
+}
+
+// LocalFunc is the body of a local phase: database work in tx only.
+type LocalFunc[Req, State any] func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error)
+
+// CallFunc makes a phase's one foreign call. It runs outside any database
+// transaction and must send run.DownstreamKey() as the call's idempotency key.
+type CallFunc[Req, State, Out any] func(ctx context.Context, run *Run[Req, State]) (Out, error)
+
+// RecordFunc records a foreign call's outcome in tx, in the transaction that
+// commits the phase.
+type RecordFunc[Req, State, Out any] func(ctx context.Context, tx pgx.Tx, run *Run[Req, State], out Out) (Result, error)
+
+// ReconcileFunc finds out what became of a foreign call whose outcome is
+// unknown, typically by looking the call up by run.DownstreamKey(). It
+// returns the call's output and Done when the call happened, or Retry when
+// it provably did not and may be made again.
+type ReconcileFunc[Req, State, Out any] func(ctx context.Context, run *Run[Req, State]) (Out, Resolution, error)
+
+// Resolution is what a reconciliation concluded.
+type Resolution int
+
+// The resolutions a ReconcileFunc may return.
+const (
+	// Pending: still unknown; ask again later.
+	Pending Resolution = iota
+	// Done: the call happened; its output is recorded and the run goes on.
+	Done
+	// Retry: the call did not happen; the next run makes it again.
+	Retry
+)
+
+// Phase is one atomic phase: a single database transaction that commits at
+// most one foreign side effect and advances the recovery point. Declare one
+// with Local or Foreign.
+type Phase[Req, State any] struct {
+	name      string
+	local     LocalFunc[Req, State]
+	foreign   *foreignPhase[Req, State]
+	when      func(run *Run[Req, State]) bool
+	isolation pgx.TxIsoLevel
+}
+
+type foreignPhase[Req, State any] struct {
+	// call makes the call and returns a function that records its outcome.
+	call       func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], error)
+	reconcile  func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], Resolution, error)
+	repeatable bool
+}
+
+type recordFn[Req, State any] func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error)
+
+// Local declares a phase of database work only: fn runs in one transaction
+// that also advances the recovery point.
+func Local[Req, State any](name string, fn LocalFunc[Req, State]) Phase[Req, State] {
+	return Phase[Req, State]{name: name, local: fn}
+}
+
+// Foreign declares a phase with exactly one foreign call. call runs outside
+// any open transaction, with the lease renewed while it runs; record then
+// commits its outcome and advances in one short transaction. A retry after a
+// crash between the two repeats call with the same downstream key.
+func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
+	bind := func(out Out) recordFn[Req, State] {
+		return func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error) {
+			return record(ctx, tx, run, out)
+		}
+	}
+	return Phase[Req, State]{name: name, foreign: &foreignPhase[Req, State]{
+		call: func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], error) {
+			out, err := call(ctx, run)
+			if err != nil {
+				return nil, err
+			}
+			return bind(out), nil
+		},
+	}}
+}
+
+// Reconciled returns p, a foreign phase, with fn as the way to resolve a
+// call whose outcome is unknown (see OutcomeUnknown). The completer calls it
+// for keys on hold.
+func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
+	if p.foreign == nil {
+		return p
+	}
+	f := *p.foreign
+	f.reconcile = func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], Resolution, error) {
+		out, res, err := fn(ctx, run)
+		if err != nil || res != Done {
+			return nil, res, err
+		}
+		return func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error) {
+			return record(ctx, tx, run, out)
+		}, Done, nil
+	}
+	p.foreign = &f
+	return p
+}
+
+// Repeatable declares that p's foreign call is safe to repeat when its
+// outcome is unknown, because the provider honours the downstream
+// idempotency key (as Stripe does). An unknown outcome then leaves the key
+// resumable, and the next run repeats the call, instead of holding the key
+// for reconciliation.
+func (p Phase[Req, State]) Repeatable() Phase[Req, State] {
+	if p.foreign != nil {
+		f := *p.foreign
+		f.repeatable = true
+		p.foreign = &f
+	}
+	return p
+}
+
+// When makes p apply only to runs for which pred is true; other runs pass
+// over it without a transaction and without changing the recovery point.
+// pred must depend only on the request and committed state, so every run of
+// a key decides the same way.
+func (p Phase[Req, State]) When(pred func(run *Run[Req, State]) bool) Phase[Req, State] {
+	p.when = pred
+	return p
+}
+
+// Isolation runs p's transaction at level (default: the database's, usually
+// read committed). Serialization failures and deadlocks are retried.
+func (p Phase[Req, State]) Isolation(level pgx.TxIsoLevel) Phase[Req, State] {
+	p.isolation = level
+	return p
+}
+
+// Name returns the phase's name, which is also its recovery point.
+func (p Phase[Req, State]) Name() string { return p.name }
+
+// ErrOutcomeUnknown marks a foreign call that may or may not have taken
+// effect (for example, a timeout after the request was sent). Wrap it with
+// OutcomeUnknown.
+var ErrOutcomeUnknown = errors.New("phase: outcome of the foreign call is unknown")
+
+// OutcomeUnknown wraps err, returned by a foreign call, to say the call may
+// have taken effect. A Repeatable phase is then retried with the same
+// downstream key; any other phase's key is held for reconciliation.
+func OutcomeUnknown(err error) error {
+	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+}
