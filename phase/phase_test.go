@@ -18,6 +18,7 @@ import (
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 func TestCrashAtEveryFaultPointConvergesToOneChargePerKey(t *testing.T) {
@@ -30,9 +31,17 @@ func TestCrashAtEveryFaultPointConvergesToOneChargePerKey(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
+			c, err := recovery.NewCompleter(recovery.CompleterConfig{Pool: e.db, Resumer: e.rn, MinIdle: -1, Backoff: -1, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
 			phasetest.CrashMatrix(t, phasetest.Config[order, orderState]{
 				Runner:   e.rn,
 				Workflow: e.w,
+				Complete: func(ctx context.Context) error {
+					_, err := c.Drain(ctx)
+					return err
+				},
 				Request:  func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
 				Check: func(t testing.TB, key string, resp *keyrow.Response) {
 					orders, orderID := e.orderCount(t, key)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/lockttl"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // Defaults for Config's zero values.
@@ -38,10 +39,6 @@ var ErrUnavailable = errors.New("phase: idempotency key store unavailable")
 // ErrNoResponse is returned when a workflow ran out of phases without any
 // phase responding: a bug in the workflow, reported instead of committed.
 var ErrNoResponse = errors.New("phase: workflow ended without a response")
-
-// ErrUnknownWorkflow is returned by Runner.Resume for a key whose workflow is
-// not registered with the runner.
-var ErrUnknownWorkflow = errors.New("phase: unknown workflow")
 
 // Config configures a Runner. Zero values mean the documented default.
 type Config struct {
@@ -145,13 +142,15 @@ func (rn *Runner) LockTTL() time.Duration { return rn.cfg.LockTTL }
 // Resume continues the key in row, whose lease the caller already holds
 // (row.LockToken), with its registered workflow: the completer's way to
 // finish a key no client is waiting for. A key on hold for an unknown
-// outcome is reconciled first.
-func (rn *Runner) Resume(ctx context.Context, row *keyrow.Row) (*Outcome, error) {
+// outcome is reconciled first. A workflow not registered with the runner
+// gives recovery.ErrUnknownWorkflow.
+func (rn *Runner) Resume(ctx context.Context, row *keyrow.Row) error {
 	w, ok := rn.workflows[row.Workflow]
 	if !ok {
-		return nil, fmt.Errorf("%w %q", ErrUnknownWorkflow, row.Workflow)
+		return fmt.Errorf("%w %q", recovery.ErrUnknownWorkflow, row.Workflow)
 	}
-	return w.resume(ctx, rn, row)
+	_, err := w.resume(ctx, rn, row)
+	return err
 }
 
 // Outcome is the result of running a key.

@@ -22,6 +22,8 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
 // payments is a fake payment provider that honours idempotency keys and
 // counts calls and charges per key, so tests can prove "one effect per key".
 type payments struct {
@@ -205,7 +207,7 @@ func setupPool(t testing.TB, db *pgxpool.Pool, mutate ...func(*phase.Config)) *e
 	}
 	e := &env{db: db, pay: newPayments(), events: &eventLog{}}
 	e.w = ordersWorkflow(t, e.pay)
-	cfg := phase.Config{Pool: db, Observer: e.events.observe, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg := phase.Config{Pool: db, Observer: e.events.observe, Logger: quiet}
 	for _, m := range mutate {
 		m(&cfg)
 	}

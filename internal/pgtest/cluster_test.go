@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -165,6 +166,7 @@ func TestClusterDiesWithKilledOwner(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for processAlive(pid) {
 		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 			t.Fatalf("postmaster %d still runs 5s after its owner was killed", pid)
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -18,7 +18,8 @@
 //
 //  1. The server named by the DSN in the environment variable
 //     ATOMICPHASE_TEST_DATABASE_URL ([EnvDSN]). Tests create and drop their
-//     own databases on it, so the role needs CREATEDB.
+//     own databases on it, so it must be PostgreSQL 13 or later and the role
+//     needs CREATEDB.
 //  2. A postgres container started with testcontainers-go, when a Docker
 //     engine answers within a couple of seconds.
 //  3. A [Cluster] started from the PostgreSQL server binaries on this machine
@@ -45,7 +46,8 @@
 //   - A container is removed by testcontainers' reaper (Ryuk) once the test
 //     binary is gone.
 //   - On an external server, databases left by a killed test binary are
-//     dropped by the first test binary that uses the server an hour later.
+//     dropped by the next test binary that starts there at least an hour
+//     after they were created.
 //
 // Packages that call [Main] from TestMain stop the server, drop the template
 // and remove the temporary directory as soon as their tests finish:

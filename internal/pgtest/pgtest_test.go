@@ -159,3 +159,27 @@ func TestStatementCounterCountsConcurrentQueries(t *testing.T) {
 		t.Errorf("RoundTrips() = %d, want %d", got, queries)
 	}
 }
+
+func TestEmbeddedServerIsGoneAfterStop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, stop, err := pgtest.Embedded(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE demo (id int)"); err != nil {
+		t.Error(err)
+	}
+	conn.Close(ctx)
+
+	stop()
+	if conn, err := pgx.Connect(ctx, dsn); err == nil {
+		conn.Close(ctx)
+		t.Error("connected to the embedded server after stop")
+	}
+}

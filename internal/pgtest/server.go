@@ -193,11 +193,6 @@ type server struct {
 	cluster  *Cluster     // the server, when started from local binaries
 	stop     func() error // releases a server this package started; nil for an external one
 	template string
-
-	// cloneMu serialises CREATE DATABASE ... TEMPLATE: it fails with
-	// "source database is being accessed by other users" when another
-	// session is in the template, and a clone in progress can be one.
-	cloneMu sync.Mutex
 }
 
 // newServer creates and migrates a template database on the server whose
@@ -243,6 +238,12 @@ func (s *server) migrateTemplate(ctx context.Context) error {
 
 // createDatabase clones the template into a new database named after the
 // test.
+//
+// Clones run concurrently. CREATE DATABASE ... TEMPLATE refuses a template
+// that has sessions of its own ("source database is being accessed by other
+// users"), but a clone in progress is a session in the maintenance database,
+// not in the template, so clones do not block each other; nothing else
+// connects to the template once it is migrated.
 func (s *server) createDatabase(ctx context.Context, testName string) (string, error) {
 	name := databaseName(testName)
 	conn, err := pgx.Connect(ctx, s.admin)
@@ -250,8 +251,6 @@ func (s *server) createDatabase(ctx context.Context, testName string) (string, e
 		return "", fmt.Errorf("pgtest: connect: %w", err)
 	}
 	defer conn.Close(ctx)
-	s.cloneMu.Lock()
-	defer s.cloneMu.Unlock()
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident(name)+" TEMPLATE "+ident(s.template)); err != nil {
 		return "", fmt.Errorf("pgtest: create database: %w", err)
 	}

@@ -1,0 +1,466 @@
+package fakestripe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DeclineCustomer is the customer whose card is always declined: a charge
+// for it is answered with 402 card_error card_declined (decline code
+// generic_decline) and creates nothing, and the answer is stored under the
+// request's idempotency key like a success.
+const DeclineCustomer = "cus_declined"
+
+// maxAmount is Stripe's largest charge amount: eight digits.
+const maxAmount = 99_999_999
+
+// Charge is a charge the server created.
+type Charge struct {
+	ID          string
+	Amount      int64
+	Currency    string
+	Customer    string
+	Description string
+	Metadata    map[string]string
+	// IdempotencyKey is the Idempotency-Key of the request that created the
+	// charge, or empty if it carried none.
+	IdempotencyKey string
+	Created        time.Time
+}
+
+// chargeObject is a Charge as the API renders it. The constant fields
+// describe a charge captured in full at creation, the only kind this server
+// makes.
+type chargeObject struct {
+	ID             string            `json:"id"`
+	Object         string            `json:"object"`
+	Amount         int64             `json:"amount"`
+	AmountCaptured int64             `json:"amount_captured"`
+	AmountRefunded int64             `json:"amount_refunded"`
+	Captured       bool              `json:"captured"`
+	Created        int64             `json:"created"`
+	Currency       string            `json:"currency"`
+	Customer       string            `json:"customer"`
+	Description    *string           `json:"description"`
+	Livemode       bool              `json:"livemode"`
+	Metadata       map[string]string `json:"metadata"`
+	Paid           bool              `json:"paid"`
+	Refunded       bool              `json:"refunded"`
+	Status         string            `json:"status"`
+}
+
+func (c Charge) object() chargeObject {
+	o := chargeObject{
+		ID:             c.ID,
+		Object:         "charge",
+		Amount:         c.Amount,
+		AmountCaptured: c.Amount,
+		Captured:       true,
+		Created:        c.Created.Unix(),
+		Currency:       c.Currency,
+		Customer:       c.Customer,
+		Metadata:       c.Metadata,
+		Paid:           true,
+		Status:         "succeeded",
+	}
+	if c.Description != "" {
+		o.Description = &c.Description
+	}
+	if o.Metadata == nil {
+		o.Metadata = map[string]string{}
+	}
+	return o
+}
+
+const chargeColumns = `id, amount, currency, customer, description, metadata, idempotency_key, created_at`
+
+func scanCharge(row pgx.CollectableRow) (Charge, error) {
+	var c Charge
+	err := row.Scan(&c.ID, &c.Amount, &c.Currency, &c.Customer, &c.Description, &c.Metadata, &c.IdempotencyKey, &c.Created)
+	return c, err
+}
+
+// Charges returns every charge in the database, oldest first, whichever
+// Server created it.
+func (s *Server) Charges(ctx context.Context) ([]Charge, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+chargeColumns+` FROM fakestripe_charges ORDER BY seq`)
+	if err != nil {
+		return nil, fmt.Errorf("fakestripe: charges: %w", err)
+	}
+	charges, err := pgx.CollectRows(rows, scanCharge)
+	if err != nil {
+		return nil, fmt.Errorf("fakestripe: charges: %w", err)
+	}
+	return charges, nil
+}
+
+// chargeParams are the parameters of POST /v1/charges.
+type chargeParams struct {
+	amount      int64
+	currency    string
+	customer    string
+	description string
+	metadata    map[string]string
+}
+
+// parseChargeParams validates form as Stripe validates a charge before
+// executing it. A rejection is returned as the 400 to answer.
+func parseChargeParams(form url.Values) (chargeParams, *response) {
+	var p chargeParams
+	if bad := unknownParam(form, func(name string) bool {
+		_, isMetadata := metadataKey(name)
+		return isMetadata || name == "amount" || name == "currency" || name == "customer" || name == "description"
+	}); bad != nil {
+		return p, bad
+	}
+
+	if !form.Has("amount") {
+		return p, invalidParam("amount", "parameter_missing", "Missing required param: amount.")
+	}
+	amount, err := strconv.ParseInt(form.Get("amount"), 10, 64)
+	switch {
+	case err != nil:
+		return p, invalidParam("amount", "parameter_invalid_integer", "Invalid integer: "+form.Get("amount"))
+	case amount < 1:
+		return p, invalidParam("amount", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
+	case amount > maxAmount:
+		return p, invalidParam("amount", "amount_too_large", fmt.Sprintf("Amount must be no more than %d.", maxAmount))
+	}
+	p.amount = amount
+
+	if !form.Has("currency") {
+		return p, invalidParam("currency", "parameter_missing", "Missing required param: currency.")
+	}
+	p.currency = strings.ToLower(form.Get("currency"))
+	if len(p.currency) != 3 || strings.Trim(p.currency, "abcdefghijklmnopqrstuvwxyz") != "" {
+		return p, invalidParam("currency", "parameter_invalid_string", "Invalid currency: "+form.Get("currency")+".")
+	}
+
+	// Stripe also charges a card source directly; this server knows only
+	// customers, so a charge without one cannot be made.
+	p.customer = form.Get("customer")
+	if p.customer == "" {
+		return p, invalidParam("", "parameter_missing", "Must provide source or customer.")
+	}
+	if !strings.HasPrefix(p.customer, "cus_") {
+		return p, invalidParam("customer", "resource_missing", fmt.Sprintf("No such customer: '%s'", p.customer))
+	}
+
+	p.description = form.Get("description")
+	for name, values := range form {
+		key, ok := metadataKey(name)
+		// An empty value unsets a key in Stripe, which on creation means
+		// leaving it out.
+		if !ok || values[0] == "" {
+			continue
+		}
+		if p.metadata == nil {
+			p.metadata = map[string]string{}
+		}
+		p.metadata[key] = values[0]
+	}
+	return p, nil
+}
+
+// metadataKey returns the key of a metadata[key] form parameter.
+func metadataKey(name string) (string, bool) {
+	key, ok := strings.CutPrefix(name, "metadata[")
+	if !ok {
+		return "", false
+	}
+	key, ok = strings.CutSuffix(key, "]")
+	return key, ok && key != ""
+}
+
+var declined = errorResponse(http.StatusPaymentRequired, stripeError{
+	Type:        "card_error",
+	Code:        "card_declined",
+	DeclineCode: "generic_decline",
+	Message:     "Your card was declined.",
+})
+
+// createCharge serves POST /v1/charges. With an Idempotency-Key it runs in
+// one transaction that holds the key's lock, finds no stored result for it,
+// makes the charge and stores the response: a crash at any point leaves
+// either both the charge and its stored response or neither.
+func (s *Server) createCharge(w http.ResponseWriter, r *http.Request, c call) {
+	ctx := r.Context()
+	if err := r.ParseForm(); err != nil {
+		writeResponse(w, *invalidParam("", "", "Invalid request body: "+err.Error()))
+		return
+	}
+	p, bad := parseChargeParams(r.PostForm)
+	if bad == nil {
+		bad = checkKey(r.Header.Get("Idempotency-Key"))
+	}
+	if bad != nil {
+		writeResponse(w, *bad)
+		return
+	}
+	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
+	fp := fingerprint(r.Method, r.URL.Path, r.PostForm)
+	log := s.logger.With(slog.String("request_id", c.requestID), slog.String("key", key))
+
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		s.fail(w, log, err)
+		return
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	if key != "" {
+		w.Header().Set("Idempotency-Key", key)
+		held, err := lockKey(ctx, tx, c.apiKey, key)
+		if err != nil {
+			s.fail(w, log, err)
+			return
+		}
+		if !held {
+			s.stats.conflicts.Add(1)
+			writeResponse(w, keyInUse(key))
+			return
+		}
+	}
+	// The delay is spent holding the key, as a slow Stripe would, so that
+	// concurrent requests with the key meet the 409.
+	if err := sleep(ctx, s.faults.delay()); err != nil {
+		return // the client has gone; nothing was executed or stored
+	}
+	if key != "" {
+		stored, err := loadResult(ctx, tx, c.apiKey, key)
+		if err != nil {
+			s.fail(w, log, err)
+			return
+		}
+		if stored != nil {
+			if !stored.matches(fp) {
+				writeResponse(w, keyMismatch(key))
+				return
+			}
+			s.stats.replays.Add(1)
+			w.Header().Set("Idempotent-Replayed", "true")
+			w.Header().Set("Original-Request", stored.requestID)
+			writeResponse(w, stored.response)
+			return
+		}
+		w.Header().Set("Original-Request", c.requestID)
+	}
+
+	f := s.faults.draw()
+	if f == failBeforeCharge {
+		s.stats.faults.Add(1)
+		log.Info("fakestripe: injected failure before charge")
+		writeResponse(w, serverError)
+		return
+	}
+
+	res := declined
+	if p.customer != DeclineCustomer {
+		charge, err := insertCharge(ctx, tx, p, key)
+		if err != nil {
+			s.fail(w, log, err)
+			return
+		}
+		res = jsonResponse(http.StatusOK, charge.object())
+	}
+	if key != "" {
+		if err := storeResult(ctx, tx, c.apiKey, key, result{fingerprint: fp, requestID: c.requestID, response: res}); err != nil {
+			s.fail(w, log, err)
+			return
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		s.fail(w, log, err)
+		return
+	}
+	if res.status == http.StatusOK {
+		s.stats.charges.Add(1)
+	} else {
+		s.stats.declined.Add(1)
+	}
+
+	if f == dropAfterCharge {
+		s.stats.faults.Add(1)
+		log.Info("fakestripe: injected connection drop after charge", slog.Int("status", res.status))
+		drop(w)
+		return
+	}
+	writeResponse(w, res)
+}
+
+const insertChargeSQL = `
+INSERT INTO fakestripe_charges (id, amount, currency, customer, description, metadata, idempotency_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING ` + chargeColumns
+
+func insertCharge(ctx context.Context, tx pgx.Tx, p chargeParams, key string) (Charge, error) {
+	metadata := p.metadata
+	if metadata == nil {
+		metadata = map[string]string{}
+	}
+	rows, err := tx.Query(ctx, insertChargeSQL,
+		newID("ch_"), p.amount, p.currency, p.customer, p.description, metadata, key)
+	if err != nil {
+		return Charge{}, fmt.Errorf("insert charge: %w", err)
+	}
+	charge, err := pgx.CollectExactlyOneRow(rows, scanCharge)
+	if err != nil {
+		return Charge{}, fmt.Errorf("insert charge: %w", err)
+	}
+	return charge, nil
+}
+
+// fail answers 500 for a failure of the server itself. Its
+// transaction rolls back, so nothing it did is kept, and a retry with the
+// same idempotency key executes afresh.
+func (s *Server) fail(w http.ResponseWriter, log *slog.Logger, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the client has gone and will not read an answer
+	}
+	log.Error("fakestripe: request failed", slog.Any("error", err))
+	writeResponse(w, serverError)
+}
+
+// retrieveCharge serves GET /v1/charges/{id}.
+func (s *Server) retrieveCharge(w http.ResponseWriter, r *http.Request, c call) {
+	ctx := r.Context()
+	if bad := unknownParam(r.URL.Query(), func(string) bool { return false }); bad != nil {
+		writeResponse(w, *bad)
+		return
+	}
+	if err := sleep(ctx, s.faults.delay()); err != nil {
+		return
+	}
+	id := r.PathValue("id")
+	rows, err := s.db.Query(ctx, `SELECT `+chargeColumns+` FROM fakestripe_charges WHERE id = $1`, id)
+	if err != nil {
+		s.fail(w, s.logger.With(slog.String("request_id", c.requestID)), err)
+		return
+	}
+	charge, err := pgx.CollectExactlyOneRow(rows, scanCharge)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		writeResponse(w, errorResponse(http.StatusNotFound, stripeError{
+			Type:    "invalid_request_error",
+			Code:    "resource_missing",
+			Message: fmt.Sprintf("No such charge: '%s'", id),
+			Param:   "id",
+		}))
+	case err != nil:
+		s.fail(w, s.logger.With(slog.String("request_id", c.requestID)), err)
+	default:
+		writeResponse(w, jsonResponse(http.StatusOK, charge.object()))
+	}
+}
+
+// List limits, as on Stripe.
+const (
+	defaultListLimit = 10
+	maxListLimit     = 100
+)
+
+// listChargesSQL pages through charges newest first. Charges are never
+// deleted or reordered, so a cursor's seq stays a stable position.
+const listChargesSQL = `
+SELECT ` + chargeColumns + ` FROM fakestripe_charges
+WHERE ($1 = '' OR customer = $1)
+  AND ($2::bigint IS NULL OR seq < $2)
+ORDER BY seq DESC
+LIMIT $3`
+
+// listCharges serves GET /v1/charges with the parameters customer, limit
+// and starting_after.
+func (s *Server) listCharges(w http.ResponseWriter, r *http.Request, c call) {
+	ctx := r.Context()
+	log := s.logger.With(slog.String("request_id", c.requestID))
+	query := r.URL.Query()
+	if bad := unknownParam(query, func(name string) bool {
+		return name == "customer" || name == "limit" || name == "starting_after"
+	}); bad != nil {
+		writeResponse(w, *bad)
+		return
+	}
+	limit := int64(defaultListLimit)
+	if query.Has("limit") {
+		var err error
+		limit, err = strconv.ParseInt(query.Get("limit"), 10, 64)
+		var bad *response
+		switch {
+		case err != nil:
+			bad = invalidParam("limit", "parameter_invalid_integer", "Invalid integer: "+query.Get("limit"))
+		case limit < 1:
+			bad = invalidParam("limit", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
+		case limit > maxListLimit:
+			bad = invalidParam("limit", "parameter_invalid_integer", fmt.Sprintf("This value must be less than or equal to %d.", maxListLimit))
+		}
+		if bad != nil {
+			writeResponse(w, *bad)
+			return
+		}
+	}
+	if err := sleep(ctx, s.faults.delay()); err != nil {
+		return
+	}
+
+	var after *int64
+	if id := query.Get("starting_after"); id != "" {
+		err := s.db.QueryRow(ctx, `SELECT seq FROM fakestripe_charges WHERE id = $1`, id).Scan(&after)
+		if errors.Is(err, pgx.ErrNoRows) {
+			writeResponse(w, *invalidParam("starting_after", "resource_missing", fmt.Sprintf("No such charge: '%s'", id)))
+			return
+		}
+		if err != nil {
+			s.fail(w, log, err)
+			return
+		}
+	}
+	// One row past the page tells whether there is another.
+	rows, err := s.db.Query(ctx, listChargesSQL, query.Get("customer"), after, limit+1)
+	if err != nil {
+		s.fail(w, log, err)
+		return
+	}
+	charges, err := pgx.CollectRows(rows, scanCharge)
+	if err != nil {
+		s.fail(w, log, err)
+		return
+	}
+	page := struct {
+		Object  string         `json:"object"`
+		Data    []chargeObject `json:"data"`
+		HasMore bool           `json:"has_more"`
+		URL     string         `json:"url"`
+	}{Object: "list", Data: []chargeObject{}, URL: "/v1/charges"}
+	for i, charge := range charges {
+		if int64(i) == limit {
+			page.HasMore = true
+			break
+		}
+		page.Data = append(page.Data, charge.object())
+	}
+	writeResponse(w, jsonResponse(http.StatusOK, page))
+}
+
+// sleep waits for d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

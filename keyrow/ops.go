@@ -1,0 +1,224 @@
+package keyrow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/google/uuid"
+)
+
+// ErrNotFound is returned by Inspect and Retry when the tenant has no key by
+// that name.
+var ErrNotFound = errors.New("keyrow: key not found")
+
+// ErrNotHeld is returned by Retry when the key exists but is not on hold:
+// it is runnable, in flight or finished, so there is nothing to retry.
+var ErrNotHeld = errors.New("keyrow: key is not on hold")
+
+// DefaultListLimit is how many keys List returns when ListFilter.Limit is zero.
+const DefaultListLimit = 50
+
+// KeyInfo is everything stored about one key that an operator needs, read
+// in one statement so its fields are consistent with each other. Only the
+// request fingerprint is left out: it is a hash, useful to the code that
+// compares requests and to nobody else.
+type KeyInfo struct {
+	ID            uuid.UUID `json:"id"`
+	Tenant        string    `json:"tenant"`
+	Key           string    `json:"key"`
+	Workflow      string    `json:"workflow"`
+	RecoveryPoint string    `json:"recovery_point"`
+	// Hold is HoldUnknown or HoldDead for a parked key, empty otherwise.
+	Hold      string    `json:"hold"`
+	CreatedAt time.Time `json:"created_at"`
+	LastRunAt time.Time `json:"last_run_at"`
+	// FinishedAt is set once the response is stored.
+	FinishedAt *time.Time `json:"finished_at"`
+	// LockedAt and LockExpiresAt describe the last lease taken; they stay
+	// set after a lease expires until someone takes or frees the key.
+	LockedAt      *time.Time `json:"locked_at"`
+	LockExpiresAt *time.Time `json:"lock_expires_at"`
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"last_error"`
+	// ResponseStatus, ResponseHeader and ResponseBody are the stored
+	// response of a finished key, nil otherwise.
+	ResponseStatus *int        `json:"response_status"`
+	ResponseHeader http.Header `json:"response_header"`
+	ResponseBody   []byte      `json:"response_body"`
+	// Params is the request as first received; State the workflow's state
+	// as last committed.
+	Params json.RawMessage `json:"params"`
+	State  json.RawMessage `json:"state"`
+	// LeaseLeft is how long the current lease has to run by the database
+	// clock when the row was read; zero when the lease is free or expired.
+	LeaseLeft time.Duration `json:"lease_left_ns"`
+}
+
+// keyInfoColumns selects a KeyInfo, with each column named as pgxscan maps
+// the field (snake case) and NULL text turned into the empty string.
+const keyInfoColumns = `
+    id, tenant, idempotency_key AS key, workflow, recovery_point, coalesce(hold, '') AS hold,
+    created_at, last_run_at, finished_at, locked_at, lock_expires_at, attempts,
+    coalesce(last_error, '') AS last_error,
+    response_status, response_headers AS response_header, response_body,
+    request_params AS params, phase_state AS state,
+    greatest(lock_expires_at - now(), interval '0') AS lease_left`
+
+// inspectSQL reads one key. Like every statement in this file except
+// retrySQL, it is a plain read: it takes no row lock, so it never waits for
+// a run and never delays one, and sees the key as last committed.
+const inspectSQL = `SELECT ` + keyInfoColumns + `
+FROM idempotency_keys
+WHERE tenant = $1 AND idempotency_key = $2`
+
+// Inspect returns everything stored about the tenant's key, or ErrNotFound.
+func Inspect(ctx context.Context, q Querier, tenant, key string) (*KeyInfo, error) {
+	var info KeyInfo
+	err := pgxscan.Get(ctx, q, &info, inspectSQL, tenant, key)
+	if pgxscan.NotFound(err) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("keyrow: inspect: %w", err)
+	}
+	return &info, nil
+}
+
+// ListFilter selects the keys List returns. Exactly one of Stuck, Unknown
+// and Dead must be set.
+type ListFilter struct {
+	// Stuck selects the completer's backlog: unfinished, runnable keys whose
+	// lease is free or expired and whose last run is older than StuckAfter.
+	// They are the keys Count counts as stuck.
+	Stuck bool
+	// StuckAfter is how idle a key must be to be stuck; zero means any
+	// idle time.
+	StuckAfter time.Duration
+	// Unknown selects keys on hold awaiting reconciliation (HoldUnknown).
+	Unknown bool
+	// Dead selects keys the completer gave up on (HoldDead).
+	Dead bool
+	// Limit caps the keys returned (default DefaultListLimit).
+	Limit int
+}
+
+// listStuckSQL is served by the partial index idempotency_keys_unfinished,
+// whose predicate stuckWhere implies, in index order, so it reads only the
+// oldest runnable keys however many finished keys the table holds.
+const listStuckSQL = `SELECT ` + keyInfoColumns + `
+FROM idempotency_keys
+WHERE ` + stuckWhere + `
+ORDER BY last_run_at
+LIMIT $2`
+
+// listHeldSQL is served by the partial index idempotency_keys_held on
+// (hold, last_run_at), in index order.
+const listHeldSQL = `SELECT ` + keyInfoColumns + `
+FROM idempotency_keys
+WHERE hold = $1
+ORDER BY last_run_at
+LIMIT $2`
+
+// List returns the keys f selects, those idle longest first.
+func List(ctx context.Context, q Querier, f ListFilter) ([]KeyInfo, error) {
+	limit := f.Limit
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	if limit < 0 || f.StuckAfter < 0 {
+		return nil, errors.New("keyrow: list: Limit and StuckAfter must not be negative")
+	}
+	var (
+		sql  string
+		args []any
+	)
+	switch {
+	case f.Stuck && !f.Unknown && !f.Dead:
+		sql, args = listStuckSQL, []any{f.StuckAfter, limit}
+	case f.Unknown && !f.Stuck && !f.Dead:
+		sql, args = listHeldSQL, []any{HoldUnknown, limit}
+	case f.Dead && !f.Stuck && !f.Unknown:
+		sql, args = listHeldSQL, []any{HoldDead, limit}
+	default:
+		return nil, errors.New("keyrow: list: set exactly one of Stuck, Unknown and Dead")
+	}
+	keys := []KeyInfo{}
+	if err := pgxscan.Select(ctx, q, &keys, sql, args...); err != nil {
+		return nil, fmt.Errorf("keyrow: list: %w", err)
+	}
+	return keys, nil
+}
+
+// retrySQL clears the hold and the attempt count, so the key is runnable
+// with a fresh attempt budget. It waits for the row lock of a concurrent
+// writer (a run releasing the key, Bury) and re-checks the hold on the row
+// version that writer committed, so it reports ErrNotHeld rather than
+// touching a key that stopped being held meanwhile.
+//
+// last_run_at moves to now because the reaper closes runnable keys idle for
+// the whole retention as abandoned: a key that sat dead for days would
+// otherwise race the completer to the reaper's next run.
+const retrySQL = `
+UPDATE idempotency_keys
+SET hold = NULL, attempts = 0, last_run_at = now()
+WHERE tenant = $1 AND idempotency_key = $2 AND hold IS NOT NULL`
+
+const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1 AND idempotency_key = $2)`
+
+// Retry makes a key on hold runnable again, keeping its recovery point,
+// state and last error: the next client request resumes it at once, and the
+// completer once the key has been idle for its MinIdle. The completer then
+// allows the key its full MaxAttempts again.
+//
+// Retrying a dead key is always safe. Retrying an unknown key is the
+// operator's word that the uncertain foreign call did not happen, or may
+// happen twice: the resumed run repeats it instead of reconciling it.
+//
+// Retry leaves a lease alone. It returns ErrNotFound when there is no such
+// key and ErrNotHeld when the key is not on hold.
+func Retry(ctx context.Context, q Querier, tenant, key string) error {
+	tag, err := q.Exec(ctx, retrySQL, tenant, key)
+	if err != nil {
+		return fmt.Errorf("keyrow: retry: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	// Nothing changed, so this read only chooses the error to report.
+	var exists bool
+	if err := q.QueryRow(ctx, existsSQL, tenant, key).Scan(&exists); err != nil {
+		return fmt.Errorf("keyrow: retry: %w", err)
+	}
+	if !exists {
+		return ErrNotFound
+	}
+	return ErrNotHeld
+}
+
+// reapCandidatesSQL counts with the predicates reapSQL and expireSQL use.
+// It reads a snapshot and locks nothing, so unlike a real run it also
+// counts rows that a request happens to hold locked at that moment.
+const reapCandidatesSQL = `
+SELECT (SELECT count(*) FROM idempotency_keys WHERE ` + reapableWhere + `),
+       (SELECT count(*) FROM idempotency_keys WHERE ` + abandonedWhere + `)`
+
+// ReapCandidates reports what a reaper run with this retention would do if
+// it started now, changing nothing: how many finished keys it would delete
+// (Reap) and how many abandoned keys it would close with a terminal response
+// (Expire). A run closes abandoned keys before deleting, and a key it closes
+// is deleted only a retention later, so the two numbers do not overlap.
+// Retention must be positive, as the reaper's is.
+func ReapCandidates(ctx context.Context, q Querier, retention time.Duration) (finished, abandoned int, err error) {
+	if retention <= 0 {
+		return 0, 0, errors.New("keyrow: reap candidates: retention must be positive")
+	}
+	if err := q.QueryRow(ctx, reapCandidatesSQL, retention).Scan(&finished, &abandoned); err != nil {
+		return 0, 0, fmt.Errorf("keyrow: reap candidates: %w", err)
+	}
+	return finished, abandoned, nil
+}

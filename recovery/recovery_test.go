@@ -1,0 +1,471 @@
+package recovery_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type job struct {
+	N int `json:"n"`
+}
+
+// effectsWorkflow records one effect row per run of its first phase, so a
+// key run twice shows up as two rows.
+func effectsWorkflow(t testing.TB, db *pgxpool.Pool) *phase.Workflow[job, struct{}] {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), `CREATE TABLE effects (ikey text NOT NULL, n int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	w, err := phase.New("effects",
+		phase.Local("effect_recorded", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, run.Key, run.Req.N)
+			return phase.Next(), err
+		}),
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+			return phase.JSON(201, run.Req), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func runner(t testing.TB, db *pgxpool.Pool, ws ...phase.Registered) *phase.Runner {
+	t.Helper()
+	rn, err := phase.NewRunner(phase.Config{Pool: db, Logger: quiet}, ws...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rn
+}
+
+func completer(t testing.TB, db *pgxpool.Pool, rn *phase.Runner, mutate ...func(*recovery.CompleterConfig)) *recovery.Completer {
+	t.Helper()
+	cfg := recovery.CompleterConfig{Pool: db, Resumer: rn, MinIdle: -1, Backoff: -1, Logger: quiet}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	c, err := recovery.NewCompleter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// abandon stores a key that a request started and left without finishing.
+func abandon(t testing.TB, db *pgxpool.Pool, workflow, key string, req string) {
+	t.Helper()
+	ctx := context.Background()
+	fp, err := keyrow.Fingerprint(workflow, []byte(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, row, err := keyrow.Acquire(ctx, db, keyrow.Request{Tenant: "acme", Key: key, Workflow: workflow,
+		Fingerprint: fp, Params: []byte(req), TTL: time.Minute})
+	if err != nil || out != keyrow.New {
+		t.Fatalf("acquire %s: %v %v", key, out, err)
+	}
+	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "client went away", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTwoCompletersRacingOver1000AbandonedKeysFinishEachOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 20
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	w := effectsWorkflow(t, db)
+	const keys = 1000
+	// One statement per key would take a while; store them in bulk with
+	// the same columns Acquire writes.
+	fp := func(n int) []byte {
+		f, err := keyrow.Fingerprint(w.Name(), fmt.Appendf(nil, `{"n":%d}`, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f[:]
+	}
+	b := &pgx.Batch{}
+	for i := range keys {
+		b.Queue(`INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params, attempts)
+			VALUES ('acme', $1, $2, $3, $4, 1)`, fmt.Sprintf("k%04d", i), w.Name(), fp(i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		wg      sync.WaitGroup
+		results [2]recovery.PassResult
+		errs    [2]error
+	)
+	for i := range 2 {
+		c := completer(t, db, runner(t, db, w), func(c *recovery.CompleterConfig) { c.BatchSize = 50; c.Concurrency = 4 })
+		wg.Go(func() { results[i], errs[i] = c.Drain(ctx) })
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	if got := results[0].Completed + results[1].Completed; got != keys || results[0].Failed+results[1].Failed != 0 {
+		t.Fatalf("completed %d+%d (failed %d+%d), want %d in all", results[0].Completed, results[1].Completed,
+			results[0].Failed, results[1].Failed, keys)
+	}
+	if results[0].Completed == 0 || results[1].Completed == 0 {
+		t.Logf("one completer did all the work: %+v", results)
+	}
+	var rows, distinct, unfinished int
+	if err := db.QueryRow(ctx, `SELECT count(*), count(DISTINCT ikey), (SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished') FROM effects`).
+		Scan(&rows, &distinct, &unfinished); err != nil {
+		t.Fatal(err)
+	}
+	if rows != keys || distinct != keys || unfinished != 0 {
+		t.Fatalf("%d effects over %d keys, %d unfinished; want each of %d keys run exactly once", rows, distinct, unfinished, keys)
+	}
+}
+
+func TestCompleterLeavesKeysAClientMayStillRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w := effectsWorkflow(t, db)
+	abandon(t, db, w.Name(), "fresh", `{"n":1}`)
+	c := completer(t, db, runner(t, db, w), func(c *recovery.CompleterConfig) { c.MinIdle = time.Hour })
+	res, err := c.RunOnce(ctx)
+	if err != nil || res.Claimed != 0 {
+		t.Fatalf("pass over a key idle for less than MinIdle: %+v %v, want nothing claimed", res, err)
+	}
+}
+
+func TestCompleterSkipsKeysUnderALiveLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w := effectsWorkflow(t, db)
+	fp, _ := keyrow.Fingerprint(w.Name(), []byte(`{"n":1}`))
+	if _, _, err := keyrow.Acquire(ctx, db, keyrow.Request{Tenant: "acme", Key: "busy", Workflow: w.Name(),
+		Fingerprint: fp, Params: []byte(`{"n":1}`), TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := completer(t, db, runner(t, db, w)).RunOnce(ctx)
+	if err != nil || res.Claimed != 0 {
+		t.Fatalf("pass: %+v %v, want the leased key left alone", res, err)
+	}
+}
+
+func TestUnknownWorkflowIsReportedNotCrashedOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	abandon(t, db, "retired-workflow", "k1", `{}`)
+	var events []recovery.Event
+	c := completer(t, db, runner(t, db), func(c *recovery.CompleterConfig) {
+		c.Observer = func(ev recovery.Event) { events = append(events, ev) }
+	})
+	res, err := c.RunOnce(ctx)
+	if err != nil || res.Claimed != 1 || res.Failed != 1 {
+		t.Fatalf("pass: %+v %v, want one claimed and failed", res, err)
+	}
+	if len(events) != 1 || !errors.Is(events[0].Err, recovery.ErrUnknownWorkflow) {
+		t.Fatalf("events %+v, want one failure with ErrUnknownWorkflow", events)
+	}
+	var locked bool
+	var lastErr string
+	if err := db.QueryRow(ctx, `SELECT lock_token IS NOT NULL, last_error FROM idempotency_keys`).Scan(&locked, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if locked || lastErr == "" {
+		t.Fatalf("locked=%v last_error=%q; want the lease handed back with the reason", locked, lastErr)
+	}
+}
+
+// mailer is a foreign service whose outcome can be lost.
+type mailer struct {
+	mu    sync.Mutex
+	calls int
+	sent  map[string]bool
+	// lose makes the next call send the mail and then lose the answer.
+	lose bool
+	// refuse makes the next call fail without sending.
+	refuse bool
+}
+
+func (m *mailer) send(key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls++
+	if m.refuse {
+		m.refuse = false
+		return phase.OutcomeUnknown(errors.New("connection reset before the server read the message"))
+	}
+	m.sent[key] = true
+	if m.lose {
+		m.lose = false
+		return phase.OutcomeUnknown(errors.New("timeout waiting for the server's answer"))
+	}
+	return nil
+}
+
+func (m *mailer) wasSent(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sent[key]
+}
+
+func mailWorkflow(t testing.TB, m *mailer) *phase.Workflow[job, struct{ Sent bool }] {
+	t.Helper()
+	type run = phase.Run[job, struct{ Sent bool }]
+	record := func(ctx context.Context, tx pgx.Tx, r *run, sent bool) (phase.Result, error) {
+		r.State.Sent = sent
+		return phase.JSON(200, map[string]bool{"sent": sent}), nil
+	}
+	send := phase.Foreign("mailed",
+		func(ctx context.Context, r *run) (bool, error) { return true, m.send(r.DownstreamKey()) },
+		record)
+	// The mail provider can be asked whether a message with this key went out.
+	send = phase.Reconciled(send, func(ctx context.Context, r *run) (bool, phase.Resolution, error) {
+		if m.wasSent(r.DownstreamKey()) {
+			return true, phase.Done, nil
+		}
+		return false, phase.Retry, nil
+	}, record)
+	w, err := phase.New("mail", send)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func TestUnknownOutcomeIsReconciledToDoneWithoutRepeatingTheCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	m := &mailer{sent: map[string]bool{}, lose: true}
+	w := mailWorkflow(t, m)
+	rn := runner(t, db, w)
+	if _, err := w.Run(ctx, rn, "acme", "k1", job{N: 1}); !errors.Is(err, phase.ErrOutcomeUnknown) {
+		t.Fatalf("first run: %v, want unknown outcome", err)
+	}
+	if out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1}); err != nil || out.Kind != keyrow.Parked {
+		t.Fatalf("client retry while unknown: %+v %v, want parked (409)", out, err)
+	}
+	res, err := completer(t, db, rn).Drain(ctx)
+	if err != nil || res.Completed != 1 {
+		t.Fatalf("completer: %+v %v", res, err)
+	}
+	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
+	if err != nil || out.Kind != keyrow.Replay || string(out.Response.Body) != "{\"sent\":true}\n" {
+		t.Fatalf("after reconcile: %+v %v", out, err)
+	}
+	if m.calls != 1 {
+		t.Fatalf("%d calls, want 1: reconciliation must not repeat the call", m.calls)
+	}
+}
+
+func TestUnknownOutcomeIsReconciledToRetryAndCalledAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	m := &mailer{sent: map[string]bool{}, refuse: true}
+	w := mailWorkflow(t, m)
+	rn := runner(t, db, w)
+	if _, err := w.Run(ctx, rn, "acme", "k1", job{N: 1}); !errors.Is(err, phase.ErrOutcomeUnknown) {
+		t.Fatalf("first run: %v, want unknown outcome", err)
+	}
+	if res, err := completer(t, db, rn).Drain(ctx); err != nil || res.Completed != 1 {
+		t.Fatalf("completer: %+v %v", res, err)
+	}
+	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
+	if err != nil || out.Kind != keyrow.Replay || string(out.Response.Body) != "{\"sent\":true}\n" {
+		t.Fatalf("after retry: %+v %v", out, err)
+	}
+	if m.calls != 2 || len(m.sent) != 1 {
+		t.Fatalf("%d calls, %d mails; want the refused call made again once", m.calls, len(m.sent))
+	}
+}
+
+func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	w, err := phase.New("fragile", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+		if broken.Load() {
+			return phase.Result{}, errors.New("downstream bug")
+		}
+		return phase.JSON(200, "ok"), nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn := runner(t, db, w)
+	if _, err := w.Run(ctx, rn, "acme", "k1", job{}); err == nil {
+		t.Fatal("first run succeeded")
+	}
+	var dead []recovery.Event
+	c := completer(t, db, rn, func(c *recovery.CompleterConfig) {
+		c.MaxAttempts = 3
+		c.Observer = func(ev recovery.Event) {
+			if ev.Kind == recovery.EventDead {
+				dead = append(dead, ev)
+			}
+		}
+	})
+	res, err := c.Drain(ctx)
+	if err != nil || res.Failed != 2 || res.Buried != 1 || len(dead) != 1 {
+		t.Fatalf("drain: %+v %v dead events %v; want two failed attempts then buried", res, err, dead)
+	}
+	out, err := w.Run(ctx, rn, "acme", "k1", job{})
+	if err != nil || out.Kind != keyrow.Parked || out.Hold != keyrow.HoldDead {
+		t.Fatalf("client retry of a dead key: %+v %v, want parked dead", out, err)
+	}
+	counts, err := keyrow.Count(ctx, db, 0)
+	if err != nil || counts.Dead != 1 {
+		t.Fatalf("counts %+v %v, want one dead", counts, err)
+	}
+
+	// The bug is fixed; an operator moves the key back.
+	broken.Store(false)
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET hold = NULL, attempts = 0`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Drain(ctx); err != nil || res.Completed != 1 {
+		t.Fatalf("drain after revival: %+v %v", res, err)
+	}
+}
+
+func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w := effectsWorkflow(t, db)
+	rn := runner(t, db, w)
+	for i := range 50 {
+		if _, err := w.Run(ctx, rn, "acme", fmt.Sprintf("old-%d", i), job{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.Run(ctx, rn, "acme", "recent", job{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, db, w.Name(), "in-flight", `{"n":1}`)
+	abandon(t, db, w.Name(), "unknown", `{"n":2}`)
+	abandon(t, db, w.Name(), "dead", `{"n":3}`)
+	for _, q := range []string{
+		`UPDATE idempotency_keys SET finished_at = now() - interval '2 days' WHERE idempotency_key LIKE 'old-%'`,
+		`UPDATE idempotency_keys SET last_run_at = now() - interval '2 days',
+		     lock_token = gen_random_uuid(), locked_at = now(), lock_expires_at = now() + interval '1 hour' WHERE idempotency_key = 'in-flight'`,
+		`UPDATE idempotency_keys SET last_run_at = now() - interval '2 days', hold = 'unknown' WHERE idempotency_key = 'unknown'`,
+		`UPDATE idempotency_keys SET last_run_at = now() - interval '2 days', hold = 'dead' WHERE idempotency_key = 'dead'`,
+	} {
+		if _, err := db.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := recovery.NewReaper(recovery.ReaperConfig{Pool: db, BatchSize: 7, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Traffic on new keys and replays of old ones while the reaper runs.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var trafficErr atomic.Value
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := w.Run(ctx, rn, "acme", fmt.Sprintf("live-%d-%d", g, i), job{N: i}); err != nil {
+					trafficErr.Store(err)
+					return
+				}
+				if _, err := w.Run(ctx, rn, "acme", fmt.Sprintf("old-%d", i%50), job{N: i % 50}); err != nil {
+					trafficErr.Store(err)
+					return
+				}
+			}
+		})
+	}
+	res, err := r.RunOnce(ctx)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := trafficErr.Load(); v != nil {
+		t.Fatalf("traffic failed during reaping: %v", v)
+	}
+	// A delete batch skips keys a replay had locked at that instant; the
+	// next run takes them.
+	more, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Deleted += more.Deleted
+	res.Expired += more.Expired
+	if res.Expired != 1 {
+		t.Fatalf("expired %d, want 1 (the dead key)", res.Expired)
+	}
+	var left []string
+	rows, err := db.Query(ctx, `SELECT idempotency_key FROM idempotency_keys WHERE idempotency_key NOT LIKE 'live-%' ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Old keys replayed during the run may have been re-created as new keys
+	// after their deletion; only the protected keys must certainly remain.
+	want := map[string]bool{"dead": true, "in-flight": true, "recent": true, "unknown": true}
+	for _, k := range left {
+		delete(want, k)
+	}
+	if len(want) != 0 {
+		t.Fatalf("reaper deleted protected keys %v; left %v", want, left)
+	}
+	var oldFinishedLeft int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE finished_at < now() - interval '1 day'`).Scan(&oldFinishedLeft); err != nil {
+		t.Fatal(err)
+	}
+	if oldFinishedLeft != 0 || res.Deleted < 50 {
+		t.Fatalf("%d expired keys left, %d deleted; want all 50 old keys gone", oldFinishedLeft, res.Deleted)
+	}
+	out, err := w.Run(ctx, rn, "acme", "dead", job{N: 3})
+	if err != nil || out.Kind != keyrow.Replay || out.Response.Status != 500 {
+		t.Fatalf("late retry of the abandoned key: %+v %v, want a replayed terminal 500", out, err)
+	}
+}
