@@ -58,10 +58,11 @@ func Fingerprint(workflow string, params []byte) ([32]byte, error) {
 // byte order of the unescaped UTF-8 key; arrays in their original order;
 // strings escaped only where JSON requires it (", \, and control characters,
 // using \b \f \n \r \t where they exist and \u00xx otherwise); and numbers
-// written from their exact decimal value, never rounded through float64:
-// integers in plain digits unless they end in more than 21 zeros, fractions
-// as 0.001 or 12.5 down to 0.000001, and scientific notation with a lowercase
-// e and no plus sign (1e22, 1.5e-7) beyond those ranges. Zero is always 0.
+// written from their exact decimal value, never rounded through float64, in
+// plain digits (2000, 12.5, 0.0000015) unless that takes more than 21
+// trailing zeros or more than 5 zeros after the decimal point, and otherwise
+// in scientific notation with a lowercase e and no plus sign (1e22, 1.5e-7).
+// Zero is always 0.
 //
 // Canonical rejects, with an error that says why: input that is not a single
 // JSON value (including trailing data), invalid UTF-8 and unpaired UTF-16

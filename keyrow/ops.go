@@ -48,7 +48,7 @@ type KeyInfo struct {
 	// ResponseStatus, ResponseHeader and ResponseBody are the stored
 	// response of a finished key, nil otherwise.
 	ResponseStatus *int        `json:"response_status"`
-	ResponseHeader http.Header `json:"response_header"`
+	ResponseHeader http.Header `json:"response_headers"`
 	ResponseBody   []byte      `json:"response_body"`
 	// Params is the request as first received; State the workflow's state
 	// as last committed.

@@ -70,7 +70,9 @@ func TestSweepDropsOnlyStaleDatabases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
+	// A cleanup, not a defer, so that the cleanup dropping fresh, which
+	// runs first, can still use it.
+	t.Cleanup(func() { conn.Close(ctx) })
 
 	fresh := databaseName("fresh")
 	stale := databaseNameAt("stale", time.Now().Add(-2*staleDatabaseAge))

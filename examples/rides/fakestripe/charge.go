@@ -131,7 +131,7 @@ func parseChargeParams(form url.Values) (chargeParams, *response) {
 	case err != nil:
 		return p, invalidParam("amount", "parameter_invalid_integer", "Invalid integer: "+form.Get("amount"))
 	case amount < 1:
-		return p, invalidParam("amount", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
+		return p, invalidParam("amount", "amount_too_small", "Amount must be at least 1.")
 	case amount > maxAmount:
 		return p, invalidParam("amount", "amount_too_large", fmt.Sprintf("Amount must be no more than %d.", maxAmount))
 	}
@@ -142,7 +142,7 @@ func parseChargeParams(form url.Values) (chargeParams, *response) {
 	}
 	p.currency = strings.ToLower(form.Get("currency"))
 	if len(p.currency) != 3 || strings.Trim(p.currency, "abcdefghijklmnopqrstuvwxyz") != "" {
-		return p, invalidParam("currency", "parameter_invalid_string", "Invalid currency: "+form.Get("currency")+".")
+		return p, invalidParam("currency", "", "Invalid currency: "+form.Get("currency")+".")
 	}
 
 	// Stripe also charges a card source directly; this server knows only

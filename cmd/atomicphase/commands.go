@@ -1,0 +1,370 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// commands in the order the usage lists them.
+var commands = []command{
+	{
+		name: "inspect", args: "TENANT KEY", nargs: 2,
+		summary: "show everything stored for one key",
+		detail: `
+Show everything stored for the tenant's key: its status, where its workflow
+got to, who holds it, its attempts and last error, its request, state and
+stored response. The response body is shown shortened; -json prints every
+field, the body base64-encoded and lease_left_ns (the lease time left by
+the database clock) in nanoseconds.
+
+Exits with status 3 if the tenant has no such key.`,
+		define: defineInspect,
+	},
+	{
+		name: "list", required: "-stuck|-unknown|-dead", args: "", nargs: 0,
+		summary: "list stuck, unknown or dead keys",
+		detail: `
+List the keys that need attention, those idle longest first. Exactly one of
+these is required:
+
+  -stuck    unfinished, runnable keys with no live lease and idle for longer
+            than -stuck-after: the completer's backlog. A few are normal; a
+            growing list means no completer runs, or it keeps failing.
+  -unknown  keys whose last foreign call may or may not have happened,
+            waiting for the completer to reconcile them.
+  -dead     keys the completer gave up on after too many attempts; see
+            'atomicphase retry -h'.`,
+		define: defineList,
+	},
+	{
+		name: "unlock", args: "TENANT KEY", nargs: 2,
+		summary: "free a key's lease so that it resumes now",
+		detail: `
+Free the lease on the tenant's key, whoever holds it, keeping its recovery
+point: the next request for the key, or the completer, resumes it at once
+instead of waiting for the lease to expire.
+
+Warning: a holder that is still alive is fenced out. Its next write fails
+with a lost lease, the phase it was running is rolled back and redone by
+the next run, and a foreign call it was making may be made again. Unlock a
+key only when its holder is known to be gone (its process crashed or hangs),
+not when it is merely slow.
+
+A key on hold stays on hold; see 'atomicphase retry -h'. Exits with status
+3 if the tenant has no such key, and 0 with a note if the key had no lease.`,
+		define: defineUnlock,
+	},
+	{
+		name: "retry", args: "TENANT KEY", nargs: 2,
+		summary: "make a dead or unknown key runnable again",
+		detail: `
+Make a key on hold runnable again with a fresh attempt budget, keeping its
+recovery point, state and last error. The next request for the key resumes
+it at once; the completer takes it once it has been idle for the
+completer's MinIdle (a minute by default).
+
+A dead key (the completer gave up on it) can always be retried. Fix what
+made it fail first, or it will end up dead again.
+
+A key held as unknown waits for reconciliation because its last foreign
+call may or may not have happened. Retrying it repeats that call instead
+of reconciling it, so it needs -confirm-unknown: pass it only once you have
+checked with the provider that the call did not happen, or know that
+making it twice is harmless.
+
+Exits with status 3 if the tenant has no such key, and 1 if the key is not
+on hold.`,
+		define: defineRetry,
+	},
+	{
+		name: "reap", args: "", nargs: 0,
+		summary: "close abandoned keys and delete expired ones",
+		detail: `
+Run the reaper once, as recovery.Reaper does in the application. It first
+gives abandoned keys (dead, or runnable and idle for the whole retention,
+with no live lease) a terminal 500 "request abandoned" response, then
+deletes, batch after batch, the finished keys whose response is older than
+the retention. Keys it closes are deleted a retention later. Keys in flight
+or held as unknown are never touched.
+
+Use the application reaper's retention: with a shorter one, a client that
+retries a deleted key runs its request again.
+
+With -dry-run, reap counts what a run would do and changes nothing. It
+counts rows that a request happens to hold locked at that moment, which a
+run would skip until its next pass.`,
+		define: defineReap,
+	},
+	{
+		name: "stats", args: "", nargs: 0,
+		summary: "count keys by state",
+		detail: `
+Count the keys by state: finished; in flight (held by a live lease); stuck
+(unfinished, runnable, with no live lease and idle for longer than
+-stuck-after); unknown; dead. 'atomicphase list' shows the keys behind the
+last three.`,
+		define: defineStats,
+	},
+	{
+		name: "migrate", args: "", nargs: 0,
+		summary: "create or update the schema",
+		detail: `
+Create the idempotency_keys table, its indexes and its function, or bring
+them up to date. Safe to run more than once, and from several processes at
+once.`,
+		define: defineMigrate,
+	},
+}
+
+// notFoundError names the missing key; it matches keyrow.ErrNotFound, which
+// selects exit status 3.
+type notFoundError struct{ tenant, key string }
+
+func (e *notFoundError) Error() string {
+	return fmt.Sprintf("tenant %q has no key %q", e.tenant, e.key)
+}
+
+func (e *notFoundError) Unwrap() error { return keyrow.ErrNotFound }
+
+func inspect(ctx context.Context, q keyrow.Querier, tenant, key string) (*keyrow.KeyInfo, error) {
+	info, err := keyrow.Inspect(ctx, q, tenant, key)
+	if errors.Is(err, keyrow.ErrNotFound) {
+		return nil, &notFoundError{tenant: tenant, key: key}
+	}
+	return info, err
+}
+
+func defineInspect(*flag.FlagSet) action {
+	return func(ctx context.Context, s *session, args []string) error {
+		db, err := s.db(ctx)
+		if err != nil {
+			return err
+		}
+		info, err := inspect(ctx, db, args[0], args[1])
+		if err != nil {
+			return err
+		}
+		if s.json {
+			return s.writeJSON(info)
+		}
+		return printKey(s.stdout, info, time.Now())
+	}
+}
+
+func defineList(fs *flag.FlagSet) action {
+	var f keyrow.ListFilter
+	fs.BoolVar(&f.Stuck, "stuck", false, "list the completer's backlog")
+	fs.BoolVar(&f.Unknown, "unknown", false, "list keys awaiting reconciliation")
+	fs.BoolVar(&f.Dead, "dead", false, "list keys the completer gave up on")
+	fs.DurationVar(&f.StuckAfter, "stuck-after", recovery.DefaultMinIdle,
+		"with -stuck: how long a key must be idle to be stuck")
+	fs.IntVar(&f.Limit, "limit", keyrow.DefaultListLimit, "the most keys to list")
+	return func(ctx context.Context, s *session, _ []string) error {
+		chosen := 0
+		for _, on := range []bool{f.Stuck, f.Unknown, f.Dead} {
+			if on {
+				chosen++
+			}
+		}
+		switch {
+		case chosen != 1:
+			return usagef("pass exactly one of -stuck, -unknown and -dead")
+		case isSet(fs, "stuck-after") && !f.Stuck:
+			return usagef("-stuck-after applies only to -stuck")
+		case f.StuckAfter < 0:
+			return usagef("-stuck-after must not be negative")
+		case f.Limit <= 0:
+			return usagef("-limit must be positive")
+		}
+		db, err := s.db(ctx)
+		if err != nil {
+			return err
+		}
+		keys, err := keyrow.List(ctx, db, f)
+		if err != nil {
+			return err
+		}
+		if s.json {
+			return s.writeJSON(keys)
+		}
+		return printList(s.stdout, keys, f, time.Now())
+	}
+}
+
+func defineUnlock(*flag.FlagSet) action {
+	return func(ctx context.Context, s *session, args []string) error {
+		tenant, key := args[0], args[1]
+		db, err := s.db(ctx)
+		if err != nil {
+			return err
+		}
+		// Read first, for the exit status of a missing key and to say what
+		// the freed lease was; a key changing in between only makes the
+		// message stale.
+		info, err := inspect(ctx, db, tenant, key)
+		if err != nil {
+			return err
+		}
+		freed, err := keyrow.Unlock(ctx, db, tenant, key)
+		if err != nil {
+			return err
+		}
+		if s.json {
+			return s.writeJSON(struct {
+				Tenant   string `json:"tenant"`
+				Key      string `json:"key"`
+				Unlocked bool   `json:"unlocked"`
+			}{tenant, key, freed})
+		}
+		return printUnlock(s.stdout, info, freed)
+	}
+}
+
+func defineRetry(fs *flag.FlagSet) action {
+	confirmUnknown := fs.Bool("confirm-unknown", false,
+		"retry a key held as unknown, repeating its last foreign call")
+	return func(ctx context.Context, s *session, args []string) error {
+		tenant, key := args[0], args[1]
+		db, err := s.db(ctx)
+		if err != nil {
+			return err
+		}
+		info, err := inspect(ctx, db, tenant, key)
+		if err != nil {
+			return err
+		}
+		switch info.Hold {
+		case "":
+			return fmt.Errorf("key %q of tenant %q is %s, not on hold; nothing to retry", key, tenant, status(info))
+		case keyrow.HoldUnknown:
+			if !*confirmUnknown {
+				return usagef("key %q of tenant %q is held as unknown: its last foreign call may have happened "+
+					"and retrying makes it again; check with the provider, then pass -confirm-unknown", key, tenant)
+			}
+		}
+		err = keyrow.Retry(ctx, db, tenant, key)
+		if errors.Is(err, keyrow.ErrNotHeld) {
+			return fmt.Errorf("key %q of tenant %q left its hold while being retried; inspect it", key, tenant)
+		}
+		if err != nil {
+			return err
+		}
+		if s.json {
+			return s.writeJSON(struct {
+				Tenant        string `json:"tenant"`
+				Key           string `json:"key"`
+				PreviousHold  string `json:"previous_hold"`
+				RecoveryPoint string `json:"recovery_point"`
+			}{tenant, key, info.Hold, info.RecoveryPoint})
+		}
+		_, err = fmt.Fprintf(s.stdout, "key %s of tenant %s was %s and is runnable again at recovery point %s:\n"+
+			"the next request resumes it now, the completer once it has been idle for its MinIdle\n",
+			clean(key), clean(tenant), info.Hold, clean(info.RecoveryPoint))
+		return err
+	}
+}
+
+// reapReport is what reap prints; a dry run reports what a run would do.
+type reapReport struct {
+	DryRun    bool   `json:"dry_run"`
+	Retention string `json:"retention"`
+	// Expired abandoned keys got a terminal response.
+	Expired int `json:"expired"`
+	// Deleted finished keys were past the retention.
+	Deleted int `json:"deleted"`
+}
+
+func defineReap(fs *flag.FlagSet) action {
+	dryRun := fs.Bool("dry-run", false, "count what a run would do and change nothing")
+	retention := fs.Duration("retention", recovery.DefaultRetention, "how long finished keys are kept and replayed")
+	batch := fs.Int("batch", recovery.DefaultReapBatch, "the most keys one statement changes")
+	return func(ctx context.Context, s *session, _ []string) error {
+		if *retention <= 0 || *batch <= 0 {
+			return usagef("-retention and -batch must be positive")
+		}
+		db, err := s.db(ctx)
+		if err != nil {
+			return err
+		}
+		report := reapReport{DryRun: *dryRun, Retention: retention.String()}
+		var runErr error
+		if *dryRun {
+			report.Deleted, report.Expired, runErr = keyrow.ReapCandidates(ctx, db, *retention)
+		} else {
+			reaper, err := recovery.NewReaper(recovery.ReaperConfig{
+				Pool: db, Retention: *retention, BatchSize: *batch,
+				// RunOnce's result and error say all that its logs would.
+				Logger: slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				return err
+			}
+			var res recovery.ReapResult
+			res, runErr = reaper.RunOnce(ctx)
+			report.Expired, report.Deleted = res.Expired, res.Deleted
+		}
+		// A run that fails part-way has still changed keys: report them.
+		if s.json {
+			err = s.writeJSON(report)
+		} else {
+			err = printReap(s.stdout, report)
+		}
+		return errors.Join(runErr, err)
+	}
+}
+
+func defineStats(fs *flag.FlagSet) action {
+	stuckAfter := fs.Duration("stuck-after", recovery.DefaultMinIdle, "how long a key must be idle to be stuck")
+	return func(ctx context.Context, s *session, _ []string) error {
+		if *stuckAfter < 0 {
+			return usagef("-stuck-after must not be negative")
+		}
+		db, err := s.db(ctx)
+		if err != nil {
+			return err
+		}
+		counts, err := keyrow.Count(ctx, db, *stuckAfter)
+		if err != nil {
+			return err
+		}
+		if s.json {
+			return s.writeJSON(counts)
+		}
+		return printStats(s.stdout, counts, *stuckAfter)
+	}
+}
+
+func defineMigrate(*flag.FlagSet) action {
+	return func(ctx context.Context, s *session, _ []string) error {
+		db, err := s.db(ctx)
+		if err != nil {
+			return err
+		}
+		if err := atomicphase.Migrate(ctx, db); err != nil {
+			return err
+		}
+		if s.json {
+			return s.writeJSON(struct {
+				Migrated bool `json:"migrated"`
+			}{true})
+		}
+		_, err = fmt.Fprintln(s.stdout, "the schema is up to date")
+		return err
+	}
+}
+
+// isSet reports whether the command line set the flag, as opposed to
+// leaving its default.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// Widths past which text output shortens a value; -json never does.
+const (
+	bodyPreview  = 200
+	errorPreview = 60
+)
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+func printKey(w io.Writer, k *keyrow.KeyInfo, now time.Time) error {
+	tw := newTable(w)
+	row := func(label, value string) { fmt.Fprintf(tw, "%s\t%s\n", label, value) }
+	row("tenant", clean(k.Tenant))
+	row("key", clean(k.Key))
+	row("id", k.ID.String())
+	row("workflow", clean(k.Workflow))
+	row("status", status(k))
+	row("recovery point", clean(k.RecoveryPoint))
+	row("attempts", strconv.Itoa(k.Attempts))
+	row("last error", orDash(clean(k.LastError)))
+	row("created", when(&k.CreatedAt, now))
+	row("last run", when(&k.LastRunAt, now))
+	row("finished", when(k.FinishedAt, now))
+	switch {
+	case k.LeaseLeft > 0:
+		row("lease", fmt.Sprintf("%s left, taken %s", left(k.LeaseLeft), when(k.LockedAt, now)))
+	case k.LockExpiresAt != nil:
+		row("lease", "expired "+when(k.LockExpiresAt, now))
+	default:
+		row("lease", "free")
+	}
+	row("params", compact(k.Params))
+	row("state", compact(k.State))
+	if k.ResponseStatus != nil {
+		row("response", strconv.Itoa(*k.ResponseStatus))
+		names := make([]string, 0, len(k.ResponseHeader))
+		for name := range k.ResponseHeader {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			for _, v := range k.ResponseHeader[name] {
+				row("", clean(name+": "+v))
+			}
+		}
+		row("response body", preview(k.ResponseBody))
+	}
+	return tw.Flush()
+}
+
+func printList(w io.Writer, keys []keyrow.KeyInfo, f keyrow.ListFilter, now time.Time) error {
+	which := "dead"
+	switch {
+	case f.Stuck:
+		which = "stuck"
+	case f.Unknown:
+		which = "unknown"
+	}
+	if len(keys) == 0 {
+		if f.Stuck {
+			_, err := fmt.Fprintf(w, "no stuck keys idle for more than %s\n", f.StuckAfter)
+			return err
+		}
+		_, err := fmt.Fprintf(w, "no %s keys\n", which)
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "TENANT\tKEY\tWORKFLOW\tRECOVERY POINT\tATTEMPTS\tIDLE\tLEASE\tLAST ERROR")
+	for _, k := range keys {
+		lease := "free"
+		switch {
+		case k.LeaseLeft > 0:
+			lease = left(k.LeaseLeft) + " left"
+		case k.LockExpiresAt != nil:
+			lease = "expired"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
+			clean(k.Tenant), clean(k.Key), clean(k.Workflow), clean(k.RecoveryPoint), k.Attempts,
+			since(k.LastRunAt, now), lease, orDash(clean(shorten(oneLine(k.LastError), errorPreview))))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(keys) == f.Limit {
+		_, err := fmt.Fprintf(w, "showing the first %d %s keys; pass -limit to see more\n", len(keys), which)
+		return err
+	}
+	return nil
+}
+
+func printUnlock(w io.Writer, k *keyrow.KeyInfo, freed bool) error {
+	name := fmt.Sprintf("key %s of tenant %s", clean(k.Key), clean(k.Tenant))
+	var err error
+	switch {
+	case !freed:
+		_, err = fmt.Fprintf(w, "%s had no lease; nothing changed\n", name)
+		return err
+	case k.LeaseLeft > 0:
+		_, err = fmt.Fprintf(w, "freed the lease on %s with %s left; its holder, if alive, is fenced out\n", name, left(k.LeaseLeft))
+	default:
+		_, err = fmt.Fprintf(w, "freed the expired lease on %s\n", name)
+	}
+	if err != nil {
+		return err
+	}
+	if k.Hold != "" {
+		_, err = fmt.Fprintf(w, "it stays on hold (%s); see 'atomicphase retry -h'\n", k.Hold)
+	} else {
+		_, err = fmt.Fprintf(w, "the next request or the completer resumes it after recovery point %s\n", clean(k.RecoveryPoint))
+	}
+	return err
+}
+
+func printReap(w io.Writer, r reapReport) error {
+	tw := newTable(w)
+	if r.DryRun {
+		fmt.Fprintf(tw, "dry run with retention %s: nothing was changed\n", r.Retention)
+		fmt.Fprintf(tw, "abandoned keys to close\t%d\n", r.Expired)
+		fmt.Fprintf(tw, "finished keys to delete\t%d\n", r.Deleted)
+	} else {
+		fmt.Fprintf(tw, "reaped with retention %s\n", r.Retention)
+		fmt.Fprintf(tw, "abandoned keys closed\t%d\n", r.Expired)
+		fmt.Fprintf(tw, "finished keys deleted\t%d\n", r.Deleted)
+	}
+	return tw.Flush()
+}
+
+func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
+	tw := newTable(w)
+	fmt.Fprintf(tw, "finished\t%d\n", c.Finished)
+	fmt.Fprintf(tw, "in flight\t%d\n", c.InFlight)
+	fmt.Fprintf(tw, "stuck\t%d\tidle for more than %s\n", c.Stuck, stuckAfter)
+	fmt.Fprintf(tw, "unknown\t%d\n", c.Unknown)
+	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
+	return tw.Flush()
+}
+
+// status names the state of a key in the words the commands use.
+func status(k *keyrow.KeyInfo) string {
+	switch {
+	case k.Hold != "":
+		return k.Hold
+	case k.RecoveryPoint == keyrow.Finished:
+		return "finished"
+	case k.LeaseLeft > 0:
+		return "in flight"
+	default:
+		return "runnable"
+	}
+}
+
+// clean makes s safe to print in a table: tenants, keys and errors come
+// from clients and may hold tabs, newlines or terminal escapes, which are
+// shown quoted instead.
+func clean(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// shorten cuts s to at most n bytes, on a rune boundary, marking the cut.
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+func preview(body []byte) string {
+	switch {
+	case len(body) == 0:
+		return "(empty)"
+	case !utf8.Valid(body):
+		return fmt.Sprintf("(%d bytes, not UTF-8; -json shows them base64-encoded)", len(body))
+	case len(body) > bodyPreview:
+		return clean(shorten(oneLine(string(body)), bodyPreview)) + fmt.Sprintf(" (%d bytes)", len(body))
+	}
+	return clean(oneLine(string(body)))
+}
+
+// compact prints stored JSON on one line; Postgres returns jsonb with
+// spaces after separators.
+func compact(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return clean(string(raw))
+	}
+	return clean(b.String())
+}
+
+// when prints a time in UTC with how long ago it was, by this machine's
+// clock.
+func when(t *time.Time, now time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	d := now.Sub(*t).Round(time.Second)
+	if d < 0 {
+		return fmt.Sprintf("%s (in %s)", t.UTC().Format(time.DateTime+" UTC"), -d)
+	}
+	return fmt.Sprintf("%s (%s ago)", t.UTC().Format(time.DateTime+" UTC"), d)
+}
+
+func since(t, now time.Time) string {
+	return max(now.Sub(t).Round(time.Second), 0).String()
+}
+
+func left(d time.Duration) string {
+	if d < time.Second {
+		return "<1s"
+	}
+	return d.Round(time.Second).String()
+}

@@ -1,0 +1,526 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const ttl = 30 * time.Second
+
+// unreachable is a database URL nothing listens on.
+const unreachable = "postgres://nobody@127.0.0.1:1/none?connect_timeout=5"
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runCLI runs the command line with DATABASE_URL set to env.
+func runCLI(t *testing.T, env string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	getenv := func(name string) string {
+		if name == "DATABASE_URL" {
+			return env
+		}
+		return ""
+	}
+	code := run(t.Context(), args, &stdout, &stderr, getenv)
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// ok runs the command line, fails the test unless it succeeds, and returns
+// its output.
+func ok(t *testing.T, dsn string, args ...string) string {
+	t.Helper()
+	r := runCLI(t, dsn, args...)
+	if r.code != exitOK || r.stderr != "" {
+		t.Fatalf("atomicphase %q = %d, stderr:\n%s", args, r.code, r.stderr)
+	}
+	return r.stdout
+}
+
+func decode[T any](t *testing.T, out string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("-json output does not parse: %v\n%s", err, out)
+	}
+	return v
+}
+
+// setup returns the DSN of a fresh database for the test and a pool on it.
+func setup(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	db, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return dsn, db
+}
+
+func request(t *testing.T, tenant, key string) keyrow.Request {
+	t.Helper()
+	params := []byte(`{"amount":100}`)
+	fp, err := keyrow.Fingerprint("wf", params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keyrow.Request{Tenant: tenant, Key: key, Workflow: "wf", Fingerprint: fp, Params: params, TTL: ttl}
+}
+
+func acquire(t *testing.T, db *pgxpool.Pool, tenant, key string) (keyrow.Outcome, *keyrow.Row) {
+	t.Helper()
+	out, row, err := keyrow.Acquire(context.Background(), db, request(t, tenant, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, row
+}
+
+// keyIn creates the key in state: "finished", "leased" (a live lease),
+// "runnable" (free, at recovery point "charged"), "dead" or "unknown" (held
+// at "charged").
+func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *keyrow.Row {
+	t.Helper()
+	ctx := context.Background()
+	out, row := acquire(t, db, tenant, key)
+	if out != keyrow.New {
+		t.Fatalf("acquire %s/%s = %v, want new", tenant, key, out)
+	}
+	switch state {
+	case "leased":
+		return row
+	case "finished":
+		resp := keyrow.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
+		if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
+			t.Fatal(err)
+		}
+		return row
+	}
+	if err := keyrow.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+		t.Fatal(err)
+	}
+	hold := map[string]string{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
+	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "card declined", hold); err != nil {
+		t.Fatal(err)
+	}
+	return row
+}
+
+// age rewrites the key's timestamps with set, an SQL assignment list, as if
+// time had passed.
+func age(t *testing.T, db *pgxpool.Pool, tenant, key, set string) {
+	t.Helper()
+	tag, err := db.Exec(context.Background(),
+		`UPDATE idempotency_keys SET `+set+` WHERE tenant = $1 AND idempotency_key = $2`, tenant, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("age %s/%s: %v", tenant, key, err)
+	}
+}
+
+func stored(t *testing.T, db *pgxpool.Pool, tenant, key string) *keyrow.KeyInfo {
+	t.Helper()
+	info, err := keyrow.Inspect(context.Background(), db, tenant, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func TestInspectShowsTheKeyAsTextAndJSON(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	row := keyIn(t, db, "acme", "order-1", "finished")
+
+	text := ok(t, dsn, "inspect", "acme", "order-1")
+	for _, want := range []string{"order-1", "acme", row.ID.String(), "status          finished",
+		"response        201", "Content-Type: application/json", `{"id":"ch_1"}`, `{"amount":100}`, `{"charge":"ch_1"}`} {
+		if !strings.Contains(text, want) {
+			t.Errorf("inspect output lacks %q:\n%s", want, text)
+		}
+	}
+
+	info := decode[keyrow.KeyInfo](t, ok(t, dsn, "inspect", "-json", "acme", "order-1"))
+	if info.ID != row.ID || info.RecoveryPoint != keyrow.Finished || *info.ResponseStatus != 201 ||
+		string(info.ResponseBody) != `{"id":"ch_1"}` || info.FinishedAt == nil {
+		t.Fatalf("inspect -json = %+v", info)
+	}
+	fields := decode[map[string]any](t, ok(t, dsn, "inspect", "--json", "acme", "order-1"))
+	if fields["recovery_point"] != "finished" || fields["tenant"] != "acme" || fields["lease_left_ns"] != 0.0 ||
+		fields["response_headers"] == nil {
+		t.Fatalf("inspect --json fields = %v", fields)
+	}
+}
+
+func TestArgumentsAfterDoubleDashMayStartWithADash(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "-order-1", "dead")
+	info := decode[keyrow.KeyInfo](t, ok(t, dsn, "inspect", "-json", "--", "acme", "-order-1"))
+	if info.Key != "-order-1" || info.Hold != keyrow.HoldDead {
+		t.Fatalf("inspect -- acme -order-1 = %+v", info)
+	}
+}
+
+func TestInspectUnlockAndRetryOfAMissingKeyExitThree(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "dead")
+
+	for _, args := range [][]string{
+		{"inspect", "acme", "order-2"},
+		{"inspect", "globex", "order-1"},
+		{"unlock", "acme", "order-2"},
+		{"retry", "acme", "order-2"},
+	} {
+		r := runCLI(t, dsn, args...)
+		if r.code != exitNotFound || r.stdout != "" || !strings.Contains(r.stderr, `has no key "`+args[2]+`"`) {
+			t.Errorf("atomicphase %q = %d, stdout %q, stderr %q; want 3 and the key named", args, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
+func TestUsageErrorsExitTwoWithTheUsageOnStderr(t *testing.T) {
+	t.Parallel()
+	// No database is needed to find these mistakes, and none is reached.
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{nil, "Usage: atomicphase COMMAND"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"stats", "-verbose"}, "flag provided but not defined: -verbose"},
+		{[]string{"inspect", "acme"}, "want TENANT KEY, got 1 argument"},
+		{[]string{"inspect", "acme", "k1", "-json"}, "flag -json must come before the arguments"},
+		{[]string{"stats", "extra"}, "takes no arguments"},
+		{[]string{"list"}, "exactly one of -stuck, -unknown and -dead"},
+		{[]string{"list", "-stuck", "-dead"}, "exactly one of -stuck, -unknown and -dead"},
+		{[]string{"list", "-dead", "-stuck-after", "5m"}, "-stuck-after applies only to -stuck"},
+		{[]string{"list", "-dead", "-limit", "0"}, "-limit must be positive"},
+		{[]string{"list", "-stuck", "-stuck-after", "soon"}, "invalid value"},
+		{[]string{"reap", "-retention", "0s"}, "-retention and -batch must be positive"},
+		{[]string{"stats", "-stuck-after", "-1m"}, "must not be negative"},
+	} {
+		r := runCLI(t, unreachable, tc.args...)
+		if r.code != exitUsage || r.stdout != "" || !strings.Contains(r.stderr, tc.msg) || !strings.Contains(r.stderr, "Usage: atomicphase") {
+			t.Errorf("atomicphase %q = %d, stdout %q, stderr:\n%s\nwant 2 with %q and the usage", tc.args, r.code, r.stdout, r.stderr, tc.msg)
+		}
+	}
+}
+
+func TestHelpDocumentsEveryCommandOnStdout(t *testing.T) {
+	t.Parallel()
+	top := runCLI(t, "", "-h")
+	if top.code != exitOK || !strings.Contains(top.stdout, "Exit status:") || !strings.Contains(top.stdout, "3  not found") {
+		t.Fatalf("atomicphase -h = %d:\n%s", top.code, top.stdout)
+	}
+	for _, c := range commands {
+		if !strings.Contains(top.stdout, "  "+c.name) {
+			t.Errorf("atomicphase -h does not list %s", c.name)
+		}
+		r := runCLI(t, "", c.name, "-h")
+		if r.code != exitOK || r.stderr != "" || !strings.Contains(r.stdout, "Usage: atomicphase "+c.name) ||
+			!strings.Contains(r.stdout, "-database-url URL") || !strings.Contains(r.stdout, "-json") {
+			t.Errorf("atomicphase %s -h = %d:\n%s%s", c.name, r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := runCLI(t, "", "unlock", "--help"); !strings.Contains(r.stdout, "fenced out") {
+		t.Errorf("unlock help does not warn that a live holder is fenced out:\n%s", r.stdout)
+	}
+}
+
+func TestMissingDatabaseURLExitsTwoAndSaysHowToSetIt(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "", "stats")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "DATABASE_URL is not set; pass -database-url or set DATABASE_URL") {
+		t.Fatalf("stats without a database = %d:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestUnreachableDatabaseExitsOne(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, unreachable, "stats")
+	if r.code != exitError || !strings.Contains(r.stderr, "connect to the database") {
+		t.Fatalf("stats on an unreachable database = %d:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestDatabaseURLFlagOverridesTheEnvironment(t *testing.T) {
+	t.Parallel()
+	dsn, _ := setup(t)
+	ok(t, unreachable, "stats", "-database-url", dsn)
+	if r := runCLI(t, dsn, "stats", "--database-url="+unreachable); r.code != exitError {
+		t.Fatalf("stats with an unreachable -database-url = %d, want 1:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestListShowsStuckUnknownAndDeadKeys(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	for key, state := range map[string]string{
+		"paid": "finished", "paying": "leased", "stuck-1": "runnable", "stuck-2": "runnable", "fresh": "runnable",
+		"dead-1": "dead", "dead-2": "dead", "unknown-1": "unknown",
+	} {
+		keyIn(t, db, "acme", key, state)
+	}
+	age(t, db, "acme", "stuck-1", "last_run_at = now() - interval '10 minutes'")
+	age(t, db, "acme", "stuck-2", "last_run_at = now() - interval '5 minutes'")
+	age(t, db, "acme", "dead-2", "last_run_at = now() - interval '1 hour'")
+
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-stuck"}, []string{"stuck-1", "stuck-2"}},
+		{[]string{"--stuck", "--stuck-after", "7m"}, []string{"stuck-1"}},
+		{[]string{"-stuck", "-stuck-after=0s"}, []string{"stuck-1", "stuck-2", "fresh"}},
+		{[]string{"-dead"}, []string{"dead-2", "dead-1"}},
+		{[]string{"-dead", "-limit", "1"}, []string{"dead-2"}},
+		{[]string{"-unknown"}, []string{"unknown-1"}},
+	} {
+		keys := decode[[]keyrow.KeyInfo](t, ok(t, dsn, append([]string{"list", "-json"}, tc.args...)...))
+		var got []string
+		for _, k := range keys {
+			got = append(got, k.Key)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("list -json %q = %q, want %q", tc.args, got, tc.want)
+		}
+
+		text := ok(t, dsn, append([]string{"list"}, tc.args...)...)
+		lines := strings.Split(strings.TrimSpace(text), "\n")
+		if !strings.HasPrefix(lines[0], "TENANT  KEY") {
+			t.Fatalf("list %q has no header:\n%s", tc.args, text)
+		}
+		for i, key := range tc.want {
+			if fields := strings.Fields(lines[1+i]); fields[0] != "acme" || fields[1] != key {
+				t.Errorf("list %q line %d = %q, want acme %s", tc.args, 1+i, lines[1+i], key)
+			}
+		}
+	}
+	if out := ok(t, dsn, "list", "-dead"); !strings.Contains(out, "card declined") || !strings.Contains(out, "charged") {
+		t.Errorf("list -dead does not show the recovery point and last error:\n%s", out)
+	}
+	if out := ok(t, dsn, "list", "-dead", "-limit", "2"); !strings.Contains(out, "pass -limit to see more") {
+		t.Errorf("a full page does not say there may be more:\n%s", out)
+	}
+	if out := ok(t, dsn, "list", "-stuck", "-stuck-after", "1h"); out != "no stuck keys idle for more than 1h0m0s\n" {
+		t.Errorf("empty list = %q", out)
+	}
+	if out := ok(t, dsn, "list", "-stuck", "-stuck-after", "1h", "-json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("empty list -json = %q, want []", out)
+	}
+}
+
+func TestListShowsClientControlledTextQuoted(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "evil\x1b[2Jkey\tx", "dead")
+	out := ok(t, dsn, "list", "-dead")
+	if strings.Contains(out, "\x1b") || !strings.Contains(out, `"evil\x1b[2Jkey\tx"`) {
+		t.Fatalf("list printed a raw escape sequence:\n%q", out)
+	}
+}
+
+func TestUnlockFreesALeaseSoTheNextRequestResumes(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "leased")
+	if out, _ := acquire(t, db, "acme", "order-1"); out != keyrow.Held {
+		t.Fatalf("acquire during the lease = %v, want held", out)
+	}
+
+	out := ok(t, dsn, "unlock", "acme", "order-1")
+	if !strings.Contains(out, "freed the lease") || !strings.Contains(out, "fenced out") {
+		t.Fatalf("unlock output:\n%s", out)
+	}
+	if out, row := acquire(t, db, "acme", "order-1"); out != keyrow.Resumed || row.RecoveryPoint != keyrow.Started {
+		t.Fatalf("acquire after unlock = %v at %q, want resumed", out, row.RecoveryPoint)
+	}
+
+	keyIn(t, db, "acme", "order-2", "runnable")
+	got := decode[map[string]any](t, ok(t, dsn, "unlock", "-json", "acme", "order-2"))
+	if got["unlocked"] != false || got["key"] != "order-2" {
+		t.Fatalf("unlock -json of a free key = %v, want unlocked false", got)
+	}
+	if out := ok(t, dsn, "unlock", "acme", "order-2"); !strings.Contains(out, "had no lease; nothing changed") {
+		t.Fatalf("unlock of a free key:\n%s", out)
+	}
+}
+
+func TestRetryMakesADeadKeyClaimable(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	row := keyIn(t, db, "acme", "order-1", "dead")
+	age(t, db, "acme", "order-1", "attempts = 10")
+
+	got := decode[map[string]any](t, ok(t, dsn, "retry", "-json", "acme", "order-1"))
+	if got["previous_hold"] != "dead" || got["recovery_point"] != "charged" {
+		t.Fatalf("retry -json = %v", got)
+	}
+	claimed, err := keyrow.Claim(context.Background(), db, keyrow.ClaimParams{Limit: 10, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 || claimed[0].ID != row.ID || claimed[0].RecoveryPoint != "charged" || claimed[0].Attempts != 1 {
+		t.Fatalf("claim after retry = %+v, want the key at charged with fresh attempts", claimed)
+	}
+}
+
+func TestRetryOfAnUnknownKeyNeedsConfirmation(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "unknown")
+
+	r := runCLI(t, dsn, "retry", "acme", "order-1")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "pass -confirm-unknown") {
+		t.Fatalf("retry of an unknown key = %d:\n%s", r.code, r.stderr)
+	}
+	if hold := stored(t, db, "acme", "order-1").Hold; hold != keyrow.HoldUnknown {
+		t.Fatalf("refused retry changed the hold to %q", hold)
+	}
+
+	out := ok(t, dsn, "retry", "-confirm-unknown", "acme", "order-1")
+	if !strings.Contains(out, "was unknown and is runnable again") {
+		t.Fatalf("retry -confirm-unknown output:\n%s", out)
+	}
+	if out, _ := acquire(t, db, "acme", "order-1"); out != keyrow.Resumed {
+		t.Fatalf("acquire after retry = %v, want resumed", out)
+	}
+}
+
+func TestRetryOfAKeyNotOnHoldExitsOne(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "finished")
+	r := runCLI(t, dsn, "retry", "acme", "order-1")
+	if r.code != exitError || !strings.Contains(r.stderr, "is finished, not on hold") {
+		t.Fatalf("retry of a finished key = %d:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestReapDryRunChangesNothingAndPredictsTheRealRun(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	for key, state := range map[string]string{
+		"paid-old": "finished", "paid-older": "finished", "paid-new": "finished",
+		"dead-old": "dead", "runnable-old": "runnable", "unknown-old": "unknown", "leased-old": "leased",
+	} {
+		keyIn(t, db, "acme", key, state)
+	}
+	age(t, db, "acme", "paid-old", "finished_at = now() - interval '25 hours'")
+	age(t, db, "acme", "paid-older", "finished_at = now() - interval '3 days'")
+	for _, key := range []string{"dead-old", "runnable-old", "unknown-old", "leased-old"} {
+		age(t, db, "acme", key, "last_run_at = now() - interval '2 days'")
+	}
+	before := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json"))
+
+	dry := decode[reapReport](t, ok(t, dsn, "reap", "-dry-run", "-json"))
+	if !dry.DryRun || dry.Deleted != 2 || dry.Expired != 2 || dry.Retention != "24h0m0s" {
+		t.Fatalf("reap -dry-run = %+v, want 2 to delete and 2 to close", dry)
+	}
+	if text := ok(t, dsn, "reap", "--dry-run"); !strings.Contains(text, "nothing was changed") ||
+		!strings.Contains(text, "finished keys to delete  2") {
+		t.Fatalf("reap -dry-run text:\n%s", text)
+	}
+	if after := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json")); after != before {
+		t.Fatalf("dry run changed the counts from %+v to %+v", before, after)
+	}
+
+	real := decode[reapReport](t, ok(t, dsn, "reap", "-json", "-batch", "1"))
+	if real.DryRun || real.Deleted != dry.Deleted || real.Expired != dry.Expired {
+		t.Fatalf("reap = %+v, dry run predicted %+v", real, dry)
+	}
+	for _, key := range []string{"paid-old", "paid-older"} {
+		if _, err := keyrow.Inspect(context.Background(), db, "acme", key); !errors.Is(err, keyrow.ErrNotFound) {
+			t.Errorf("%s survived the reap: %v", key, err)
+		}
+	}
+	if info := stored(t, db, "acme", "dead-old"); info.RecoveryPoint != keyrow.Finished || *info.ResponseStatus != 500 {
+		t.Errorf("abandoned key after reap: %s %v, want finished with a 500", info.RecoveryPoint, info.ResponseStatus)
+	}
+	for _, key := range []string{"paid-new", "unknown-old", "leased-old"} {
+		stored(t, db, "acme", key)
+	}
+}
+
+func TestStatsCountsKeysByState(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	for key, state := range map[string]string{
+		"paid": "finished", "paying": "leased", "stuck": "runnable", "dead": "dead", "unknown": "unknown",
+	} {
+		keyIn(t, db, "acme", key, state)
+	}
+	age(t, db, "acme", "stuck", "last_run_at = now() - interval '2 minutes'")
+
+	want := keyrow.Counts{Finished: 1, InFlight: 1, Stuck: 1, Unknown: 1, Dead: 1}
+	if got := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json")); got != want {
+		t.Fatalf("stats -json = %+v, want %+v", got, want)
+	}
+	if got := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json", "-stuck-after", "5m")); got.Stuck != 0 {
+		t.Fatalf("stats -stuck-after 5m counts %d stuck, want 0", got.Stuck)
+	}
+	text := ok(t, dsn, "stats")
+	for _, want := range []string{"finished   1", "in flight  1", "stuck      1  idle for more than 1m0s", "dead       1"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("stats output lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+func TestMigrateCreatesTheSchemaAndCanRunAgain(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	// The test database is migrated already; an empty schema first on the
+	// search path gets a schema of its own.
+	if _, err := db.Exec(context.Background(), "CREATE SCHEMA fresh"); err != nil {
+		t.Fatal(err)
+	}
+	fresh := withSearchPath(t, dsn, "fresh")
+
+	if out := ok(t, fresh, "migrate"); out != "the schema is up to date\n" {
+		t.Fatalf("migrate output = %q", out)
+	}
+	if got := decode[map[string]bool](t, ok(t, fresh, "migrate", "-json")); !got["migrated"] {
+		t.Fatalf("migrate -json = %v", got)
+	}
+	var table *string
+	if err := db.QueryRow(context.Background(), "SELECT to_regclass('fresh.idempotency_keys')::text").Scan(&table); err != nil || table == nil {
+		t.Fatalf("migrate did not create fresh.idempotency_keys: %v", err)
+	}
+}
+
+// withSearchPath returns dsn, in either DSN form, with its search_path set.
+func withSearchPath(t *testing.T, dsn, schema string) string {
+	t.Helper()
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		return dsn + " search_path=" + schema
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal("cannot parse the test DSN")
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}

@@ -1,0 +1,88 @@
+// Package atomicphase makes multi-step API handlers safe to retry: a POST
+// that charges a card, books a ride or sends a payout runs at most once per
+// Idempotency-Key, however often the client retries and wherever the server
+// crashes.
+//
+// It follows the design Brandur Leach described for Stripe: the request is a
+// sequence of atomic phases over Postgres, and a row per idempotency key
+// records how far the request got.
+//
+// # Atomic phases
+//
+// An atomic phase is one Postgres transaction that does the request's
+// database work for that step, commits at most one foreign side effect (a
+// Stripe charge, a payout), and advances the key's recovery point, all or
+// nothing. If the process dies in the middle of a phase, the transaction
+// rolls back and the key still names the last committed phase; the next
+// attempt resumes right after it, so no committed phase runs twice.
+//
+// A foreign call cannot be rolled back, so it is made outside any
+// transaction, with a downstream idempotency key derived from the key row
+// and the phase. If the process dies after the call but before its outcome
+// is recorded, the resumed run repeats the call with the same downstream
+// key, and the provider answers with the original result instead of acting
+// twice.
+//
+// # Example
+//
+// A workflow declares its phases in order over a request type and a state
+// type; the state is committed with each phase:
+//
+//	type Ride struct{ OriginLat, OriginLon, TargetLat, TargetLon float64 }
+//	type RideState struct {
+//		RideID   int64
+//		ChargeID string
+//	}
+//
+//	rides, err := phase.New("rides",
+//		phase.Local("ride_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Ride, RideState]) (phase.Result, error) {
+//			err := tx.QueryRow(ctx, `INSERT INTO rides (...) VALUES (...) RETURNING id`, ...).Scan(&run.State.RideID)
+//			return phase.Next(), err
+//		}),
+//		phase.Foreign("charge_created",
+//			func(ctx context.Context, run *phase.Run[Ride, RideState]) (string, error) {
+//				return charge(ctx, 2000, run.DownstreamKey()) // the provider deduplicates on the key
+//			},
+//			func(ctx context.Context, tx pgx.Tx, run *phase.Run[Ride, RideState], chargeID string) (phase.Result, error) {
+//				run.State.ChargeID = chargeID
+//				return phase.Next(), nil
+//			}).Repeatable(),
+//		phase.Local("receipt_queued", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Ride, RideState]) (phase.Result, error) {
+//			// enqueue the receipt in the same transaction...
+//			return phase.JSON(http.StatusCreated, map[string]any{"ride_id": run.State.RideID}), nil
+//		}),
+//	)
+//	runner, err := phase.NewRunner(phase.Config{Pool: pool}, rides)
+//	handler, err := rides.Handler(runner, phase.HTTPConfig[Ride]{Tenant: userFromAuthorization})
+//	mux.Handle("POST /rides", handler)
+//
+// The handler answers a retry of a finished key with the stored response,
+// byte for byte (with Idempotent-Replayed: true); a retry while the first
+// request still runs with 409 and Retry-After; a key reused with another
+// payload with 422; a crashed request's retry by resuming it.
+//
+// # Recovery
+//
+// Each key row holds a lease (locked_at, lock_expires_at) with a fencing
+// token. A request takes the lease with one statement; a crashed holder's
+// lease expires by the database clock and the next request takes it over,
+// while the old holder, if it is only slow, is fenced out of every write. When
+// no client comes back, recovery.Completer resumes abandoned keys, and
+// recovery.Reaper deletes finished keys once their retention is over.
+//
+// # Packages
+//
+//   - keyrow: the idempotency_keys row and every statement that touches it
+//     (acquire, advance, finish, release, claim, reap), header parsing and
+//     request fingerprints.
+//   - lockttl: the lease: TTL, renewal for long calls, Retry-After.
+//   - phase: workflows, phases and the runner; the HTTP handler; fault
+//     injection. phase/phasetest crashes a workflow at every fault point in
+//     your own tests and proves it converges.
+//   - recovery: the completer, the reaper, unknown outcomes and metrics.
+//   - cmd/atomicphase: inspect, list, unlock, retry and reap keys.
+//   - examples/rides: the Stripe rides example; examples/transfers: a ledger
+//     with external payouts.
+//
+// Apply the schema with Migrate (or schema.sql) before use.
+package atomicphase

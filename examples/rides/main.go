@@ -1,0 +1,311 @@
+// Command rides is the rides example: a Stripe-charging ride API that is
+// safe to retry, and a demo that proves it under duplicates, dropped
+// connections, server crashes and Stripe timeouts.
+//
+// Usage:
+//
+//	rides                 run the demo (embedded Postgres unless DATABASE_URL is set)
+//	rides serve           run the API with its completer, reaper and receipt worker
+//	rides fakestripe      run the fake Stripe API
+//	rides simulate        drive a running API with simulated riders
+//	rides <command> -h    document a command's flags
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/examples/rides/sim"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `rides: the atomicphase rides example.
+
+Usage:
+  rides [demo flags]     run the demo: API, fake Stripe, completer, reaper and
+                         receipt worker in one process, driven by simulated riders
+                         with duplicates, dropped connections, server crashes and
+                         Stripe timeouts; prints a summary and exits non-zero if an
+                         invariant fails. Uses DATABASE_URL, or an embedded
+                         throwaway Postgres when it is not set.
+  rides serve            run the rides API
+  rides fakestripe       run the fake Stripe API
+  rides simulate         drive a running API with simulated riders
+  rides <command> -h     document a command's flags
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := "demo"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "demo":
+		err = demo(ctx, args, stdout, stderr)
+	case "serve":
+		err = serve(ctx, args, stderr)
+	case "fakestripe":
+		err = fakeStripe(ctx, args, stderr)
+	case "simulate":
+		err = simulate(ctx, args, stdout, stderr)
+	case "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "rides: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	case errors.Is(err, errInvariant):
+		fmt.Fprintln(stderr, "rides:", err)
+		return 1
+	}
+	fmt.Fprintln(stderr, "rides:", err)
+	return 1
+}
+
+var (
+	errUsage     = errors.New("usage")
+	errInvariant = errors.New("invariant violated")
+)
+
+func newFlags(name, doc string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "%s\n\nFlags:\n", doc)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
+		return errUsage
+	}
+	return nil
+}
+
+// database connects to url, or to an embedded throwaway Postgres when url
+// is empty, and applies the schemas.
+func database(ctx context.Context, url string, log io.Writer) (*pgxpool.Pool, func(), error) {
+	stop := func() {}
+	if url == "" {
+		fmt.Fprintln(log, "DATABASE_URL not set: starting an embedded throwaway Postgres...")
+		dsn, stopPG, err := pgtest.Embedded(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		url, stop = dsn, stopPG
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("database URL: %w", err)
+	}
+	cfg.MaxConns = max(cfg.MaxConns, 40)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if err := migrate(ctx, pool); err != nil {
+		pool.Close()
+		stop()
+		return nil, nil, err
+	}
+	return pool, func() { pool.Close(); stop() }, nil
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := ride.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := fakestripe.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return ride.Seed(ctx, pool)
+}
+
+// listen serves h on addr and returns its base URL and a shutdown func.
+func listen(addr string, h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: nil}
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
+	return "http://" + ln.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+// crashes returns an injector that crashes a run at a random fault point
+// with probability rate, as a killed process would, while enabled.
+func crashes(rate float64, enabled *atomic.Bool) phase.Injector {
+	return phase.InjectorFunc(func(_ context.Context, at phase.Point) error {
+		if enabled.Load() && rand.Float64() < rate {
+			return phase.ErrCrash
+		}
+		return nil
+	})
+}
+
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlags("rides serve", "rides serve: run the rides API (POST /rides) with its completer, reaper and River receipt worker.\nMigrates the database and seeds user@example.com and declined@example.com.", stderr)
+	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; embedded throwaway Postgres when empty)")
+	stripeURL := fs.String("stripe-url", ride.DefaultStripeURL, "Stripe API base URL (the fake Stripe, stripe-mock, or Stripe)")
+	stripeKey := fs.String("stripe-key", envOr("STRIPE_API_KEY", "sk_test_rides"), "Stripe secret key (default $STRIPE_API_KEY)")
+	lockTTL := fs.Duration("lock-ttl", 0, "idempotency key lease (default 90s)")
+	crashRate := fs.Float64("crash-rate", 0, "probability of a simulated crash at each fault point (for chaos testing)")
+	noCompleter := fs.Bool("no-completer", false, "do not run the completer")
+	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
+	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	pool, closeDB, err := database(ctx, *dbURL, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	var enabled atomic.Bool
+	enabled.Store(true)
+	cfg := ride.Config{
+		Pool:   pool,
+		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, nil),
+		Runner: phase.Config{LockTTL: *lockTTL},
+		WithoutCompleter: *noCompleter, WithoutReaper: *noReaper, WithoutWorker: *noWorker,
+	}
+	if *crashRate > 0 {
+		cfg.Runner.Injector = crashes(*crashRate, &enabled)
+	}
+	app, err := ride.New(cfg)
+	if err != nil {
+		return err
+	}
+	if err := app.Start(ctx); err != nil {
+		return err
+	}
+	url, shutdown, err := listen(*addr, app.Handler())
+	if err != nil {
+		return err
+	}
+	slog.Info("rides API listening", "url", url, "stripe", *stripeURL)
+	<-ctx.Done()
+	shutdown()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return app.Stop(stopCtx)
+}
+
+func fakeStripe(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlags("rides fakestripe", "rides fakestripe: run the fake Stripe API (charges create, retrieve, list; Idempotency-Key as Stripe;\ncustomer cus_declined is declined; faults via POST /_faults).", stderr)
+	addr := fs.String("addr", "127.0.0.1:12111", "address to listen on")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; embedded throwaway Postgres when empty)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	pool, closeDB, err := database(ctx, *dbURL, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	url, shutdown, err := listen(*addr, fakestripe.New(pool, fakestripe.Config{}))
+	if err != nil {
+		return err
+	}
+	slog.Info("fake Stripe listening", "url", url)
+	<-ctx.Done()
+	shutdown()
+	return nil
+}
+
+func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("rides simulate", "rides simulate: drive a running rides API with simulated riders who send duplicates,\ndrop connections and retry with the same Idempotency-Key.", stderr)
+	apiURL := fs.String("api-url", "http://127.0.0.1:8080", "rides API base URL")
+	n := fs.Int("n", 200, "rides to request")
+	concurrency := fs.Int("concurrency", 8, "riders acting at once")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	st, err := sim.Run(ctx, sim.Config{APIURL: *apiURL, Rides: *n, Concurrency: *concurrency, Progress: stderr})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, row := range []struct {
+		name string
+		v    int64
+	}{{"rides", st.Rides}, {"requests", st.Requests}, {"created", st.Created}, {"replayed", st.Replayed},
+		{"409s", st.Conflicts}, {"declined", st.Declined}, {"503s", st.Unavailable}, {"dropped", st.Dropped},
+		{"abandoned", st.Abandoned}, {"inconsistent answers", st.Inconsistent}} {
+		fmt.Fprintf(tw, "%s\t%d\t\n", row.name, row.v)
+	}
+	tw.Flush()
+	if st.Inconsistent > 0 {
+		return fmt.Errorf("%w: %d keys answered two different final responses", errInvariant, st.Inconsistent)
+	}
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// silence is a logger for the demo, whose output is the progress line and
+// the summary; warnings about injected crashes would drown them.
+var silence = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// metrics counts runner and recovery events for the demo's summary.
+func metrics() (*recovery.Metrics, phase.Observer) {
+	m := &recovery.Metrics{}
+	return m, func(ev phase.Event) { m.Count(string(ev.Kind), 1) }
+}

@@ -1,0 +1,175 @@
+// Package ride is the rides example: a Go port of Brandur Leach's
+// rocket-rides-atomic on atomicphase. POST /rides creates a ride, charges
+// the rider through Stripe exactly once, and queues a receipt, however often
+// the client retries and wherever the server crashes.
+//
+// Improvements over the original: the Stripe call runs outside any
+// database transaction; every write is fenced by the lease token; a
+// timeout after the charge request was sent is not stored as a final 503
+// but resumed, repeating the call with the same Stripe idempotency key; the
+// receipt job is enqueued with River in the final phase's transaction.
+package ride
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/stripe/stripe-go/v85"
+
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// WorkflowName is stored with every rides key.
+const WorkflowName = "rides"
+
+// Amount is what every ride costs, in US cents, as in the original.
+const Amount = 2000
+
+// Request is a ride request.
+type Request struct {
+	OriginLat float64 `json:"origin_lat"`
+	OriginLon float64 `json:"origin_lon"`
+	TargetLat float64 `json:"target_lat"`
+	TargetLon float64 `json:"target_lon"`
+}
+
+// State is what the phases pass on to each other, committed with each.
+type State struct {
+	RideID     int64  `json:"ride_id"`
+	UserID     int64  `json:"user_id"`
+	CustomerID string `json:"customer_id"`
+	ChargeID   string `json:"charge_id,omitempty"`
+}
+
+// Run is a run of the rides workflow.
+type Run = phase.Run[Request, State]
+
+// Created is the 201 body of a ride.
+type Created struct {
+	Message string `json:"message"`
+	RideID  int64  `json:"ride_id"`
+}
+
+// Failure is the body of a stored error response.
+type Failure struct {
+	Error   string `json:"error"`
+	Message string `json:"message"`
+}
+
+// charge is the outcome of the Stripe call: a charge, or a Stripe error that
+// proves no charge was made.
+type charge struct {
+	ID  string
+	Err *stripe.Error
+}
+
+// NewWorkflow declares the rides workflow: started → ride_created →
+// charge_created → (receipt queued, response stored) finished.
+func NewWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx]) (*phase.Workflow[Request, State], error) {
+	return phase.New(WorkflowName,
+		phase.Local("ride_created", createRide),
+		phase.Foreign("charge_created",
+			func(ctx context.Context, run *Run) (charge, error) { return chargeRide(ctx, sc, run) },
+			recordCharge,
+		).Repeatable(),
+		phase.Local("receipt_queued", func(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
+			return queueReceipt(ctx, tx, jobs, run)
+		}),
+	)
+}
+
+func createRide(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
+	err := tx.QueryRow(ctx, `SELECT id, stripe_customer_id FROM users WHERE email = $1`, run.Tenant).
+		Scan(&run.State.UserID, &run.State.CustomerID)
+	if err != nil {
+		return phase.Result{}, fmt.Errorf("look up user: %w", err)
+	}
+	r := run.Req
+	err = tx.QueryRow(ctx, `
+		INSERT INTO rides (idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+		run.ID, run.State.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&run.State.RideID)
+	if err != nil {
+		return phase.Result{}, fmt.Errorf("insert ride: %w", err)
+	}
+	_, err = tx.Exec(ctx, `
+		INSERT INTO audit_records (action, data, resource_id, resource_type, user_id)
+		VALUES ('created', $1, $2, 'ride', $3)`, r, run.State.RideID, run.State.UserID)
+	if err != nil {
+		return phase.Result{}, fmt.Errorf("insert audit record: %w", err)
+	}
+	return phase.Next(), nil
+}
+
+// chargeRide makes the one Stripe call of the workflow. The downstream
+// idempotency key makes a repeat after a crash or a timeout return the
+// original charge instead of charging twice.
+func chargeRide(ctx context.Context, sc *stripe.Client, run *Run) (charge, error) {
+	params := &stripe.ChargeCreateParams{
+		Amount:      stripe.Int64(Amount),
+		Currency:    stripe.String(string(stripe.CurrencyUSD)),
+		Customer:    stripe.String(run.State.CustomerID),
+		Description: stripe.String("Charge for ride " + strconv.FormatInt(run.State.RideID, 10)),
+	}
+	params.AddMetadata("ride_id", strconv.FormatInt(run.State.RideID, 10))
+	params.SetIdempotencyKey(run.DownstreamKey())
+	ch, err := sc.V1Charges.Create(ctx, params)
+	if err == nil {
+		return charge{ID: ch.ID}, nil
+	}
+	var serr *stripe.Error
+	if errors.As(err, &serr) && definite(serr) {
+		return charge{Err: serr}, nil
+	}
+	// A network error, a timeout or a Stripe 5xx: the charge may or may not
+	// exist. The phase is Repeatable, so the next run asks again with the
+	// same key and Stripe answers with whatever happened.
+	return charge{}, phase.OutcomeUnknown(err)
+}
+
+// definite reports a Stripe error that proves no charge was made: a decline
+// or a request Stripe refused (4xx), except the ones that mean "try again"
+// (409: the same key is still being processed; 429: rate limited).
+func definite(err *stripe.Error) bool {
+	if err.Type == stripe.ErrorTypeCard {
+		return true
+	}
+	switch err.HTTPStatusCode {
+	case http.StatusConflict, http.StatusTooManyRequests:
+		return false
+	}
+	return err.HTTPStatusCode >= 400 && err.HTTPStatusCode < 500
+}
+
+func recordCharge(ctx context.Context, tx pgx.Tx, run *Run, c charge) (phase.Result, error) {
+	if c.Err != nil {
+		if c.Err.Type == stripe.ErrorTypeCard {
+			return phase.JSON(http.StatusPaymentRequired, Failure{Error: "card_declined", Message: c.Err.Msg}), nil
+		}
+		return phase.JSON(http.StatusBadGateway, Failure{Error: "payment_failed",
+			Message: "the payment provider refused the charge and no charge was made: " + c.Err.Msg}), nil
+	}
+	run.State.ChargeID = c.ID
+	if _, err := tx.Exec(ctx, `UPDATE rides SET stripe_charge_id = $2 WHERE id = $1`, run.State.RideID, c.ID); err != nil {
+		return phase.Result{}, fmt.Errorf("record charge: %w", err)
+	}
+	return phase.Next(), nil
+}
+
+// queueReceipt enqueues the receipt job in the phase's own transaction, so
+// the job exists if and only if the ride's response is stored.
+func queueReceipt(ctx context.Context, tx pgx.Tx, jobs *river.Client[pgx.Tx], run *Run) (phase.Result, error) {
+	_, err := jobs.InsertTx(ctx, tx, ReceiptArgs{RideID: run.State.RideID, Email: run.Tenant, Amount: Amount}, nil)
+	if err != nil {
+		return phase.Result{}, fmt.Errorf("enqueue receipt: %w", err)
+	}
+	return phase.JSON(http.StatusCreated, Created{
+		Message: "Payment accepted. Your pilot is on their way!",
+		RideID:  run.State.RideID,
+	}), nil
+}

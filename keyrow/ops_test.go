@@ -1,0 +1,401 @@
+package keyrow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// keyIn creates the tenant's key through the keyrow API and leaves it in
+// state: "finished", "leased" (a live lease), "runnable" (free, at
+// recovery point "charged"), "dead" or "unknown" (held at "charged").
+func keyIn(t *testing.T, db keyrow.Querier, tenant, key, state string) *keyrow.Row {
+	t.Helper()
+	ctx := context.Background()
+	out, row := acquire(t, db, request(t, tenant, key, `{"amount":100}`))
+	if out != keyrow.New {
+		t.Fatalf("acquire %s/%s = %v, want new", tenant, key, out)
+	}
+	if state == "leased" {
+		return row
+	}
+	if state == "finished" {
+		resp := keyrow.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
+		if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
+			t.Fatal(err)
+		}
+		return row
+	}
+	if err := keyrow.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+		t.Fatal(err)
+	}
+	hold := map[string]string{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
+	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "card declined", hold); err != nil {
+		t.Fatal(err)
+	}
+	return row
+}
+
+// age rewrites the key's timestamps with set, an SQL assignment list, as if
+// time had passed.
+func age(t *testing.T, db keyrow.Querier, tenant, key, set string) {
+	t.Helper()
+	tag, err := db.Exec(context.Background(),
+		`UPDATE idempotency_keys SET `+set+` WHERE tenant = $1 AND idempotency_key = $2`, tenant, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("age %s/%s: %v (%d rows)", tenant, key, err, tag.RowsAffected())
+	}
+}
+
+func keysOf(infos []keyrow.KeyInfo) []string {
+	keys := make([]string, len(infos))
+	for i, info := range infos {
+		keys[i] = info.Key
+	}
+	return keys
+}
+
+func TestInspectFinishedKeyShowsItsStoredResponse(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	row := keyIn(t, db, "acme", "k1", "finished")
+
+	info, err := keyrow.Inspect(context.Background(), db, "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ID != row.ID || info.Tenant != "acme" || info.Key != "k1" || info.Workflow != "test" ||
+		info.RecoveryPoint != keyrow.Finished || info.Hold != "" || info.Attempts != 1 || info.LastError != "" {
+		t.Fatalf("info = %+v", info)
+	}
+	if info.ResponseStatus == nil || *info.ResponseStatus != 201 || string(info.ResponseBody) != `{"id":"ch_1"}` ||
+		info.ResponseHeader.Get("Content-Type") != "application/json" {
+		t.Fatalf("response = %v %v %q, want the stored one", info.ResponseStatus, info.ResponseHeader, info.ResponseBody)
+	}
+	if string(info.Params) != `{"amount": 100}` || string(info.State) != `{"charge": "ch_1"}` {
+		t.Fatalf("params %s, state %s", info.Params, info.State)
+	}
+	if info.FinishedAt == nil || info.LockedAt != nil || info.LockExpiresAt != nil || info.LeaseLeft != 0 {
+		t.Fatalf("finished %v, locked %v, expires %v, lease left %v: want finished and free",
+			info.FinishedAt, info.LockedAt, info.LockExpiresAt, info.LeaseLeft)
+	}
+}
+
+func TestInspectLeasedKeyShowsTheLeaseLeft(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "leased")
+
+	info, err := keyrow.Inspect(context.Background(), db, "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.LeaseLeft <= 0 || info.LeaseLeft > ttl || info.LockedAt == nil || info.LockExpiresAt == nil {
+		t.Fatalf("lease left %v, locked %v: want a live lease of at most %v", info.LeaseLeft, info.LockedAt, ttl)
+	}
+	if info.ResponseStatus != nil || info.ResponseHeader != nil || info.ResponseBody != nil || info.FinishedAt != nil {
+		t.Fatalf("unfinished key has a response: %+v", info)
+	}
+}
+
+func TestInspectMissingKeyOrOtherTenantIsErrNotFound(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "finished")
+
+	for _, tk := range [][2]string{{"acme", "k2"}, {"globex", "k1"}} {
+		if _, err := keyrow.Inspect(context.Background(), db, tk[0], tk[1]); !errors.Is(err, keyrow.ErrNotFound) {
+			t.Errorf("Inspect(%s, %s) = %v, want ErrNotFound", tk[0], tk[1], err)
+		}
+	}
+}
+
+func TestListSelectsStuckUnknownAndDeadKeysIdleLongestFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for key, state := range map[string]string{
+		"finished": "finished", "leased": "leased", "stuck-old": "runnable", "stuck-older": "runnable",
+		"fresh": "runnable", "dead-old": "dead", "dead-older": "dead", "unknown": "unknown",
+	} {
+		keyIn(t, db, "acme", key, state)
+	}
+	age(t, db, "acme", "stuck-old", "last_run_at = now() - interval '2 minutes'")
+	age(t, db, "acme", "stuck-older", "last_run_at = now() - interval '3 minutes'")
+	age(t, db, "acme", "dead-old", "last_run_at = now() - interval '1 hour'")
+	age(t, db, "acme", "dead-older", "last_run_at = now() - interval '2 hours'")
+	// An expired lease does not keep a key from being stuck; a live one does.
+	age(t, db, "acme", "leased", "last_run_at = now() - interval '5 minutes'")
+	keyIn(t, db, "acme", "expired", "leased")
+	age(t, db, "acme", "expired", "last_run_at = now() - interval '4 minutes', lock_expires_at = now() - interval '1 second'")
+
+	for _, tc := range []struct {
+		name   string
+		filter keyrow.ListFilter
+		want   []string
+	}{
+		{"stuck", keyrow.ListFilter{Stuck: true, StuckAfter: time.Minute}, []string{"expired", "stuck-older", "stuck-old"}},
+		{"stuck limited", keyrow.ListFilter{Stuck: true, StuckAfter: time.Minute, Limit: 2}, []string{"expired", "stuck-older"}},
+		{"dead", keyrow.ListFilter{Dead: true}, []string{"dead-older", "dead-old"}},
+		{"unknown", keyrow.ListFilter{Unknown: true}, []string{"unknown"}},
+	} {
+		keys, err := keyrow.List(ctx, db, tc.filter)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := keysOf(keys); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: listed %q, want %q", tc.name, got, tc.want)
+		}
+	}
+
+	// Operators compare the list with the stats gauge; they must agree.
+	counts, err := keyrow.Count(ctx, db, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts.Stuck != 3 || counts.Dead != 2 || counts.Unknown != 1 {
+		t.Fatalf("counts = %+v, want 3 stuck, 2 dead, 1 unknown as listed", counts)
+	}
+
+	dead, err := keyrow.List(ctx, db, keyrow.ListFilter{Dead: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := dead[0]; d.Hold != keyrow.HoldDead || d.RecoveryPoint != "charged" || d.LastError != "card declined" || d.LeaseLeft != 0 {
+		t.Fatalf("dead key = %+v", d)
+	}
+}
+
+func TestListWithoutExactlyOneFilterIsAnError(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	for _, f := range []keyrow.ListFilter{{}, {Stuck: true, Dead: true}, {Unknown: true, Dead: true}, {Dead: true, Limit: -1}} {
+		if _, err := keyrow.List(context.Background(), db, f); err == nil {
+			t.Errorf("List(%+v) succeeded, want an error", f)
+		}
+	}
+}
+
+// lastQuery records the last statement a connection sent, with its arguments.
+type lastQuery struct {
+	mu   sync.Mutex
+	sql  string
+	args []any
+}
+
+func (l *lastQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql, l.args = data.SQL, data.Args
+	return ctx
+}
+
+func (l *lastQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func TestListUsesThePartialIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	var last lastQuery
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = &last
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(traced.Close)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	// On a near-empty table a sequential scan is cheapest; forbidding it
+	// shows whether the planner can prove the partial index applies.
+	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		filter keyrow.ListFilter
+		index  string
+	}{
+		{keyrow.ListFilter{Stuck: true, StuckAfter: time.Minute}, "idempotency_keys_unfinished"},
+		{keyrow.ListFilter{Dead: true}, "idempotency_keys_held"},
+		{keyrow.ListFilter{Unknown: true}, "idempotency_keys_held"},
+	} {
+		if _, err := keyrow.List(ctx, traced, tc.filter); err != nil {
+			t.Fatal(err)
+		}
+		last.mu.Lock()
+		sql, args := last.sql, last.args
+		last.mu.Unlock()
+		rows, err := conn.Query(ctx, "EXPLAIN "+sql, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := strings.Join(lines, "\n")
+		if !strings.Contains(plan, tc.index) || strings.Contains(plan, "Sort") {
+			t.Errorf("List(%+v) plan does not read %s in order:\n%s", tc.filter, tc.index, plan)
+		}
+	}
+}
+
+func TestRetryMakesADeadKeyClaimableWithFreshAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	row := keyIn(t, db, "acme", "k1", "dead")
+	age(t, db, "acme", "k1", "attempts = 10, last_run_at = now() - interval '1 hour'")
+	claim := keyrow.ClaimParams{Limit: 10, TTL: ttl}
+
+	if claimed, err := keyrow.Claim(ctx, db, claim); err != nil || len(claimed) != 0 {
+		t.Fatalf("claim before retry = %d keys, %v; want none", len(claimed), err)
+	}
+	if err := keyrow.Retry(ctx, db, "acme", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := keyrow.Claim(ctx, db, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 || claimed[0].ID != row.ID || claimed[0].RecoveryPoint != "charged" ||
+		claimed[0].Attempts != 1 || claimed[0].Hold != "" {
+		t.Fatalf("claim after retry = %+v, want the key at charged on its first fresh attempt", claimed)
+	}
+}
+
+func TestRetryKeepsAnOldKeyFromBeingExpiredAsAbandoned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "dead")
+	age(t, db, "acme", "k1", "last_run_at = now() - interval '3 days'")
+
+	if err := keyrow.Retry(ctx, db, "acme", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := keyrow.Expire(ctx, db, 24*time.Hour, 100); err != nil || n != 0 {
+		t.Fatalf("expire after retry = %d, %v; want the retried key left to run", n, err)
+	}
+}
+
+func TestRetryUnknownKeyLetsAClientResumeIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "unknown")
+
+	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != keyrow.Parked {
+		t.Fatalf("acquire before retry = %v, want parked", out)
+	}
+	if err := keyrow.Retry(ctx, db, "acme", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if out, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != keyrow.Resumed || row.RecoveryPoint != "charged" {
+		t.Fatalf("acquire after retry = %v at %q, want resumed at charged", out, row.RecoveryPoint)
+	}
+}
+
+func TestRetryOfAMissingOrUnheldKeySaysWhich(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for key, state := range map[string]string{"finished": "finished", "leased": "leased", "runnable": "runnable"} {
+		keyIn(t, db, "acme", key, state)
+		if err := keyrow.Retry(ctx, db, "acme", key); !errors.Is(err, keyrow.ErrNotHeld) {
+			t.Errorf("Retry of a %s key = %v, want ErrNotHeld", state, err)
+		}
+	}
+	if err := keyrow.Retry(ctx, db, "acme", "missing"); !errors.Is(err, keyrow.ErrNotFound) {
+		t.Errorf("Retry of a missing key = %v, want ErrNotFound", err)
+	}
+}
+
+func TestReapCandidatesCountsWhatTheReaperThenDoes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const retention = 24 * time.Hour
+	for key, state := range map[string]string{
+		"finished-old": "finished", "finished-older": "finished", "finished-new": "finished",
+		"dead-old": "dead", "runnable-old": "runnable", "dead-new": "dead",
+		"unknown-old": "unknown", "leased-old": "leased",
+	} {
+		keyIn(t, db, "acme", key, state)
+	}
+	age(t, db, "acme", "finished-old", "finished_at = now() - interval '25 hours'")
+	age(t, db, "acme", "finished-older", "finished_at = now() - interval '3 days'")
+	for _, key := range []string{"dead-old", "runnable-old", "unknown-old", "leased-old"} {
+		age(t, db, "acme", key, "last_run_at = now() - interval '2 days'")
+	}
+
+	finished, abandoned, err := keyrow.ReapCandidates(ctx, db, retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if finished != 2 || abandoned != 2 {
+		t.Fatalf("candidates = %d finished, %d abandoned; want 2 and 2", finished, abandoned)
+	}
+	if c, err := keyrow.Count(ctx, db, 0); err != nil || c.Finished != 3 || c.Dead != 2 {
+		t.Fatalf("after dry run counts = %+v, %v; want nothing changed", c, err)
+	}
+
+	expired, err := keyrow.Expire(ctx, db, retention, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := keyrow.Reap(ctx, db, retention, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deleted != finished || expired != abandoned {
+		t.Fatalf("reaper deleted %d and expired %d, dry run said %d and %d", deleted, expired, finished, abandoned)
+	}
+	if _, _, err := keyrow.ReapCandidates(ctx, db, 0); err == nil {
+		t.Fatal("ReapCandidates with zero retention succeeded, want an error")
+	}
+}
+
+// An operator's script that puts every dead key back to work once the
+// cause of the failures is fixed.
+func ExampleRetry() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	dead, err := keyrow.List(ctx, pool, keyrow.ListFilter{Dead: true, Limit: 1000})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, k := range dead {
+		// ErrNotHeld means someone else got there first.
+		if err := keyrow.Retry(ctx, pool, k.Tenant, k.Key); err != nil && !errors.Is(err, keyrow.ErrNotHeld) {
+			log.Fatal(err)
+		}
+		fmt.Printf("retrying %s/%s from %s (last error: %s)\n", k.Tenant, k.Key, k.RecoveryPoint, k.LastError)
+	}
+}
