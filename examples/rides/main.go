@@ -216,9 +216,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var enabled atomic.Bool
 	enabled.Store(true)
 	cfg := ride.Config{
-		Pool:   pool,
-		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, nil),
-		Runner: phase.Config{LockTTL: *lockTTL},
+		Pool:             pool,
+		Stripe:           ride.NewStripeClient(*stripeURL, *stripeKey, nil),
+		Runner:           phase.Config{LockTTL: *lockTTL},
 		WithoutCompleter: *noCompleter, WithoutReaper: *noReaper, WithoutWorker: *noWorker,
 	}
 	if *crashRate > 0 {

@@ -115,7 +115,7 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	defer stopProgress()
 
 	var (
-		wg    sync.WaitGroup
+		wg     sync.WaitGroup
 		issued atomic.Int64
 	)
 	for range cfg.Concurrency {
