@@ -14,10 +14,10 @@ import (
 // process exits, however it exits.
 //
 // The parent-death signal fires when the thread that forked the child exits,
-// not the process: a Go program starting cmd from an ordinary goroutine
-// could lose that thread at any time. So the child is forked from a
-// goroutine locked to its own thread, which then stays blocked in wait(2)
-// until the child is reaped, and only then lets the thread go.
+// not the process, and the Go runtime may end a thread long before the
+// process exits. So the child is forked from a goroutine locked to its own
+// thread, which then stays blocked in wait(2) until the child is reaped, and
+// only then lets the thread go.
 func startProcess(cmd *exec.Cmd) (*process, error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}

@@ -212,11 +212,12 @@ type counters struct {
 // Stats counts what a Server has done since New. They are the Server's own,
 // not the database's: a second Server on the same database counts separately.
 type Stats struct {
-	// Requests is every /v1 request received, rejected ones included.
+	// Requests is every request to a /v1 route the server serves, rejected
+	// ones included.
 	Requests int64 `json:"requests"`
 	// Charges is the charges created.
 	Charges int64 `json:"charges"`
-	// Declined is the charge requests declined (and stored as declined).
+	// Declined is the charge requests declined.
 	Declined int64 `json:"declined"`
 	// Replays is the requests answered from a stored idempotent result.
 	Replays int64 `json:"replays"`

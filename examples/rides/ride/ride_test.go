@@ -1,0 +1,324 @@
+package ride_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stripe/stripe-go/v85"
+
+	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/phase/phasetest"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type env struct {
+	pool   *pgxpool.Pool
+	stripe *fakestripe.Server
+	sc     *stripe.Client
+	app    *ride.App
+	api    http.Handler
+}
+
+// setup returns the rides service on a fresh database, charging through
+// the fake Stripe over real HTTP. The background parts are not started;
+// tests drive the completer themselves and start the worker when needed.
+func setup(t testing.TB, maxConns int32) *env {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := ride.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := fakestripe.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := ride.Seed(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	fs := fakestripe.New(pool, fakestripe.Config{Logger: quiet})
+	srv := httptest.NewServer(fs)
+	t.Cleanup(srv.Close)
+	// No keep-alives: a dropped connection must reach the client as an
+	// error, not be retried silently by net/http.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", hc)
+	app, err := ride.New(ride.Config{
+		Pool: pool, Stripe: sc, Logger: quiet,
+		Runner:    phase.Config{Logger: quiet},
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{pool: pool, stripe: fs, sc: sc, app: app, api: app.Handler()}
+}
+
+var ridePayload = url.Values{"origin_lat": {"37.7749"}, "origin_lon": {"-122.4194"}, "target_lat": {"37.3382"}, "target_lon": {"-121.8863"}}.Encode()
+
+func (e *env) post(key, user, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/rides", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if user != "" {
+		r.Header.Set("Authorization", user)
+	}
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	rec := httptest.NewRecorder()
+	e.api.ServeHTTP(rec, r)
+	return rec
+}
+
+// chargesForKey returns the ride created under key and the charges Stripe
+// holds for it.
+func (e *env) chargesForKey(t testing.TB, key string) (rideID int64, charges int) {
+	t.Helper()
+	err := e.pool.QueryRow(context.Background(), `
+		SELECT r.id FROM rides r JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		WHERE k.idempotency_key = $1`, key).Scan(&rideID)
+	if err != nil {
+		t.Fatalf("ride for %s: %v", key, err)
+	}
+	all, err := e.stripe.Charges(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range all {
+		if c.Metadata["ride_id"] == fmt.Sprint(rideID) {
+			charges++
+		}
+	}
+	return rideID, charges
+}
+
+func (e *env) verify(t testing.TB) ride.Report {
+	t.Helper()
+	r, err := ride.Verify(context.Background(), e.pool, e.sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := r.Failures(); len(f) > 0 {
+		t.Fatalf("invariants broken: %v (%+v)", f, r)
+	}
+	return r
+}
+
+func TestCrashAtEveryFaultPointChargesEachRideOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 10)
+	phasetest.CrashMatrix(t, phasetest.Config[ride.Request, ride.State]{
+		Runner:   e.app.Runner,
+		Workflow: e.app.Workflow,
+		Tenant:   ride.UserEmail,
+		Request: func(string) ride.Request {
+			return ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4}
+		},
+		Complete: func(ctx context.Context) error {
+			_, err := e.app.Completer.Drain(ctx)
+			return err
+		},
+		// Ride ids differ per key; the rest of the answer must not.
+		Equal: func(crashFree, recovered *keyrow.Response) bool {
+			var a, b ride.Created
+			return crashFree.Status == recovered.Status &&
+				json.Unmarshal(crashFree.Body, &a) == nil && json.Unmarshal(recovered.Body, &b) == nil &&
+				a.Message == b.Message && b.RideID > 0
+		},
+		Check: func(t testing.TB, key string, resp *keyrow.Response) {
+			rideID, charges := e.chargesForKey(t, key)
+			var created ride.Created
+			if err := json.Unmarshal(resp.Body, &created); err != nil || created.RideID != rideID {
+				t.Fatalf("%s: response %s names ride %d, want %d", key, resp.Body, created.RideID, rideID)
+			}
+			if charges != 1 {
+				t.Fatalf("%s: %d charges for ride %d, want 1", key, charges, rideID)
+			}
+		},
+	})
+	e.verify(t)
+}
+
+func Test50KeysTimes100ConcurrentRequestsChargeOncePerKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 30)
+	const keys, copies = 50, 100
+	var wg sync.WaitGroup
+	statuses := make([][]int, keys)
+	for k := range keys {
+		statuses[k] = make([]int, copies)
+		for c := range copies {
+			wg.Go(func() {
+				statuses[k][c] = e.post(fmt.Sprintf("ride-%02d", k), ride.UserEmail, ridePayload).Code
+			})
+		}
+	}
+	wg.Wait()
+	for k := range keys {
+		created := 0
+		for _, s := range statuses[k] {
+			switch s {
+			case http.StatusCreated:
+				created++
+			case http.StatusConflict:
+			default:
+				t.Fatalf("key %d: status %d, want 201 or 409", k, s)
+			}
+		}
+		if created == 0 {
+			t.Fatalf("key %d: no request got 201", k)
+		}
+		if _, charges := e.chargesForKey(t, fmt.Sprintf("ride-%02d", k)); charges != 1 {
+			t.Fatalf("key %d: %d charges, want 1", k, charges)
+		}
+	}
+	if r := e.verify(t); r.Charges != keys || r.Rides != keys {
+		t.Fatalf("%d charges, %d rides; want %d of each", r.Charges, r.Rides, keys)
+	}
+}
+
+func TestDeclinedCardIsStored402AndReplayedByteIdentical(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 5)
+	first := e.post("declined-1", ride.DeclinedEmail, ridePayload)
+	if first.Code != http.StatusPaymentRequired || !strings.Contains(first.Body.String(), "card_declined") {
+		t.Fatalf("declined card: %d %s", first.Code, first.Body.String())
+	}
+	again := e.post("declined-1", ride.DeclinedEmail, ridePayload)
+	if again.Code != http.StatusPaymentRequired || again.Body.String() != first.Body.String() || again.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %d %q replayed=%q; want identical 402", again.Code, again.Body.String(), again.Header().Get("Idempotent-Replayed"))
+	}
+	if r := e.verify(t); r.Charges != 0 || r.Declined != 1 {
+		t.Fatalf("report %+v; want no charge and one declined key", r)
+	}
+}
+
+func TestRequestErrorsComeFromTheLibraryAndAreNotStored(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 5)
+	if rec := e.post("", ride.UserEmail, ridePayload); rec.Code != http.StatusBadRequest {
+		t.Fatalf("missing key: %d", rec.Code)
+	}
+	if rec := e.post("k1", "", ridePayload); rec.Code != http.StatusUnauthorized {
+		t.Fatalf("missing user: %d", rec.Code)
+	}
+	if rec := e.post("k1", "stranger@example.com", ridePayload); rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), "stranger@example.com") {
+		t.Fatalf("unknown user: %d %s", rec.Code, rec.Body.String())
+	}
+	bad := url.Values{"origin_lat": {"91"}, "origin_lon": {"0"}, "target_lat": {"0"}, "target_lon": {"0"}}.Encode()
+	if rec := e.post("k1", ride.UserEmail, bad); rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), `"field":"origin_lat"`) {
+		t.Fatalf("invalid coordinate: %d %s", rec.Code, rec.Body.String())
+	}
+	r := httptest.NewRequest(http.MethodPost, "/rides", strings.NewReader(`{"origin_lat":1,"origin_lon":2,"target_lat":3}`))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Authorization", ride.UserEmail)
+	r.Header.Set("Idempotency-Key", "k1")
+	rec := httptest.NewRecorder()
+	e.api.ServeHTTP(rec, r)
+	if rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), "target_lon") {
+		t.Fatalf("missing JSON field: %d %s", rec.Code, rec.Body.String())
+	}
+	if rec := e.post("k1", ride.UserEmail, ridePayload); rec.Code != http.StatusCreated {
+		t.Fatalf("valid ride after rejected ones: %d %s", rec.Code, rec.Body.String())
+	}
+	other := url.Values{"origin_lat": {"1"}, "origin_lon": {"1"}, "target_lat": {"1"}, "target_lon": {"1"}}.Encode()
+	if rec := e.post("k1", ride.UserEmail, other); rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), "idempotency-key-reused") {
+		t.Fatalf("mismatch: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+func TestStripeTimeoutAfterChargingIsResumedWithOneCharge(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 5)
+	e.stripe.TimeoutAfterCharge(1)
+	first := e.post("timeout-1", ride.UserEmail, ridePayload)
+	if first.Code != http.StatusServiceUnavailable {
+		t.Fatalf("timeout after charge: %d %s, want 503 (not stored)", first.Code, first.Body.String())
+	}
+	var rp string
+	if err := e.pool.QueryRow(context.Background(), `SELECT recovery_point FROM idempotency_keys WHERE idempotency_key = 'timeout-1'`).Scan(&rp); err != nil || rp != "ride_created" {
+		t.Fatalf("recovery point %q (%v), want ride_created: resumable, nothing stored", rp, err)
+	}
+	again := e.post("timeout-1", ride.UserEmail, ridePayload)
+	if again.Code != http.StatusCreated {
+		t.Fatalf("retry: %d %s", again.Code, again.Body.String())
+	}
+	if _, charges := e.chargesForKey(t, "timeout-1"); charges != 1 {
+		t.Fatalf("%d charges, want 1", charges)
+	}
+	e.verify(t)
+}
+
+func TestReceiptsAreSentOncePerRide(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 10)
+	ctx := context.Background()
+	if err := e.app.Jobs.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.app.Jobs.Stop(context.Background()) })
+	const rides = 5
+	for i := range rides {
+		key := fmt.Sprintf("receipt-%d", i)
+		for range 3 { // the rider retries; only one receipt job exists
+			if rec := e.post(key, ride.UserEmail, ridePayload); rec.Code != http.StatusCreated {
+				t.Fatalf("%s: %d", key, rec.Code)
+			}
+		}
+	}
+	// River runs a job at least once: enqueue a duplicate of one receipt.
+	var rideID int64
+	if err := e.pool.QueryRow(ctx, `SELECT min(id) FROM rides`).Scan(&rideID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.app.Jobs.Insert(ctx, ride.ReceiptArgs{RideID: rideID, Email: ride.UserEmail, Amount: ride.Amount}, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var receipts, pendingJobs int
+		err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM receipts),
+			(SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'discarded', 'cancelled'))`).Scan(&receipts, &pendingJobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pendingJobs == 0 {
+			if receipts != rides {
+				t.Fatalf("%d receipts for %d rides", receipts, rides)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jobs still pending after 20s: %d receipts", receipts)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.verify(t)
+}
