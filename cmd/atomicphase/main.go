@@ -106,7 +106,6 @@ type action func(ctx context.Context, s *session, args []string) error
 // database connected on first use, so that usage errors never need one.
 type session struct {
 	stdout io.Writer
-	stderr io.Writer
 	json   bool
 	dsn    string
 	pool   *pgxpool.Pool
@@ -133,7 +132,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	fs := flag.NewFlagSet("atomicphase "+cmd.name, flag.ContinueOnError)
 	// Parse errors are reported below, with the command's own usage.
 	fs.SetOutput(io.Discard)
-	s := &session{stdout: stdout, stderr: stderr}
+	s := &session{stdout: stdout}
 	fs.StringVar(&s.dsn, "database-url", "", "PostgreSQL `URL` or DSN; overrides $DATABASE_URL")
 	fs.BoolVar(&s.json, "json", false, "print JSON instead of aligned text")
 	act := cmd.define(fs)

@@ -181,6 +181,7 @@ func metadataKey(name string) (string, bool) {
 	return key, ok && key != ""
 }
 
+// declined is the answer to every charge for DeclineCustomer.
 var declined = errorResponse(http.StatusPaymentRequired, stripeError{
 	Type:        "card_error",
 	Code:        "card_declined",

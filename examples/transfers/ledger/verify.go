@@ -143,11 +143,12 @@ SELECT
         GROUP BY e.movement
         HAVING count(*) <> 2 OR sum(e.amount) <> 0 OR count(DISTINCT a.currency) <> 1) AS m),
     (SELECT count(*) FROM ledger_accounts a
-     WHERE (a.balance, a.held, a.paid_out) IS DISTINCT FROM (
-         SELECT coalesce(sum(amount) FILTER (WHERE bucket = 'balance'), 0),
-                coalesce(sum(amount) FILTER (WHERE bucket = 'held'), 0),
-                coalesce(sum(amount) FILTER (WHERE bucket = 'paid_out'), 0)
-         FROM ledger_entries e WHERE e.account_id = a.id))`
+     CROSS JOIN LATERAL (
+         SELECT coalesce(sum(amount) FILTER (WHERE bucket = 'balance'), 0)  AS balance,
+                coalesce(sum(amount) FILTER (WHERE bucket = 'held'), 0)     AS held,
+                coalesce(sum(amount) FILTER (WHERE bucket = 'paid_out'), 0) AS paid_out
+         FROM ledger_entries e WHERE e.account_id = a.id) AS s
+     WHERE (a.balance, a.held, a.paid_out) <> (s.balance, s.held, s.paid_out))`
 
 func checkDoubleEntry(ctx context.Context, tx pgx.Tx, _ *Report) (Check, error) {
 	var entries, unbalanced, drifted int

@@ -1,0 +1,95 @@
+package ride_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stripe/stripe-go/v85"
+
+	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// stripeMockVersion is the stripe-mock release the charge requests are
+// checked against; it validates every request against Stripe's OpenAPI spec.
+const stripeMockVersion = "v0.203.0"
+
+// stripeMock builds stripe-mock (once per machine) and starts it, or skips
+// the test saying why it cannot.
+func stripeMock(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(os.TempDir(), "atomicphase-stripe-mock-"+stripeMockVersion)
+	bin := filepath.Join(dir, "stripe-mock")
+	if _, err := os.Stat(bin); err != nil {
+		cmd := exec.Command("go", "install", "github.com/stripe/stripe-mock@"+stripeMockVersion)
+		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Skipf("cannot build stripe-mock %s (needs the Go module proxy): %v\n%s", stripeMockVersion, err, out)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(bin, "-http-addr", addr)
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start stripe-mock: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := net.Dial("tcp", addr)
+		if err == nil {
+			conn.Close()
+			return "http://" + addr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stripe-mock did not listen on %s: %v", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestChargePhaseSendsValidStripeRequests(t *testing.T) {
+	t.Parallel()
+	mockURL := stripeMock(t)
+	e := setup(t, 5)
+	sc := ride.NewStripeClient(mockURL, "sk_test_123", &http.Client{Timeout: 10 * time.Second})
+
+	// stripe-mock refuses what Stripe would refuse: a parameter the API
+	// does not define is a 400, so a success below means a valid request.
+	bad := &stripe.ChargeCreateParams{Amount: stripe.Int64(ride.Amount), Currency: stripe.String("usd")}
+	bad.AddExtra("ride_id", "1")
+	_, err := sc.V1Charges.Create(context.Background(), bad)
+	var serr *stripe.Error
+	if !errors.As(err, &serr) || serr.HTTPStatusCode != http.StatusBadRequest {
+		t.Fatalf("charge with an undefined parameter: %v, want stripe-mock's 400", err)
+	}
+
+	app, err := ride.New(ride.Config{Pool: e.pool, Stripe: sc, Logger: quiet, Runner: phase.Config{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := app.Workflow.Run(context.Background(), app.Runner, ride.UserEmail, "mock-1",
+		ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4})
+	if err != nil {
+		t.Fatalf("ride through stripe-mock: %v", err)
+	}
+	if out.Kind != keyrow.New || out.Response.Status != http.StatusCreated {
+		t.Fatalf("ride through stripe-mock: %v %d %s", out.Kind, out.Response.Status, out.Response.Body)
+	}
+	var charge string
+	if err := e.pool.QueryRow(context.Background(), `SELECT stripe_charge_id FROM rides`).Scan(&charge); err != nil || charge == "" {
+		t.Fatalf("recorded charge %q (%v)", charge, err)
+	}
+}
