@@ -63,30 +63,44 @@ type ServerInfo struct {
 // if no server can be had, t fails.
 func DSN(t testing.TB) string {
 	t.Helper()
-	srv, err := sharedServer()
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Not t.Context(): it is canceled before cleanups run, and the drop in
 	// the cleanup needs to connect.
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
-	name, err := srv.createDatabase(ctx, t.Name())
+	dsn, drop, err := NewDatabase(ctx, t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
-		defer cancel()
-		if err := srv.dropDatabase(ctx, name); err != nil {
+		if err := drop(); err != nil {
 			t.Error(err)
 		}
 	})
-	dsn, err := withDatabase(srv.admin, name)
-	if err != nil {
-		t.Fatal(err)
-	}
 	return dsn
+}
+
+// NewDatabase is DSN for code without a testing.TB, such as runnable
+// examples: it returns the DSN of a new migrated database on the shared
+// server, named after label, and a function that drops it.
+func NewDatabase(ctx context.Context, label string) (dsn string, drop func() error, err error) {
+	srv, err := sharedServer()
+	if err != nil {
+		return "", nil, err
+	}
+	name, err := srv.createDatabase(ctx, label)
+	if err != nil {
+		return "", nil, err
+	}
+	drop = func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+		defer cancel()
+		return srv.dropDatabase(ctx, name)
+	}
+	if dsn, err = withDatabase(srv.admin, name); err != nil {
+		_ = drop()
+		return "", nil, err
+	}
+	return dsn, drop, nil
 }
 
 // Pool returns a pool on a new database for t alone, as DSN describes, and

@@ -73,7 +73,7 @@ const (
 // that transfers in opposite directions queue on a row lock and fail fast
 // with a serialization failure, instead of deadlocking and waiting a second
 // for Postgres to notice.
-const isolation = pgx.Serializable
+const isolation = pgx.RepeatableRead
 
 // Transfers returns the transfers workflow, whose external payouts go
 // through payouts. Register it with a phase.Runner and serve it with Handler.
