@@ -38,10 +38,12 @@
 //
 // # Concurrency
 //
-// The phases that move money run at SERIALIZABLE isolation and lock the
-// accounts they touch lowest id first. Transfers sharing an account queue on
-// its row lock; the loser of a race fails with a serialization failure,
-// which the runner retries a bounded number of times. See isolation.
+// The phases that move money lock the accounts they touch, lowest id first,
+// and run at READ COMMITTED: transfers sharing an account queue on its row
+// lock and each sees the balance the previous one left, and transfers in
+// opposite directions cannot deadlock. The runner retries the rare
+// serialization failure or deadlock a bounded number of times. See the
+// isolation constant for why not SERIALIZABLE.
 //
 // # Answers
 //

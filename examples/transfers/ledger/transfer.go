@@ -64,16 +64,23 @@ const (
 
 // isolation is the isolation level of every phase that moves money.
 //
-// SERIALIZABLE, so that each phase decides on one consistent snapshot and
-// Postgres refuses any interleaving that could not have happened one
-// transfer at a time; the runner retries the refused transaction (40001) a
-// bounded number of times (phase.Config.MaxPhaseRetries), which is how
-// concurrent transfers between the same accounts are absorbed. The phases
-// also lock the accounts they touch, lowest id first (lockAccountsSQL), so
-// that transfers in opposite directions queue on a row lock and fail fast
-// with a serialization failure, instead of deadlocking and waiting a second
-// for Postgres to notice.
-const isolation = pgx.RepeatableRead
+// READ COMMITTED with row locks: each phase first locks the accounts it
+// touches, lowest id first (lockAccountsSQL), and decides on the rows it
+// then reads, which are the latest committed versions and cannot change
+// until it commits. Transfers sharing an account queue on its row lock and
+// each one sees the balance the previous one left; transfers in opposite
+// directions cannot deadlock because every phase locks in the same order.
+//
+// SERIALIZABLE (or REPEATABLE READ) would keep the balances right too, but
+// a transaction's snapshot is taken before it waits for the lock, so when
+// the holder commits, every transaction queued behind it fails with a
+// serialization failure and starts over: under contention most of the
+// runner's bounded retries are spent on that, and some runs exhaust them.
+// The runner still retries serialization failures and deadlocks
+// (phase.Config.MaxPhaseRetries), so a mistake in the lock order would cost
+// a retry, never money. The level is set rather than left to the database
+// default, which could be SERIALIZABLE.
+const isolation = pgx.ReadCommitted
 
 // Transfers returns the transfers workflow, whose external payouts go
 // through payouts. Register it with a phase.Runner and serve it with Handler.
