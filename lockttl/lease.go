@@ -38,11 +38,17 @@ const DefaultTTL = 90 * time.Second
 // DefaultRenewFraction is the share of the TTL after which Keep renews.
 const DefaultRenewFraction = 3
 
+// MaxRetryAfter caps RetryAfter. Every phase commit renews a lease to a full
+// TTL, so the time left on a live lease says little about when its request
+// will finish (usually far sooner); a client that retries early only gets
+// another cheap 409.
+const MaxRetryAfter = 5 * time.Second
+
 // RetryAfter returns the whole seconds a client should wait before retrying
-// a key whose lease has left to run; never less than one second, so a client
-// honouring it does not spin.
+// a key whose lease has left to run: the time left, rounded up, at least one
+// second (so a client honouring it does not spin) and at most MaxRetryAfter.
 func RetryAfter(left time.Duration) int {
-	s := int(math.Ceil(left.Seconds()))
+	s := int(math.Ceil(min(left, MaxRetryAfter).Seconds()))
 	if s < 1 {
 		return 1
 	}

@@ -13,12 +13,12 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func TestRetryAfterRoundsUpAndNeverSaysZero(t *testing.T) {
+func TestRetryAfterRoundsUpWithinOneToFiveSeconds(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		left time.Duration
 		want int
-	}{{0, 1}, {-time.Second, 1}, {time.Millisecond, 1}, {time.Second, 1}, {1500 * time.Millisecond, 2}, {90 * time.Second, 90}} {
+	}{{0, 1}, {-time.Second, 1}, {time.Millisecond, 1}, {time.Second, 1}, {1500 * time.Millisecond, 2}, {4200 * time.Millisecond, 5}, {90 * time.Second, 5}} {
 		if got := lockttl.RetryAfter(tc.left); got != tc.want {
 			t.Errorf("RetryAfter(%v) = %d, want %d", tc.left, got, tc.want)
 		}

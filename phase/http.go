@@ -1,6 +1,7 @@
 package phase
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -139,7 +140,9 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		writeRequestError(rw, err, http.StatusBadRequest)
 		return
 	}
-	out, err := h.w.Run(r.Context(), h.rn, tenant, key, req)
+	// Once the key is taken, the run goes on if the client hangs up: its
+	// retry then finds a stored answer instead of a half-done key.
+	out, err := h.w.Run(context.WithoutCancel(r.Context()), h.rn, tenant, key, req)
 	if err != nil {
 		h.writeError(rw, err)
 		return

@@ -203,6 +203,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	lockTTL := fs.Duration("lock-ttl", 0, "idempotency key lease (default 90s)")
 	crashRate := fs.Float64("crash-rate", 0, "probability of a simulated crash at each fault point (for chaos testing)")
 	noCompleter := fs.Bool("no-completer", false, "do not run the completer")
+	completerInterval := fs.Duration("completer-interval", 0, "how often the completer looks for unfinished keys (default 5s)")
+	completerMinIdle := fs.Duration("completer-min-idle", 0, "how long a key must sit idle before the completer takes it (default 1m)")
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
 	if err := parse(fs, args); err != nil {
@@ -219,6 +221,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Pool:             pool,
 		Stripe:           ride.NewStripeClient(*stripeURL, *stripeKey, nil),
 		Runner:           phase.Config{LockTTL: *lockTTL},
+		Completer:        recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
 		WithoutCompleter: *noCompleter, WithoutReaper: *noReaper, WithoutWorker: *noWorker,
 	}
 	if *crashRate > 0 {

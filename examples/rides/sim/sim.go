@@ -22,8 +22,12 @@ import (
 
 // Config configures a simulation. Zero values mean the default.
 type Config struct {
-	// APIURL is the rides API's base URL. Required.
+	// APIURL is the rides API's base URL. Required unless APIURLs is set.
 	APIURL string
+	// APIURLs are the base URLs of several rides API processes sharing one
+	// database. When set, each attempt goes to one picked at random, so the
+	// copies and retries of a ride land on different processes.
+	APIURLs []string
 	// Rides caps the rides requested (default: unlimited within Duration).
 	Rides int
 	// Duration bounds the run (default 20s when Rides is zero).
@@ -81,8 +85,11 @@ func (c *counters) stats() Stats {
 // Run simulates riders until Duration passes or Rides are requested, and
 // returns what they saw.
 func Run(ctx context.Context, cfg Config) (Stats, error) {
-	if cfg.APIURL == "" {
-		return Stats{}, errors.New("sim: Config.APIURL is required")
+	if len(cfg.APIURLs) == 0 {
+		if cfg.APIURL == "" {
+			return Stats{}, errors.New("sim: Config.APIURL or APIURLs is required")
+		}
+		cfg.APIURLs = []string{cfg.APIURL}
 	}
 	if cfg.Rides == 0 && cfg.Duration == 0 {
 		cfg.Duration = 20 * time.Second
@@ -247,7 +254,8 @@ func (s *simulation) send(ctx context.Context, key, rider, body string) (status 
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(mrand.IntN(30))*time.Millisecond)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(s.cfg.APIURL, "/")+"/rides", strings.NewReader(body))
+	api := s.cfg.APIURLs[mrand.IntN(len(s.cfg.APIURLs))]
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(api, "/")+"/rides", strings.NewReader(body))
 	if err != nil {
 		return 0, "", false, err
 	}

@@ -41,9 +41,11 @@
 // The phases that move money lock the accounts they touch, lowest id first,
 // and run at READ COMMITTED: transfers sharing an account queue on its row
 // lock and each sees the balance the previous one left, and transfers in
-// opposite directions cannot deadlock. The runner retries the rare
-// serialization failure or deadlock a bounded number of times. See the
-// isolation constant for why not SERIALIZABLE.
+// opposite directions cannot deadlock. SERIALIZABLE would keep the balances
+// right too, but every transaction queued on a lock would then fail with a
+// serialization failure when the holder commits, and spend the runner's
+// bounded retries on starting over. The runner still retries the rare
+// serialization failure or deadlock.
 //
 // # Answers
 //

@@ -133,12 +133,25 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 				case r < 0.35:
 					tr.PayoutDestination = fmt.Sprintf("dest_%s_%d", from.Owner, c)
 				default:
-					for tr.ToAccount == 0 || tr.ToAccount == from.ID {
-						tr.ToAccount = accounts[rand.IntN(len(accounts))].ID
+					// Mostly to an account of the same currency; the
+					// others are refused as a currency mismatch.
+					for to := from; to.ID == from.ID || (to.Currency != from.Currency && rand.IntN(10) > 0); {
+						to = accounts[rand.IntN(len(accounts))]
+						tr.ToAccount = to.ID
 					}
 				}
 				key := fmt.Sprintf("client-%02d-transfer-%02d", c, i)
+				// Now and then the client sends the request twice at once.
+				var twin answer
+				var twins sync.WaitGroup
+				if rand.IntN(8) == 0 {
+					twins.Go(func() { twin, _ = e.send(t, from.Owner, key, tr) })
+				}
 				final, n := e.send(t, from.Owner, key, tr)
+				twins.Wait()
+				if twin.status != 0 && (twin.status != final.status || !bytes.Equal(twin.body, final.body)) {
+					t.Errorf("%s: two sends answered %d %q and %d %q", key, final.status, final.body, twin.status, twin.body)
+				}
 				outcome := fmt.Sprint(final.status)
 				if final.status == http.StatusCreated {
 					mu.Lock()

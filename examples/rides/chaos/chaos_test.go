@@ -1,0 +1,674 @@
+package chaos_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stripe/stripe-go/v85"
+
+	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/examples/rides/sim"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// SoakEnv names the environment variable that turns both tests into a soak:
+// a Go duration (10m) of traffic replacing each test's default.
+const SoakEnv = "ATOMICPHASE_CHAOS_SOAK"
+
+const (
+	// apiProcesses is how many `rides serve` processes share the database.
+	apiProcesses = 3
+	// lockTTL is the API's lease, short so that the runs of killed
+	// processes are taken over within the test.
+	lockTTL = 2 * time.Second
+	// stripeKey is the API key the API processes and the checks use.
+	stripeKey = "sk_test_chaos"
+	// settleTimeout bounds the wait for the completer to finish every key.
+	settleTimeout = time.Minute
+	// startTimeout bounds one (re)start of a process, retries included.
+	startTimeout = time.Minute
+)
+
+// Faults planned on the fake Stripe while the chaos runs: charges that fail
+// before executing, and charges whose answer is lost after they executed.
+const faultPlan = `{"fail_before_charge_rate": 0.03, "timeout_after_charge_rate": 0.05}`
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// binDir holds the rides binary that ridesBinary builds.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rides-chaos-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// ridesBinary builds ./examples/rides once per test binary, without the
+// race detector: the processes under test must start fast enough to be
+// killed several times a second on a small CI machine.
+var ridesBinary = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(binDir, "rides")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/atomicphase/atomicphase/examples/rides").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("build rides: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func TestChaosKillsAndTerminatedSessions(t *testing.T) {
+	t.Parallel()
+	runChaos(t, scenario{traffic: 45 * time.Second})
+}
+
+func TestChaosPostgresRestart(t *testing.T) {
+	t.Parallel()
+	runChaos(t, scenario{traffic: 30 * time.Second, restartPostgres: true})
+}
+
+// scenario is what one chaos test does besides killing API processes and
+// terminating sessions, which every test does.
+type scenario struct {
+	// traffic is how long riders start new rides while the chaos runs;
+	// SoakEnv replaces it.
+	traffic time.Duration
+	// restartPostgres restarts the cluster halfway through the traffic, or
+	// once a minute when the traffic lasts longer than two minutes.
+	restartPostgres bool
+}
+
+// chaosCounts counts what the chaos did.
+type chaosCounts struct {
+	kills, failedStarts, terminated, pgRestarts atomic.Int64
+}
+
+func runChaos(t *testing.T, sc scenario) {
+	if v := os.Getenv(SoakEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: want a positive duration such as 10m", SoakEnv, v)
+		}
+		sc.traffic = d
+	}
+	began := time.Now()
+	s := setup(t)
+	ctx := t.Context()
+	s.setFaults(ctx, faultPlan)
+
+	var counts chaosCounts
+	chaosCtx, stopChaos := context.WithTimeout(ctx, sc.traffic)
+	defer stopChaos()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.killAPIs(chaosCtx, &counts) })
+	wg.Go(func() { s.terminateSessions(chaosCtx, &counts) })
+	if sc.restartPostgres {
+		every := sc.traffic / 2
+		if sc.traffic > 2*time.Minute {
+			every = time.Minute
+		}
+		wg.Go(func() { s.restartPostgres(chaosCtx, every, &counts) })
+	}
+	// Rides still unanswered when the traffic ends are retried to their
+	// answer with the chaos already stopped.
+	st, err := sim.Run(ctx, sim.Config{APIURLs: s.apiURLs(), Duration: sc.traffic, GiveUpAfter: 10 * time.Second})
+	stopChaos()
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	trafficDone := time.Now()
+
+	s.setFaults(ctx, `{"fail_before_charge_rate": 0, "timeout_after_charge_rate": 0}`)
+	settled, report, err := s.settle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	checks := []check{
+		{"every key finished", report.UnfinishedKey, 0},
+		{"no key locked", report.LockedKeys, 0},
+		{"charges at Stripe = charged rides", report.Charges, report.ChargedRides},
+		{"rides charged twice", report.DoubleCharged, 0},
+		{"charges without a ride", report.ChargesWithoutRide, 0},
+		{"recorded charge not Stripe's", report.ChargeMismatches, 0},
+		{"201 without a charge", report.CreatedUncharged, 0},
+		{"receipts for uncharged rides", report.ReceiptsUncharged, 0},
+		{"keys answered two final responses", int(st.Inconsistent), 0},
+	}
+	t.Log("\n" + summary(sc, &counts, st, settled, report, checks,
+		trafficDone.Sub(began), time.Since(trafficDone)))
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %d, want %d", c.name, c.got, c.want)
+		}
+	}
+	for _, f := range report.Failures() {
+		t.Errorf("invariant violated: %s", f)
+	}
+	if st.Rides == 0 || report.Created == 0 {
+		t.Errorf("no traffic got through: %d rides requested, %d created", st.Rides, report.Created)
+	}
+	if t.Failed() {
+		s.evidence(ctx)
+	}
+}
+
+// check is an invariant of the final state: got must equal want.
+type check struct {
+	name      string
+	got, want int
+}
+
+// system is one test's cluster, fake Stripe and API processes.
+type system struct {
+	t       *testing.T
+	cluster *pgtest.Cluster
+	dbName  string
+	// pool connects to the rides database; admin to the maintenance
+	// database, so that terminating the rides sessions spares it.
+	pool, admin *pgxpool.Pool
+	stripe      *process
+	apis        []*process
+	logDir      string
+}
+
+// setup starts a private cluster with a migrated and seeded rides
+// database, the fake Stripe, and the API processes, and kills them all when
+// t ends.
+func setup(t *testing.T) *system {
+	t.Helper()
+	bin, err := ridesBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	cluster, err := pgtest.StartCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cluster.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	s := &system{t: t, cluster: cluster, dbName: "rides"}
+	s.admin = newPool(t, cluster.DSN("postgres"))
+	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+s.dbName); err != nil {
+		t.Fatal(err)
+	}
+	s.pool = newPool(t, cluster.DSN(s.dbName))
+	// Migrating here, once, spares the processes racing each other
+	// through River's migrations on their first start.
+	if err := ride.Migrate(ctx, s.pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := fakestripe.Migrate(ctx, s.pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := ride.Seed(ctx, s.pool); err != nil {
+		t.Fatal(err)
+	}
+
+	// The logs of a failed test are kept for the post-mortem.
+	s.logDir, err = os.MkdirTemp("", "rides-chaos-logs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("process logs kept in %s", s.logDir)
+			return
+		}
+		os.RemoveAll(s.logDir)
+	})
+
+	dsn := cluster.DSN(s.dbName)
+	stripeAddr := freeAddr(t)
+	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
+	for i := range apiProcesses {
+		addr := freeAddr(t)
+		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, "serve", "-addr", addr,
+			"-database-url", dsn, "-stripe-url", "http://"+stripeAddr, "-stripe-key", stripeKey,
+			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"))
+	}
+	for _, p := range append([]*process{s.stripe}, s.apis...) {
+		t.Cleanup(p.kill)
+		if _, err := p.start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+func newPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func (s *system) apiURLs() []string {
+	urls := make([]string, len(s.apis))
+	for i, p := range s.apis {
+		urls[i] = "http://" + p.addr
+	}
+	return urls
+}
+
+func (s *system) stripeClient() *stripe.Client {
+	return ride.NewStripeClient("http://"+s.stripe.addr, stripeKey, nil)
+}
+
+// setFaults replaces the fake Stripe's fault plan with the JSON plan.
+func (s *system) setFaults(ctx context.Context, plan string) {
+	s.t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.stripe.addr+"/_faults", strings.NewReader(plan))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		s.t.Fatalf("POST /_faults %s: %s %s", plan, resp.Status, body)
+	}
+}
+
+// killAPIs kills a random API process with SIGKILL every 200 to 500 ms and
+// starts it again, until ctx ends. The restart outlives ctx, so no process
+// is left down when the chaos stops.
+func (s *system) killAPIs(ctx context.Context, c *chaosCounts) {
+	for sleep(ctx, 200*time.Millisecond+rand.N(300*time.Millisecond)) {
+		p := s.apis[rand.IntN(len(s.apis))]
+		p.kill()
+		c.kills.Add(1)
+		failed, err := p.start(context.WithoutCancel(ctx))
+		c.failedStarts.Add(int64(failed))
+		if err != nil {
+			s.t.Error(err)
+			return
+		}
+	}
+}
+
+// terminateSQL ends up to two random sessions of the rides database:
+// the API processes', the fake Stripe's and their River clients'.
+const terminateSQL = `
+SELECT count(*) FILTER (WHERE terminated) FROM (
+    SELECT pg_terminate_backend(pid) AS terminated FROM pg_stat_activity
+    WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+    ORDER BY random() LIMIT 2
+) t`
+
+// terminateSessions ends two random application sessions every 300 ms
+// until ctx ends.
+func (s *system) terminateSessions(ctx context.Context, c *chaosCounts) {
+	for sleep(ctx, 300*time.Millisecond) {
+		var n int64
+		// Errors are expected while Postgres restarts.
+		if err := s.admin.QueryRow(ctx, terminateSQL, s.dbName).Scan(&n); err == nil {
+			c.terminated.Add(n)
+		}
+	}
+}
+
+// restartPostgres restarts the cluster every interval until ctx ends.
+func (s *system) restartPostgres(ctx context.Context, every time.Duration, c *chaosCounts) {
+	for sleep(ctx, every) {
+		if err := s.cluster.Restart(context.WithoutCancel(ctx)); err != nil {
+			s.t.Error(err)
+			return
+		}
+		c.pgRestarts.Add(1)
+	}
+}
+
+// settled is what the final completer runs did.
+type settled struct {
+	completed, failed, deadRetried int
+	took                           time.Duration
+}
+
+// settle runs a completer with no idle time and no backoff until every key
+// is finished and none is locked, retrying dead keys as an operator would,
+// and returns what it did with the final report. Leases of killed runs
+// expire within lockTTL, so a couple of passes usually suffice.
+func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
+	var out settled
+	began := time.Now()
+	sc := s.stripeClient()
+	app, err := ride.New(ride.Config{
+		Pool: s.pool, Stripe: sc, Logger: quiet,
+		Runner:           phase.Config{LockTTL: lockTTL, Logger: quiet},
+		Completer:        recovery.CompleterConfig{MinIdle: -1, Backoff: -1, Logger: quiet},
+		WithoutCompleter: true, WithoutReaper: true, WithoutWorker: true,
+	})
+	if err != nil {
+		return out, ride.Report{}, err
+	}
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		res, err := app.Completer.Drain(ctx)
+		out.completed += res.Completed
+		out.failed += res.Failed
+		if err != nil {
+			return out, ride.Report{}, err
+		}
+		dead, err := keyrow.List(ctx, s.pool, keyrow.ListFilter{Dead: true, Limit: 1000})
+		if err != nil {
+			return out, ride.Report{}, err
+		}
+		for _, k := range dead {
+			s.t.Logf("retrying dead key %s/%s (attempts %d, recovery point %s, last error %q)",
+				k.Tenant, k.Key, k.Attempts, k.RecoveryPoint, k.LastError)
+			if err := keyrow.Retry(ctx, s.pool, k.Tenant, k.Key); err != nil && !errors.Is(err, keyrow.ErrNotHeld) {
+				return out, ride.Report{}, err
+			}
+			out.deadRetried++
+		}
+		report, err := ride.Verify(ctx, s.pool, sc)
+		if err != nil {
+			return out, report, err
+		}
+		if report.UnfinishedKey == 0 && report.LockedKeys == 0 || time.Now().After(deadline) {
+			out.took = time.Since(began)
+			return out, report, nil
+		}
+		if !sleep(ctx, 250*time.Millisecond) {
+			return out, report, ctx.Err()
+		}
+	}
+}
+
+// summary renders what happened in a test as a table.
+func summary(sc scenario, c *chaosCounts, st sim.Stats, settled settled, report ride.Report, checks []check, traffic, settling time.Duration) string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	row := func(name string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", name, v) }
+	fmt.Fprintf(tw, "chaos\t\n")
+	row("traffic (incl. riders' last retries)", traffic.Round(100*time.Millisecond))
+	row("API processes killed (SIGKILL)", c.kills.Load())
+	row("restarts that exited and were retried", c.failedStarts.Load())
+	row("sessions terminated", c.terminated.Load())
+	row("Postgres restarts", c.pgRestarts.Load())
+	fmt.Fprintf(tw, "riders\t\n")
+	row("rides requested", st.Rides)
+	row("requests sent", st.Requests)
+	row("created (201, first answer)", st.Created)
+	row("declined (402, first answer)", st.Declined)
+	row("replayed answers", st.Replayed)
+	row("409s (retried)", st.Conflicts)
+	row("503s (retried)", st.Unavailable)
+	row("other 5xx (retried)", st.ServerErrors)
+	row("dropped connections (retried)", st.Dropped)
+	row("given up on (left to the completer)", st.Abandoned)
+	fmt.Fprintf(tw, "settling\t\n")
+	row("took", settling.Round(100*time.Millisecond))
+	row("keys finished by the final completer", settled.completed)
+	row("final completer runs that failed", settled.failed)
+	row("dead keys retried by the operator", settled.deadRetried)
+	fmt.Fprintf(tw, "final state\t\n")
+	row("keys finished", report.FinishedKeys)
+	row("rides", report.Rides)
+	row("created (201)", report.Created)
+	row("declined (402)", report.Declined)
+	row("receipts sent", report.Receipts)
+	fmt.Fprintf(tw, "invariants\t\n")
+	for _, ch := range checks {
+		verdict := "ok"
+		if ch.got != ch.want {
+			verdict = fmt.Sprintf("FAIL (want %d)", ch.want)
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%s\n", ch.name, ch.got, verdict)
+	}
+	tw.Flush()
+	return b.String()
+}
+
+// evidence logs the rows behind a failed invariant: keys left unfinished or
+// locked, and rides with more than one charge at the fake Stripe.
+func (s *system) evidence(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	rows, err := s.pool.Query(ctx, `
+		SELECT tenant, idempotency_key, recovery_point, coalesce(hold, ''), attempts,
+		       lock_token IS NOT NULL, coalesce(last_error, '')
+		FROM idempotency_keys
+		WHERE recovery_point <> 'finished' OR lock_token IS NOT NULL
+		ORDER BY last_run_at LIMIT 50`)
+	if err == nil {
+		for rows.Next() {
+			var tenant, key, rp, hold, lastErr string
+			var attempts int
+			var locked bool
+			if err := rows.Scan(&tenant, &key, &rp, &hold, &attempts, &locked, &lastErr); err == nil {
+				s.t.Logf("key %s/%s: recovery point %s, hold %q, attempts %d, locked %v, last error %q",
+					tenant, key, rp, hold, attempts, locked, lastErr)
+			}
+		}
+		rows.Close()
+	}
+	rows, err = s.pool.Query(ctx, `
+		SELECT c.metadata->>'ride_id', array_agg(c.id ORDER BY c.seq), array_agg(c.idempotency_key ORDER BY c.seq),
+		       coalesce(k.idempotency_key, '')
+		FROM fakestripe_charges c
+		LEFT JOIN rides r ON r.id = (c.metadata->>'ride_id')::bigint
+		LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		GROUP BY 1, 4 HAVING count(*) > 1`)
+	if err == nil {
+		for rows.Next() {
+			var rideID, key string
+			var charges, keys []string
+			if err := rows.Scan(&rideID, &charges, &keys, &key); err == nil {
+				s.t.Logf("ride %s (key %s) charged %d times: charges %v under Stripe keys %v", rideID, key, len(charges), charges, keys)
+			}
+		}
+		rows.Close()
+	}
+}
+
+// process is a rides subcommand running as a child of the test, which can
+// be killed and started again on the same address.
+type process struct {
+	name string
+	addr string
+	bin  string
+	args []string
+	log  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited and been reaped
+}
+
+func (s *system) newProcess(bin, name, addr string, args ...string) *process {
+	return &process{name: name, addr: addr, bin: bin, args: args, log: filepath.Join(s.logDir, name+".log")}
+}
+
+// start runs the process and returns once it accepts connections. A start
+// fails when the process cannot reach Postgres (during a restart) or finds
+// its port taken, and the process then exits; start tries again until
+// startTimeout and reports how many tries exited.
+func (p *process) start(ctx context.Context) (failed int, err error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	for {
+		done, err := p.spawn()
+		if err != nil {
+			return failed, err
+		}
+		if p.waitListening(ctx, done) {
+			return failed, nil
+		}
+		p.kill()
+		if ctx.Err() != nil {
+			return failed, fmt.Errorf("%s did not start listening on %s within %v; log %s:\n%s",
+				p.name, p.addr, startTimeout, p.log, tail(p.log))
+		}
+		failed++
+		sleep(ctx, 100*time.Millisecond)
+	}
+}
+
+// spawn starts the process with its output appended to its log. The
+// parent-death signal fires when the thread that forked the child exits,
+// not the process, so the child is forked from a goroutine locked to its
+// thread, which stays blocked in wait(2) until the child is reaped.
+func (p *process) spawn() (<-chan struct{}, error) {
+	logFile, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	fmt.Fprintf(logFile, "=== %s start %s\n", time.Now().Format(time.RFC3339Nano), p.name)
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	done := make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread when this goroutine
+		// returns, which is harmless once the child is reaped.
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(done)
+	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("start %s: %w", p.name, err)
+	}
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+	return done, nil
+}
+
+// waitListening polls the process's address until it accepts a
+// connection, and reports false if the process exits or ctx ends first.
+func (p *process) waitListening(ctx context.Context, done <-chan struct{}) bool {
+	for {
+		conn, err := net.DialTimeout("tcp", p.addr, 100*time.Millisecond)
+		if err == nil {
+			conn.Close()
+			return true
+		}
+		select {
+		case <-done:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// kill sends SIGKILL and waits until the process is reaped. It does nothing
+// when the process is not running.
+func (p *process) kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd, p.done = nil, nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// tail returns the end of the file at path.
+func tail(path string) string {
+	const max = 4 << 10
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
+}
+
+// ports holds the ports handed out by freeAddr in this test binary, so that
+// parallel tests never share one.
+var ports struct {
+	mu    sync.Mutex
+	taken map[int]bool
+}
+
+// freeAddr returns a free loopback address. Its port is below Linux's
+// ephemeral range (32768 and up), so no outgoing connection is given it
+// while its process is down between a kill and a restart.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ports.mu.Lock()
+	defer ports.mu.Unlock()
+	if ports.taken == nil {
+		ports.taken = map[int]bool{}
+	}
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		if ports.taken[port] {
+			continue
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		ports.taken[port] = true
+		return addr
+	}
+	t.Fatal("no free port between 20000 and 32000")
+	return ""
+}
+
+// sleep waits for d and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}

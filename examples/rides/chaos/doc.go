@@ -1,0 +1,51 @@
+// Package chaos runs the rides example as real processes, breaks them while
+// riders keep retrying, and then checks that every ride was charged at most
+// once and every key got one answer. It holds only tests.
+//
+// # Setup
+//
+// Each test starts a private Postgres cluster, so that restarting it
+// disturbs no other test, one `rides fakestripe` process whose fault plan
+// fails some charges before they execute and drops the connection after
+// others, and three `rides serve` processes on one database with a two-second
+// lease and a completer that runs every half second. Riders from
+// examples/rides/sim send each ride, sometimes as several concurrent copies,
+// to API processes picked at random per attempt, and retry with the same
+// Idempotency-Key after a dropped connection, a 409, a 503 or another 5xx,
+// until a final answer (201, 402 or 502) or until they give up and leave
+// the key to the completer.
+//
+// # Chaos
+//
+// While the riders ride, every 200 to 500 ms one API process is killed with
+// SIGKILL and started again on its address; every 300 ms two random
+// application sessions are ended with pg_terminate_backend; and in
+// TestChaosPostgresRestart Postgres itself is restarted halfway through (once
+// a minute in a soak). The API processes are expected to survive all of
+// this: pgxpool reconnects, and requests fail closed with 503 meanwhile.
+//
+// # Invariants
+//
+// When the riders are done the chaos stops, the fault plan is cleared, and
+// a completer runs until no key is left to finish. Keys the completers gave
+// up on after too many attempts (the dead hold) are retried as an operator
+// would, with keyrow.Retry. Then ride.Verify must find: every key
+// finished and none locked, as many charges at Stripe as rides recording a
+// charge, no ride charged twice, no charge without its ride, every 201
+// backed by a charge; and no key may have been answered two different final
+// responses. Each test logs a summary (go test -v): kills, terminated
+// sessions, Postgres restarts, requests and their outcomes, and the
+// invariants.
+//
+// # Soak
+//
+// By default the tests send traffic for 45 and 30 seconds, run in parallel,
+// and the package takes about a minute. ATOMICPHASE_CHAOS_SOAK sets a longer
+// traffic duration for both:
+//
+//	ATOMICPHASE_CHAOS_SOAK=10m go test -race -timeout 30m -v ./examples/rides/chaos
+//
+// The API and fake Stripe processes are built once per test binary, without
+// the race detector, from ./examples/rides. Every child process is killed
+// when its test ends, and by the kernel if the test binary dies first.
+package chaos

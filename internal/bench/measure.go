@@ -1,0 +1,434 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// MaxConns is the pool size of every benchmark, library and baseline alike:
+// enough for one connection per request at the highest concurrency measured.
+const MaxConns = 32
+
+// Concurrencies are the numbers of concurrent clients the request
+// benchmarks compare.
+var Concurrencies = []int{1, 8, 32}
+
+// Env is a database with the library's schema, the workflow's tables and
+// the baseline's, and a pool whose statements are counted.
+type Env struct {
+	Pool *pgxpool.Pool
+	// Counter counts every statement and round trip the pool sends.
+	Counter *pgtest.StatementCounter
+
+	runner   *phase.Runner
+	workflow *phase.Workflow[Order, orderState]
+
+	// acquired, when set, receives the key of every run as it takes its
+	// lease; runs being timed record their start in started.
+	acquired atomic.Pointer[acquireClock]
+}
+
+// Open connects to the database dsn names, with a pool of MaxConns
+// counted connections, and creates the schemas.
+func Open(ctx context.Context, dsn string) (*Env, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	e := &Env{Counter: &pgtest.StatementCounter{}}
+	cfg.MaxConns = MaxConns
+	cfg.ConnConfig.Tracer = e.Counter
+	if e.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if err := e.migrate(ctx); err != nil {
+		e.Pool.Close()
+		return nil, err
+	}
+	if e.workflow, err = newWorkflow(); err != nil {
+		e.Pool.Close()
+		return nil, err
+	}
+	e.runner, err = phase.NewRunner(phase.Config{Pool: e.Pool, Observer: e.observe}, e.workflow)
+	if err != nil {
+		e.Pool.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Env) migrate(ctx context.Context) error {
+	if err := atomicphase.Migrate(ctx, e.Pool); err != nil {
+		return err
+	}
+	if _, err := e.Pool.Exec(ctx, schemaSQL); err != nil {
+		return fmt.Errorf("bench: create tables: %w", err)
+	}
+	return nil
+}
+
+// Close closes the pool.
+func (e *Env) Close() { e.Pool.Close() }
+
+func (e *Env) observe(ev phase.Event) {
+	if ev.Kind != phase.EventAcquired {
+		return
+	}
+	if c := e.acquired.Load(); c != nil {
+		c.done(ev.Key)
+	}
+}
+
+// Kind is a request path the benchmarks drive.
+type Kind int
+
+// The request paths. Every library kind has a baseline twin that does the
+// same with hand-written pgx.
+const (
+	// LibraryRun runs the three-phase workflow on a new key.
+	LibraryRun Kind = iota
+	// BaselineRun runs the same statements by hand on a new key.
+	BaselineRun
+	// LibraryReplay replays a finished key.
+	LibraryReplay
+	// BaselineReplay replays a finished baseline key.
+	BaselineReplay
+	// LibraryConflict sends a key another run holds: the 409 path.
+	LibraryConflict
+	// BaselineConflict sends a locked baseline key.
+	BaselineConflict
+	// AcquireNew runs keyrow.Acquire alone on a new key.
+	AcquireNew
+	// AcquireFinished runs keyrow.Acquire alone on a random key of those
+	// loaded by LoadFinished: the replay lookup.
+	AcquireFinished
+)
+
+func (k Kind) String() string {
+	switch k {
+	case LibraryRun:
+		return "library 3-phase"
+	case BaselineRun:
+		return "baseline 3-phase"
+	case LibraryReplay:
+		return "library replay"
+	case BaselineReplay:
+		return "baseline replay"
+	case LibraryConflict:
+		return "library 409"
+	case BaselineConflict:
+		return "baseline 409"
+	case AcquireNew:
+		return "acquire new key"
+	case AcquireFinished:
+		return "acquire finished key"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Baseline returns the baseline twin of a library kind, and false for
+// kinds without one.
+func (k Kind) Baseline() (Kind, bool) {
+	switch k {
+	case LibraryRun, LibraryReplay, LibraryConflict:
+		return k + 1, true
+	}
+	return 0, false
+}
+
+// Load is one kind of request, ready to be sent by a number of concurrent
+// clients.
+type Load struct {
+	Kind        Kind
+	Concurrency int
+	env         *Env
+	send        func(ctx context.Context, client int) error
+}
+
+// warmRequests is how many requests each client sends before a Load is
+// measured, so that every pooled connection has prepared its statements.
+const warmRequests = 10
+
+// Prepare sets up what kind k needs for concurrency clients (a finished key
+// per client to replay, a held key per client to conflict on) and warms the
+// pool up with it.
+func (e *Env) Prepare(ctx context.Context, k Kind, concurrency int) (*Load, error) {
+	l := &Load{Kind: k, Concurrency: concurrency, env: e}
+	var err error
+	if l.send, err = e.sender(ctx, k, concurrency); err != nil {
+		return nil, fmt.Errorf("bench: prepare %v: %w", k, err)
+	}
+	if _, err := l.run(ctx, warmRequests*concurrency, nil); err != nil {
+		return nil, fmt.Errorf("bench: warm up %v: %w", k, err)
+	}
+	return l, nil
+}
+
+// sender returns the function that sends one request of kind k as a
+// client.
+func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context.Context, client int) error, error) {
+	switch k {
+	case LibraryRun:
+		return func(ctx context.Context, _ int) error {
+			return e.runLibrary(ctx, uuid.NewString(), keyrow.New)
+		}, nil
+	case BaselineRun:
+		return func(ctx context.Context, _ int) error {
+			return e.expectBaseline(ctx, uuid.NewString(), 201)
+		}, nil
+	case LibraryReplay, LibraryConflict:
+		keys := make([]string, clients)
+		want := keyrow.Replay
+		for i := range keys {
+			keys[i] = uuid.NewString()
+			if err := e.holdOrFinish(ctx, keys[i], k == LibraryReplay); err != nil {
+				return nil, err
+			}
+		}
+		if k == LibraryConflict {
+			want = keyrow.Held
+		}
+		return func(ctx context.Context, client int) error {
+			return e.runLibrary(ctx, keys[client], want)
+		}, nil
+	case BaselineReplay, BaselineConflict:
+		keys := make([]string, clients)
+		want := 201
+		for i := range keys {
+			keys[i] = uuid.NewString()
+			if err := e.holdOrFinishBaseline(ctx, keys[i], k == BaselineReplay); err != nil {
+				return nil, err
+			}
+		}
+		if k == BaselineConflict {
+			want = 409
+		}
+		return func(ctx context.Context, client int) error {
+			return e.expectBaseline(ctx, keys[client], want)
+		}, nil
+	case AcquireNew:
+		return func(ctx context.Context, _ int) error {
+			return e.acquire(ctx, uuid.NewString(), keyrow.New)
+		}, nil
+	case AcquireFinished:
+		var loaded int
+		if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key LIKE 'loaded-%'`).Scan(&loaded); err != nil {
+			return nil, err
+		}
+		if loaded == 0 {
+			return nil, fmt.Errorf("no keys loaded; call LoadFinished first")
+		}
+		return func(ctx context.Context, _ int) error {
+			return e.acquire(ctx, loadedKey(1+rand.IntN(loaded)), keyrow.Replay)
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown kind %v", k)
+}
+
+// holdOrFinish leaves key finished by a library run, or held by a lease
+// that outlives the benchmark.
+func (e *Env) holdOrFinish(ctx context.Context, key string, finish bool) error {
+	if finish {
+		return e.runLibrary(ctx, key, keyrow.New)
+	}
+	req, err := e.keyRequest(key, time.Hour)
+	if err != nil {
+		return err
+	}
+	_, _, err = keyrow.Acquire(ctx, e.Pool, req)
+	return err
+}
+
+// holdOrFinishBaseline leaves a baseline key finished, or locked as by a
+// request still running.
+func (e *Env) holdOrFinishBaseline(ctx context.Context, key string, finish bool) error {
+	if finish {
+		return e.expectBaseline(ctx, key, 201)
+	}
+	params, err := json.Marshal(order)
+	if err != nil {
+		return err
+	}
+	_, err = e.Pool.Exec(ctx, baselineAcquireSQL, tenant, key, params)
+	return err
+}
+
+func (e *Env) expectBaseline(ctx context.Context, key string, want int) error {
+	status, err := e.runBaseline(ctx, key)
+	if err != nil {
+		return err
+	}
+	if status != want {
+		return fmt.Errorf("bench: key %s: baseline status %d, want %d", key, status, want)
+	}
+	return nil
+}
+
+// keyRequest is the keyrow.Request a library run of the benchmark's order
+// under key makes.
+func (e *Env) keyRequest(key string, ttl time.Duration) (keyrow.Request, error) {
+	params, err := json.Marshal(order)
+	if err != nil {
+		return keyrow.Request{}, err
+	}
+	fp, err := keyrow.Fingerprint(e.workflow.Name(), params)
+	if err != nil {
+		return keyrow.Request{}, err
+	}
+	return keyrow.Request{Tenant: tenant, Key: key, Workflow: e.workflow.Name(), Fingerprint: fp, Params: params, TTL: ttl}, nil
+}
+
+func (e *Env) acquire(ctx context.Context, key string, want keyrow.Outcome) error {
+	req, err := e.keyRequest(key, e.runner.LockTTL())
+	if err != nil {
+		return err
+	}
+	got, _, err := keyrow.Acquire(ctx, e.Pool, req)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("bench: key %s: acquire outcome %v, want %v", key, got, want)
+	}
+	return nil
+}
+
+// Run sends requests until n have been sent or d has passed, whichever
+// comes first (zero means no limit), and measures them.
+func (l *Load) Run(ctx context.Context, n int, d time.Duration) (Result, error) {
+	var stop <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		stop = t.C
+	}
+	return l.run(ctx, n, stop)
+}
+
+// run is Run until n requests or a value on stop.
+func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, error) {
+	var (
+		sent    atomic.Int64
+		stopped atomic.Bool
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		runErr  error
+	)
+	latencies := make([][]time.Duration, l.Concurrency)
+	if stop != nil {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-stop:
+				stopped.Store(true)
+			case <-done:
+			}
+		}()
+	}
+	l.env.Counter.Reset()
+	start := time.Now()
+	for c := range l.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stopped.Load() && (n <= 0 || sent.Add(1) <= int64(n)) {
+				t := time.Now()
+				if err := l.send(ctx, c); err != nil {
+					errOnce.Do(func() { runErr = err })
+					stopped.Store(true)
+					return
+				}
+				latencies[c] = append(latencies[c], time.Since(t))
+			}
+		}()
+	}
+	wg.Wait()
+	r := Result{
+		Kind:        l.Kind,
+		Concurrency: l.Concurrency,
+		Elapsed:     time.Since(start),
+		Statements:  l.env.Counter.Statements(),
+		RoundTrips:  l.env.Counter.RoundTrips(),
+		Latencies:   slices.Concat(latencies...),
+	}
+	l.env.Counter.Reset()
+	slices.Sort(r.Latencies)
+	return r, runErr
+}
+
+// Result is what a Load measured.
+type Result struct {
+	Kind        Kind
+	Concurrency int
+	// Elapsed is the wall time from the first request sent to the last
+	// answered.
+	Elapsed time.Duration
+	// Statements and RoundTrips count everything the pool sent meanwhile.
+	Statements, RoundTrips int
+	// Latencies holds the time of every request, sorted.
+	Latencies []time.Duration
+}
+
+// Requests is how many requests were answered.
+func (r Result) Requests() int { return len(r.Latencies) }
+
+// PerSecond is the throughput: requests answered per second of wall time.
+func (r Result) PerSecond() float64 { return float64(r.Requests()) / r.Elapsed.Seconds() }
+
+// Mean is the mean time a request took.
+func (r Result) Mean() time.Duration {
+	if r.Requests() == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range r.Latencies {
+		sum += d
+	}
+	return sum / time.Duration(r.Requests())
+}
+
+// Quantile returns the q-quantile of the request times (0.5 the median,
+// 0.99 the p99), by the nearest-rank method.
+func (r Result) Quantile(q float64) time.Duration {
+	if r.Requests() == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(r.Requests()))) - 1
+	return r.Latencies[min(max(i, 0), r.Requests()-1)]
+}
+
+// StatementsPerRequest is the statements sent per request answered.
+func (r Result) StatementsPerRequest() float64 { return float64(r.Statements) / float64(r.Requests()) }
+
+// RoundTripsPerRequest is the round trips made per request answered.
+func (r Result) RoundTripsPerRequest() float64 { return float64(r.RoundTrips) / float64(r.Requests()) }
+
+// Merge adds up results of the same kind and concurrency measured at
+// different times, as one longer measurement.
+func Merge(rs ...Result) Result {
+	var m Result
+	for _, r := range rs {
+		m.Kind, m.Concurrency = r.Kind, r.Concurrency
+		m.Elapsed += r.Elapsed
+		m.Statements += r.Statements
+		m.RoundTrips += r.RoundTrips
+		m.Latencies = append(m.Latencies, r.Latencies...)
+	}
+	slices.Sort(m.Latencies)
+	return m
+}

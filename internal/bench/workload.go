@@ -1,0 +1,298 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// Order is the request both implementations serve.
+type Order struct {
+	Item   string `json:"item"`
+	Amount int    `json:"amount"`
+}
+
+// orderState is what the library commits with each phase.
+type orderState struct {
+	OrderID int64 `json:"order_id"`
+}
+
+// receipt is the 201 response body.
+type receipt struct {
+	OrderID int64  `json:"order_id"`
+	Item    string `json:"item"`
+	Amount  int    `json:"amount"`
+}
+
+// tenant owns every key the benchmarks send.
+const tenant = "tenant-1"
+
+// order is the request every benchmark sends, so replays and conflicts
+// match the stored fingerprint.
+var order = Order{Item: "rocket ride", Amount: 2000}
+
+// schemaSQL creates the tables the workflow writes and the baseline's keys
+// table. The library's idempotency_keys comes from atomicphase.Migrate.
+//
+// baseline_keys is the reference implementation's table (rocket-rides-atomic)
+// with a text tenant in place of its user_id, so that both key tables are
+// looked up by the same (text, text) unique index.
+const schemaSQL = `
+CREATE TABLE IF NOT EXISTS orders (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    tenant       text        NOT NULL,
+    ikey         text        NOT NULL,
+    item         text        NOT NULL,
+    amount       integer     NOT NULL,
+    status       text        NOT NULL DEFAULT 'created',
+    confirmed_at timestamptz
+);
+
+CREATE TABLE IF NOT EXISTS audit_records (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    action      text        NOT NULL,
+    resource_id bigint      NOT NULL,
+    data        jsonb       NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS baseline_keys (
+    id              bigserial   PRIMARY KEY,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    tenant          text        NOT NULL,
+    idempotency_key text        NOT NULL CHECK (char_length(idempotency_key) <= 255),
+    last_run_at     timestamptz NOT NULL DEFAULT now(),
+    locked_at       timestamptz DEFAULT now(),
+    request_method  text        NOT NULL CHECK (char_length(request_method) <= 10),
+    request_params  jsonb       NOT NULL,
+    request_path    text        NOT NULL CHECK (char_length(request_path) <= 100),
+    response_code   integer,
+    response_body   jsonb,
+    recovery_point  text        NOT NULL CHECK (char_length(recovery_point) <= 50)
+);
+
+CREATE UNIQUE INDEX IF NOT EXISTS baseline_keys_tenant_idempotency_key
+    ON baseline_keys (tenant, idempotency_key);`
+
+// The workflow's own statements, one per phase. The library workflow and
+// the baseline run exactly these, so the two differ only in how they keep
+// the key row.
+
+func createOrder(ctx context.Context, tx pgx.Tx, key string, req Order) (int64, error) {
+	var id int64
+	err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, ikey, item, amount) VALUES ($1, $2, $3, $4) RETURNING id`,
+		tenant, key, req.Item, req.Amount).Scan(&id)
+	return id, err
+}
+
+func confirmOrder(ctx context.Context, tx pgx.Tx, id int64) error {
+	_, err := tx.Exec(ctx, `UPDATE orders SET status = 'confirmed', confirmed_at = now() WHERE id = $1`, id)
+	return err
+}
+
+func auditOrder(ctx context.Context, tx pgx.Tx, id int64, req Order) error {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO audit_records (action, resource_id, data) VALUES ('order.created', $1, $2)`, id, data)
+	return err
+}
+
+// userStatements is how many statements of its own each phase runs.
+const userStatements = 1
+
+// phases is how many phases the workflow has.
+const phases = 3
+
+// newWorkflow declares the library's three local phases: create the order,
+// confirm it, write the audit record and answer 201.
+func newWorkflow() (*phase.Workflow[Order, orderState], error) {
+	return phase.New("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+			id, err := createOrder(ctx, tx, run.Key, run.Req)
+			run.State.OrderID = id
+			return phase.Next(), err
+		}),
+		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+			return phase.Next(), confirmOrder(ctx, tx, run.State.OrderID)
+		}),
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
+				return phase.Result{}, err
+			}
+			return phase.JSON(http.StatusCreated, receipt{run.State.OrderID, run.Req.Item, run.Req.Amount}), nil
+		}),
+	)
+}
+
+// runLibrary sends one request through the library and checks that it
+// ended as want.
+func (e *Env) runLibrary(ctx context.Context, key string, want keyrow.Outcome) error {
+	out, err := e.workflow.Run(ctx, e.runner, tenant, key, order)
+	if err != nil {
+		return err
+	}
+	if out.Kind != want {
+		return fmt.Errorf("bench: key %s: library outcome %v, want %v", key, out.Kind, want)
+	}
+	return nil
+}
+
+// The baseline's statements, as the reference writes them: the key is
+// upserted and locked in one statement; each phase then runs BEGIN, its own
+// statements, an UPDATE of the recovery point and COMMIT, one round trip
+// each; the last phase stores the response in that UPDATE. There is no
+// fencing token and no phase state: the reference re-reads what it needs.
+const (
+	// baselineAcquireSQL is the reference's upsert. The WHERE leaves a
+	// finished key alone (the reference's "unless the request is already
+	// finished"), so a replay does not lock it; then no row comes back, and
+	// baselineLookupSQL tells a replay from a conflict or a mismatch.
+	baselineAcquireSQL = `
+INSERT INTO baseline_keys AS k
+    (tenant, idempotency_key, request_method, request_path, request_params, recovery_point, locked_at)
+VALUES ($1, $2, 'POST', '/orders', $3, 'started', now())
+ON CONFLICT (tenant, idempotency_key) DO UPDATE
+    SET locked_at = now(), last_run_at = now()
+    WHERE k.recovery_point <> 'finished'
+      AND k.request_params = excluded.request_params
+      AND (k.locked_at IS NULL OR k.locked_at < now() - interval '90 seconds')
+RETURNING id, recovery_point`
+
+	baselineLookupSQL = `
+SELECT recovery_point, request_params = $3, response_code, response_body
+FROM baseline_keys
+WHERE tenant = $1 AND idempotency_key = $2`
+
+	baselineAdvanceSQL = `UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1`
+
+	baselineFinishSQL = `
+UPDATE baseline_keys
+SET recovery_point = 'finished', locked_at = NULL, response_code = $2, response_body = $3
+WHERE id = $1`
+
+	baselineUnlockSQL = `UPDATE baseline_keys SET locked_at = NULL WHERE id = $1`
+
+	// baselineOrderSQL finds the order of a resumed key, as the reference
+	// finds the ride of a key it recovers.
+	baselineOrderSQL = `SELECT id FROM orders WHERE tenant = $1 AND ikey = $2`
+)
+
+// runBaseline serves one request with hand-written pgx following the
+// reference, and returns its status.
+func (e *Env) runBaseline(ctx context.Context, key string) (int, error) {
+	params, err := json.Marshal(order)
+	if err != nil {
+		return 0, err
+	}
+	var (
+		id    int64
+		point string
+	)
+	err = e.Pool.QueryRow(ctx, baselineAcquireSQL, tenant, key, params).Scan(&id, &point)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var (
+			same bool
+			code *int32
+			body []byte
+		)
+		if err := e.Pool.QueryRow(ctx, baselineLookupSQL, tenant, key, params).Scan(&point, &same, &code, &body); err != nil {
+			return 0, err
+		}
+		switch {
+		case !same:
+			return http.StatusUnprocessableEntity, nil
+		case point == keyrow.Finished:
+			return int(*code), nil
+		default:
+			return http.StatusConflict, nil
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	status, err := e.baselinePhases(ctx, id, key, point)
+	if err != nil {
+		// As the reference does: free the key at once for the next retry.
+		_, _ = e.Pool.Exec(context.WithoutCancel(ctx), baselineUnlockSQL, id)
+		return 0, err
+	}
+	return status, nil
+}
+
+// baselinePhases runs the phases after point, as the reference's loop over
+// recovery points does.
+func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string) (int, error) {
+	var orderID int64
+	for {
+		switch point {
+		case keyrow.Started:
+			err := e.baselinePhase(ctx, func(tx pgx.Tx) (err error) {
+				orderID, err = createOrder(ctx, tx, key, order)
+				return err
+			}, baselineAdvanceSQL, id, "order_created")
+			if err != nil {
+				return 0, err
+			}
+			point = "order_created"
+		case "order_created":
+			if orderID == 0 {
+				if err := e.Pool.QueryRow(ctx, baselineOrderSQL, tenant, key).Scan(&orderID); err != nil {
+					return 0, err
+				}
+			}
+			err := e.baselinePhase(ctx, func(tx pgx.Tx) error {
+				return confirmOrder(ctx, tx, orderID)
+			}, baselineAdvanceSQL, id, "order_confirmed")
+			if err != nil {
+				return 0, err
+			}
+			point = "order_confirmed"
+		case "order_confirmed":
+			if orderID == 0 {
+				if err := e.Pool.QueryRow(ctx, baselineOrderSQL, tenant, key).Scan(&orderID); err != nil {
+					return 0, err
+				}
+			}
+			body, err := json.Marshal(receipt{orderID, order.Item, order.Amount})
+			if err != nil {
+				return 0, err
+			}
+			err = e.baselinePhase(ctx, func(tx pgx.Tx) error {
+				return auditOrder(ctx, tx, orderID, order)
+			}, baselineFinishSQL, id, http.StatusCreated, append(body, '\n'))
+			if err != nil {
+				return 0, err
+			}
+			return http.StatusCreated, nil
+		default:
+			return 0, fmt.Errorf("bench: baseline key %s at unknown recovery point %q", key, point)
+		}
+	}
+}
+
+// baselinePhase is the reference's atomic_phase: BEGIN, the phase's
+// statements, the key update, COMMIT, each its own round trip.
+func (e *Env) baselinePhase(ctx context.Context, work func(pgx.Tx) error, keySQL string, args ...any) error {
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if err := work(tx); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, keySQL, args...); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}

@@ -1,0 +1,43 @@
+// Package phase declares workflows of atomic phases and runs them under
+// idempotency keys.
+//
+// # Workflows
+//
+// A Workflow is a named, ordered list of phases over a request type and a
+// state type. Each phase's name is the recovery point it commits; started
+// and finished are reserved. The state is committed with every phase, so a
+// later phase, or a resumed run in another process, reads what earlier ones
+// produced.
+//
+// Two kinds of phase make "at most one foreign side effect per phase" a
+// matter of the API's shape: Local phases do database work in one
+// transaction; Foreign phases make exactly one call, outside any
+// transaction, with a downstream idempotency key (Run.DownstreamKey), and
+// record its outcome in a short transaction. When lets a phase apply only
+// to some requests; Repeatable and Reconciled say what to do when a call's
+// outcome is unknown.
+//
+// # Running
+//
+// Workflow.Run takes the key's lease in one statement and then replays the
+// stored response, reports a conflict or mismatch, or runs the phases after
+// the stored recovery point. Each phase commits together with its fenced
+// advance; an error rolls the phase back, frees the lease and keeps the
+// recovery point, so the next retry resumes. Workflow.Handler adapts this
+// to net/http, with RFC 9457 problem responses.
+//
+// # Fault injection
+//
+// A run consults an Injector at every fault Point (before a transaction,
+// before and after a foreign call, before and after commit, before the
+// response). ErrCrash stops the run as a killed process would: the
+// transaction rolls back and the lease is kept. Recorder discovers a
+// workflow's points, CrashAt crashes at one, and package phasetest runs the
+// whole crash matrix in a workflow author's tests.
+//
+// # Observing
+//
+// Config.Logger receives structured logs with workflow, tenant, key and
+// recovery_point attributes; Config.Observer receives an Event for
+// everything that happens to a key, for metrics or tracing.
+package phase
