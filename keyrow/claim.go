@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
-	"github.com/google/uuid"
 )
 
 // ClaimParams selects the unfinished keys the completer may take.
@@ -64,32 +63,15 @@ RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point
 // Claim takes the lease on up to p.Limit due keys and returns them with
 // their stored request and state, ready to resume.
 func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
-	var claimed []*claimedRow
-	err := pgxscan.Select(ctx, q, &claimed, claimSQL,
+	// The statement's column names match Row's fields; the fields it does
+	// not return (LeaseLeft, Response) stay zero.
+	var rows []*Row
+	err := pgxscan.Select(ctx, q, &rows, claimSQL,
 		p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff, p.TTL, p.Unknown)
 	if err != nil {
 		return nil, fmt.Errorf("keyrow: claim: %w", err)
 	}
-	rows := make([]*Row, len(claimed))
-	for i, c := range claimed {
-		rows[i] = &Row{ID: c.ID, Tenant: c.Tenant, Key: c.Key, Workflow: c.Workflow, RecoveryPoint: c.RecoveryPoint,
-			State: c.State, Params: c.Params, Hold: c.Hold, Attempts: c.Attempts, LockToken: c.LockToken, LastError: c.LastError}
-	}
 	return rows, nil
-}
-
-type claimedRow struct {
-	ID            uuid.UUID
-	Tenant        string
-	Key           string
-	Workflow      string
-	RecoveryPoint string
-	State         []byte
-	Params        []byte
-	Hold          string
-	Attempts      int
-	LockToken     uuid.UUID
-	LastError     string
 }
 
 // burySQL parks runnable keys that used up their attempts as dead, so the

@@ -105,10 +105,7 @@ func orDefault[T int | time.Duration](v, def T) T {
 // through the same lease a request takes, with no leader.
 type Completer struct {
 	cfg CompleterConfig
-
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	bg  background
 }
 
 // NewCompleter returns a completer configured by cfg.
@@ -217,32 +214,65 @@ func (c *Completer) Drain(ctx context.Context) (PassResult, error) {
 // Start runs passes every Interval in the background until Stop or ctx
 // ends. It returns an error if the completer is already running.
 func (c *Completer) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cancel != nil {
-		return errors.New("recovery: completer already started")
-	}
-	ctx, c.cancel = context.WithCancel(ctx)
-	c.done = make(chan struct{})
-	go func() {
-		defer close(c.done)
-		loop(ctx, c.cfg.Interval, func() {
-			if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
-				c.cfg.Logger.Error("completer pass failed", "err", err)
-			}
-		})
-	}()
-	return nil
+	return c.bg.start(ctx, "completer", c.cfg.Interval, func(ctx context.Context) {
+		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			c.cfg.Logger.Error("completer pass failed", "err", err)
+		}
+	})
 }
 
 // Stop ends the background passes and waits for the current one, or for
 // ctx, whichever comes first. Keys a cancelled pass was running keep their
 // recovery point and are resumed later.
-func (c *Completer) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	cancel, done := c.cancel, c.done
-	c.cancel = nil
-	c.mu.Unlock()
+func (c *Completer) Stop(ctx context.Context) error { return c.bg.stop(ctx) }
+
+func (c *Completer) observe(ev Event) {
+	if c.cfg.Observer != nil {
+		c.cfg.Observer(ev)
+	}
+}
+
+// background runs a periodic pass on its own goroutine between start and
+// stop; the completer and the reaper are both one.
+type background struct {
+	mu     sync.Mutex
+	name   string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start calls pass at once and then every interval until stop or ctx ends.
+func (b *background) start(ctx context.Context, name string, interval time.Duration, pass func(context.Context)) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cancel != nil {
+		return fmt.Errorf("recovery: %s already started", name)
+	}
+	b.name = name
+	ctx, b.cancel = context.WithCancel(ctx)
+	b.done = make(chan struct{})
+	go func() {
+		defer close(b.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			pass(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return nil
+}
+
+// stop cancels the passes and waits for the current one, or for ctx.
+func (b *background) stop(ctx context.Context) error {
+	b.mu.Lock()
+	cancel, done := b.cancel, b.done
+	b.cancel = nil
+	b.mu.Unlock()
 	if cancel == nil {
 		return nil
 	}
@@ -251,26 +281,6 @@ func (c *Completer) Stop(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("recovery: stop completer: %w", ctx.Err())
-	}
-}
-
-func (c *Completer) observe(ev Event) {
-	if c.cfg.Observer != nil {
-		c.cfg.Observer(ev)
-	}
-}
-
-// loop calls pass at once and then every interval until ctx ends.
-func loop(ctx context.Context, interval time.Duration, pass func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		pass()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+		return fmt.Errorf("recovery: stop %s: %w", b.name, ctx.Err())
 	}
 }

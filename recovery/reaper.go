@@ -3,9 +3,7 @@ package recovery
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,10 +52,7 @@ type ReaperConfig struct {
 // Keys in flight or awaiting reconciliation are never touched.
 type Reaper struct {
 	cfg ReaperConfig
-
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	bg  background
 }
 
 // NewReaper returns a reaper configured by cfg.
@@ -121,41 +116,15 @@ func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
 // Start runs the reaper every Interval in the background until Stop or ctx
 // ends. It returns an error if the reaper is already running.
 func (r *Reaper) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		return errors.New("recovery: reaper already started")
-	}
-	ctx, r.cancel = context.WithCancel(ctx)
-	r.done = make(chan struct{})
-	go func() {
-		defer close(r.done)
-		loop(ctx, r.cfg.Interval, func() {
-			if res, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Error("reaper run failed", "err", err, "deleted", res.Deleted)
-			}
-		})
-	}()
-	return nil
+	return r.bg.start(ctx, "reaper", r.cfg.Interval, func(ctx context.Context) {
+		if res, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("reaper run failed", "err", err, "deleted", res.Deleted)
+		}
+	})
 }
 
 // Stop ends the background runs and waits for the current one, or for ctx.
-func (r *Reaper) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	cancel, done := r.cancel, r.done
-	r.cancel = nil
-	r.mu.Unlock()
-	if cancel == nil {
-		return nil
-	}
-	cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("recovery: stop reaper: %w", ctx.Err())
-	}
-}
+func (r *Reaper) Stop(ctx context.Context) error { return r.bg.stop(ctx) }
 
 func (r *Reaper) observe(ev Event) {
 	if r.cfg.Observer != nil {

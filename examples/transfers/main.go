@@ -324,11 +324,13 @@ Safe to run while the API serves traffic.`, stderr)
 		fmt.Fprintln(stderr, "verify needs -database-url or DATABASE_URL")
 		return errUsage
 	}
-	db, closeDB, err := database(ctx, *dbURL, stderr)
+	// Connect without migrating: verify reads, and a URL pointing at the
+	// wrong database should fail rather than get the ledger's tables.
+	db, err := pgxpool.New(ctx, *dbURL)
 	if err != nil {
-		return err
+		return fmt.Errorf("database URL: %w", err)
 	}
-	defer closeDB()
+	defer db.Close()
 	report, err := ledger.Verify(ctx, db)
 	if err != nil {
 		return err

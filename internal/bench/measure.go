@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,9 +38,10 @@ type Env struct {
 	runner   *phase.Runner
 	workflow *phase.Workflow[Order, orderState]
 
-	// acquired, when set, receives the key of every run as it takes its
-	// lease; runs being timed record their start in started.
-	acquired atomic.Pointer[acquireClock]
+	// loaded counts the keys LoadFinished inserted.
+	loaded int
+	// clock, when set, times the acquire of every library run.
+	clock atomic.Pointer[acquireClock]
 }
 
 // Open connects to the database dsn names, with a pool of MaxConns
@@ -88,8 +90,8 @@ func (e *Env) observe(ev phase.Event) {
 	if ev.Kind != phase.EventAcquired {
 		return
 	}
-	if c := e.acquired.Load(); c != nil {
-		c.done(ev.Key)
+	if c := e.clock.Load(); c != nil {
+		c.acquired(ev.Key)
 	}
 }
 
@@ -184,7 +186,11 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 	switch k {
 	case LibraryRun:
 		return func(ctx context.Context, _ int) error {
-			return e.runLibrary(ctx, uuid.NewString(), keyrow.New)
+			key := uuid.NewString()
+			if c := e.clock.Load(); c != nil {
+				c.start(key)
+			}
+			return e.runLibrary(ctx, key, keyrow.New)
 		}, nil
 	case BaselineRun:
 		return func(ctx context.Context, _ int) error {
@@ -225,15 +231,11 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			return e.acquire(ctx, uuid.NewString(), keyrow.New)
 		}, nil
 	case AcquireFinished:
-		var loaded int
-		if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key LIKE 'loaded-%'`).Scan(&loaded); err != nil {
-			return nil, err
-		}
-		if loaded == 0 {
+		if e.loaded == 0 {
 			return nil, fmt.Errorf("no keys loaded; call LoadFinished first")
 		}
 		return func(ctx context.Context, _ int) error {
-			return e.acquire(ctx, loadedKey(1+rand.IntN(loaded)), keyrow.Replay)
+			return e.acquire(ctx, loadedKey(1+rand.IntN(e.loaded)), keyrow.Replay)
 		}, nil
 	}
 	return nil, fmt.Errorf("unknown kind %v", k)

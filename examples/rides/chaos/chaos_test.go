@@ -244,7 +244,7 @@ func setup(t *testing.T) *system {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || os.Getenv("KEEPLOGS") != "" {
 			t.Logf("process logs kept in %s", s.logDir)
 			return
 		}

@@ -1,0 +1,511 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	mathrand "math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
+	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// The demo's chaos. A crashed request's key is resumed once its lease
+// expires, by its client's retry or by the completer; the short lease keeps
+// the demo short.
+const (
+	demoLockTTL = 2 * time.Second
+	// demoCrashRate is the probability that a request crashes at each
+	// fault point it passes (about a dozen for an external transfer).
+	demoCrashRate = 0.02
+	// demoFinishTimeout bounds the wait, after the traffic, for every
+	// transfer to finish.
+	demoFinishTimeout = 30 * time.Second
+)
+
+var demoFaults = payoutprovider.Faults{
+	FailBeforePayoutRate:   0.1,
+	TimeoutAfterPayoutRate: 0.1,
+	Delay:                  5 * time.Millisecond,
+}
+
+// oneConnPerRequest is the demo's HTTP client. Go's transport resends a
+// request carrying an Idempotency-Key by itself when a reused connection
+// drops before the answer; that is safe, but it would hide from the demo's
+// counts most of the crashes and dropped answers it injects.
+var oneConnPerRequest = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+
+func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("transfers", `transfers [-database-url URL] [-duration D] [-concurrency N]: run the demo.
+
+Opens five accounts (three owners, two currencies) and runs the ledger API, the
+fake payout provider and the completer in one process. Concurrent clients send
+random transfers (internal, paid out, some refused) for the given duration,
+some twice at once and some again after their answer, while the API crashes at
+random fault points (lease 2s), the payout provider fails before paying or
+drops its answer after paying, and transfers between the same accounts
+contend. Then the faults stop, every transfer is brought to its end, and the
+ledger's invariants are checked and printed; the exit status is 1 if one fails.`, stderr)
+	dbURL := databaseFlag(fs, true)
+	duration := fs.Duration("duration", 10*time.Second, "how long the clients start new transfers")
+	concurrency := fs.Int("concurrency", 8, "how many clients send transfers at once")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *duration <= 0 || *concurrency <= 0 {
+		fmt.Fprintln(stderr, "-duration and -concurrency must be positive")
+		return errUsage
+	}
+	db, closeDB, err := database(ctx, *dbURL, stdout)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	// Errors only: the demo's crashes and faults are expected, and counted.
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	var events tally
+
+	provider := payoutprovider.New(db, payoutprovider.Config{Logger: logger})
+	if err := provider.SetFaults(demoFaults); err != nil {
+		return err
+	}
+	providerURL, stopProvider, err := listen("127.0.0.1:0", provider)
+	if err != nil {
+		return err
+	}
+	defer stopProvider()
+
+	transfers, err := ledger.Transfers(payoutprovider.NewClient(providerURL, oneConnPerRequest))
+	if err != nil {
+		return err
+	}
+	rn, err := phase.NewRunner(phase.Config{Pool: db, LockTTL: demoLockTTL, Logger: logger, Observer: events.phase}, transfers)
+	if err != nil {
+		return err
+	}
+	h, err := ledger.Handler(rn, transfers)
+	if err != nil {
+		return err
+	}
+	var chaos atomic.Bool
+	chaos.Store(true)
+	apiURL, stopAPI, err := listen("127.0.0.1:0", withCrashes(h, demoCrashRate, &chaos))
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
+
+	completer, err := recovery.NewCompleter(recovery.CompleterConfig{
+		Pool: db, Resumer: rn, LockTTL: demoLockTTL, Logger: logger, Observer: events.completer,
+		Interval: 200 * time.Millisecond, MinIdle: 3 * time.Second,
+		Backoff: 500 * time.Millisecond, MaxBackoff: 2 * time.Second, MaxAttempts: 100,
+	})
+	if err != nil {
+		return err
+	}
+	if err := completer.Start(ctx); err != nil {
+		return err
+	}
+	defer completer.Stop(context.Background()) //nolint:errcheck // stopped below on success
+
+	accounts, err := openDemoAccounts(ctx, db)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d clients for %v; crashes at %.0f%% of fault points, lease %v; payout provider failing %.0f%% before paying and dropping %.0f%% of answers after paying\n",
+		*concurrency, *duration, 100*demoCrashRate, demoLockTTL, 100*demoFaults.FailBeforePayoutRate, 100*demoFaults.TimeoutAfterPayoutRate)
+	fmt.Fprintf(stdout, "accounts: %s\n\n", describe(accounts))
+
+	t := &traffic{api: apiURL, accounts: accounts, prefix: "demo-" + strings.ToLower(rand.Text()[:8]),
+		outcomes: map[string]int{}}
+	t.run(ctx, *duration, *concurrency)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	// The chaos stops; the clients have their answers or gave up, and the
+	// completer finishes what they left.
+	chaos.Store(false)
+	if err := provider.SetFaults(payoutprovider.Faults{}); err != nil {
+		return err
+	}
+	unfinished, err := waitFinished(ctx, db, demoFinishTimeout)
+	if err != nil {
+		return err
+	}
+	if err := completer.Stop(ctx); err != nil {
+		return err
+	}
+
+	report, err := ledger.Verify(ctx, db)
+	if err != nil {
+		return err
+	}
+	report.Checks = append(report.Checks, t.checks(unfinished)...)
+	t.write(stdout)
+	events.write(stdout, provider.Stats())
+	after, err := accountsAfter(ctx, db, accounts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "accounts: %s\n\n", describe(after))
+	if err := report.Write(stdout); err != nil {
+		return err
+	}
+	if !report.OK() {
+		return errInvariant
+	}
+	return nil
+}
+
+// withCrashes runs h with an injector that, while enabled, crashes each
+// request at each fault point with probability rate: the run stops as a
+// killed process would, its lease left to expire, and the client's
+// connection is dropped without an answer.
+func withCrashes(h http.Handler, rate float64, enabled *atomic.Bool) http.Handler {
+	crash := phase.InjectorFunc(func(context.Context, phase.Point) error {
+		if enabled.Load() && mathrand.Float64() < rate {
+			return phase.ErrCrash
+		}
+		return nil
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(phase.WithInjector(r.Context(), crash)))
+	})
+}
+
+// waitFinished waits until no idempotency key is unfinished, or timeout,
+// and returns how many are left.
+func waitFinished(ctx context.Context, db *pgxpool.Pool, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := keyrow.Count(ctx, db, 0)
+		if err != nil {
+			return 0, err
+		}
+		left := c.InFlight + c.Stuck + c.Unknown + c.Dead
+		if left == 0 || time.Now().After(deadline) {
+			return left, nil
+		}
+		select {
+		case <-ctx.Done():
+			return left, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func accountsAfter(ctx context.Context, db *pgxpool.Pool, before []ledger.Account) ([]ledger.Account, error) {
+	var after []ledger.Account
+	seen := map[string]bool{}
+	for _, a := range before {
+		if seen[a.Owner] {
+			continue
+		}
+		seen[a.Owner] = true
+		mine, err := ledger.Accounts(ctx, db, a.Owner)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range mine {
+			for _, b := range before {
+				if b.ID == m.ID {
+					after = append(after, m)
+				}
+			}
+		}
+	}
+	return after, nil
+}
+
+func describe(accounts []ledger.Account) string {
+	parts := make([]string, len(accounts))
+	for i, a := range accounts {
+		parts[i] = fmt.Sprintf("#%d %s %d %s", a.ID, a.Owner, a.Balance, a.Currency)
+		if a.PaidOut > 0 || a.Held > 0 {
+			parts[i] += fmt.Sprintf(" (+%d paid out", a.PaidOut)
+			if a.Held > 0 {
+				parts[i] += fmt.Sprintf(", %d held", a.Held)
+			}
+			parts[i] += ")"
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// traffic is the demo's clients: each sends random transfers, one at a
+// time, and retries each with its Idempotency-Key until it has a final
+// answer.
+type traffic struct {
+	api      string
+	accounts []ledger.Account
+	// prefix starts every key, so runs against one database never share
+	// keys.
+	prefix string
+	// giveUp is when clients stop retrying and leave their transfer to the
+	// completer.
+	giveUp time.Time
+
+	mu        sync.Mutex
+	outcomes  map[string]int
+	transfers int
+	requests  int
+	dropped   int // connections dropped by a crash
+	conflicts int // 409: the key was in flight or its lease not yet expired
+	retryable int // 5xx: stopped part-way, safe to retry
+	twins     int // sent twice at once
+	resends   int // sent again after the answer
+	// unequal describes the duplicates that did not get the first answer.
+	unequal []string
+	gaveUp  int
+}
+
+func (t *traffic) run(ctx context.Context, duration time.Duration, clients int) {
+	stop := time.Now().Add(duration)
+	t.giveUp = stop.Add(demoFinishTimeout / 2)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop) && ctx.Err() == nil; i++ {
+				t.transfer(ctx, fmt.Sprintf("%s-c%02d-%04d", t.prefix, c, i))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// transfer sends one random transfer under key until it is answered.
+func (t *traffic) transfer(ctx context.Context, key string) {
+	from := t.accounts[mathrand.IntN(len(t.accounts))]
+	tr := ledger.Transfer{FromAccount: from.ID, Amount: 1 + mathrand.Int64N(8_000), Currency: from.Currency}
+	if mathrand.IntN(10) == 0 {
+		tr.Amount = 40_000 + mathrand.Int64N(40_000) // often more than is left
+	}
+	switch r := mathrand.Float64(); {
+	case r < 0.03:
+		tr.PayoutDestination = payoutprovider.ClosedDestination
+	case r < 0.3:
+		tr.PayoutDestination = "dest_" + from.Owner
+	default:
+		// Mostly to an account in the same currency; the rest is refused
+		// as a currency mismatch.
+		for to := from; to.ID == from.ID || (to.Currency != from.Currency && mathrand.IntN(10) > 0); {
+			to = t.accounts[mathrand.IntN(len(t.accounts))]
+			tr.ToAccount = to.ID
+		}
+	}
+	body, _ := json.Marshal(tr) // a struct of strings and ints always encodes
+
+	var twin answer
+	var twins sync.WaitGroup
+	if mathrand.IntN(10) == 0 {
+		twins.Go(func() { twin = t.send(ctx, from.Owner, key, body) })
+	}
+	first := t.send(ctx, from.Owner, key, body)
+	twins.Wait()
+	if first.status == 0 {
+		t.count(func() { t.gaveUp++ })
+		return
+	}
+	var again answer
+	if mathrand.IntN(5) == 0 {
+		again = t.send(ctx, from.Owner, key, body)
+	}
+	t.count(func() {
+		t.transfers++
+		t.outcomes[outcome(first)]++
+		for _, other := range []struct {
+			a    answer
+			kind string
+			n    *int
+		}{{twin, "twin", &t.twins}, {again, "resend", &t.resends}} {
+			if other.a.status == 0 {
+				continue
+			}
+			*other.n++
+			if other.a.status != first.status || !bytes.Equal(other.a.body, first.body) {
+				t.unequal = append(t.unequal, fmt.Sprintf("%s %s: %d %q vs %d %q", key, other.kind, other.a.status, other.a.body, first.status, first.body))
+			}
+		}
+		// The resend came after the answer, so it must be a replay.
+		if again.status != 0 && again.header.Get(phase.ReplayedHeader) != "true" {
+			t.unequal = append(t.unequal, key+" resend: not marked "+phase.ReplayedHeader)
+		}
+	})
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// send posts body under key until it gets a final answer (a receipt or a
+// refusal), honouring Retry-After, or until the clients give up; a
+// zero answer means it gave up.
+func (t *traffic) send(ctx context.Context, owner, key string, body []byte) answer {
+	backoff := 50 * time.Millisecond
+	for {
+		a, err := t.post(ctx, owner, key, body)
+		t.count(func() {
+			t.requests++
+			switch {
+			case err != nil:
+				t.dropped++
+			case a.status == http.StatusConflict:
+				t.conflicts++
+			case a.status >= 500:
+				t.retryable++
+			}
+		})
+		if err == nil && a.status != http.StatusConflict && a.status < 500 {
+			return a
+		}
+		wait := backoff
+		if err == nil {
+			if s, perr := strconv.Atoi(a.header.Get("Retry-After")); perr == nil && s > 0 {
+				wait = time.Duration(s) * time.Second
+			}
+		}
+		backoff = min(2*backoff, time.Second)
+		wait = wait/2 + mathrand.N(wait)
+		if time.Now().Add(wait).After(t.giveUp) {
+			return answer{}
+		}
+		select {
+		case <-ctx.Done():
+			return answer{}
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (t *traffic) post(ctx context.Context, owner, key string, body []byte) (answer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.api+"/transfers", bytes.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+owner)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := oneConnPerRequest.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+func (t *traffic) count(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f()
+}
+
+// outcome names a final answer: settled, or the kind of refusal.
+func outcome(a answer) string {
+	if a.status == http.StatusCreated {
+		var r ledger.Receipt
+		if json.Unmarshal(a.body, &r) == nil && r.PayoutID != "" {
+			return "settled, paid out"
+		}
+		return "settled internally"
+	}
+	var p ledger.Problem
+	if json.Unmarshal(a.body, &p) == nil && p.Type != "" {
+		return p.Type[strings.LastIndex(p.Type, ":")+1:]
+	}
+	return strconv.Itoa(a.status)
+}
+
+// outcomeOrder is the order in which write lists the usual outcomes.
+var outcomeOrder = []string{"settled internally", "settled, paid out", "insufficient-funds", "currency-mismatch", "payout-failed"}
+
+func (t *traffic) write(w io.Writer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var outcomes []string
+	for _, name := range outcomeOrder {
+		outcomes = append(outcomes, fmt.Sprintf("%d %s", t.outcomes[name], name))
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.outcomes)) {
+		if !slices.Contains(outcomeOrder, name) {
+			outcomes = append(outcomes, fmt.Sprintf("%d %s", t.outcomes[name], name))
+		}
+	}
+	fmt.Fprintf(w, "clients:  %d transfers answered: %s\n", t.transfers, strings.Join(outcomes, ", "))
+	fmt.Fprintf(w, "          %d requests: %d dropped by a crash, %d answered 409 (in flight), %d answered 5xx (a retry resumes);\n",
+		t.requests, t.dropped, t.conflicts, t.retryable)
+	fmt.Fprintf(w, "          %d transfers sent twice at once, %d sent again after their answer; %d left to the completer\n",
+		t.twins, t.resends, t.gaveUp)
+}
+
+// checks are what only the clients can tell: every duplicate got the first
+// answer, and every transfer ended.
+func (t *traffic) checks(unfinished int) []ledger.Check {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	dup := ledger.Check{Name: "duplicates answered alike", OK: len(t.unequal) == 0,
+		Detail: fmt.Sprintf("%d twins and %d resends; %d got other than the first answer", t.twins, t.resends, len(t.unequal))}
+	if len(t.unequal) > 0 {
+		dup.Detail += " (" + t.unequal[0] + ")"
+	}
+	return []ledger.Check{dup, {
+		Name:   "every transfer finished",
+		OK:     unfinished == 0,
+		Detail: fmt.Sprintf("%d idempotency keys unfinished after the traffic stopped", unfinished),
+	}}
+}
+
+// tally counts the runner's and the completer's events.
+type tally struct {
+	mu        sync.Mutex
+	phases    map[phase.EventKind]int
+	completed int
+}
+
+func (t *tally) phase(ev phase.Event) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.phases == nil {
+		t.phases = map[phase.EventKind]int{}
+	}
+	t.phases[ev.Kind]++
+}
+
+func (t *tally) completer(ev recovery.Event) {
+	if ev.Kind == recovery.EventCompleted {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.completed += ev.Count
+	}
+}
+
+func (t *tally) write(w io.Writer, provider payoutprovider.Stats) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(w, "server:   %d runs crashed, %d resumed after a crash or failure, %d replayed; %d payout outcomes unknown and repeated;\n",
+		t.phases[phase.EventCrashed], t.phases[phase.EventResumed], t.phases[phase.EventReplayed], t.phases[phase.EventUnknown])
+	fmt.Fprintf(w, "          %d serialization failures retried; %d keys finished by the completer\n",
+		t.phases[phase.EventRetried], t.completed)
+	fmt.Fprintf(w, "provider: %d payouts made (%d refused by the destination), %d answers replayed, %d faults injected\n",
+		provider.Paid+provider.Failed, provider.Failed, provider.Replays, provider.FaultsInjected)
+}

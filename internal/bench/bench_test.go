@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// EnvLarge names the environment variable that enables the benchmarks that
+// load a million keys.
+const EnvLarge = "ATOMICPHASE_BENCH_LARGE"
+
+func setup(tb testing.TB) *Env {
+	tb.Helper()
+	env, err := Open(context.Background(), pgtest.DSN(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(env.Close)
+	return env
+}
+
+func large(b *testing.B) {
+	b.Helper()
+	if os.Getenv(EnvLarge) == "" {
+		b.Skipf("loads a million keys; set %s=1 to run it", EnvLarge)
+	}
+}
+
+// TestEachPathCostsWhatTheCostModelSays pins the statements and round trips
+// behind the benchmark figures: a local phase costs its own statements plus
+// two round trips (BEGIN, and the advance pipelined with COMMIT), acquire,
+// replay and 409 one statement each, and the baseline one round trip per
+// statement.
+func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		kind              Kind
+		statements, trips int
+	}{
+		{LibraryRun, 1 + phases*(1+userStatements+2), 1 + phases*(2+userStatements)},
+		{BaselineRun, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
+		{LibraryReplay, 1, 1},
+		{BaselineReplay, 2, 2},
+		{LibraryConflict, 1, 1},
+		{BaselineConflict, 2, 2},
+	} {
+		load, err := env.Prepare(ctx, tc.kind, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := load.Run(ctx, 5, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.StatementsPerRequest() != float64(tc.statements) || res.RoundTripsPerRequest() != float64(tc.trips) {
+			t.Errorf("%v: %.2f statements and %.2f round trips a request; want %d and %d",
+				tc.kind, res.StatementsPerRequest(), res.RoundTripsPerRequest(), tc.statements, tc.trips)
+		}
+	}
+}
+
+// BenchmarkRequests compares the library's three-phase workflow, replay and
+// 409 with the same statements written by hand after the reference, at each
+// concurrency, on one database and pool. ns/op is wall time over requests
+// (the inverse of throughput); mean-us and p99-us are the time a request
+// took.
+func BenchmarkRequests(b *testing.B) {
+	env := setup(b)
+	for _, c := range Concurrencies {
+		for _, k := range []Kind{LibraryRun, BaselineRun, LibraryReplay, BaselineReplay, LibraryConflict, BaselineConflict} {
+			b.Run(fmt.Sprintf("c=%d/%s", c, name(k)), func(b *testing.B) {
+				measure(b, env, k, c)
+			})
+		}
+	}
+}
+
+// BenchmarkAcquire measures the acquire statement alone, on new keys and on
+// finished ones picked at random, with 10 thousand and with a million
+// finished keys in the table.
+func BenchmarkAcquire(b *testing.B) {
+	for _, rows := range []int{10_000, 1_000_000} {
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			if rows > 10_000 {
+				large(b)
+			}
+			env := setup(b)
+			if err := env.LoadFinished(context.Background(), rows, 0); err != nil {
+				b.Fatal(err)
+			}
+			for _, k := range []Kind{AcquireFinished, AcquireNew} {
+				for _, c := range []int{1, 8} {
+					b.Run(fmt.Sprintf("%s/c=%d", name(k), c), func(b *testing.B) {
+						measure(b, env, k, c)
+					})
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkReaperUnderTraffic loads a million expired keys and runs the
+// three-phase workflow from 8 clients, alone for five seconds and then
+// while the reaper deletes them all. It runs once whatever b.N; run it with
+// -benchtime 1x.
+func BenchmarkReaperUnderTraffic(b *testing.B) {
+	large(b)
+	ctx := context.Background()
+	env := setup(b)
+	if err := env.LoadFinished(ctx, 1_000_000, 25*time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	scan, err := env.ExpireScan(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	res, err := env.ReapUnderTraffic(ctx, 8, 5*time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.ReportMetric(us(res.AcquireBefore.Quantile(0.5)), "acquire-p50-before-us")
+	b.ReportMetric(us(res.AcquireDuring.Quantile(0.5)), "acquire-p50-during-us")
+	b.ReportMetric(us(res.AcquireBefore.Quantile(0.99)), "acquire-p99-before-us")
+	b.ReportMetric(us(res.AcquireDuring.Quantile(0.99)), "acquire-p99-during-us")
+	b.ReportMetric(us(res.Before.Quantile(0.99)), "request-p99-before-us")
+	b.ReportMetric(us(res.During.Quantile(0.99)), "request-p99-during-us")
+	b.ReportMetric(res.Before.PerSecond(), "req/s-before")
+	b.ReportMetric(res.During.PerSecond(), "req/s-during")
+	b.ReportMetric(float64(res.Deleted), "deleted")
+	b.ReportMetric(res.Reap.Seconds(), "reap-s")
+	b.ReportMetric(ms(mean(res.Batches[:min(10, len(res.Batches))])), "first10-batch-ms")
+	b.ReportMetric(ms(mean(res.Batches[max(0, len(res.Batches)-10):])), "last10-batch-ms")
+	b.ReportMetric(ms(scan), "expire-scan-ms")
+}
+
+// measure runs b.N requests of kind k from c clients and reports them.
+func measure(b *testing.B, env *Env, k Kind, c int) {
+	ctx := context.Background()
+	load, err := env.Prepare(ctx, k, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	res, err := load.Run(ctx, b.N, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.ReportMetric(res.PerSecond(), "req/s")
+	b.ReportMetric(us(res.Mean()), "mean-us")
+	b.ReportMetric(us(res.Quantile(0.99)), "p99-us")
+	b.ReportMetric(res.StatementsPerRequest(), "stmts/op")
+	b.ReportMetric(res.RoundTripsPerRequest(), "roundtrips/op")
+}
+
+func name(k Kind) string { return strings.ReplaceAll(k.String(), " ", "-") }
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func mean(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
+}

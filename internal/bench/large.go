@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"context"
+	"crypto/md5"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// loadSQL inserts finished keys numbered $6 to $7, as library runs of the
+// benchmark's order would have left them, finished at random times in the
+// 24 hours before now() - $5. Keys are UUID-shaped but derived from their
+// number, so loadedKey can name any of them without reading the table, and
+// they arrive in random index order like real clients' keys.
+const loadSQL = `
+INSERT INTO idempotency_keys
+    (created_at, last_run_at, finished_at, tenant, idempotency_key, workflow,
+     request_fingerprint, request_params, recovery_point, phase_state,
+     response_status, response_headers, response_body, attempts)
+SELECT t - interval '2 milliseconds', t, t, $1, md5('loaded-' || i)::uuid::text, $2,
+       $3, $4, 'finished', jsonb_build_object('order_id', i),
+       201, '{"Content-Type": ["application/json"]}',
+       convert_to(json_build_object('order_id', i, 'item', $8::text, 'amount', $9::int)::text || E'\n', 'UTF8'), 1
+FROM (SELECT i, now() - $5::interval - random() * interval '24 hours' AS t
+      FROM generate_series($6::int, $7::int) AS i) AS s`
+
+// loadedKey is the key of the i-th row LoadFinished inserted.
+func loadedKey(i int) string {
+	return uuid.UUID(md5.Sum([]byte("loaded-" + strconv.Itoa(i)))).String()
+}
+
+// LoadFinished inserts n finished keys whose responses were stored between
+// age and age + 24 hours ago, then vacuums and analyzes the table so that it
+// looks like one in steady state rather than one just bulk-loaded.
+func (e *Env) LoadFinished(ctx context.Context, n int, age time.Duration) error {
+	req, err := e.keyRequest("", time.Hour)
+	if err != nil {
+		return err
+	}
+	_, err = e.Pool.Exec(ctx, loadSQL, tenant, req.Workflow, req.Fingerprint[:], req.Params, age,
+		e.loaded+1, e.loaded+n, order.Item, order.Amount)
+	if err != nil {
+		return fmt.Errorf("bench: load keys: %w", err)
+	}
+	e.loaded += n
+	if _, err := e.Pool.Exec(ctx, `VACUUM (ANALYZE) idempotency_keys`); err != nil {
+		return fmt.Errorf("bench: vacuum: %w", err)
+	}
+	return nil
+}
+
+// acquireClock times the acquire of library runs from the Observer's
+// EventAcquired, which the runner emits right after its acquire statement.
+// The time includes encoding and fingerprinting the request, a few
+// microseconds.
+type acquireClock struct {
+	mu        sync.Mutex
+	started   map[string]time.Time
+	latencies []time.Duration
+}
+
+func (c *acquireClock) start(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.started[key] = time.Now()
+}
+
+func (c *acquireClock) acquired(key string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t, ok := c.started[key]; ok {
+		c.latencies = append(c.latencies, now.Sub(t))
+		delete(c.started, key)
+	}
+}
+
+// take returns the latencies timed so far, sorted, and forgets them.
+func (c *acquireClock) take() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.latencies
+	c.latencies = nil
+	slices.Sort(l)
+	return l
+}
+
+// ReapResult is what ReapUnderTraffic measured.
+type ReapResult struct {
+	// Before and During are the traffic's requests (library runs of the
+	// three-phase workflow on new keys) alone and while the reaper ran.
+	Before, During Result
+	// AcquireBefore and AcquireDuring hold the acquire latencies of those
+	// requests.
+	AcquireBefore, AcquireDuring Result
+	// Deleted counts the keys the reaper deleted, in Reap.
+	Deleted int
+	Reap    time.Duration
+	// Batches is the time each delete batch took, in order; the first
+	// includes the reaper's scan for abandoned keys.
+	Batches []time.Duration
+}
+
+// ReapUnderTraffic runs library requests on new keys from concurrency
+// clients, first alone for before, then while a reaper with the default
+// retention and batch size deletes every expired key; the reaper has a
+// connection of its own. Load the expired keys first with LoadFinished.
+func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time.Duration) (ReapResult, error) {
+	var res ReapResult
+	cfg := e.Pool.Config()
+	cfg.ConnConfig.Tracer = nil
+	cfg.MaxConns = 1
+	reaperPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer reaperPool.Close()
+	var last time.Time
+	reaper, err := recovery.NewReaper(recovery.ReaperConfig{Pool: reaperPool, Observer: func(ev recovery.Event) {
+		if ev.Kind == recovery.EventReaped {
+			now := time.Now()
+			res.Batches = append(res.Batches, now.Sub(last))
+			last = now
+		}
+	}})
+	if err != nil {
+		return res, err
+	}
+
+	load, err := e.Prepare(ctx, LibraryRun, concurrency)
+	if err != nil {
+		return res, err
+	}
+	clock := &acquireClock{started: map[string]time.Time{}}
+	e.clock.Store(clock)
+	defer e.clock.Store(nil)
+	if res.Before, err = load.Run(ctx, 0, before); err != nil {
+		return res, err
+	}
+	res.AcquireBefore = acquireResult(res.Before, clock.take())
+
+	stop := make(chan time.Time)
+	traffic := make(chan error, 1)
+	go func() {
+		var err error
+		res.During, err = load.run(ctx, 0, stop)
+		traffic <- err
+	}()
+	start := time.Now()
+	last = start
+	reaped, reapErr := reaper.RunOnce(ctx)
+	res.Reap, res.Deleted = time.Since(start), reaped.Deleted
+	close(stop)
+	if err := <-traffic; err != nil {
+		return res, err
+	}
+	if reapErr != nil {
+		return res, reapErr
+	}
+	res.AcquireDuring = acquireResult(res.During, clock.take())
+	return res, nil
+}
+
+func acquireResult(traffic Result, latencies []time.Duration) Result {
+	return Result{Kind: AcquireNew, Concurrency: traffic.Concurrency, Elapsed: traffic.Elapsed, Latencies: latencies}
+}
+
+// ExpireScan times one keyrow.Expire call with the default retention and
+// batch size: the reaper's search for abandoned keys, which it makes at the
+// start of every run.
+func (e *Env) ExpireScan(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	_, err := keyrow.Expire(ctx, e.Pool, recovery.DefaultRetention, recovery.DefaultReapBatch)
+	return time.Since(start), err
+}
