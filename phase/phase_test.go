@@ -498,6 +498,14 @@ func TestWorkflowDeclarationErrors(t *testing.T) {
 		{"reserved finished", []phase.Phase[order, struct{}]{phase.Local("finished", noop)}},
 		{"duplicate", []phase.Phase[order, struct{}]{phase.Local("a", noop), phase.Local("a", noop)}},
 		{"empty name", []phase.Phase[order, struct{}]{phase.Local("", noop)}},
+		{"repeatable local", []phase.Phase[order, struct{}]{phase.Local("a", noop).Repeatable()}},
+		{"reconciled local", []phase.Phase[order, struct{}]{phase.Reconciled(phase.Local("a", noop),
+			func(context.Context, *phase.Run[order, struct{}]) (int, phase.Resolution, error) {
+				return 0, phase.Done, nil
+			},
+			func(context.Context, pgx.Tx, *phase.Run[order, struct{}], int) (phase.Result, error) {
+				return phase.Next(), nil
+			})}},
 	} {
 		if _, err := phase.New("w", tc.phases...); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)

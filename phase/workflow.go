@@ -17,6 +17,10 @@ import (
 // state type. The declared order defines the recovery points: after a phase
 // commits, the key's recovery point is that phase's name, and a resumed run
 // starts at the phase after it.
+//
+// Req and State are stored as JSON (the request when the key is first
+// seen, the state with every phase), so both must survive a round trip
+// through encoding/json: the completer rebuilds them from what is stored.
 type Workflow[Req, State any] struct {
 	name   string
 	phases []Phase[Req, State]
@@ -42,6 +46,8 @@ func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Re
 			return nil, fmt.Errorf("phase: workflow %q: %q is a reserved recovery point", name, p.name)
 		case p.local == nil && p.foreign == nil:
 			return nil, fmt.Errorf("phase: workflow %q: phase %q has no function; declare it with Local or Foreign", name, p.name)
+		case p.err != nil:
+			return nil, fmt.Errorf("phase: workflow %q: phase %q: %w", name, p.name, p.err)
 		}
 		if _, dup := w.index[p.name]; dup {
 			return nil, fmt.Errorf("phase: workflow %q: phase %q declared twice", name, p.name)
@@ -174,6 +180,8 @@ type Phase[Req, State any] struct {
 	foreign   *foreignPhase[Req, State]
 	when      func(run *Run[Req, State]) bool
 	isolation pgx.TxIsoLevel
+	// err records a misuse in the declaration, reported by New.
+	err error
 }
 
 type foreignPhase[Req, State any] struct {
@@ -217,6 +225,7 @@ func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], r
 // for keys on hold.
 func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
 	if p.foreign == nil {
+		p.err = errors.New("only a foreign phase can be reconciled")
 		return p
 	}
 	f := *p.foreign
@@ -239,11 +248,13 @@ func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, 
 // resumable, and the next run repeats the call, instead of holding the key
 // for reconciliation.
 func (p Phase[Req, State]) Repeatable() Phase[Req, State] {
-	if p.foreign != nil {
-		f := *p.foreign
-		f.repeatable = true
-		p.foreign = &f
+	if p.foreign == nil {
+		p.err = errors.New("only a foreign phase can be repeatable")
+		return p
 	}
+	f := *p.foreign
+	f.repeatable = true
+	p.foreign = &f
 	return p
 }
 
