@@ -205,13 +205,13 @@ func openDemoAccounts(ctx context.Context, db *pgxpool.Pool) ([]ledger.Account, 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := newFlags("transfers serve", `transfers serve: run the ledger API with its completer and reaper.
 
-  POST /transfers   {"from_account":1,"to_account":3,"amount":1250,"currency":"EUR"}
-                    or {"from_account":1,"payout_destination":"dest_x","amount":1250,"currency":"EUR"}
+  POST /transfers   {"from_account":2,"to_account":4,"amount":1250,"currency":"EUR"}
+                    or {"from_account":2,"payout_destination":"dest_x","amount":1250,"currency":"EUR"}
                     with "Authorization: Bearer <owner>" and an Idempotency-Key header
   GET  /accounts    the caller's accounts
 
 Migrates the database and, when alice has no account yet, opens the demo
-accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR).`, stderr)
+accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	dbURL := databaseFlag(fs, true)
 	payoutsURL := fs.String("payouts-url", "", "base URL of the payout provider (empty: run the fake provider in this process, on the same database, at a free local port)")

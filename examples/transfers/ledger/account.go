@@ -52,16 +52,18 @@ func Open(ctx context.Context, db *pgxpool.Pool, owner, currency string, deposit
 		return Account{}, fmt.Errorf("ledger: open: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	var funding int64
+	if deposit > 0 {
+		if funding, err = fundingAccount(ctx, tx, currency); err != nil {
+			return Account{}, fmt.Errorf("ledger: open: %w", err)
+		}
+	}
 	a := Account{Owner: owner, Currency: currency}
 	err = tx.QueryRow(ctx, `INSERT INTO ledger_accounts (owner, currency) VALUES ($1, $2) RETURNING id`, owner, currency).Scan(&a.ID)
 	if err != nil {
 		return Account{}, fmt.Errorf("ledger: open: %w", err)
 	}
 	if deposit > 0 {
-		funding, err := fundingAccount(ctx, tx, currency)
-		if err != nil {
-			return Account{}, fmt.Errorf("ledger: open: %w", err)
-		}
 		if err := move(ctx, tx, nil, deposit, leg{funding, bucketBalance}, leg{a.ID, bucketBalance}); err != nil {
 			return Account{}, fmt.Errorf("ledger: open: %w", err)
 		}
@@ -73,10 +75,11 @@ func Open(ctx context.Context, db *pgxpool.Pool, owner, currency string, deposit
 	return a, nil
 }
 
-// fundingSQL returns the currency's funding account, creating it if need
-// be. DO UPDATE rather than DO NOTHING so that RETURNING yields the row in
-// both cases; the no-op update also locks it, which the deposit's update
-// would do anyway.
+// fundingSQL creates the currency's funding account, or returns it when a
+// concurrent Open created it first. DO UPDATE rather than DO NOTHING so that
+// RETURNING yields the row in both cases. It runs only when the plain
+// SELECT found no funding account, because every upsert, even a conflicting
+// one, uses up an identity value and would leave gaps in account ids.
 const fundingSQL = `
 INSERT INTO ledger_accounts (kind, currency) VALUES ('funding', $1)
 ON CONFLICT (currency) WHERE kind = 'funding' DO UPDATE SET currency = excluded.currency
@@ -84,7 +87,11 @@ RETURNING id`
 
 func fundingAccount(ctx context.Context, tx pgx.Tx, currency string) (int64, error) {
 	var id int64
-	if err := tx.QueryRow(ctx, fundingSQL, currency).Scan(&id); err != nil {
+	err := tx.QueryRow(ctx, `SELECT id FROM ledger_accounts WHERE kind = 'funding' AND currency = $1`, currency).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = tx.QueryRow(ctx, fundingSQL, currency).Scan(&id)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("funding account: %w", err)
 	}
 	return id, nil

@@ -18,20 +18,22 @@
 //
 // A transfer is the workflow Transfers, whose path depends on the request:
 //
-//		started → funds_held → payout_sent → settled   (external: payout_destination)
-//		started → funds_held → settled                 (internal: to_account)
+//	started → funds_held → payout_sent → settled   (external: payout_destination)
+//	started → funds_held → settled                 (internal: to_account)
 //
-//	  - funds_held (local): checks the accounts and moves the amount from the
-//	    source's balance to its hold, in one transaction. Insufficient funds,
-//	    a currency mismatch or an unknown account end the transfer here with a
-//	    stored answer, and nothing moves.
-//	  - payout_sent (foreign, external transfers only): asks the payout
-//	    provider for the payout with the run's downstream idempotency key, so
-//	    that repeating the call after a crash or a lost answer pays once. A
-//	    payout the provider refuses gives the hold back and ends the transfer
-//	    with a stored answer.
-//	  - settled (local): moves the hold to the receiving account, or to the
-//	    source's paid_out, and answers 201 with a Receipt.
+// Each phase is one transaction:
+//
+//   - funds_held (local): checks the accounts and moves the amount from the
+//     source's balance to its hold. Insufficient funds, a currency mismatch
+//     or an unknown account end the transfer here with a stored answer, and
+//     nothing moves.
+//   - payout_sent (foreign, external transfers only): asks the payout
+//     provider for the payout with the run's downstream idempotency key, so
+//     that repeating the call after a crash or a lost answer pays once, then
+//     records it. A payout the provider refuses gives the hold back and ends
+//     the transfer with a stored answer.
+//   - settled (local): moves the hold to the receiving account, or to the
+//     source's paid_out, and answers 201 with a Receipt.
 //
 // The transfer id and the payout id travel in the workflow's typed State,
 // committed with each phase, so a resumed run, in any process, knows them.

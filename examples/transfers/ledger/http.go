@@ -56,7 +56,7 @@ func owner(r *http.Request) (string, error) {
 	who, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	who = strings.TrimSpace(who)
 	if !ok || who == "" || len(who) > 255 {
-		return "", errors.New(`send the account owner as "Authorization: Bearer <owner>"`)
+		return "", errors.New(`send the account owner's name as "Authorization: Bearer NAME"`)
 	}
 	return who, nil
 }

@@ -114,6 +114,31 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 		t.Fatal(err)
 	}
 
+	// The invariants hold at every committed state, not only at the end:
+	// Verify reads one snapshot, so it runs against the traffic.
+	verified := 0
+	stopVerifying := make(chan struct{})
+	var verifier sync.WaitGroup
+	verifier.Go(func() {
+		for {
+			select {
+			case <-stopVerifying:
+				return
+			default:
+			}
+			r, err := ledger.Verify(ctx, e.db)
+			if err != nil || !r.OK() {
+				var b bytes.Buffer
+				if r != nil {
+					_ = r.Write(&b)
+				}
+				t.Errorf("mid-traffic verify: %v\n%s", err, b.String())
+				return
+			}
+			verified++
+		}
+	})
+
 	const clients, transfersEach = 20, 8
 	var (
 		wg       sync.WaitGroup
@@ -176,6 +201,8 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 		})
 	}
 	wg.Wait()
+	close(stopVerifying)
+	verifier.Wait()
 	if err := completer.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +227,8 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 		t.Fatalf("ledger has %d settled (%d external), %d in flight; clients got %d receipts (%d external)",
 			report.Settled, report.SettledExternal, report.InFlight, len(receipts), external)
 	}
-	t.Logf("outcomes %v in %d attempts; %d crashes, %d serialization retries, %d provider faults",
-		outcomes, attempts, e.events.count(phase.EventCrashed), e.events.count(phase.EventRetried), e.provider.Stats().FaultsInjected)
+	t.Logf("outcomes %v in %d attempts; %d crashes, %d serialization retries, %d provider faults; verified %d times during the traffic",
+		outcomes, attempts, e.events.count(phase.EventCrashed), e.events.count(phase.EventRetried), e.provider.Stats().FaultsInjected, verified)
 	if e.events.count(phase.EventCrashed) == 0 {
 		t.Error("no crash was injected; the test proved nothing about crashes")
 	}

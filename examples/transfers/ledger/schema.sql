@@ -35,7 +35,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS ledger_accounts_funding
 CREATE TABLE IF NOT EXISTS ledger_transfers (
     id                 bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     owner              text        NOT NULL,
+    -- The request's key, and the id of its idempotency_keys row.
     idempotency_key    text        NOT NULL,
+    key_id             uuid        NOT NULL,
     from_account       bigint      NOT NULL REFERENCES ledger_accounts,
     to_account         bigint      REFERENCES ledger_accounts,
     payout_destination text,
@@ -49,10 +51,14 @@ CREATE TABLE IF NOT EXISTS ledger_transfers (
 
     -- The idempotency key already makes the phase that inserts a transfer
     -- commit once; this makes a second commit fail loudly instead of
-    -- holding the money twice.
-    CONSTRAINT ledger_transfers_key UNIQUE (owner, idempotency_key),
+    -- holding the money twice. It names the key row, not the key: once the
+    -- reaper has deleted a finished key, the client may use the key again
+    -- for a new transfer.
+    CONSTRAINT ledger_transfers_key_id UNIQUE (key_id),
     CONSTRAINT ledger_transfers_one_destination CHECK ((to_account IS NULL) <> (payout_destination IS NULL))
 );
+
+CREATE INDEX IF NOT EXISTS ledger_transfers_owner_key ON ledger_transfers (owner, idempotency_key);
 
 CREATE SEQUENCE IF NOT EXISTS ledger_movement_seq;
 

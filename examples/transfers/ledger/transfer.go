@@ -131,7 +131,7 @@ func holdFunds(ctx context.Context, tx pgx.Tx, run *transferRun) (phase.Result, 
 		return refuse(Problem{Type: ProblemInsufficientFunds, Status: http.StatusUnprocessableEntity, Field: "amount",
 			Detail: fmt.Sprintf("account %d has %d %s available; the transfer needs %d", from.ID, from.Balance, req.Currency, req.Amount)}), nil
 	}
-	err = tx.QueryRow(ctx, insertTransferSQL, run.Tenant, run.Key, req.FromAccount, nullIfZero(req.ToAccount),
+	err = tx.QueryRow(ctx, insertTransferSQL, run.Tenant, run.Key, run.ID, req.FromAccount, nullIfZero(req.ToAccount),
 		nullIfEmpty(req.PayoutDestination), req.Amount, req.Currency).Scan(&run.State.TransferID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("insert transfer: %w", err)
@@ -141,8 +141,8 @@ func holdFunds(ctx context.Context, tx pgx.Tx, run *transferRun) (phase.Result, 
 }
 
 const insertTransferSQL = `
-INSERT INTO ledger_transfers (owner, idempotency_key, from_account, to_account, payout_destination, amount, currency)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO ledger_transfers (owner, idempotency_key, key_id, from_account, to_account, payout_destination, amount, currency)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 RETURNING id`
 
 // sendPayout asks the provider for the payout under the phase's downstream

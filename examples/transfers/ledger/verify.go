@@ -200,7 +200,7 @@ FROM ledger_transfers`).Scan(&r.Settled, &r.SettledExternal, &r.PayoutFailed, &r
 	wrong, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	c.OK = len(wrong) == 0
 	c.Detail = fmt.Sprintf("%d transfers; %d with other than one hold and one settlement%s",
-		r.Settled+r.PayoutFailed+r.InFlight, len(wrong), examples("transfers", wrong))
+		r.Settled+r.PayoutFailed+r.InFlight, len(wrong), firstIDs("transfers", wrong))
 	return c, err
 }
 
@@ -269,7 +269,7 @@ FROM ledger_transfers WHERE payout_destination IS NOT NULL ORDER BY id`)
 	}
 	c.OK = len(wrong) == 0 && orphans == 0
 	c.Detail = fmt.Sprintf("%d external transfers, %d paid out; %d without exactly one matching payout%s; %d payouts of no transfer",
-		len(transfers), paid, len(wrong), examples("transfers", wrong), orphans)
+		len(transfers), paid, len(wrong), firstIDs("transfers", wrong), orphans)
 	return c, nil
 }
 
@@ -297,8 +297,8 @@ func checkHolds(ctx context.Context, tx pgx.Tx, r *Report) (Check, error) {
 	}, err
 }
 
-// examples lists the first few ids, for a detail line.
-func examples(what string, ids []int64) string {
+// firstIDs lists the first few ids, for a detail line.
+func firstIDs(what string, ids []int64) string {
 	if len(ids) == 0 {
 		return ""
 	}

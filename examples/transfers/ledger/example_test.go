@@ -1,0 +1,69 @@
+package ledger_test
+
+import (
+	"context"
+	"log"
+	"net/http"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
+	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// The ledger's API is the transfers workflow, a runner that can resume it,
+// the HTTP handler, and a completer for the transfers no client comes back
+// for.
+func ExampleTransfers() {
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, "postgres://localhost/ledger")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ledger.Migrate(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	transfers, err := ledger.Transfers(payoutprovider.NewClient("http://localhost:8081", nil))
+	if err != nil {
+		log.Fatal(err)
+	}
+	rn, err := phase.NewRunner(phase.Config{Pool: db}, transfers)
+	if err != nil {
+		log.Fatal(err)
+	}
+	completer, err := recovery.NewCompleter(recovery.CompleterConfig{Pool: db, Resumer: rn})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := completer.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	h, err := ledger.Handler(rn, transfers)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// curl -H 'Authorization: Bearer alice' -H 'Idempotency-Key: rent-2026-05' \
+	//      -d '{"from_account":2,"payout_destination":"dest_landlord","amount":95000,"currency":"EUR"}' \
+	//      localhost:8080/transfers
+	log.Fatal(http.ListenAndServe("localhost:8080", h))
+}
+
+// Verify checks the ledger's invariants in one snapshot; it is safe to run
+// against a live system.
+func ExampleVerify() {
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, "postgres://localhost/ledger")
+	if err != nil {
+		log.Fatal(err)
+	}
+	report, err := ledger.Verify(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if !report.OK() {
+		_ = report.Write(log.Writer())
+		log.Fatal("the ledger is broken")
+	}
+}
