@@ -17,6 +17,11 @@
 // to some requests; Repeatable and Reconciled say what to do when a call's
 // outcome is unknown.
 //
+// Send the downstream key as the foreign request's Idempotency-Key header.
+// Go's net/http then resends the request by itself when a reused keep-alive
+// connection drops before the answer; with the key that is harmless, but a
+// test that injects such drops must disable keep-alives to see them.
+//
 // # Running
 //
 // Workflow.Run takes the key's lease in one statement and then replays the
