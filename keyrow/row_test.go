@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -313,5 +314,74 @@ func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
 	}
 	if out, held := acquire(t, db, request(t, "acme", "k1", `{}`)); out != keyrow.Held || held.LeaseLeft < 59*time.Minute {
 		t.Fatalf("acquire = %v, left %v; want held for about an hour", out, held.LeaseLeft)
+	}
+}
+
+// A key inserted by a transaction that commits while Acquire waits on it is
+// invisible to Acquire's snapshot: the upsert sees and locks the row, the
+// read of it does not. Acquire must run again rather than report nothing.
+func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var counter pgtest.StatementCounter
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = &counter
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	req := request(t, "acme", "k1", `{}`)
+
+	first, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if out, _, err := keyrow.Acquire(ctx, first, req); err != nil || out != keyrow.New {
+		t.Fatalf("first acquire: %v %v", out, err)
+	}
+	counter.Reset()
+
+	type result struct {
+		out keyrow.Outcome
+		err error
+	}
+	second := make(chan result, 1)
+	go func() {
+		out, _, err := keyrow.Acquire(ctx, db, req)
+		second <- result{out, err}
+	}()
+	// Commit the first insert only once the second waits on it.
+	for {
+		var waiting bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idempotency_keys%')`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-second
+	if res.err != nil || res.out != keyrow.Held {
+		t.Fatalf("second acquire: %v %v, want held", res.out, res.err)
+	}
+	acquires := 0
+	for _, q := range counter.SQL() {
+		if strings.Contains(q, "WITH taken AS") {
+			acquires++
+		}
+	}
+	if acquires != 2 {
+		t.Fatalf("the acquire statement ran %d times, want 2 (the miss, then the retry)", acquires)
 	}
 }
