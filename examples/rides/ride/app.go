@@ -131,7 +131,15 @@ func New(cfg Config) (*App, error) {
 	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &ReceiptWorker{Pool: cfg.Pool})
-	riverCfg := &river.Config{Workers: workers, Logger: cfg.Logger.With("component", "river")}
+	riverCfg := &river.Config{
+		Workers: workers,
+		Logger:  cfg.Logger.With("component", "river"),
+		// A receipt takes milliseconds, and sending one twice is a no-op
+		// (see ReceiptWorker), so a job left running by a killed process is
+		// rescued within seconds rather than River's default hour.
+		JobTimeout:           10 * time.Second,
+		RescueStuckJobsAfter: 15 * time.Second,
+	}
 	if !cfg.WithoutWorker {
 		riverCfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}}
 		riverCfg.FetchPollInterval = 100 * time.Millisecond
