@@ -1,3 +1,5 @@
+//go:build linux
+
 package chaos_test
 
 import (
@@ -34,9 +36,9 @@ import (
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
-// SoakEnv names the environment variable that turns both tests into a soak:
+// soakEnv names the environment variable that turns both tests into a soak:
 // a Go duration (10m) of traffic replacing each test's default.
-const SoakEnv = "ATOMICPHASE_CHAOS_SOAK"
+const soakEnv = "ATOMICPHASE_CHAOS_SOAK"
 
 const (
 	// apiProcesses is how many `rides serve` processes share the database.
@@ -99,7 +101,7 @@ func TestChaosPostgresRestart(t *testing.T) {
 // terminating sessions, which every test does.
 type scenario struct {
 	// traffic is how long riders start new rides while the chaos runs;
-	// SoakEnv replaces it.
+	// soakEnv replaces it.
 	traffic time.Duration
 	// restartPostgres restarts the cluster halfway through the traffic, or
 	// once a minute when the traffic lasts longer than two minutes.
@@ -109,13 +111,23 @@ type scenario struct {
 // chaosCounts counts what the chaos did.
 type chaosCounts struct {
 	kills, failedStarts, terminated, pgRestarts atomic.Int64
+	// unrecovered counts Postgres restarts after which the API process
+	// spared from kills did not serve a ride again within recoverTimeout;
+	// slowestRecovery is the longest it took one to.
+	unrecovered     atomic.Int64
+	slowestRecovery atomic.Int64 // nanoseconds
+}
+
+// timings are the phases of a test.
+type timings struct {
+	setup, traffic, settle time.Duration
 }
 
 func runChaos(t *testing.T, sc scenario) {
-	if v := os.Getenv(SoakEnv); v != "" {
+	if v := os.Getenv(soakEnv); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			t.Fatalf("%s=%q: want a positive duration such as 10m", SoakEnv, v)
+			t.Fatalf("%s=%q: want a positive duration such as 10m", soakEnv, v)
 		}
 		sc.traffic = d
 	}
@@ -123,6 +135,8 @@ func runChaos(t *testing.T, sc scenario) {
 	s := setup(t)
 	ctx := t.Context()
 	s.setFaults(ctx, faultPlan)
+	var times timings
+	times.setup = time.Since(began)
 
 	var counts chaosCounts
 	chaosCtx, stopChaos := context.WithTimeout(ctx, sc.traffic)
@@ -145,15 +159,22 @@ func runChaos(t *testing.T, sc scenario) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trafficDone := time.Now()
+	times.traffic = time.Since(began) - times.setup
 
 	s.setFaults(ctx, `{"fail_before_charge_rate": 0, "timeout_after_charge_rate": 0}`)
 	settled, report, err := s.settle(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	times.settle = time.Since(began) - times.setup - times.traffic
 
+	var crashes int
+	for _, p := range append([]*process{s.stripe}, s.apis...) {
+		crashes += int(p.crashes.Load())
+	}
 	checks := []check{
+		{"processes that exited on their own", crashes, 0},
+		{"API not serving again after a Postgres restart", int(counts.unrecovered.Load()), 0},
 		{"every key finished", report.UnfinishedKey, 0},
 		{"no key locked", report.LockedKeys, 0},
 		{"charges at Stripe = charged rides", report.Charges, report.ChargedRides},
@@ -164,8 +185,7 @@ func runChaos(t *testing.T, sc scenario) {
 		{"receipts for uncharged rides", report.ReceiptsUncharged, 0},
 		{"keys answered two final responses", int(st.Inconsistent), 0},
 	}
-	t.Log("\n" + summary(sc, &counts, st, settled, report, checks,
-		trafficDone.Sub(began), time.Since(trafficDone)))
+	t.Log("\n" + summary(&counts, st, settled, report, checks, times))
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("%s: got %d, want %d", c.name, c.got, c.want)
@@ -198,7 +218,12 @@ type system struct {
 	pool, admin *pgxpool.Pool
 	stripe      *process
 	apis        []*process
-	logDir      string
+	// killing is held by the killer from choosing a process to having it
+	// listening again; spared is the index of the API process it leaves
+	// alone, or -1.
+	killing sync.Mutex
+	spared  int
+	logDir  string
 }
 
 // setup starts a private cluster with a migrated and seeded rides
@@ -221,6 +246,7 @@ func setup(t *testing.T) *system {
 		}
 	})
 	s := &system{t: t, cluster: cluster, dbName: "rides"}
+	s.spared = -1
 	s.admin = newPool(t, cluster.DSN("postgres"))
 	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+s.dbName); err != nil {
 		t.Fatal(err)
@@ -244,7 +270,7 @@ func setup(t *testing.T) *system {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("KEEPLOGS") != "" {
+		if t.Failed() {
 			t.Logf("process logs kept in %s", s.logDir)
 			return
 		}
@@ -311,20 +337,38 @@ func (s *system) setFaults(ctx context.Context, plan string) {
 }
 
 // killAPIs kills a random API process with SIGKILL every 200 to 500 ms and
-// starts it again, until ctx ends. The restart outlives ctx, so no process
-// is left down when the chaos stops.
+// starts it again, until ctx ends. It spares the process s.spared names.
+// The restart outlives ctx, so no process is left down when the chaos stops.
 func (s *system) killAPIs(ctx context.Context, c *chaosCounts) {
 	for sleep(ctx, 200*time.Millisecond+rand.N(300*time.Millisecond)) {
-		p := s.apis[rand.IntN(len(s.apis))]
-		p.kill()
-		c.kills.Add(1)
-		failed, err := p.start(context.WithoutCancel(ctx))
-		c.failedStarts.Add(int64(failed))
-		if err != nil {
+		if err := s.killOne(context.WithoutCancel(ctx), c); err != nil {
 			s.t.Error(err)
 			return
 		}
 	}
+}
+
+func (s *system) killOne(ctx context.Context, c *chaosCounts) error {
+	s.killing.Lock()
+	defer s.killing.Unlock()
+	i := rand.IntN(len(s.apis))
+	if i == s.spared {
+		i = (i + 1) % len(s.apis)
+	}
+	p := s.apis[i]
+	p.kill()
+	c.kills.Add(1)
+	failed, err := p.start(ctx)
+	c.failedStarts.Add(int64(failed))
+	return err
+}
+
+// spare makes the killer leave the API process i alone (none when i is
+// -1). It waits for a kill in progress, so a spared process is running.
+func (s *system) spare(i int) {
+	s.killing.Lock()
+	defer s.killing.Unlock()
+	s.spared = i
 }
 
 // terminateSQL ends up to two random sessions of the rides database:
@@ -348,21 +392,71 @@ func (s *system) terminateSessions(ctx context.Context, c *chaosCounts) {
 	}
 }
 
-// restartPostgres restarts the cluster every interval until ctx ends.
+// recoverTimeout is how soon after a Postgres restart an API process that
+// lived through it must serve a ride again.
+const recoverTimeout = 20 * time.Second
+
+// restartPostgres restarts the cluster every interval until ctx ends. Each
+// time, one API process is spared from kills until it has served a ride
+// after the restart, which shows the processes outlive Postgres rather than
+// only being replaced by fresh ones.
 func (s *system) restartPostgres(ctx context.Context, every time.Duration, c *chaosCounts) {
 	for sleep(ctx, every) {
-		if err := s.cluster.Restart(context.WithoutCancel(ctx)); err != nil {
+		i := rand.IntN(len(s.apis))
+		s.spare(i)
+		err := s.cluster.Restart(context.WithoutCancel(ctx))
+		if err != nil {
 			s.t.Error(err)
 			return
 		}
 		c.pgRestarts.Add(1)
+		restarted := time.Now()
+		if err := rideOnce(ctx, s.apis[i].addr); err != nil {
+			c.unrecovered.Add(1)
+			s.t.Errorf("%s did not serve a ride within %v of a Postgres restart: %v", s.apis[i].name, recoverTimeout, err)
+		} else if took := int64(time.Since(restarted)); took > c.slowestRecovery.Load() {
+			c.slowestRecovery.Store(took)
+		}
+		s.spare(-1)
+	}
+}
+
+// rideOnce requests a new ride from the API at addr, retrying with its key
+// until it is created or recoverTimeout passes.
+func rideOnce(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recoverTimeout)
+	defer cancel()
+	key := fmt.Sprintf("chaos-probe-%d", rand.Int64())
+	body := "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
+	var last string
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/rides", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", ride.UserEmail)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusCreated {
+				return nil
+			}
+			last = resp.Status + " " + strings.TrimSpace(string(b))
+		} else {
+			last = err.Error()
+		}
+		if !sleep(ctx, 100*time.Millisecond) {
+			return fmt.Errorf("last answer: %s", last)
+		}
 	}
 }
 
 // settled is what the final completer runs did.
 type settled struct {
 	completed, failed, deadRetried int
-	took                           time.Duration
 }
 
 // settle runs a completer with no idle time and no backoff until every key
@@ -371,7 +465,6 @@ type settled struct {
 // expire within lockTTL, so a couple of passes usually suffice.
 func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 	var out settled
-	began := time.Now()
 	sc := s.stripeClient()
 	app, err := ride.New(ride.Config{
 		Pool: s.pool, Stripe: sc, Logger: quiet,
@@ -407,7 +500,6 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 			return out, report, err
 		}
 		if report.UnfinishedKey == 0 && report.LockedKeys == 0 || time.Now().After(deadline) {
-			out.took = time.Since(began)
 			return out, report, nil
 		}
 		if !sleep(ctx, 250*time.Millisecond) {
@@ -417,17 +509,24 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 }
 
 // summary renders what happened in a test as a table.
-func summary(sc scenario, c *chaosCounts, st sim.Stats, settled settled, report ride.Report, checks []check, traffic, settling time.Duration) string {
+func summary(c *chaosCounts, st sim.Stats, settled settled, report ride.Report, checks []check, times timings) string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(name string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", name, v) }
-	fmt.Fprintf(tw, "chaos\t\n")
-	row("traffic (incl. riders' last retries)", traffic.Round(100*time.Millisecond))
+	section := func(name string) { fmt.Fprintf(tw, "%s\t\n", name) }
+	section("time")
+	row("setup (cluster, migrations, processes)", times.setup.Round(100*time.Millisecond))
+	row("traffic, to the last rider's answer", times.traffic.Round(100*time.Millisecond))
+	row("settling", times.settle.Round(100*time.Millisecond))
+	section("chaos")
 	row("API processes killed (SIGKILL)", c.kills.Load())
 	row("restarts that exited and were retried", c.failedStarts.Load())
 	row("sessions terminated", c.terminated.Load())
 	row("Postgres restarts", c.pgRestarts.Load())
-	fmt.Fprintf(tw, "riders\t\n")
+	if c.pgRestarts.Load() > 0 {
+		row("slowest API recovery after a restart", time.Duration(c.slowestRecovery.Load()).Round(10*time.Millisecond))
+	}
+	section("riders")
 	row("rides requested", st.Rides)
 	row("requests sent", st.Requests)
 	row("created (201, first answer)", st.Created)
@@ -438,18 +537,17 @@ func summary(sc scenario, c *chaosCounts, st sim.Stats, settled settled, report 
 	row("other 5xx (retried)", st.ServerErrors)
 	row("dropped connections (retried)", st.Dropped)
 	row("given up on (left to the completer)", st.Abandoned)
-	fmt.Fprintf(tw, "settling\t\n")
-	row("took", settling.Round(100*time.Millisecond))
+	section("settling")
 	row("keys finished by the final completer", settled.completed)
 	row("final completer runs that failed", settled.failed)
 	row("dead keys retried by the operator", settled.deadRetried)
-	fmt.Fprintf(tw, "final state\t\n")
+	section("final state")
 	row("keys finished", report.FinishedKeys)
 	row("rides", report.Rides)
 	row("created (201)", report.Created)
 	row("declined (402)", report.Declined)
 	row("receipts sent", report.Receipts)
-	fmt.Fprintf(tw, "invariants\t\n")
+	section("invariants")
 	for _, ch := range checks {
 		verdict := "ok"
 		if ch.got != ch.want {
@@ -482,6 +580,8 @@ func (s *system) evidence(ctx context.Context) {
 			}
 		}
 		rows.Close()
+	} else {
+		s.t.Logf("listing unfinished keys: %v", err)
 	}
 	rows, err = s.pool.Query(ctx, `
 		SELECT c.metadata->>'ride_id', array_agg(c.id ORDER BY c.seq), array_agg(c.idempotency_key ORDER BY c.seq),
@@ -499,6 +599,8 @@ func (s *system) evidence(ctx context.Context) {
 			}
 		}
 		rows.Close()
+	} else {
+		s.t.Logf("listing rides charged twice: %v", err)
 	}
 }
 
@@ -511,9 +613,19 @@ type process struct {
 	args []string
 	log  string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited and been reaped
+	mu  sync.Mutex
+	run *instance // nil while not running
+	// crashes counts instances that exited on their own after they had
+	// started listening.
+	crashes atomic.Int64
+}
+
+// instance is one run of a process.
+type instance struct {
+	cmd       *exec.Cmd
+	done      chan struct{} // closed once cmd has exited and been reaped
+	listening atomic.Bool
+	killed    atomic.Bool
 }
 
 func (s *system) newProcess(bin, name, addr string, args ...string) *process {
@@ -528,11 +640,11 @@ func (p *process) start(ctx context.Context) (failed int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	for {
-		done, err := p.spawn()
+		in, err := p.spawn()
 		if err != nil {
 			return failed, err
 		}
-		if p.waitListening(ctx, done) {
+		if p.waitListening(ctx, in) {
 			return failed, nil
 		}
 		p.kill()
@@ -549,50 +661,64 @@ func (p *process) start(ctx context.Context) (failed int, err error) {
 // parent-death signal fires when the thread that forked the child exits,
 // not the process, so the child is forked from a goroutine locked to its
 // thread, which stays blocked in wait(2) until the child is reaped.
-func (p *process) spawn() (<-chan struct{}, error) {
+func (p *process) spawn() (*instance, error) {
 	logFile, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer logFile.Close()
 	fmt.Fprintf(logFile, "=== %s start %s\n", time.Now().Format(time.RFC3339Nano), p.name)
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	done := make(chan struct{})
+	in := &instance{cmd: exec.Command(p.bin, p.args...), done: make(chan struct{})}
+	in.cmd.Stdout, in.cmd.Stderr = logFile, logFile
+	in.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	started := make(chan error, 1)
 	go func() {
 		// Never unlocked: the runtime ends the thread when this goroutine
 		// returns, which is harmless once the child is reaped.
 		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
+		if err := in.cmd.Start(); err != nil {
 			started <- err
 			return
 		}
 		started <- nil
-		_ = cmd.Wait()
-		close(done)
+		err := in.cmd.Wait()
+		if in.listening.Load() && !in.killed.Load() {
+			p.crashes.Add(1)
+			p.note("exited on its own: %v", err)
+		}
+		close(in.done)
 	}()
 	if err := <-started; err != nil {
 		return nil, fmt.Errorf("start %s: %w", p.name, err)
 	}
 	p.mu.Lock()
-	p.cmd, p.done = cmd, done
+	p.run = in
 	p.mu.Unlock()
-	return done, nil
+	return in, nil
+}
+
+// note appends a line to the process's log.
+func (p *process) note(format string, args ...any) {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "=== %s %s %s\n", time.Now().Format(time.RFC3339Nano), p.name, fmt.Sprintf(format, args...))
 }
 
 // waitListening polls the process's address until it accepts a
-// connection, and reports false if the process exits or ctx ends first.
-func (p *process) waitListening(ctx context.Context, done <-chan struct{}) bool {
+// connection, and reports false if the instance exits or ctx ends first.
+func (p *process) waitListening(ctx context.Context, in *instance) bool {
 	for {
 		conn, err := net.DialTimeout("tcp", p.addr, 100*time.Millisecond)
 		if err == nil {
 			conn.Close()
+			in.listening.Store(true)
 			return true
 		}
 		select {
-		case <-done:
+		case <-in.done:
 			return false
 		case <-ctx.Done():
 			return false
@@ -605,14 +731,15 @@ func (p *process) waitListening(ctx context.Context, done <-chan struct{}) bool 
 // when the process is not running.
 func (p *process) kill() {
 	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd, p.done = nil, nil
+	in := p.run
+	p.run = nil
 	p.mu.Unlock()
-	if cmd == nil {
+	if in == nil {
 		return
 	}
-	_ = cmd.Process.Kill()
-	<-done
+	in.killed.Store(true)
+	_ = in.cmd.Process.Kill()
+	<-in.done
 }
 
 // tail returns the end of the file at path.

@@ -18,11 +18,17 @@
 // # Chaos
 //
 // While the riders ride, every 200 to 500 ms one API process is killed with
-// SIGKILL and started again on its address; every 300 ms two random
-// application sessions are ended with pg_terminate_backend; and in
-// TestChaosPostgresRestart Postgres itself is restarted halfway through (once
-// a minute in a soak). The API processes are expected to survive all of
-// this: pgxpool reconnects, and requests fail closed with 503 meanwhile.
+// SIGKILL and started again on its address (a start that meets a
+// terminated session or a Postgres that is down exits, and is tried
+// again); every 300 ms two random application sessions are ended with
+// pg_terminate_backend; and in TestChaosPostgresRestart Postgres itself is
+// restarted halfway through (once a minute in a soak).
+//
+// The processes must survive all of this: pgxpool and River reconnect, and
+// requests fail closed with 503 meanwhile. A process that exits on its own
+// fails the test, and at each Postgres restart one API process is spared
+// from kills until it has served a new ride, so that surviving the restart
+// is shown rather than left to fresh processes.
 //
 // # Invariants
 //
@@ -33,9 +39,14 @@
 // finished and none locked, as many charges at Stripe as rides recording a
 // charge, no ride charged twice, no charge without its ride, every 201
 // backed by a charge; and no key may have been answered two different final
-// responses. Each test logs a summary (go test -v): kills, terminated
-// sessions, Postgres restarts, requests and their outcomes, and the
-// invariants.
+// responses. When an invariant fails, the test logs the keys and charges
+// behind it and keeps the processes' logs. Each test logs a summary (go
+// test -v): kills, terminated sessions, Postgres restarts, requests and
+// their outcomes, and the invariants.
+//
+// Receipts are counted but not checked against created rides: a receipt
+// job running in a killed process stays running until River rescues it,
+// an hour later by default.
 //
 // # Soak
 //
@@ -47,5 +58,6 @@
 //
 // The API and fake Stripe processes are built once per test binary, without
 // the race detector, from ./examples/rides. Every child process is killed
-// when its test ends, and by the kernel if the test binary dies first.
+// when its test ends, and by the kernel if the test binary dies first: the
+// tests rely on Linux's parent-death signal, so they build only on Linux.
 package chaos
