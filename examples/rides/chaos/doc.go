@@ -46,7 +46,7 @@
 //
 // Receipts are counted but not checked against created rides: a receipt
 // job running in a killed process stays running until River rescues it,
-// an hour later by default.
+// 15 seconds later (see ride.New), and the tests do not wait for that.
 //
 // # Soak
 //
