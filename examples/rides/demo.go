@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
+	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -22,14 +22,14 @@ import (
 // demo runs everything in one process against one database and prints what
 // happened and whether the invariants held.
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("rides", "rides (demo): run the API, fake Stripe, completer, reaper and receipt worker in one process,\ndrive them with simulated riders, then check that no ride was charged twice.", stderr)
+	fs := exampleprog.Flags("rides", "rides (demo): run the API, fake Stripe, completer, reaper and receipt worker in one process,\ndrive them with simulated riders, then check that no ride was charged twice.", stderr)
 	duration := fs.Duration("duration", 20*time.Second, "how long the riders send requests")
 	concurrency := fs.Int("concurrency", 8, "riders acting at once")
 	crashRate := fs.Float64("crash-rate", 0.01, "probability of a server crash at each fault point")
 	stripeTimeouts := fs.Float64("stripe-timeout-rate", 0.05, "share of Stripe charges that time out after charging")
 	stripeFailures := fs.Float64("stripe-failure-rate", 0.03, "share of Stripe charges that fail before charging")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; embedded throwaway Postgres when empty)")
-	if err := parse(fs, args); err != nil {
+	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -43,7 +43,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := stripeSrv.SetRates(*stripeFailures, *stripeTimeouts); err != nil {
 		return err
 	}
-	stripeURL, stopStripe, err := listen("127.0.0.1:0", stripeSrv)
+	stripeURL, stopStripe, err := exampleprog.Listen("127.0.0.1:0", stripeSrv)
 	if err != nil {
 		return err
 	}
@@ -74,7 +74,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		_ = app.Stop(stopCtx)
 	}()
-	apiURL, stopAPI, err := listen("127.0.0.1:0", app.Handler())
+	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", app.Handler())
 	if err != nil {
 		return err
 	}

@@ -14,18 +14,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"os"
-	"os/signal"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -34,17 +28,12 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
-	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { program.Main() }
 
 const usage = `rides: the atomicphase rides example.
 
@@ -61,101 +50,26 @@ Usage:
   rides <command> -h     document a command's flags
 `
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cmd := "demo"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
-	}
-	var err error
-	switch cmd {
-	case "demo":
-		err = demo(ctx, args, stdout, stderr)
-	case "serve":
-		err = serve(ctx, args, stderr)
-	case "fakestripe":
-		err = fakeStripe(ctx, args, stderr)
-	case "simulate":
-		err = simulate(ctx, args, stdout, stderr)
-	case "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "rides: unknown command %q\n\n%s", cmd, usage)
-		return 2
-	}
-	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	case errors.Is(err, errInvariant):
-		fmt.Fprintln(stderr, "rides:", err)
-		return 1
-	}
-	fmt.Fprintln(stderr, "rides:", err)
-	return 1
+var program = exampleprog.Program{
+	Name:  "rides",
+	Usage: usage,
+	Commands: map[string]exampleprog.Command{
+		"demo":       demo,
+		"serve":      serve,
+		"fakestripe": fakeStripe,
+		"simulate":   simulate,
+	},
 }
 
-var (
-	errUsage     = errors.New("usage")
-	errInvariant = errors.New("invariant violated")
-)
+var errInvariant = errors.New("invariant violated")
 
-func newFlags(name, doc string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "%s\n\nFlags:\n", doc)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
-		return errUsage
-	}
-	return nil
-}
+// dbURLUsage documents -database-url.
+const dbURLUsage = "Postgres URL (default $DATABASE_URL; embedded throwaway Postgres when empty)"
 
 // database connects to url, or to an embedded throwaway Postgres when url
 // is empty, and applies the schemas.
 func database(ctx context.Context, url string, log io.Writer) (*pgxpool.Pool, func(), error) {
-	stop := func() {}
-	if url == "" {
-		fmt.Fprintln(log, "DATABASE_URL not set: starting an embedded throwaway Postgres...")
-		dsn, stopPG, err := pgtest.Embedded(ctx)
-		if err != nil {
-			return nil, nil, err
-		}
-		url, stop = dsn, stopPG
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		stop()
-		return nil, nil, fmt.Errorf("database URL: %w", err)
-	}
-	cfg.MaxConns = max(cfg.MaxConns, 40)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		stop()
-		return nil, nil, err
-	}
-	if err := migrate(ctx, pool); err != nil {
-		pool.Close()
-		stop()
-		return nil, nil, err
-	}
-	return pool, func() { pool.Close(); stop() }, nil
+	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: 40, Migrate: migrate, Progress: log})
 }
 
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
@@ -166,21 +80,6 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	return ride.Seed(ctx, pool)
-}
-
-// listen serves h on addr and returns its base URL and a shutdown func.
-func listen(addr string, h http.Handler) (string, func(), error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", nil, err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: nil}
-	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
-	return "http://" + ln.Addr().String(), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
 }
 
 // crashes returns an injector that crashes a run at a random fault point
@@ -194,10 +93,10 @@ func crashes(rate float64, enabled *atomic.Bool) phase.Injector {
 	})
 }
 
-func serve(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlags("rides serve", "rides serve: run the rides API (POST /rides) with its completer, reaper and River receipt worker.\nMigrates the database and seeds user@example.com and declined@example.com.", stderr)
+func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := exampleprog.Flags("rides serve", "rides serve: run the rides API (POST /rides) with its completer, reaper and River receipt worker.\nMigrates the database and seeds user@example.com and declined@example.com.", stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; embedded throwaway Postgres when empty)")
+	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
 	stripeURL := fs.String("stripe-url", ride.DefaultStripeURL, "Stripe API base URL (the fake Stripe, stripe-mock, or Stripe)")
 	stripeKey := fs.String("stripe-key", envOr("STRIPE_API_KEY", "sk_test_rides"), "Stripe secret key (default $STRIPE_API_KEY)")
 	lockTTL := fs.Duration("lock-ttl", 0, "idempotency key lease (default 90s)")
@@ -207,7 +106,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	completerMinIdle := fs.Duration("completer-min-idle", 0, "how long a key must sit idle before the completer takes it (default 1m)")
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
-	if err := parse(fs, args); err != nil {
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	pool, closeDB, err := database(ctx, *dbURL, stderr)
@@ -234,23 +133,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := app.Start(ctx); err != nil {
 		return err
 	}
-	url, shutdown, err := listen(*addr, app.Handler())
-	if err != nil {
+	if err := exampleprog.Serve(ctx, *addr, app.Handler(), "rides API listening", "stripe", *stripeURL); err != nil {
 		return err
 	}
-	slog.Info("rides API listening", "url", url, "stripe", *stripeURL)
-	<-ctx.Done()
-	shutdown()
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return app.Stop(stopCtx)
 }
 
-func fakeStripe(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlags("rides fakestripe", "rides fakestripe: run the fake Stripe API (charges create, retrieve, list; Idempotency-Key as Stripe;\ncustomer cus_declined is declined; faults via POST /_faults).", stderr)
+func fakeStripe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := exampleprog.Flags("rides fakestripe", "rides fakestripe: run the fake Stripe API (charges create, retrieve, list; Idempotency-Key as Stripe;\ncustomer cus_declined is declined; faults via POST /_faults).", stderr)
 	addr := fs.String("addr", "127.0.0.1:12111", "address to listen on")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; embedded throwaway Postgres when empty)")
-	if err := parse(fs, args); err != nil {
+	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	pool, closeDB, err := database(ctx, *dbURL, stderr)
@@ -258,22 +153,15 @@ func fakeStripe(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer closeDB()
-	url, shutdown, err := listen(*addr, fakestripe.New(pool, fakestripe.Config{}))
-	if err != nil {
-		return err
-	}
-	slog.Info("fake Stripe listening", "url", url)
-	<-ctx.Done()
-	shutdown()
-	return nil
+	return exampleprog.Serve(ctx, *addr, fakestripe.New(pool, fakestripe.Config{}), "fake Stripe listening")
 }
 
 func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("rides simulate", "rides simulate: drive a running rides API with simulated riders who send duplicates,\ndrop connections and retry with the same Idempotency-Key.", stderr)
+	fs := exampleprog.Flags("rides simulate", "rides simulate: drive a running rides API with simulated riders who send duplicates,\ndrop connections and retry with the same Idempotency-Key.", stderr)
 	apiURL := fs.String("api-url", "http://127.0.0.1:8080", "rides API base URL")
 	n := fs.Int("n", 200, "rides to request")
 	concurrency := fs.Int("concurrency", 8, "riders acting at once")
-	if err := parse(fs, args); err != nil {
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	st, err := sim.Run(ctx, sim.Config{APIURL: *apiURL, Rides: *n, Concurrency: *concurrency, Progress: stderr})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
+	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -47,7 +48,7 @@ var demoFaults = payoutprovider.Faults{
 }
 
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("transfers", `transfers [-database-url URL] [-duration D] [-concurrency N]: run the demo.
+	fs := exampleprog.Flags("transfers", `transfers [-database-url URL] [-duration D] [-concurrency N]: run the demo.
 
 Opens five accounts (three owners, two currencies) and runs the ledger API, the
 fake payout provider and the completer in one process. Concurrent clients send
@@ -60,12 +61,12 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	dbURL := databaseFlag(fs, true)
 	duration := fs.Duration("duration", 10*time.Second, "how long the clients start new transfers")
 	concurrency := fs.Int("concurrency", 8, "how many clients send transfers at once")
-	if err := parse(fs, args); err != nil {
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	if *duration <= 0 || *concurrency <= 0 {
 		fmt.Fprintln(stderr, "-duration and -concurrency must be positive")
-		return errUsage
+		return exampleprog.ErrUsage
 	}
 	db, closeDB, err := database(ctx, *dbURL, stdout)
 	if err != nil {
@@ -87,7 +88,7 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	if err := provider.SetFaults(demoFaults); err != nil {
 		return err
 	}
-	providerURL, stopProvider, err := listen("127.0.0.1:0", provider)
+	providerURL, stopProvider, err := exampleprog.Listen("127.0.0.1:0", provider)
 	if err != nil {
 		return err
 	}
@@ -107,7 +108,7 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	}
 	var chaos atomic.Bool
 	chaos.Store(true)
-	apiURL, stopAPI, err := listen("127.0.0.1:0", withCrashes(h, demoCrashRate, &chaos))
+	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", withCrashes(h, demoCrashRate, &chaos))
 	if err != nil {
 		return err
 	}

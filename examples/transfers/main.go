@@ -19,29 +19,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
-	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { program.Main() }
 
 const usage = `transfers: the atomicphase transfers example, a ledger with external payouts.
 
@@ -57,123 +46,41 @@ Usage:
   transfers <command> -h   document a command's flags
 `
 
+var program = exampleprog.Program{
+	Name:  "transfers",
+	Usage: usage,
+	Commands: map[string]exampleprog.Command{
+		"demo":    demo,
+		"serve":   serve,
+		"payouts": payouts,
+		"verify":  verify,
+	},
+}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cmd := "demo"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
-	}
-	var err error
-	switch cmd {
-	case "demo":
-		err = demo(ctx, args, stdout, stderr)
-	case "serve":
-		err = serve(ctx, args, stderr)
-	case "payouts":
-		err = payouts(ctx, args, stderr)
-	case "verify":
-		err = verify(ctx, args, stdout, stderr)
-	case "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "transfers: unknown command %q\n\n%s", cmd, usage)
-		return 2
-	}
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	}
-	fmt.Fprintln(stderr, "transfers:", err)
-	return 1
+	return program.Run(ctx, args, stdout, stderr)
 }
 
-var (
-	errUsage     = errors.New("usage")
-	errInvariant = errors.New("an invariant failed")
-)
-
-func newFlags(name, doc string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "%s\n\nFlags:\n", doc)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
-		return errUsage
-	}
-	return nil
-}
+var errInvariant = errors.New("an invariant failed")
 
 func databaseFlag(fs *flag.FlagSet, embedded bool) *string {
-	doc := "Postgres URL (default $DATABASE_URL)"
 	if embedded {
-		doc = "Postgres URL (default $DATABASE_URL; an embedded throwaway Postgres when empty)"
+		return exampleprog.DatabaseURL(fs, "Postgres URL (default $DATABASE_URL; an embedded throwaway Postgres when empty)")
 	}
-	return fs.String("database-url", os.Getenv("DATABASE_URL"), doc)
+	return exampleprog.DatabaseURL(fs, "Postgres URL (default $DATABASE_URL)")
 }
 
 // database connects to url, or to an embedded throwaway Postgres when url
 // is empty, and applies the ledger's and the payout provider's schemas.
 func database(ctx context.Context, url string, log io.Writer) (*pgxpool.Pool, func(), error) {
-	stop := func() {}
-	if url == "" {
-		fmt.Fprintln(log, "no database URL given: starting an embedded throwaway Postgres...")
-		dsn, stopPG, err := pgtest.Embedded(ctx)
-		if err != nil {
-			return nil, nil, err
-		}
-		url, stop = dsn, stopPG
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		stop()
-		return nil, nil, fmt.Errorf("database URL: %w", err)
-	}
-	cfg.MaxConns = max(cfg.MaxConns, 32)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = ledger.Migrate(ctx, pool)
-	}
-	if err == nil {
-		err = payoutprovider.Migrate(ctx, pool)
-	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		stop()
-		return nil, nil, err
-	}
-	return pool, func() { pool.Close(); stop() }, nil
+	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: 32, Migrate: migrate, Progress: log})
 }
 
-// listen serves h on addr and returns its base URL and a shutdown func.
-func listen(addr string, h http.Handler) (string, func(), error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", nil, err
+func migrate(ctx context.Context, db *pgxpool.Pool) error {
+	if err := ledger.Migrate(ctx, db); err != nil {
+		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
-	return "http://" + ln.Addr().String(), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
+	return payoutprovider.Migrate(ctx, db)
 }
 
 // demoAccounts are the accounts serve opens on an empty ledger and the demo
@@ -202,8 +109,8 @@ func openDemoAccounts(ctx context.Context, db *pgxpool.Pool) ([]ledger.Account, 
 	return accounts, nil
 }
 
-func serve(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlags("transfers serve", `transfers serve: run the ledger API with its completer and reaper.
+func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := exampleprog.Flags("transfers serve", `transfers serve: run the ledger API with its completer and reaper.
 
   POST /transfers   {"from_account":2,"to_account":4,"amount":1250,"currency":"EUR"}
                     or {"from_account":2,"payout_destination":"dest_x","amount":1250,"currency":"EUR"}
@@ -215,7 +122,7 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	dbURL := databaseFlag(fs, true)
 	payoutsURL := fs.String("payouts-url", "", "base URL of the payout provider (empty: run the fake provider in this process, on the same database, at a free local port)")
-	if err := parse(fs, args); err != nil {
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	db, closeDB, err := database(ctx, *dbURL, stderr)
@@ -235,7 +142,7 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 		}
 	}
 	if *payoutsURL == "" {
-		url, stop, err := listen("127.0.0.1:0", payoutprovider.New(db, payoutprovider.Config{}))
+		url, stop, err := exampleprog.Listen("127.0.0.1:0", payoutprovider.New(db, payoutprovider.Config{}))
 		if err != nil {
 			return err
 		}
@@ -269,20 +176,16 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 	if err := reaper.Start(ctx); err != nil {
 		return err
 	}
-	url, shutdown, err := listen(*addr, h)
-	if err != nil {
+	if err := exampleprog.Serve(ctx, *addr, h, "ledger API listening", "payouts", *payoutsURL); err != nil {
 		return err
 	}
-	slog.Info("ledger API listening", "url", url, "payouts", *payoutsURL)
-	<-ctx.Done()
-	shutdown()
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return errors.Join(completer.Stop(stopCtx), reaper.Stop(stopCtx))
 }
 
-func payouts(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlags("transfers payouts", `transfers payouts: run the fake payout provider alone.
+func payouts(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := exampleprog.Flags("transfers payouts", `transfers payouts: run the fake payout provider alone.
 
   POST /v1/payouts       {"amount":1250,"currency":"EUR","destination":"dest_x","reference":"42"}
                          with an Idempotency-Key header; destination dest_closed fails
@@ -294,7 +197,7 @@ func payouts(ctx context.Context, args []string, stderr io.Writer) error {
 Run it on the ledger's database so that verify can compare payouts with transfers.`, stderr)
 	addr := fs.String("addr", "127.0.0.1:8081", "address to listen on")
 	dbURL := databaseFlag(fs, true)
-	if err := parse(fs, args); err != nil {
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	db, closeDB, err := database(ctx, *dbURL, stderr)
@@ -302,27 +205,20 @@ Run it on the ledger's database so that verify can compare payouts with transfer
 		return err
 	}
 	defer closeDB()
-	url, shutdown, err := listen(*addr, payoutprovider.New(db, payoutprovider.Config{}))
-	if err != nil {
-		return err
-	}
-	slog.Info("fake payout provider listening", "url", url)
-	<-ctx.Done()
-	shutdown()
-	return nil
+	return exampleprog.Serve(ctx, *addr, payoutprovider.New(db, payoutprovider.Config{}), "fake payout provider listening")
 }
 
 func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("transfers verify", `transfers verify: check the ledger's invariants in one snapshot and print them;
+	fs := exampleprog.Flags("transfers verify", `transfers verify: check the ledger's invariants in one snapshot and print them;
 exit 1 when one fails. The payout provider's tables must be in the same database.
 Safe to run while the API serves traffic.`, stderr)
 	dbURL := databaseFlag(fs, false)
-	if err := parse(fs, args); err != nil {
+	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
 	if *dbURL == "" {
 		fmt.Fprintln(stderr, "verify needs -database-url or DATABASE_URL")
-		return errUsage
+		return exampleprog.ErrUsage
 	}
 	// Connect without migrating: verify reads, and a URL pointing at the
 	// wrong database should fail rather than get the ledger's tables.

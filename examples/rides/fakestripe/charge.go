@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/internal/fakeapi"
 )
 
 // DeclineCustomer is the customer whose card is always declined: a charge
@@ -114,7 +115,7 @@ type chargeParams struct {
 
 // parseChargeParams validates form as Stripe validates a charge before
 // executing it. A rejection is returned as the 400 to answer.
-func parseChargeParams(form url.Values) (chargeParams, *response) {
+func parseChargeParams(form url.Values) (chargeParams, *fakeapi.Response) {
 	var p chargeParams
 	if bad := unknownParam(form, func(name string) bool {
 		_, isMetadata := metadataKey(name)
@@ -124,35 +125,35 @@ func parseChargeParams(form url.Values) (chargeParams, *response) {
 	}
 
 	if !form.Has("amount") {
-		return p, invalidParam("amount", "parameter_missing", "Missing required param: amount.")
+		return p, fakeapi.InvalidParam("amount", "parameter_missing", "Missing required param: amount.")
 	}
 	amount, err := strconv.ParseInt(form.Get("amount"), 10, 64)
 	switch {
 	case err != nil:
-		return p, invalidParam("amount", "parameter_invalid_integer", "Invalid integer: "+form.Get("amount"))
+		return p, fakeapi.InvalidParam("amount", "parameter_invalid_integer", "Invalid integer: "+form.Get("amount"))
 	case amount < 1:
-		return p, invalidParam("amount", "amount_too_small", "Amount must be at least 1.")
+		return p, fakeapi.InvalidParam("amount", "amount_too_small", "Amount must be at least 1.")
 	case amount > maxAmount:
-		return p, invalidParam("amount", "amount_too_large", fmt.Sprintf("Amount must be no more than %d.", maxAmount))
+		return p, fakeapi.InvalidParam("amount", "amount_too_large", fmt.Sprintf("Amount must be no more than %d.", maxAmount))
 	}
 	p.amount = amount
 
 	if !form.Has("currency") {
-		return p, invalidParam("currency", "parameter_missing", "Missing required param: currency.")
+		return p, fakeapi.InvalidParam("currency", "parameter_missing", "Missing required param: currency.")
 	}
 	p.currency = strings.ToLower(form.Get("currency"))
 	if len(p.currency) != 3 || strings.Trim(p.currency, "abcdefghijklmnopqrstuvwxyz") != "" {
-		return p, invalidParam("currency", "", "Invalid currency: "+form.Get("currency")+".")
+		return p, fakeapi.InvalidParam("currency", "", "Invalid currency: "+form.Get("currency")+".")
 	}
 
 	// Stripe also charges a card source directly; this server knows only
 	// customers, so a charge without one cannot be made.
 	p.customer = form.Get("customer")
 	if p.customer == "" {
-		return p, invalidParam("", "parameter_missing", "Must provide source or customer.")
+		return p, fakeapi.InvalidParam("", "parameter_missing", "Must provide source or customer.")
 	}
 	if !strings.HasPrefix(p.customer, "cus_") {
-		return p, invalidParam("customer", "resource_missing", fmt.Sprintf("No such customer: '%s'", p.customer))
+		return p, fakeapi.InvalidParam("customer", "resource_missing", fmt.Sprintf("No such customer: '%s'", p.customer))
 	}
 
 	p.description = form.Get("description")
@@ -182,120 +183,48 @@ func metadataKey(name string) (string, bool) {
 }
 
 // declined is the answer to every charge for DeclineCustomer.
-var declined = errorResponse(http.StatusPaymentRequired, stripeError{
+var declined = fakeapi.ErrorResponse(http.StatusPaymentRequired, fakeapi.Error{
 	Type:        "card_error",
 	Code:        "card_declined",
 	DeclineCode: "generic_decline",
 	Message:     "Your card was declined.",
 })
 
-// createCharge serves POST /v1/charges. With an Idempotency-Key it runs in
-// one transaction that holds the key's lock, finds no stored result for it,
-// makes the charge and stores the response: a crash at any point leaves
-// either both the charge and its stored response or neither.
-func (s *Server) createCharge(w http.ResponseWriter, r *http.Request, c call) {
-	ctx := r.Context()
+// createCharge serves POST /v1/charges: it validates the charge and has
+// fakeapi execute it under its Idempotency-Key, so that the charge and its
+// stored response commit together.
+func (s *Server) createCharge(w http.ResponseWriter, r *http.Request, c fakeapi.Call) {
 	if err := r.ParseForm(); err != nil {
-		writeResponse(w, *invalidParam("", "", "Invalid request body: "+err.Error()))
+		fakeapi.Write(w, *fakeapi.InvalidParam("", "", "Invalid request body: "+err.Error()))
 		return
 	}
 	p, bad := parseChargeParams(r.PostForm)
-	if bad == nil {
-		bad = checkKey(r.Header.Get("Idempotency-Key"))
-	}
 	if bad != nil {
-		writeResponse(w, *bad)
+		fakeapi.Write(w, *bad)
 		return
 	}
-	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
-	fp := fingerprint(r.Method, r.URL.Path, r.PostForm)
-	log := s.logger.With(slog.String("request_id", c.requestID), slog.String("key", key))
-
-	tx, err := s.db.Begin(ctx)
-	if err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
-	if key != "" {
-		w.Header().Set("Idempotency-Key", key)
-		held, err := lockKey(ctx, tx, c.apiKey, key)
-		if err != nil {
-			s.fail(w, log, err)
-			return
-		}
-		if !held {
-			s.stats.conflicts.Add(1)
-			writeResponse(w, keyInUse(key))
-			return
-		}
-	}
-	// The delay is spent holding the key, as a slow Stripe would, so that
-	// concurrent requests with the key meet the 409.
-	if err := sleep(ctx, s.faults.delay()); err != nil {
-		return // the client has gone; nothing was executed or stored
-	}
-	if key != "" {
-		stored, err := loadResult(ctx, tx, c.apiKey, key)
-		if err != nil {
-			s.fail(w, log, err)
-			return
-		}
-		if stored != nil {
-			if !stored.matches(fp) {
-				writeResponse(w, keyMismatch(key))
-				return
+	isDeclined := p.customer == DeclineCustomer
+	s.api.Execute(w, r, c, fakeapi.Execution{
+		// The canonical encoding sorts names.
+		Params: []byte(r.PostForm.Encode()),
+		Run: func(ctx context.Context, tx pgx.Tx, key string) (fakeapi.Response, error) {
+			if isDeclined {
+				return declined, nil
 			}
-			s.stats.replays.Add(1)
-			w.Header().Set("Idempotent-Replayed", "true")
-			w.Header().Set("Original-Request", stored.requestID)
-			writeResponse(w, stored.response)
-			return
-		}
-		w.Header().Set("Original-Request", c.requestID)
-	}
-
-	f := s.faults.draw()
-	if f == failBeforeCharge {
-		s.stats.faults.Add(1)
-		log.Info("fakestripe: injected failure before charge")
-		writeResponse(w, serverError)
-		return
-	}
-
-	res := declined
-	if p.customer != DeclineCustomer {
-		charge, err := insertCharge(ctx, tx, p, key)
-		if err != nil {
-			s.fail(w, log, err)
-			return
-		}
-		res = jsonResponse(http.StatusOK, charge.object())
-	}
-	if key != "" {
-		if err := storeResult(ctx, tx, c.apiKey, key, result{fingerprint: fp, requestID: c.requestID, response: res}); err != nil {
-			s.fail(w, log, err)
-			return
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	if res.status == http.StatusOK {
-		s.stats.charges.Add(1)
-	} else {
-		s.stats.declined.Add(1)
-	}
-
-	if f == dropAfterCharge {
-		s.stats.faults.Add(1)
-		log.Info("fakestripe: injected connection drop after charge", slog.Int("status", res.status))
-		drop(w)
-		return
-	}
-	writeResponse(w, res)
+			charge, err := insertCharge(ctx, tx, p, key)
+			if err != nil {
+				return fakeapi.Response{}, err
+			}
+			return fakeapi.JSON(http.StatusOK, charge.object()), nil
+		},
+		Committed: func() {
+			if isDeclined {
+				s.declined.Add(1)
+			} else {
+				s.charges.Add(1)
+			}
+		},
+	})
 }
 
 const insertChargeSQL = `
@@ -309,7 +238,7 @@ func insertCharge(ctx context.Context, tx pgx.Tx, p chargeParams, key string) (C
 		metadata = map[string]string{}
 	}
 	rows, err := tx.Query(ctx, insertChargeSQL,
-		newID("ch_"), p.amount, p.currency, p.customer, p.description, metadata, key)
+		fakeapi.NewID("ch_"), p.amount, p.currency, p.customer, p.description, metadata, key)
 	if err != nil {
 		return Charge{}, fmt.Errorf("insert charge: %w", err)
 	}
@@ -320,46 +249,35 @@ func insertCharge(ctx context.Context, tx pgx.Tx, p chargeParams, key string) (C
 	return charge, nil
 }
 
-// fail answers 500 for a failure of the server itself. Its
-// transaction rolls back, so nothing it did is kept, and a retry with the
-// same idempotency key executes afresh.
-func (s *Server) fail(w http.ResponseWriter, log *slog.Logger, err error) {
-	if errors.Is(err, context.Canceled) {
-		return // the client has gone and will not read an answer
-	}
-	log.Error("fakestripe: request failed", slog.Any("error", err))
-	writeResponse(w, serverError)
-}
-
 // retrieveCharge serves GET /v1/charges/{id}.
-func (s *Server) retrieveCharge(w http.ResponseWriter, r *http.Request, c call) {
+func (s *Server) retrieveCharge(w http.ResponseWriter, r *http.Request, c fakeapi.Call) {
 	ctx := r.Context()
 	if bad := unknownParam(r.URL.Query(), func(string) bool { return false }); bad != nil {
-		writeResponse(w, *bad)
+		fakeapi.Write(w, *bad)
 		return
 	}
-	if err := sleep(ctx, s.faults.delay()); err != nil {
+	if err := s.api.Delay(ctx); err != nil {
 		return
 	}
 	id := r.PathValue("id")
 	rows, err := s.db.Query(ctx, `SELECT `+chargeColumns+` FROM fakestripe_charges WHERE id = $1`, id)
 	if err != nil {
-		s.fail(w, s.logger.With(slog.String("request_id", c.requestID)), err)
+		s.api.Fail(w, c, err)
 		return
 	}
 	charge, err := pgx.CollectExactlyOneRow(rows, scanCharge)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		writeResponse(w, errorResponse(http.StatusNotFound, stripeError{
+		fakeapi.Write(w, fakeapi.ErrorResponse(http.StatusNotFound, fakeapi.Error{
 			Type:    "invalid_request_error",
 			Code:    "resource_missing",
 			Message: fmt.Sprintf("No such charge: '%s'", id),
 			Param:   "id",
 		}))
 	case err != nil:
-		s.fail(w, s.logger.With(slog.String("request_id", c.requestID)), err)
+		s.api.Fail(w, c, err)
 	default:
-		writeResponse(w, jsonResponse(http.StatusOK, charge.object()))
+		fakeapi.Write(w, fakeapi.JSON(http.StatusOK, charge.object()))
 	}
 }
 
@@ -380,35 +298,34 @@ LIMIT $3`
 
 // listCharges serves GET /v1/charges with the parameters customer, limit
 // and starting_after.
-func (s *Server) listCharges(w http.ResponseWriter, r *http.Request, c call) {
+func (s *Server) listCharges(w http.ResponseWriter, r *http.Request, c fakeapi.Call) {
 	ctx := r.Context()
-	log := s.logger.With(slog.String("request_id", c.requestID))
 	query := r.URL.Query()
 	if bad := unknownParam(query, func(name string) bool {
 		return name == "customer" || name == "limit" || name == "starting_after"
 	}); bad != nil {
-		writeResponse(w, *bad)
+		fakeapi.Write(w, *bad)
 		return
 	}
 	limit := int64(defaultListLimit)
 	if query.Has("limit") {
 		var err error
 		limit, err = strconv.ParseInt(query.Get("limit"), 10, 64)
-		var bad *response
+		var bad *fakeapi.Response
 		switch {
 		case err != nil:
-			bad = invalidParam("limit", "parameter_invalid_integer", "Invalid integer: "+query.Get("limit"))
+			bad = fakeapi.InvalidParam("limit", "parameter_invalid_integer", "Invalid integer: "+query.Get("limit"))
 		case limit < 1:
-			bad = invalidParam("limit", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
+			bad = fakeapi.InvalidParam("limit", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
 		case limit > maxListLimit:
-			bad = invalidParam("limit", "parameter_invalid_integer", fmt.Sprintf("This value must be less than or equal to %d.", maxListLimit))
+			bad = fakeapi.InvalidParam("limit", "parameter_invalid_integer", fmt.Sprintf("This value must be less than or equal to %d.", maxListLimit))
 		}
 		if bad != nil {
-			writeResponse(w, *bad)
+			fakeapi.Write(w, *bad)
 			return
 		}
 	}
-	if err := sleep(ctx, s.faults.delay()); err != nil {
+	if err := s.api.Delay(ctx); err != nil {
 		return
 	}
 
@@ -416,23 +333,23 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request, c call) {
 	if id := query.Get("starting_after"); id != "" {
 		err := s.db.QueryRow(ctx, `SELECT seq FROM fakestripe_charges WHERE id = $1`, id).Scan(&after)
 		if errors.Is(err, pgx.ErrNoRows) {
-			writeResponse(w, *invalidParam("starting_after", "resource_missing", fmt.Sprintf("No such charge: '%s'", id)))
+			fakeapi.Write(w, *fakeapi.InvalidParam("starting_after", "resource_missing", fmt.Sprintf("No such charge: '%s'", id)))
 			return
 		}
 		if err != nil {
-			s.fail(w, log, err)
+			s.api.Fail(w, c, err)
 			return
 		}
 	}
 	// One row past the page tells whether there is another.
 	rows, err := s.db.Query(ctx, listChargesSQL, query.Get("customer"), after, limit+1)
 	if err != nil {
-		s.fail(w, log, err)
+		s.api.Fail(w, c, err)
 		return
 	}
 	charges, err := pgx.CollectRows(rows, scanCharge)
 	if err != nil {
-		s.fail(w, log, err)
+		s.api.Fail(w, c, err)
 		return
 	}
 	page := struct {
@@ -448,20 +365,5 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request, c call) {
 		}
 		page.Data = append(page.Data, charge.object())
 	}
-	writeResponse(w, jsonResponse(http.StatusOK, page))
-}
-
-// sleep waits for d, or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	fakeapi.Write(w, fakeapi.JSON(http.StatusOK, page))
 }

@@ -3,41 +3,21 @@ package fakestripe
 import (
 	"context"
 	_ "embed"
-	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/fakeapi"
 )
+
+//go:embed schema.sql
+var chargesSchema string
 
 // Schema is the SQL that creates the fakestripe_charges and
 // fakestripe_idempotency_keys tables. Applying it more than once is harmless.
-//
-//go:embed schema.sql
-var Schema string
-
-// migrateLockID is the advisory lock key that serialises concurrent Migrate
-// calls (the bytes of "fakestri" as a bigint). It lives in the single-key
-// advisory lock space, which Postgres keeps apart from the two-key space that
-// idempotency keys are locked in.
-const migrateLockID = 0x66616b6573747269
+var Schema = chargesSchema + fakeapi.KeysSchema(apiName)
 
 // Migrate applies Schema in one transaction. It is safe to run twice and from
-// several processes at once: a transaction-scoped advisory lock makes
-// concurrent runs wait for each other, because CREATE ... IF NOT EXISTS alone
-// still races on the catalog's unique indexes.
+// several processes at once.
 func Migrate(ctx context.Context, db *pgxpool.Pool) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("fakestripe: migrate: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
-		return fmt.Errorf("fakestripe: migrate: lock: %w", err)
-	}
-	if _, err := tx.Exec(ctx, Schema); err != nil {
-		return fmt.Errorf("fakestripe: migrate: apply schema: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("fakestripe: migrate: %w", err)
-	}
-	return nil
+	return fakeapi.Migrate(ctx, db, apiName, Schema)
 }

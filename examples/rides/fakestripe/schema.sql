@@ -19,17 +19,5 @@ CREATE TABLE IF NOT EXISTS fakestripe_charges (
 CREATE INDEX IF NOT EXISTS fakestripe_charges_customer_seq
     ON fakestripe_charges (customer, seq);
 
--- One row per (API key, Idempotency-Key) whose request began executing: the
--- response it produced, replayed byte for byte to later requests with the
--- same key and the same fingerprint.
-CREATE TABLE IF NOT EXISTS fakestripe_idempotency_keys (
-    api_key         text        NOT NULL,
-    idempotency_key text        NOT NULL CHECK (char_length(idempotency_key) BETWEEN 1 AND 255),
-    fingerprint     bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
-    request_id      text        NOT NULL,
-    status          integer     NOT NULL CHECK (status BETWEEN 100 AND 599),
-    body            bytea       NOT NULL,
-    created_at      timestamptz NOT NULL DEFAULT now(),
-
-    PRIMARY KEY (api_key, idempotency_key)
-);
+-- fakestripe_idempotency_keys comes from fakeapi.KeysSchema, which Schema
+-- appends.

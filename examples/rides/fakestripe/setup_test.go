@@ -2,17 +2,15 @@ package fakestripe_test
 
 import (
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
+	"github.com/atomicphase/atomicphase/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
@@ -30,14 +28,10 @@ type fixture struct {
 
 func setup(t *testing.T) fixture {
 	t.Helper()
-	pool := pgtest.Pool(t)
-	if err := fakestripe.Migrate(t.Context(), pool); err != nil {
-		t.Fatal(err)
-	}
-	server := fakestripe.New(pool, fakestripe.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	hs := httptest.NewServer(server)
-	t.Cleanup(hs.Close)
-	f := fixture{server: server, pool: pool, url: hs.URL}
+	server, pool, url := fakeapitest.Serve(t, fakestripe.Migrate, func(db *pgxpool.Pool) *fakestripe.Server {
+		return fakestripe.New(db, fakestripe.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	})
+	f := fixture{server: server, pool: pool, url: url}
 	f.stripe = f.client(testKey, 0)
 	return f
 }
@@ -94,21 +88,6 @@ func stripeError(t *testing.T, err error) *stripe.Error {
 // with its body read.
 func (f fixture) do(t *testing.T, method, path, body string, header http.Header) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, f.url+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res, b := fakeapitest.Do(t, method, f.url+path, header, body)
 	return res, string(b)
 }

@@ -12,7 +12,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/atomicphase/atomicphase/internal/fakeapi"
 )
+
+// maxAnswerBytes caps the answer the client reads.
+const maxAnswerBytes = 64 << 10
 
 // DefaultTimeout bounds one payout request when NewClient is given no
 // http.Client.
@@ -95,7 +100,7 @@ func (c *Client) CreatePayout(ctx context.Context, key string, p PayoutParams) (
 		return Payout{}, fmt.Errorf("payoutprovider: create payout: %w", err)
 	}
 	defer resp.Body.Close()
-	payload, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
+	payload, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 	if err != nil {
 		return Payout{}, fmt.Errorf("%w: reading the answer: %w", ErrOutcomeUnknown, err)
 	}
@@ -114,7 +119,7 @@ func (c *Client) CreatePayout(ctx context.Context, key string, p PayoutParams) (
 }
 
 func decodeError(status int, body []byte) *Error {
-	var e struct{ Error apiError }
+	var e struct{ Error fakeapi.Error }
 	if err := json.Unmarshal(body, &e); err != nil || e.Error.Type == "" {
 		return &Error{Status: status, Type: "unreadable_error", Message: string(body)}
 	}

@@ -15,7 +15,9 @@
 // whose status is "paid", or "failed" with a failure_code when the
 // destination refuses it ([ClosedDestination] always does). A failed payout
 // moved no money, but it is a result like a paid one: it is stored under the
-// key and replayed.
+// key and replayed. Every API answer carries a Request-Id; errors are Stripe's
+// {"error": {"type", "code", "message", "param"}}, and a route the API does
+// not serve is answered 404 invalid_request_error.
 //
 // # Idempotency
 //
@@ -23,10 +25,12 @@
 // executes under a key stores its response in the same transaction that
 // makes the payout, so a crash leaves both or neither. Later requests with
 // the key and the same parameters get that response again, byte for byte,
-// with Idempotent-Replayed: true; with other parameters they get 400; while
+// with Idempotent-Replayed: true and Original-Request naming the Request-Id
+// of the request that executed; with other parameters they get 400; while
 // the first is still executing they get 409. Requests refused before
 // executing (bad parameters, an injected failure) store nothing, so a retry
-// executes.
+// executes. A stored response answers for 24 hours, as on Stripe; after
+// that the key is new.
 //
 // # Faults
 //

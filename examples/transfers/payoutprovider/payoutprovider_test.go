@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
+	"github.com/atomicphase/atomicphase/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
@@ -34,34 +34,19 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	db := pgtest.Pool(t)
-	if err := payoutprovider.Migrate(context.Background(), db); err != nil {
-		t.Fatal(err)
-	}
-	srv := payoutprovider.New(db, payoutprovider.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	return &env{db: db, srv: srv, url: hs.URL, client: payoutprovider.NewClient(hs.URL, noKeepAlive)}
+	srv, db, url := fakeapitest.Serve(t, payoutprovider.Migrate, func(db *pgxpool.Pool) *payoutprovider.Server {
+		return payoutprovider.New(db, payoutprovider.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	})
+	return &env{db: db, srv: srv, url: url, client: payoutprovider.NewClient(url, noKeepAlive)}
 }
 
 func (e *env) post(t *testing.T, key, body string) (int, http.Header, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, e.url+"/v1/payouts", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	header := http.Header{}
 	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+		header.Set("Idempotency-Key", key)
 	}
-	resp, err := noKeepAlive.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, b := fakeapitest.Do(t, http.MethodPost, e.url+"/v1/payouts", header, body)
 	return resp.StatusCode, resp.Header, b
 }
 

@@ -21,13 +21,5 @@ CREATE TABLE IF NOT EXISTS payoutprovider_payouts (
 CREATE INDEX IF NOT EXISTS payoutprovider_payouts_reference
     ON payoutprovider_payouts (reference);
 
--- One row per Idempotency-Key whose request executed: the response it
--- produced, replayed byte for byte to later requests with the same key and
--- the same parameters.
-CREATE TABLE IF NOT EXISTS payoutprovider_idempotency_keys (
-    idempotency_key text        PRIMARY KEY CHECK (char_length(idempotency_key) BETWEEN 1 AND 255),
-    fingerprint     bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
-    status          integer     NOT NULL CHECK (status BETWEEN 100 AND 599),
-    body            bytea       NOT NULL,
-    created_at      timestamptz NOT NULL DEFAULT now()
-);
+-- payoutprovider_idempotency_keys comes from fakeapi.KeysSchema, which
+-- Schema appends.

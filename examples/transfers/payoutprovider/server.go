@@ -2,7 +2,6 @@ package payoutprovider
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,10 +9,11 @@ import (
 	"net/http"
 	"regexp"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/fakeapi"
 )
 
 // ClosedDestination is the destination whose bank account is closed: a payout
@@ -29,9 +29,6 @@ const (
 
 // FailureAccountClosed is the failure code of a payout to ClosedDestination.
 const FailureAccountClosed = "account_closed"
-
-// maxBodyBytes caps a request body.
-const maxBodyBytes = 64 << 10
 
 // Payout is a payout the provider made, as the API renders it.
 type Payout struct {
@@ -66,7 +63,7 @@ var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
 
 // check validates p as the API does before executing a request, and
 // returns the 400 to answer when p is refused.
-func (p PayoutParams) check() *response {
+func (p PayoutParams) check() *fakeapi.Response {
 	switch {
 	case p.Amount < 1:
 		return invalidParam("amount", "amount must be a positive integer number of minor units")
@@ -78,6 +75,11 @@ func (p PayoutParams) check() *response {
 		return invalidParam("reference", "reference must be at most 255 characters")
 	}
 	return nil
+}
+
+// invalidParam is a 400 naming the parameter at fault.
+func invalidParam(param, message string) *fakeapi.Response {
+	return fakeapi.InvalidParam(param, "parameter_invalid", message)
 }
 
 // Config configures a Server. The zero value is ready to use.
@@ -92,134 +94,72 @@ type Config struct {
 // behave as one provider; its faults and Stats are its own. It is safe for
 // concurrent use.
 type Server struct {
-	db     *pgxpool.Pool
-	logger *slog.Logger
-	mux    *http.ServeMux
-	faults faultPlan
-	stats  counters
+	api          *fakeapi.Server
+	db           *pgxpool.Pool
+	paid, failed atomic.Int64
 }
 
 // New returns a Server that keeps its data in db, which must already carry
 // Schema (see Migrate). It starts with no faults planned.
 func New(db *pgxpool.Pool, cfg Config) *Server {
-	s := &Server{db: db, logger: cfg.Logger}
-	if s.logger == nil {
-		s.logger = slog.Default()
-	}
-	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("POST /v1/payouts", s.createPayout)
-	s.mux.HandleFunc("GET /v1/payouts/{id}", s.retrievePayout)
-	s.mux.HandleFunc("GET /_faults", s.getFaults)
-	s.mux.HandleFunc("POST /_faults", s.postFaults)
-	s.mux.HandleFunc("GET /_stats", s.getStats)
+	s := &Server{db: db}
+	s.api = fakeapi.New(db, fakeapi.Config{
+		Name:       apiName,
+		Action:     "payout",
+		RequireKey: true,
+		Stats:      func() any { return s.Stats() },
+		Logger:     cfg.Logger,
+	})
+	s.api.Handle("POST /v1/payouts", s.createPayout)
+	s.api.Handle("GET /v1/payouts/{id}", s.retrievePayout)
 	return s
 }
+
+// apiName names the server's log messages and its table of idempotency keys.
+const apiName = "payoutprovider"
 
 // ServeHTTP answers the API under /v1 and the control routes /_faults and
 // /_stats.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.mux.ServeHTTP(w, r)
+	s.api.ServeHTTP(w, r)
 }
 
-// createPayout serves POST /v1/payouts. It runs in one transaction that
-// holds the key's lock, finds no stored result for it, makes the payout and
-// stores the response: a crash at any point leaves both the payout and its
-// stored response, or neither.
-func (s *Server) createPayout(w http.ResponseWriter, r *http.Request) {
-	s.stats.requests.Add(1)
-	ctx := r.Context()
-	key := r.Header.Get("Idempotency-Key")
-	if key == "" || len(key) > 255 {
-		writeResponse(w, *invalidParam("", "every payout request needs an Idempotency-Key header of 1 to 255 characters"))
-		return
-	}
+// createPayout serves POST /v1/payouts: it validates the payout and has
+// fakeapi execute it under its Idempotency-Key, so that the payout and its
+// stored response commit together.
+func (s *Server) createPayout(w http.ResponseWriter, r *http.Request, c fakeapi.Call) {
 	var p PayoutParams
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		writeResponse(w, *invalidParam("", "request body is not a valid payout: "+err.Error()))
+		fakeapi.Write(w, *invalidParam("", "request body is not a valid payout: "+err.Error()))
 		return
 	}
 	if bad := p.check(); bad != nil {
-		writeResponse(w, *bad)
+		fakeapi.Write(w, *bad)
 		return
 	}
-	fp := fingerprint(p)
-	log := s.logger.With(slog.String("key", key))
-
-	tx, err := s.db.Begin(ctx)
-	if err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
-	held, err := lockKey(ctx, tx, key)
-	if err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	if !held {
-		s.stats.conflicts.Add(1)
-		writeResponse(w, errorResponse(http.StatusConflict, apiError{Type: "idempotency_error", Code: "idempotency_key_in_use",
-			Message: "another request with this Idempotency-Key is executing; retry later"}))
-		return
-	}
-	// The delay is spent holding the key, as a slow provider would, so that
-	// concurrent requests with the key meet the 409.
-	if err := sleep(ctx, s.faults.delay()); err != nil {
-		return // the client has gone; nothing was executed or stored
-	}
-	stored, err := loadResult(ctx, tx, key)
-	if err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	if stored != nil {
-		if !stored.matches(fp) {
-			writeResponse(w, errorResponse(http.StatusBadRequest, apiError{Type: "idempotency_error",
-				Message: "this Idempotency-Key was used with other parameters; use a new key for a new payout"}))
-			return
-		}
-		s.stats.replays.Add(1)
-		w.Header().Set("Idempotent-Replayed", "true")
-		writeResponse(w, stored.response)
-		return
-	}
-
-	f := s.faults.draw()
-	if f == failBeforePayout {
-		s.stats.faults.Add(1)
-		log.Info("payoutprovider: injected failure before payout")
-		writeResponse(w, serverError)
-		return
-	}
-	payout, err := insertPayout(ctx, tx, p, key)
-	if err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	res := jsonResponse(http.StatusOK, payout)
-	if err := storeResult(ctx, tx, key, result{fingerprint: fp, response: res}); err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	if err := tx.Commit(ctx); err != nil {
-		s.fail(w, log, err)
-		return
-	}
-	if payout.Status == StatusPaid {
-		s.stats.paid.Add(1)
-	} else {
-		s.stats.failed.Add(1)
-	}
-	if f == dropAfterPayout {
-		s.stats.faults.Add(1)
-		log.Info("payoutprovider: injected connection drop after payout", slog.String("payout", payout.ID))
-		drop(w)
-		return
-	}
-	writeResponse(w, res)
+	// The struct's encoding fixes the field order, whatever order the
+	// client sent; a struct of strings and an int always encodes.
+	params, _ := json.Marshal(p)
+	var payout Payout
+	s.api.Execute(w, r, c, fakeapi.Execution{
+		Params: params,
+		Run: func(ctx context.Context, tx pgx.Tx, key string) (fakeapi.Response, error) {
+			var err error
+			if payout, err = insertPayout(ctx, tx, p, key); err != nil {
+				return fakeapi.Response{}, err
+			}
+			return fakeapi.JSON(http.StatusOK, payout), nil
+		},
+		Committed: func() {
+			if payout.Status == StatusPaid {
+				s.paid.Add(1)
+			} else {
+				s.failed.Add(1)
+			}
+		},
+	})
 }
 
 const payoutColumns = `id, amount, currency, destination, reference, status, failure_code, extract(epoch FROM created_at)::bigint, idempotency_key`
@@ -241,7 +181,7 @@ func insertPayout(ctx context.Context, tx pgx.Tx, p PayoutParams, key string) (P
 		status, failure = StatusFailed, FailureAccountClosed
 	}
 	rows, err := tx.Query(ctx, insertPayoutSQL,
-		"po_"+rand.Text(), p.Amount, p.Currency, p.Destination, p.Reference, status, failure, key)
+		fakeapi.NewID("po_"), p.Amount, p.Currency, p.Destination, p.Reference, status, failure, key)
 	if err != nil {
 		return Payout{}, fmt.Errorf("insert payout: %w", err)
 	}
@@ -253,26 +193,25 @@ func insertPayout(ctx context.Context, tx pgx.Tx, p PayoutParams, key string) (P
 }
 
 // retrievePayout serves GET /v1/payouts/{id}.
-func (s *Server) retrievePayout(w http.ResponseWriter, r *http.Request) {
-	s.stats.requests.Add(1)
+func (s *Server) retrievePayout(w http.ResponseWriter, r *http.Request, c fakeapi.Call) {
 	ctx := r.Context()
-	if err := sleep(ctx, s.faults.delay()); err != nil {
+	if err := s.api.Delay(ctx); err != nil {
 		return
 	}
 	rows, err := s.db.Query(ctx, `SELECT `+payoutColumns+` FROM payoutprovider_payouts WHERE id = $1`, r.PathValue("id"))
 	if err != nil {
-		s.fail(w, s.logger, err)
+		s.api.Fail(w, c, err)
 		return
 	}
 	payout, err := pgx.CollectExactlyOneRow(rows, scanPayout)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		writeResponse(w, errorResponse(http.StatusNotFound, apiError{Type: "invalid_request_error", Code: "resource_missing",
+		fakeapi.Write(w, fakeapi.ErrorResponse(http.StatusNotFound, fakeapi.Error{Type: "invalid_request_error", Code: "resource_missing",
 			Message: fmt.Sprintf("no such payout: %q", r.PathValue("id"))}))
 	case err != nil:
-		s.fail(w, s.logger, err)
+		s.api.Fail(w, c, err)
 	default:
-		writeResponse(w, jsonResponse(http.StatusOK, payout))
+		fakeapi.Write(w, fakeapi.JSON(http.StatusOK, payout))
 	}
 }
 
@@ -296,82 +235,6 @@ func Payouts(ctx context.Context, q Querier) ([]Payout, error) {
 	return payouts, nil
 }
 
-// fail answers 500 for a failure of the server itself. Its transaction
-// rolls back, so nothing it did is kept, and a retry with the same key
-// executes afresh.
-func (s *Server) fail(w http.ResponseWriter, log *slog.Logger, err error) {
-	if errors.Is(err, context.Canceled) {
-		return // the client has gone and will not read an answer
-	}
-	log.Error("payoutprovider: request failed", slog.Any("error", err))
-	writeResponse(w, serverError)
-}
-
-// response is a status and JSON body: what an executed request answers, and
-// what its idempotency key stores for replay.
-type response struct {
-	status int
-	body   []byte
-}
-
-// apiError is the "error" object of the API's error responses.
-type apiError struct {
-	Type    string `json:"type"`
-	Code    string `json:"code,omitempty"`
-	Message string `json:"message"`
-	Param   string `json:"param,omitempty"`
-}
-
-func errorResponse(status int, e apiError) response {
-	return jsonResponse(status, struct {
-		Error apiError `json:"error"`
-	}{e})
-}
-
-// serverError is the answer to a failure of the server itself.
-var serverError = errorResponse(http.StatusInternalServerError, apiError{Type: "api_error", Message: "an unknown error occurred"})
-
-func invalidParam(param, message string) *response {
-	res := errorResponse(http.StatusBadRequest, apiError{Type: "invalid_request_error", Code: "parameter_invalid", Message: message, Param: param})
-	return &res
-}
-
-// jsonResponse renders v, indented with two spaces. The types passed here
-// always marshal.
-func jsonResponse(status int, v any) response {
-	body, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		panic(fmt.Sprintf("payoutprovider: marshal %T: %v", v, err))
-	}
-	return response{status: status, body: append(body, '\n')}
-}
-
-func writeResponse(w http.ResponseWriter, res response) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(res.status)
-	_, _ = w.Write(res.body)
-}
-
-// sleep waits for d, or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// counters back Stats.
-type counters struct {
-	requests, paid, failed, replays, conflicts, faults atomic.Int64
-}
-
 // Stats counts what a Server has done since New. They are the Server's own,
 // not the database's: a second Server on the same database counts separately.
 type Stats struct {
@@ -392,28 +255,13 @@ type Stats struct {
 
 // Stats returns the Server's counts so far.
 func (s *Server) Stats() Stats {
+	api := s.api.Stats()
 	return Stats{
-		Requests:       s.stats.requests.Load(),
-		Paid:           s.stats.paid.Load(),
-		Failed:         s.stats.failed.Load(),
-		Replays:        s.stats.replays.Load(),
-		Conflicts:      s.stats.conflicts.Load(),
-		FaultsInjected: s.stats.faults.Load(),
+		Requests:       api.Requests,
+		Paid:           s.paid.Load(),
+		Failed:         s.failed.Load(),
+		Replays:        api.Replays,
+		Conflicts:      api.Conflicts,
+		FaultsInjected: api.FaultsInjected,
 	}
-}
-
-func (s *Server) getStats(w http.ResponseWriter, _ *http.Request) {
-	writeResponse(w, jsonResponse(http.StatusOK, s.Stats()))
-}
-
-// drop closes the client's connection without an answer, as a network
-// failure after the payout would.
-func drop(w http.ResponseWriter) {
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		// HTTP/2 connections cannot be hijacked; aborting the handler
-		// resets the stream, which the client sees the same way.
-		panic(http.ErrAbortHandler)
-	}
-	_ = conn.Close()
 }
