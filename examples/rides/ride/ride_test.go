@@ -63,7 +63,16 @@ func setup(t testing.TB, maxConns int32) *env {
 	if err := ride.Seed(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	fs := fakestripe.New(pool, fakestripe.Config{Logger: quiet})
+	// Stripe is another service: its own pool, so that a test saturating
+	// the API's connections does not starve it into timeouts.
+	stripeCfg := cfg.Copy()
+	stripeCfg.MaxConns = 10
+	stripePool, err := pgxpool.NewWithConfig(ctx, stripeCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stripePool.Close)
+	fs := fakestripe.New(stripePool, fakestripe.Config{Logger: quiet})
 	srv := httptest.NewServer(fs)
 	t.Cleanup(srv.Close)
 	// No keep-alives: a dropped connection must reach the client as an
