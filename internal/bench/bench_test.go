@@ -8,18 +8,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// EnvLarge names the environment variable that enables the benchmarks that
+// envLarge names the environment variable that enables the benchmarks that
 // load a million keys.
-const EnvLarge = "ATOMICPHASE_BENCH_LARGE"
+const envLarge = "ATOMICPHASE_BENCH_LARGE"
 
 func setup(tb testing.TB) *Env {
 	tb.Helper()
-	env, err := Open(context.Background(), pgtest.DSN(tb))
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	env, err := Open(context.Background(), cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -29,8 +35,8 @@ func setup(tb testing.TB) *Env {
 
 func large(b *testing.B) {
 	b.Helper()
-	if os.Getenv(EnvLarge) == "" {
-		b.Skipf("loads a million keys; set %s=1 to run it", EnvLarge)
+	if os.Getenv(envLarge) == "" {
+		b.Skipf("loads a million keys; set %s=1 to run it", envLarge)
 	}
 }
 
@@ -72,8 +78,8 @@ func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
 // BenchmarkRequests compares the library's three-phase workflow, replay and
 // 409 with the same statements written by hand after the reference, at each
 // concurrency, on one database and pool. ns/op is wall time over requests
-// (the inverse of throughput); mean-us and p99-us are the time a request
-// took.
+// (the inverse of throughput); mean-us, p50-us and p99-us are the time a
+// request took.
 func BenchmarkRequests(b *testing.B) {
 	env := setup(b)
 	for _, c := range Concurrencies {
@@ -86,26 +92,29 @@ func BenchmarkRequests(b *testing.B) {
 }
 
 // BenchmarkAcquire measures the acquire statement alone, on new keys and on
-// finished ones picked at random, with 10 thousand and with a million
-// finished keys in the table.
+// finished ones picked at random, with 10 thousand and, when
+// ATOMICPHASE_BENCH_LARGE is set, a million finished keys in the table. The
+// two tables are loaded first so that their benchmarks can run side by side.
 func BenchmarkAcquire(b *testing.B) {
-	for _, rows := range []int{10_000, 1_000_000} {
-		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
-			if rows > 10_000 {
-				large(b)
+	sizes := []int{10_000}
+	if os.Getenv(envLarge) != "" {
+		sizes = append(sizes, 1_000_000)
+	}
+	envs := make([]*Env, len(sizes))
+	for i, rows := range sizes {
+		envs[i] = setup(b)
+		if err := envs[i].LoadFinished(context.Background(), rows, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, k := range []Kind{AcquireFinished, AcquireNew} {
+		for _, c := range []int{1, 8} {
+			for i, rows := range sizes {
+				b.Run(fmt.Sprintf("%s/c=%d/rows=%d", name(k), c, rows), func(b *testing.B) {
+					measure(b, envs[i], k, c)
+				})
 			}
-			env := setup(b)
-			if err := env.LoadFinished(context.Background(), rows, 0); err != nil {
-				b.Fatal(err)
-			}
-			for _, k := range []Kind{AcquireFinished, AcquireNew} {
-				for _, c := range []int{1, 8} {
-					b.Run(fmt.Sprintf("%s/c=%d", name(k), c), func(b *testing.B) {
-						measure(b, env, k, c)
-					})
-				}
-			}
-		})
+		}
 	}
 }
 
@@ -140,8 +149,9 @@ func BenchmarkReaperUnderTraffic(b *testing.B) {
 	b.ReportMetric(res.During.PerSecond(), "req/s-during")
 	b.ReportMetric(float64(res.Deleted), "deleted")
 	b.ReportMetric(res.Reap.Seconds(), "reap-s")
-	b.ReportMetric(ms(mean(res.Batches[:min(10, len(res.Batches))])), "first10-batch-ms")
-	b.ReportMetric(ms(mean(res.Batches[max(0, len(res.Batches)-10):])), "last10-batch-ms")
+	first, last := res.BatchTimes(10)
+	b.ReportMetric(ms(first), "first10-batch-ms")
+	b.ReportMetric(ms(last), "last10-batch-ms")
 	b.ReportMetric(ms(scan), "expire-scan-ms")
 }
 
@@ -160,6 +170,7 @@ func measure(b *testing.B, env *Env, k Kind, c int) {
 	b.StopTimer()
 	b.ReportMetric(res.PerSecond(), "req/s")
 	b.ReportMetric(us(res.Mean()), "mean-us")
+	b.ReportMetric(us(res.Quantile(0.5)), "p50-us")
 	b.ReportMetric(us(res.Quantile(0.99)), "p99-us")
 	b.ReportMetric(res.StatementsPerRequest(), "stmts/op")
 	b.ReportMetric(res.RoundTripsPerRequest(), "roundtrips/op")
@@ -169,14 +180,3 @@ func name(k Kind) string { return strings.ReplaceAll(k.String(), " ", "-") }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func mean(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	var sum time.Duration
-	for _, d := range ds {
-		sum += d
-	}
-	return sum / time.Duration(len(ds))
-}

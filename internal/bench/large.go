@@ -17,10 +17,12 @@ import (
 )
 
 // loadSQL inserts finished keys numbered $6 to $7, as library runs of the
-// benchmark's order would have left them, finished at random times in the
-// 24 hours before now() - $5. Keys are UUID-shaped but derived from their
-// number, so loadedKey can name any of them without reading the table, and
-// they arrive in random index order like real clients' keys.
+// benchmark's order would have left them, finished one after the other over
+// the 24 hours before now() - $5, so that, as in a real table, rows finished
+// at about the same time sit in the same pages. Keys are UUID-shaped but
+// derived from their number, so loadedKey can name any of them without
+// reading the table, and they arrive in random index order like real
+// clients' keys.
 const loadSQL = `
 INSERT INTO idempotency_keys
     (created_at, last_run_at, finished_at, tenant, idempotency_key, workflow,
@@ -30,12 +32,21 @@ SELECT t - interval '2 milliseconds', t, t, $1, md5('loaded-' || i)::uuid::text,
        $3, $4, 'finished', jsonb_build_object('order_id', i),
        201, '{"Content-Type": ["application/json"]}',
        convert_to(json_build_object('order_id', i, 'item', $8::text, 'amount', $9::int)::text || E'\n', 'UTF8'), 1
-FROM (SELECT i, now() - $5::interval - random() * interval '24 hours' AS t
+FROM (SELECT i, now() - $5::interval - ($7 - i) * (interval '24 hours' / ($7 - $6 + 1)) AS t
       FROM generate_series($6::int, $7::int) AS i) AS s`
 
 // loadedKey is the key of the i-th row LoadFinished inserted.
 func loadedKey(i int) string {
 	return uuid.UUID(md5.Sum([]byte("loaded-" + strconv.Itoa(i)))).String()
+}
+
+// Empty deletes every key and every row the workflows wrote.
+func (e *Env) Empty(ctx context.Context) error {
+	if _, err := e.Pool.Exec(ctx, `TRUNCATE idempotency_keys, baseline_keys, orders, audit_records`); err != nil {
+		return fmt.Errorf("bench: empty tables: %w", err)
+	}
+	e.loaded = 0
+	return nil
 }
 
 // LoadFinished inserts n finished keys whose responses were stored between
@@ -168,6 +179,24 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 	}
 	res.AcquireDuring = acquireResult(res.During, clock.take())
 	return res, nil
+}
+
+// BatchTimes returns the mean time of the first n and of the last n delete
+// batches: whether batches slow down as the reaper works through the table.
+func (r ReapResult) BatchTimes(n int) (first, last time.Duration) {
+	k := len(r.Batches)
+	return mean(r.Batches[:min(n, k)]), mean(r.Batches[max(0, k-n):])
+}
+
+func mean(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
 }
 
 func acquireResult(traffic Result, latencies []time.Duration) Result {

@@ -44,16 +44,15 @@ type Env struct {
 	clock atomic.Pointer[acquireClock]
 }
 
-// Open connects to the database dsn names, with a pool of MaxConns
-// counted connections, and creates the schemas.
-func Open(ctx context.Context, dsn string) (*Env, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
+// Open connects with a copy of cfg made into a pool of MaxConns counted
+// connections, and creates the tables (in the first schema of the
+// search_path, so that two Envs can share a database).
+func Open(ctx context.Context, cfg *pgxpool.Config) (*Env, error) {
 	e := &Env{Counter: &pgtest.StatementCounter{}}
+	cfg = cfg.Copy()
 	cfg.MaxConns = MaxConns
 	cfg.ConnConfig.Tracer = e.Counter
+	var err error
 	if e.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}

@@ -1,0 +1,316 @@
+// Command benchtable measures the library against the hand-written baseline
+// in one process and prints the results as markdown tables, so that every
+// ratio compares figures taken on the same machine at the same time.
+//
+// Usage:
+//
+//	go run ./internal/bench/cmd/benchtable [-rounds 5] [-round 2s] [-large]
+//
+// Each kind of request is measured in rounds, library and baseline
+// alternating (and swapping which goes first every round), so that drift in
+// a noisy machine's load falls on both alike. -large adds the acquire
+// latency with 10 thousand and with a million keys in the table, again
+// alternating, and the reaper deleting a million expired keys under
+// traffic; it takes several minutes more.
+//
+// The database is DATABASE_URL, which must name a scratch database: the
+// command creates its tables there (for -large also in the schemas
+// bench_10000_keys and bench_1000000_keys) and empties them. Without it, a
+// throwaway Postgres is started for the run.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/bench"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rounds := fs.Int("rounds", 5, "rounds per kind of request; library and baseline alternate within each")
+	round := fs.Duration("round", 2*time.Second, "length of one round of one kind")
+	large := fs.Bool("large", false, "also measure acquire with a million keys and the reaper under traffic")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "scratch Postgres database (default $DATABASE_URL; a throwaway server when empty)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dbURL == "" {
+		fmt.Fprintln(stderr, "DATABASE_URL not set: starting a throwaway Postgres...")
+		dsn, stopPG, err := pgtest.Embedded(ctx)
+		if err != nil {
+			return err
+		}
+		defer stopPG()
+		*dbURL = dsn
+	}
+	cfg, err := pgxpool.ParseConfig(*dbURL)
+	if err != nil {
+		return fmt.Errorf("database URL: %w", err)
+	}
+	env, err := bench.Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	if err := describeServer(ctx, env, stdout); err != nil {
+		return err
+	}
+	results, err := compare(ctx, env, *rounds, *round, stderr)
+	if err != nil {
+		return err
+	}
+	printComparison(stdout, results)
+	if !*large {
+		return nil
+	}
+	if err := acquireLatency(ctx, cfg, *rounds, *round, stdout, stderr); err != nil {
+		return err
+	}
+	return reaperUnderTraffic(ctx, env, stdout, stderr)
+}
+
+// describeServer prints what the figures were measured on.
+func describeServer(ctx context.Context, env *bench.Env, w io.Writer) error {
+	var version string
+	if err := env.Pool.QueryRow(ctx, `SELECT version()`).Scan(&version); err != nil {
+		return err
+	}
+	rows, err := env.Pool.Query(ctx, `
+SELECT name, current_setting(name) FROM pg_settings
+WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers', 'max_connections')
+ORDER BY name`)
+	if err != nil {
+		return err
+	}
+	var settings []string
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			return err
+		}
+		settings = append(settings, name+"="+value)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "Server: %s\nSettings: %s\nPool: %d connections\n\n", version, strings.Join(settings, ", "), bench.MaxConns)
+	return nil
+}
+
+// pairs are the kinds compared, each library kind then its baseline.
+var pairs = [][2]bench.Kind{
+	{bench.LibraryRun, bench.BaselineRun},
+	{bench.LibraryReplay, bench.BaselineReplay},
+	{bench.LibraryConflict, bench.BaselineConflict},
+}
+
+// measured is every round of one kind at one concurrency.
+type measured struct {
+	kind        bench.Kind
+	concurrency int
+	rounds      []bench.Result
+}
+
+func compare(ctx context.Context, env *bench.Env, rounds int, round time.Duration, progress io.Writer) ([]*measured, error) {
+	var all []*measured
+	for _, c := range bench.Concurrencies {
+		for _, pair := range pairs {
+			var loads [2]*bench.Load
+			for i, k := range pair {
+				l, err := env.Prepare(ctx, k, c)
+				if err != nil {
+					return nil, err
+				}
+				loads[i] = l
+			}
+			res, err := alternate(ctx, loads, rounds, round, progress)
+			if err != nil {
+				return nil, err
+			}
+			for i, k := range pair {
+				all = append(all, &measured{kind: k, concurrency: c, rounds: res[i]})
+			}
+		}
+	}
+	return all, nil
+}
+
+// alternate runs two loads for rounds rounds of d each, one after the
+// other, swapping which goes first every round.
+func alternate(ctx context.Context, loads [2]*bench.Load, rounds int, d time.Duration, progress io.Writer) ([2][]bench.Result, error) {
+	var res [2][]bench.Result
+	for r := range rounds {
+		for j := range 2 {
+			i := j ^ r%2
+			fmt.Fprintf(progress, "%s, %d clients: round %d/%d\n", loads[i].Kind, loads[i].Concurrency, r+1, rounds)
+			out, err := loads[i].Run(ctx, 0, d)
+			if err != nil {
+				return res, err
+			}
+			res[i] = append(res[i], out)
+		}
+	}
+	return res, nil
+}
+
+func printComparison(w io.Writer, all []*measured) {
+	fmt.Fprintln(w, "| request | clients | mean µs/req | p99 µs | req/s | statements/req | round trips/req | throughput vs baseline (rounds: min–max) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	find := func(k bench.Kind, c int) *measured {
+		for _, m := range all {
+			if m.kind == k && m.concurrency == c {
+				return m
+			}
+		}
+		return nil
+	}
+	for _, m := range all {
+		r := bench.Merge(m.rounds...)
+		ratio := "—"
+		if bk, ok := m.kind.Baseline(); ok {
+			if b := find(bk, m.concurrency); b != nil {
+				ratio = ratioCell(m.rounds, b.rounds)
+			}
+		}
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s |\n", m.kind, m.concurrency,
+			us(r.Mean()), us(r.Quantile(0.99)), r.PerSecond(), r.StatementsPerRequest(), r.RoundTripsPerRequest(), ratio)
+	}
+	fmt.Fprintln(w)
+}
+
+// ratioCell is the library's throughput over the baseline's for all rounds
+// together, and the range of the per-round ratios.
+func ratioCell(lib, base []bench.Result) string {
+	total := bench.Merge(lib...).PerSecond() / bench.Merge(base...).PerSecond()
+	var each []float64
+	for i := range min(len(lib), len(base)) {
+		each = append(each, lib[i].PerSecond()/base[i].PerSecond())
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", total, slices.Min(each), slices.Max(each))
+}
+
+// acquireLatency measures acquire on new and finished keys with 10
+// thousand and with a million finished keys in the table, each table in a
+// schema of its own, alternating between them round by round.
+func acquireLatency(ctx context.Context, cfg *pgxpool.Config, rounds int, d time.Duration, w, progress io.Writer) error {
+	sizes := [2]int{10_000, 1_000_000}
+	var envs [2]*bench.Env
+	for i, rows := range sizes {
+		env, err := openSchema(ctx, cfg, fmt.Sprintf("bench_%d_keys", rows))
+		if err != nil {
+			return err
+		}
+		defer env.Close()
+		if err := env.Empty(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "loading %d finished keys\n", rows)
+		if err := env.LoadFinished(ctx, rows, 0); err != nil {
+			return err
+		}
+		envs[i] = env
+	}
+	fmt.Fprintln(w, "| acquire | clients | finished keys in table | p50 µs | p99 µs | mean µs | req/s | statements/req |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, k := range []bench.Kind{bench.AcquireFinished, bench.AcquireNew} {
+		for _, c := range []int{1, 8} {
+			var loads [2]*bench.Load
+			for i, env := range envs {
+				l, err := env.Prepare(ctx, k, c)
+				if err != nil {
+					return err
+				}
+				loads[i] = l
+			}
+			res, err := alternate(ctx, loads, rounds, d, progress)
+			if err != nil {
+				return err
+			}
+			for i, rows := range sizes {
+				r := bench.Merge(res[i]...)
+				fmt.Fprintf(w, "| %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f |\n", strings.TrimPrefix(k.String(), "acquire "), c, rows,
+					us(r.Quantile(0.5)), us(r.Quantile(0.99)), us(r.Mean()), r.PerSecond(), r.StatementsPerRequest())
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// openSchema opens an Env whose tables live in schema, created if need be.
+func openSchema(ctx context.Context, cfg *pgxpool.Config, schema string) (*bench.Env, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, err
+	}
+	_, err = conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	conn.Close(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.Copy()
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	return bench.Open(ctx, cfg)
+}
+
+// reaperUnderTraffic loads a million expired keys and measures the
+// workflow's traffic alone and while the reaper deletes them.
+func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writer) error {
+	if err := env.Empty(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintln(progress, "loading 1000000 expired keys")
+	if err := env.LoadFinished(ctx, 1_000_000, 25*time.Hour); err != nil {
+		return err
+	}
+	scan, err := env.ExpireScan(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(progress, "reaping under traffic")
+	res, err := env.ReapUnderTraffic(ctx, 8, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "| traffic (3-phase, 8 clients) | acquire p50 µs | acquire p99 µs | request p50 µs | request p99 µs | req/s | duration |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	for _, row := range []struct {
+		name              string
+		acquire, requests bench.Result
+	}{{"before the reaper", res.AcquireBefore, res.Before}, {"while the reaper runs", res.AcquireDuring, res.During}} {
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f s |\n", row.name,
+			us(row.acquire.Quantile(0.5)), us(row.acquire.Quantile(0.99)),
+			us(row.requests.Quantile(0.5)), us(row.requests.Quantile(0.99)), row.requests.PerSecond(), row.requests.Elapsed.Seconds())
+	}
+	fmt.Fprintln(w)
+	first, last := res.BatchTimes(10)
+	fmt.Fprintf(w, "Reaper: deleted %d keys in %.1f s (%d batches; first 10 batches %.1f ms each, last 10 %.1f ms each). One search for abandoned keys: %.1f ms.\n",
+		res.Deleted, res.Reap.Seconds(), len(res.Batches), ms(first), ms(last), ms(scan))
+	return nil
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

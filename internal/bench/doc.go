@@ -1,0 +1,60 @@
+// Package bench measures what the library costs: time, throughput,
+// statements and round trips per request, against the same work written
+// by hand with raw pgx after the reference implementation, and how acquire
+// and the reaper behave on a large keys table.
+//
+// # What is compared
+//
+// Both implementations serve one request, an order, with three local
+// phases and no foreign call, so that the comparison is database overhead
+// alone: insert the order; confirm it; write an audit record and answer 201.
+// The phases run the same statements in both, one each.
+//
+// The library runs them as a phase.Workflow: acquire (one statement), then
+// per phase BEGIN, the phase's statement, and the fenced advance (or finish)
+// pipelined with COMMIT.
+//
+// The baseline follows rocket-rides-atomic: its own keys table
+// (baseline_keys, shaped like the reference's), one upsert that inserts or
+// locks the key, then per phase BEGIN, the phase's statement, an UPDATE of
+// the recovery point (the last phase stores the response in it) and COMMIT,
+// each its own round trip. A replay or a conflict costs it a second
+// statement, a lookup, because its upsert returns no row for them. It has no
+// fencing token and keeps no phase state.
+//
+// Replay sends a finished key again; 409 sends a key whose lease another run
+// holds for an hour. Each client replays, or conflicts on, a key of its own.
+//
+// Both run on one pool of MaxConns connections, whose tracer counts
+// statements and round trips (pgtest.StatementCounter).
+//
+// # Cost model
+//
+// TestEachPathCostsWhatTheCostModelSays pins the counts: the three-phase
+// request costs the library 1 + 3×(2 + 1) = 10 round trips (13 statements)
+// and the baseline 13; replay and 409 cost the library one statement and the
+// baseline two.
+//
+// # Running
+//
+// The request comparison, at 1, 8 and 32 concurrent clients:
+//
+//	go test -run '^$' -bench Requests -benchtime 3s ./internal/bench/
+//
+// ns/op is wall time over requests (the inverse of throughput); mean-us,
+// p50-us and p99-us are the time one request took. go test measures each
+// benchmark separately; for ratios taken in one run, with library and
+// baseline alternating round by round, use the command:
+//
+//	go run ./internal/bench/cmd/benchtable
+//
+// The benchmarks that load a million keys run only when ATOMICPHASE_BENCH_LARGE
+// is set: acquire with 10 thousand and a million finished keys in the table,
+// and the reaper deleting a million expired keys while the workflow runs
+// from 8 clients (it runs once; give it -benchtime 1x):
+//
+//	ATOMICPHASE_BENCH_LARGE=1 go test -run '^$' -bench Acquire -benchtime 3s -timeout 30m ./internal/bench/
+//	ATOMICPHASE_BENCH_LARGE=1 go test -run '^$' -bench Reaper -benchtime 1x -timeout 30m ./internal/bench/
+//
+// benchtable -large prints the same in tables.
+package bench
