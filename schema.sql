@@ -28,7 +28,10 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     CONSTRAINT idempotency_keys_finished CHECK (
         (recovery_point = 'finished') = (finished_at IS NOT NULL AND response_status IS NOT NULL)
     )
-);
+)
+-- Free space in every page lets a phase commit rewrite its row in the same
+-- page (a HOT update), with no new index entries.
+WITH (fillfactor = 80);
 
 COMMENT ON TABLE idempotency_keys IS
     'One row per (tenant, idempotency key): the request, how far its atomic phases got, who holds it, and the response to replay.';
@@ -37,9 +40,9 @@ COMMENT ON COLUMN idempotency_keys.id IS
 COMMENT ON COLUMN idempotency_keys.created_at IS
     'When the key was first seen; for operators and for the age of abandoned keys.';
 COMMENT ON COLUMN idempotency_keys.last_run_at IS
-    'When a run last took or renewed the lease; the completer waits for it to age before picking the key up, and backs off from it.';
+    'When a run last took the lease or gave it back; the completer waits for it to age before picking the key up, and backs off from it.';
 COMMENT ON COLUMN idempotency_keys.finished_at IS
-    'When the response was stored; the reaper measures retention from it.';
+    'When the response was stored (NULL until then); the reaper measures retention from it, and the partial indexes tell finished keys by it.';
 COMMENT ON COLUMN idempotency_keys.tenant IS
     'Whose key this is (account, user); keys are unique per tenant, never globally, so tenants cannot collide or probe each other.';
 COMMENT ON COLUMN idempotency_keys.idempotency_key IS
@@ -74,10 +77,13 @@ COMMENT ON COLUMN idempotency_keys.last_error IS
     'The error that ended the last unsuccessful run, for operators.';
 
 -- The completer's scan: unfinished, runnable keys by age of their last run.
--- Finished keys (the vast majority) are not in this index at all.
+-- Finished keys (the vast majority) are not in this index at all. The
+-- predicates test finished_at, which a phase commit does not change, rather
+-- than recovery_point, which it does: a column in an index predicate would
+-- rule out HOT updates.
 CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished
     ON idempotency_keys (last_run_at)
-    WHERE recovery_point <> 'finished' AND hold IS NULL;
+    WHERE finished_at IS NULL AND hold IS NULL;
 
 -- Keys parked for operators or reconciliation, listed by the ops tooling.
 CREATE INDEX IF NOT EXISTS idempotency_keys_held
@@ -87,7 +93,7 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_held
 -- The reaper's scan: finished keys by age.
 CREATE INDEX IF NOT EXISTS idempotency_keys_finished
     ON idempotency_keys (finished_at)
-    WHERE recovery_point = 'finished';
+    WHERE finished_at IS NOT NULL;
 
 -- Raised by fenced statements when the caller's lease token no longer matches,
 -- so that a pipelined COMMIT after the statement turns into a rollback.

@@ -38,7 +38,7 @@ type ClaimParams struct {
 const claimSQL = `
 WITH due AS (
     SELECT id FROM idempotency_keys
-    WHERE recovery_point <> 'finished'
+    WHERE finished_at IS NULL
       AND (hold IS NULL OR (hold = 'unknown' AND $6))
       -- The first bound alone is what the index can range-scan on; the
       -- second adds the per-key backoff: none after the first run, then
@@ -79,7 +79,7 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 const burySQL = `
 UPDATE idempotency_keys
 SET hold = 'dead'
-WHERE recovery_point <> 'finished' AND hold IS NULL AND attempts >= $1
+WHERE finished_at IS NULL AND hold IS NULL AND attempts >= $1
   AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
 
 // Bury moves every free, runnable key with at least maxAttempts attempts to
@@ -95,7 +95,7 @@ func Bury(ctx context.Context, q Querier, maxAttempts int) (int, error) {
 // reapableWhere selects the finished keys whose retention ($1) is over.
 // reapSQL deletes them and ReapCandidates counts them, so a dry run reports
 // what a run deletes.
-const reapableWhere = `recovery_point = 'finished' AND finished_at < now() - $1::interval`
+const reapableWhere = `finished_at < now() - $1::interval`
 
 // reapSQL deletes one batch of finished keys older than the retention.
 // SKIP LOCKED keeps it from waiting on, or blocking, a request that is
@@ -124,7 +124,7 @@ func Reap(ctx context.Context, q Querier, retention time.Duration, limit int) (i
 // abandonedWhere selects the keys abandoned before finishing: dead, or
 // runnable and idle for the whole retention ($1), with no live lease.
 // expireSQL closes them and ReapCandidates counts them.
-const abandonedWhere = `recovery_point <> 'finished'
+const abandonedWhere = `finished_at IS NULL
       AND (hold = 'dead' OR hold IS NULL)
       AND last_run_at < now() - $1::interval
       AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
@@ -181,13 +181,13 @@ type Counts struct {
 // with no live lease, idle for longer than $1. Count counts them and List
 // lists them, so the two agree; it implies the predicate of the partial
 // index idempotency_keys_unfinished.
-const stuckWhere = `recovery_point <> 'finished' AND hold IS NULL
+const stuckWhere = `finished_at IS NULL AND hold IS NULL
     AND (lock_expires_at IS NULL OR lock_expires_at <= now())
     AND last_run_at < now() - $1::interval`
 
 const countSQL = `
-SELECT count(*) FILTER (WHERE recovery_point = 'finished'),
-       count(*) FILTER (WHERE recovery_point <> 'finished' AND lock_expires_at > now()),
+SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
+       count(*) FILTER (WHERE finished_at IS NULL AND lock_expires_at > now()),
        count(*) FILTER (WHERE ` + stuckWhere + `),
        count(*) FILTER (WHERE hold = 'unknown'),
        count(*) FILTER (WHERE hold = 'dead')

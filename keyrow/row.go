@@ -132,42 +132,56 @@ type Request struct {
 // acquireSQL inserts a new key or takes over an existing one, in one
 // statement, and reports which case happened.
 //
-// The upsert takes the row only when it is unfinished, not on hold, has the
-// same fingerprint and its lease is free or expired by the database clock.
-// When the ON CONFLICT ... WHERE is false, Postgres returns no row from the
-// upsert but still locks the conflicting row until the statement ends; the
-// second branch then reads that row so the caller learns why (replay, held,
-// mismatch, parked) without a second round trip.
+// It reads the key first (found). When the key exists and cannot be taken
+// (finished, on hold, another fingerprint, or a live lease), the INSERT's
+// SELECT yields no row, so a replay or a conflict is a plain read: no row
+// lock, no transaction id, no WAL.
+//
+// Otherwise the upsert inserts the key, or takes the existing row only when
+// it is still unfinished, not on hold, has the same fingerprint and its
+// lease is free or expired by the database clock. ON CONFLICT judges the
+// newest row version, so a takeover racing with another one, or with a
+// phase commit that renewed the lease, loses instead of stealing the key;
+// the found branch then reports the row as the statement's snapshot saw it.
 //
 // xmax = 0 on the returned row means it was inserted, otherwise updated.
 const acquireSQL = `
-WITH taken AS (
+WITH found AS (
+    SELECT id, workflow, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
+           finished_at, response_status, response_headers, response_body, last_error
+    FROM idempotency_keys
+    WHERE tenant = $1 AND idempotency_key = $2
+), taken AS (
     INSERT INTO idempotency_keys AS k
         (tenant, idempotency_key, workflow, request_fingerprint, request_params,
          locked_at, lock_expires_at, lock_token, attempts)
-    VALUES ($1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1)
+    SELECT $1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1
+    WHERE NOT EXISTS (
+        SELECT FROM found
+        WHERE finished_at IS NOT NULL OR hold IS NOT NULL
+           OR request_fingerprint <> $4 OR lock_expires_at > now())
     ON CONFLICT (tenant, idempotency_key) DO UPDATE
         SET locked_at = now(),
             lock_expires_at = excluded.lock_expires_at,
             lock_token = excluded.lock_token,
             last_run_at = now(),
             attempts = k.attempts + 1
-        WHERE k.recovery_point <> 'finished'
+        WHERE k.finished_at IS NULL
           AND k.hold IS NULL
           AND k.request_fingerprint = excluded.request_fingerprint
           AND (k.lock_expires_at IS NULL OR k.lock_expires_at <= now())
-    RETURNING k.*, k.xmax = 0 AS inserted, true AS acquired
+    RETURNING k.*, k.xmax = 0 AS inserted
 )
 SELECT id, workflow, recovery_point, phase_state, hold, attempts, lock_token,
-       interval '0', inserted, acquired, request_fingerprint = $4 AS same_request,
+       interval '0', inserted, true, true,
        NULL::int, NULL::jsonb, NULL::bytea, last_error
 FROM taken
 UNION ALL
 SELECT id, workflow, recovery_point, NULL, hold, attempts, NULL,
        greatest(lock_expires_at - now(), interval '0'), false, false, request_fingerprint = $4,
        response_status, response_headers, response_body, last_error
-FROM idempotency_keys
-WHERE tenant = $1 AND idempotency_key = $2 AND NOT EXISTS (SELECT FROM taken)`
+FROM found
+WHERE NOT EXISTS (SELECT FROM taken)`
 
 // Acquire inserts the key or takes over its lease in one statement, and says
 // which case it met. When the outcome is New or Resumed, the caller holds the
@@ -184,12 +198,12 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 	token := uuid.New()
 	for attempt := 0; ; attempt++ {
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
-			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, token))
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token)))
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
 			// The upsert met a row committed by a concurrent transaction after
 			// this statement's snapshot was taken: ON CONFLICT sees the latest
-			// version and locks it, but the SELECT branch reads the snapshot
-			// and finds nothing. Running the statement again takes a fresh
+			// version (and found nothing to take), but found reads the
+			// snapshot, in which the row does not exist yet. Running the statement again takes a fresh
 			// snapshot in which the row is visible. This costs a second
 			// statement only in that race.
 			continue
@@ -281,9 +295,14 @@ func fenced(modify string) string {
 // It waits on the row lock of a concurrent takeover and then re-checks the
 // token against the newest row version (READ COMMITTED), so it never advances
 // a row someone else now holds.
+//
+// It changes no indexed column and no column of an index predicate (which
+// is why it leaves last_run_at alone, and why the partial indexes test
+// finished_at rather than recovery_point), so Postgres can update the row
+// in place as a HOT update, without new index entries.
 var advanceSQL = fenced(`
 UPDATE idempotency_keys
-SET recovery_point = $3, phase_state = $4, last_run_at = now(), hold = NULL,
+SET recovery_point = $3, phase_state = $4, hold = NULL,
     lock_expires_at = now() + $5::interval
 WHERE id = $1 AND lock_token = $2
 RETURNING 1`)
@@ -310,7 +329,7 @@ RETURNING 1`)
 // left. It is fenced like every other write.
 const renewSQL = `
 UPDATE idempotency_keys
-SET lock_expires_at = now() + $3::interval, last_run_at = now()
+SET lock_expires_at = now() + $3::interval
 WHERE id = $1 AND lock_token = $2
 RETURNING lock_expires_at - now()`
 
@@ -328,7 +347,7 @@ func QueueAdvance(b *pgx.Batch, id, token uuid.UUID, point string, state []byte,
 }
 
 func advanceArgs(id, token uuid.UUID, point string, state []byte, ttl time.Duration) []any {
-	return []any{id, token, point, jsonOrNull(state), ttl}
+	return []any{[16]byte(id), [16]byte(token), point, jsonOrNull(state), ttl}
 }
 
 // Finish stores resp as the key's final response, marks it finished and
@@ -367,7 +386,7 @@ func finishArgs(id, token uuid.UUID, state []byte, resp Response) ([]any, error)
 	if body == nil {
 		body = []byte{}
 	}
-	return []any{id, token, jsonOrNull(state), resp.Status, headers, body}, nil
+	return []any{[16]byte(id), [16]byte(token), jsonOrNull(state), resp.Status, headers, body}, nil
 }
 
 // Release frees the lease and keeps the recovery point, recording lastErr
@@ -375,7 +394,7 @@ func finishArgs(id, token uuid.UUID, state []byte, resp Response) ([]any, error)
 // that neither clients nor the completer run it until someone acts. It
 // returns ErrLeaseLost, and changes nothing, when the token no longer matches.
 func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr, hold string) error {
-	return execFenced(ctx, q, releaseSQL, []any{id, token, lastErr, hold})
+	return execFenced(ctx, q, releaseSQL, []any{[16]byte(id), [16]byte(token), lastErr, hold})
 }
 
 // Renew extends the holder's lease to ttl from now, by the database clock,
@@ -383,7 +402,7 @@ func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr, hold 
 // longer matches.
 func Renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration) (time.Duration, error) {
 	var left time.Duration
-	err := q.QueryRow(ctx, renewSQL, id, token, ttl).Scan(&left)
+	err := q.QueryRow(ctx, renewSQL, [16]byte(id), [16]byte(token), ttl).Scan(&left)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrLeaseLost
 	}

@@ -377,7 +377,7 @@ func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
 	}
 	acquires := 0
 	for _, q := range counter.SQL() {
-		if strings.Contains(q, "WITH taken AS") {
+		if strings.Contains(q, "WITH found AS") {
 			acquires++
 		}
 	}
