@@ -72,16 +72,9 @@ func read(t testing.TB, db *pgxpool.Pool, tenant, key string) snapshot {
 
 func TestAcquire64GoroutinesOnOneNewKeyExactlyOneWins(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 64
-	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 64
+	})
 	req := request(t, "acme", "race-key", `{"amount":100}`)
 
 	var (
@@ -268,16 +261,9 @@ func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var counter pgtest.StatementCounter
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Tracer = &counter
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &counter
+	})
 
 	assertOne := func(name string, want keyrow.Outcome, req keyrow.Request) *keyrow.Row {
 		t.Helper()
@@ -324,16 +310,9 @@ func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var counter pgtest.StatementCounter
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Tracer = &counter
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &counter
+	})
 	req := request(t, "acme", "k1", `{}`)
 
 	first, err := db.Begin(ctx)

@@ -86,16 +86,9 @@ func TestFaultPointsCoverEveryStage(t *testing.T) {
 
 func Test100ConcurrentIdenticalRequestsExecuteOnce(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 40
-	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 40
+	})
 	e := setupPool(t, db)
 	e.pay.delay = 50 * time.Millisecond
 	h := e.handler(t)
@@ -430,17 +423,10 @@ func TestStoreUnreachableFailsClosedBeforeAnySideEffect(t *testing.T) {
 func TestLocalPhaseCostsItsStatementsPlusTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	var counter pgtest.StatementCounter
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Tracer = &counter
-	cfg.MaxConns = 1 // one connection, so statements are prepared once
-	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &counter
+		cfg.MaxConns = 1 // one connection, so statements are prepared once
+	})
 	if _, err := db.Exec(context.Background(), `CREATE TABLE counts (k text)`); err != nil {
 		t.Fatal(err)
 	}

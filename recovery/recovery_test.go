@@ -92,16 +92,9 @@ func abandon(t testing.TB, db *pgxpool.Pool, workflow, key string, req string) {
 func TestTwoCompletersRacingOver1000AbandonedKeysFinishEachOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 20
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 20
+	})
 	w := effectsWorkflow(t, db)
 	const keys = 1000
 	// One statement per key would take a while; store them in bulk with

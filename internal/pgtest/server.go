@@ -107,7 +107,21 @@ func NewDatabase(ctx context.Context, label string) (dsn string, drop func() err
 // closes it when t finishes.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), DSN(t))
+	return PoolWith(t, nil)
+}
+
+// PoolWith is Pool with configure applied to the pool's config first, to set
+// its size or a tracer.
+func PoolWith(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(DSN(t))
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	if configure != nil {
+		configure(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}

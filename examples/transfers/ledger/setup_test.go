@@ -53,16 +53,9 @@ type env struct {
 func setup(t testing.TB, crashRate float64) *env {
 	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 24
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 24
+	})
 	if err := ledger.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +65,7 @@ func setup(t testing.TB, crashRate float64) *env {
 	e := &env{db: db, provider: payoutprovider.New(db, payoutprovider.Config{Logger: quiet}), events: &eventLog{}, crashRate: crashRate}
 	providerSrv := httptest.NewServer(e.provider)
 	t.Cleanup(providerSrv.Close)
+	var err error
 	if e.wf, err = ledger.Transfers(payoutprovider.NewClient(providerSrv.URL, noKeepAlive)); err != nil {
 		t.Fatal(err)
 	}
