@@ -263,8 +263,8 @@ func TestServerErrorIsNotStoredAndTheRetryResumes(t *testing.T) {
 	if orders != 1 || e.pay.chargesFor(orderID) != 1 {
 		t.Fatalf("%d orders, %d charges after resume; want 1 and 1", orders, e.pay.chargesFor(orderID))
 	}
-	if e.events.count(phase.EventResumed) != 1 || e.events.count(phase.EventFailed) != 1 {
-		t.Fatalf("events resumed=%d failed=%d, want 1 and 1", e.events.count(phase.EventResumed), e.events.count(phase.EventFailed))
+	if e.events.Count(phase.EventResumed) != 1 || e.events.Count(phase.EventFailed) != 1 {
+		t.Fatalf("events resumed=%d failed=%d, want 1 and 1", e.events.Count(phase.EventResumed), e.events.Count(phase.EventFailed))
 	}
 }
 
@@ -346,8 +346,8 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := &eventLog{}
-	rn, err := phase.NewRunner(phase.Config{Pool: db, Observer: events.observe}, w)
+	events := &phasetest.Events{}
+	rn, err := phase.NewRunner(phase.Config{Pool: db, Observer: events.Observe}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,8 +359,8 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 	if err := db.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM notes), recovery_point FROM idempotency_keys`).Scan(&notes, &rp); err != nil {
 		t.Fatal(err)
 	}
-	if notes != 0 || rp != keyrow.Started || events.count(phase.EventLeaseLost) != 1 {
-		t.Fatalf("notes=%d recovery point %q lease-lost events %d; want nothing committed", notes, rp, events.count(phase.EventLeaseLost))
+	if notes != 0 || rp != keyrow.Started || events.Count(phase.EventLeaseLost) != 1 {
+		t.Fatalf("notes=%d recovery point %q lease-lost events %d; want nothing committed", notes, rp, events.Count(phase.EventLeaseLost))
 	}
 }
 
@@ -382,8 +382,8 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := &eventLog{}
-	rn, err := phase.NewRunner(phase.Config{Pool: db, Observer: events.observe, MaxPhaseRetries: 3}, w)
+	events := &phasetest.Events{}
+	rn, err := phase.NewRunner(phase.Config{Pool: db, Observer: events.Observe, MaxPhaseRetries: 3}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,8 +392,8 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	// State changes of failed attempts are discarded: the answer is 1.
-	if string(out.Response.Body) != "1\n" || attempts != 3 || events.count(phase.EventRetried) != 2 {
-		t.Fatalf("body %q after %d attempts, %d retries; want 1 after 3 attempts and 2 retries", out.Response.Body, attempts, events.count(phase.EventRetried))
+	if string(out.Response.Body) != "1\n" || attempts != 3 || events.Count(phase.EventRetried) != 2 {
+		t.Fatalf("body %q after %d attempts, %d retries; want 1 after 3 attempts and 2 retries", out.Response.Body, attempts, events.Count(phase.EventRetried))
 	}
 
 	attempts, failures = 0, 100

@@ -18,6 +18,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/phase/phasetest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -167,30 +168,7 @@ type env struct {
 	pay    *payments
 	w      *phase.Workflow[order, orderState]
 	rn     *phase.Runner
-	events *eventLog
-}
-
-type eventLog struct {
-	mu     sync.Mutex
-	events []phase.Event
-}
-
-func (l *eventLog) observe(ev phase.Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, ev)
-}
-
-func (l *eventLog) count(kind phase.EventKind) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, ev := range l.events {
-		if ev.Kind == kind {
-			n++
-		}
-	}
-	return n
+	events *phasetest.Events
 }
 
 // setup returns a migrated database with the orders table, a fake provider,
@@ -205,9 +183,9 @@ func setupPool(t testing.TB, db *pgxpool.Pool, mutate ...func(*phase.Config)) *e
 	if _, err := db.Exec(context.Background(), ordersSchema); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{db: db, pay: newPayments(), events: &eventLog{}}
+	e := &env{db: db, pay: newPayments(), events: &phasetest.Events{}}
 	e.w = ordersWorkflow(t, e.pay)
-	cfg := phase.Config{Pool: db, Observer: e.events.observe, Logger: quiet}
+	cfg := phase.Config{Pool: db, Observer: e.events.Observe, Logger: quiet}
 	for _, m := range mutate {
 		m(&cfg)
 	}

@@ -228,8 +228,8 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 			report.Settled, report.SettledExternal, report.InFlight, len(receipts), external)
 	}
 	t.Logf("outcomes %v in %d attempts; %d crashes, %d serialization retries, %d provider faults; verified %d times during the traffic",
-		outcomes, attempts, e.events.count(phase.EventCrashed), e.events.count(phase.EventRetried), e.provider.Stats().FaultsInjected, verified)
-	if e.events.count(phase.EventCrashed) == 0 {
+		outcomes, attempts, e.events.Count(phase.EventCrashed), e.events.Count(phase.EventRetried), e.provider.Stats().FaultsInjected, verified)
+	if e.events.Count(phase.EventCrashed) == 0 {
 		t.Error("no crash was injected; the test proved nothing about crashes")
 	}
 }
@@ -348,7 +348,7 @@ func TestInternalTransferSkipsThePayoutPhase(t *testing.T) {
 		t.Fatalf("the provider got %d requests for an internal transfer, want none", s.Requests)
 	}
 	var phases []string
-	for _, ev := range e.events.of("lunch") {
+	for _, ev := range e.events.Of("lunch") {
 		if ev.Phase != "" {
 			phases = append(phases, ev.Phase)
 		}

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/phase/phasetest"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -41,7 +41,7 @@ type env struct {
 	provider *payoutprovider.Server
 	wf       *phase.Workflow[ledger.Transfer, ledger.State]
 	rn       *phase.Runner
-	events   *eventLog
+	events   *phasetest.Events
 	// api serves the ledger; each request crashes at each fault point with
 	// probability crashRate.
 	api       *httptest.Server
@@ -62,14 +62,14 @@ func setup(t testing.TB, crashRate float64) *env {
 	if err := payoutprovider.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{db: db, provider: payoutprovider.New(db, payoutprovider.Config{Logger: quiet}), events: &eventLog{}, crashRate: crashRate}
+	e := &env{db: db, provider: payoutprovider.New(db, payoutprovider.Config{Logger: quiet}), events: &phasetest.Events{}, crashRate: crashRate}
 	providerSrv := httptest.NewServer(e.provider)
 	t.Cleanup(providerSrv.Close)
 	var err error
 	if e.wf, err = ledger.Transfers(payoutprovider.NewClient(providerSrv.URL, noKeepAlive)); err != nil {
 		t.Fatal(err)
 	}
-	if e.rn, err = phase.NewRunner(phase.Config{Pool: db, Logger: quiet, Observer: e.events.observe}, e.wf); err != nil {
+	if e.rn, err = phase.NewRunner(phase.Config{Pool: db, Logger: quiet, Observer: e.events.Observe}, e.wf); err != nil {
 		t.Fatal(err)
 	}
 	h, err := ledger.Handler(e.rn, e.wf)
@@ -228,42 +228,6 @@ func (e *env) send(t testing.TB, owner, key string, tr ledger.Transfer) (final a
 	}
 	t.Errorf("%s: no final answer after %d attempts", key, attempts)
 	return answer{}, attempts
-}
-
-type eventLog struct {
-	mu     sync.Mutex
-	events []phase.Event
-}
-
-func (l *eventLog) observe(ev phase.Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, ev)
-}
-
-// of returns the events of one key.
-func (l *eventLog) of(key string) []phase.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []phase.Event
-	for _, ev := range l.events {
-		if ev.Key == key {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
-func (l *eventLog) count(kind phase.EventKind) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, ev := range l.events {
-		if ev.Kind == kind {
-			n++
-		}
-	}
-	return n
 }
 
 // transfer returns the id, status and payout id of the transfer made under

@@ -1,0 +1,47 @@
+package phasetest
+
+import (
+	"sync"
+
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// Events records a runner's events for a test to count; pass its Observe
+// method as phase.Config.Observer. It is safe for concurrent use.
+type Events struct {
+	mu     sync.Mutex
+	events []phase.Event
+}
+
+// Observe records ev.
+func (l *Events) Observe(ev phase.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, ev)
+}
+
+// Count returns how many events of kind were recorded.
+func (l *Events) Count(kind phase.EventKind) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ev := range l.events {
+		if ev.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// Of returns the events recorded for key, in order.
+func (l *Events) Of(key string) []phase.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []phase.Event
+	for _, ev := range l.events {
+		if ev.Key == key {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
