@@ -104,3 +104,7 @@ BEGIN
         USING ERRCODE = 'AP001';
 END
 $$;
+
+ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS failures integer NOT NULL DEFAULT 0;
+COMMENT ON COLUMN idempotency_keys.failures IS
+    'Failed runs of the completer since the key last made progress; client retries do not count. The completer gives up on an idle key when they reach its limit.';

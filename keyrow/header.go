@@ -41,6 +41,10 @@ var (
 // quote ("abc";p=1) are rejected rather than ignored, so that two headers
 // that differ only in them are never taken for the same key.
 //
+// A comma outside quotes separates list values (RFC 9110 section 5.3), so
+// "a, b" is two keys and is refused, like two header lines; a bare key
+// cannot contain a comma, and a key with a comma must be quoted ("a,b").
+//
 // An empty or whitespace-only value returns ErrKeyMissing; any other invalid
 // value returns an error wrapping ErrKeyInvalid. Positions in error messages
 // count characters of the value from 1, after surrounding whitespace is
@@ -60,6 +64,9 @@ func ParseKey(header string) (string, error) {
 		for i := 0; i < len(v); i++ {
 			if c := v[i]; c < 0x21 || c > 0x7e {
 				return "", invalidChar(v, i)
+			}
+			if v[i] == ',' {
+				return "", errSeveralKeys
 			}
 		}
 	}
@@ -91,6 +98,9 @@ func parseQuoted(v string) (string, error) {
 		case c == '"':
 			if rest := strings.TrimLeft(v[i+1:], " \t"); rest != "" {
 				pos := len(v) - len(rest) + 1
+				if rest[0] == ',' {
+					return "", errSeveralKeys
+				}
 				if rest[0] == ';' {
 					return "", invalidKey("unexpected %s at position %d: parameters after the quoted key are not supported", describe(rest), pos)
 				}
@@ -110,6 +120,22 @@ func parseQuoted(v string) (string, error) {
 		}
 	}
 	return "", errUnterminated
+}
+
+// errSeveralKeys reports a value that holds a list. HTTP lets a field's
+// values be sent on several lines or joined by commas on one (RFC 9110
+// section 5.3), and both mean the same, so a comma outside quotes is read as
+// a list separator and refused like several header lines are.
+var errSeveralKeys = invalidKey("the request has more than one Idempotency-Key (a comma separates values of one header); send exactly one key, and quote a key that contains a comma")
+
+// CheckKey returns an error wrapping ErrKeyInvalid unless key can be stored:
+// 1 to MaxKeyLength characters of valid UTF-8 without NUL. ParseKey's keys
+// always pass; it is for keys that reach a run by other ways than the header.
+func CheckKey(key string) error {
+	if err := checkText(key, MaxKeyLength); err != nil {
+		return fmt.Errorf("%w: key %s", ErrKeyInvalid, err)
+	}
+	return nil
 }
 
 var errUnterminated = invalidKey(`quoted key has no closing quote; a key that starts with " must end with "`)

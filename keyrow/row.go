@@ -1,24 +1,15 @@
 package keyrow
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// Querier is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Reserved recovery points. Every key starts at Started; a key whose response
 // is stored is at Finished. Workflows name their own points in between.
@@ -27,22 +18,78 @@ const (
 	Finished = "finished"
 )
 
-// Holds put on an unfinished key that must not run until someone acts.
+// Hold is why an unfinished key waits for someone to act instead of running.
+// The zero Hold means the key is not on hold.
+type Hold string
+
+// The holds a key can be put on.
 const (
 	// HoldUnknown marks a key whose last foreign call may or may not have
 	// happened; it waits for reconciliation.
-	HoldUnknown = "unknown"
-	// HoldDead marks a key the completer gave up on; operators can retry it.
-	HoldDead = "dead"
+	HoldUnknown Hold = "unknown"
+	// HoldDead marks a key the completer gave up on after repeated failures
+	// of its own while no client was retrying it; an operator can retry it.
+	HoldDead Hold = "dead"
 )
 
-// ErrLeaseLost is returned by every fenced write when the caller's lock token
-// no longer matches the row: the lease expired and another run took the key
-// over, or an operator unlocked it. The write changed nothing.
-var ErrLeaseLost = errors.New("keyrow: lease lost: the key was taken over by another run")
+// Limits on the names a key row stores. The library checks them before it
+// sends anything to the database, so a request that breaks them gets a clear
+// error instead of a store failure.
+const (
+	// MaxTenantLength is the longest tenant, in characters.
+	MaxTenantLength = 255
+	// MaxNameLength is the longest workflow or phase name, in characters.
+	MaxNameLength = 100
+)
 
-// leaseLostCode is the SQLSTATE raised by atomicphase_lease_lost() in schema.sql.
-const leaseLostCode = "AP001"
+// Errors callers branch on.
+var (
+	// ErrLeaseLost is returned when a run finds that its lease was taken over
+	// by another run (its own expired), or freed by an operator: the run
+	// stopped and changed nothing after that point.
+	ErrLeaseLost = errors.New("keyrow: lease lost: the key was taken over by another run")
+	// ErrNotFound is returned when the tenant has no key by that name.
+	ErrNotFound = errors.New("keyrow: key not found")
+	// ErrNotHeld is returned when retrying a key that is not on hold: it is
+	// runnable, in flight or finished, so there is nothing to retry.
+	ErrNotHeld = errors.New("keyrow: key is not on hold")
+	// ErrInvalidTenant is returned for an empty tenant, one longer than
+	// MaxTenantLength characters, or one that is not valid UTF-8 or holds a
+	// NUL character.
+	ErrInvalidTenant = errors.New("keyrow: invalid tenant")
+)
+
+// CheckTenant returns an error wrapping ErrInvalidTenant, written for the
+// client developer, unless tenant can be stored.
+func CheckTenant(tenant string) error {
+	if err := checkText(tenant, MaxTenantLength); err != nil {
+		return fmt.Errorf("%w: %s", ErrInvalidTenant, err)
+	}
+	return nil
+}
+
+// CheckName returns an error unless name can be stored as a workflow or
+// phase name: 1 to MaxNameLength characters of valid UTF-8 without NUL.
+func CheckName(name string) error {
+	return checkText(name, MaxNameLength)
+}
+
+func checkText(s string, max int) error {
+	switch n := utf8.RuneCountInString(s); {
+	case n == 0:
+		return errors.New("must not be empty")
+	case n > max:
+		return fmt.Errorf("is %d characters long; the limit is %d", n, max)
+	case !utf8.ValidString(s):
+		return errors.New("is not valid UTF-8")
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return errors.New("contains a NUL character")
+		}
+	}
+	return nil
+}
 
 // Response is a stored HTTP response, replayed byte for byte.
 type Response struct {
@@ -51,405 +98,95 @@ type Response struct {
 	Body   []byte
 }
 
-// Row is the part of an idempotency key row that a run needs.
-type Row struct {
-	ID            uuid.UUID
-	Tenant        string
-	Key           string
-	Workflow      string
-	RecoveryPoint string
-	// State is the workflow's JSON-encoded typed state as last committed.
-	State []byte
-	// Params is the JSON-encoded request as first received.
-	Params   []byte
-	Hold     string
-	Attempts int
-	// LockToken is the caller's fencing token when it holds the lease.
-	LockToken uuid.UUID
-	// LeaseLeft is how long the current lease has to run, by the database
-	// clock, when the row was read. Zero when the lease is free.
-	LeaseLeft time.Duration
-	// Response is the stored response of a finished key, nil otherwise.
-	Response *Response
-	// LastError is the error that ended the last unsuccessful run.
-	LastError string
-}
+// State is where a key stands, as operators and gauges see it.
+type State string
 
-// Outcome tells what Acquire found.
-type Outcome int
-
-// The outcomes of Acquire.
+// The states of a key. Every key is in exactly one of them.
 const (
-	// New: the key was inserted and the caller holds its lease.
-	New Outcome = iota + 1
-	// Resumed: the key existed unfinished with a free or stale lease; the
-	// caller took the lease over and continues from Row.RecoveryPoint.
-	Resumed
-	// Replay: the key is finished; Row.Response is the stored response.
-	Replay
-	// Held: another run holds a live lease; Row.LeaseLeft says for how long.
-	Held
-	// Mismatch: the key was first used with another request fingerprint.
-	Mismatch
-	// Parked: the key is unfinished but on hold (Row.Hold says why).
-	Parked
+	// StateFinished keys hold a stored response.
+	StateFinished State = "finished"
+	// StateInFlight keys are unfinished and held by a live lease.
+	StateInFlight State = "in_flight"
+	// StateWaiting keys are unfinished, runnable and unleased, and were
+	// touched recently: a client is expected to retry them, or the
+	// completer to take them once they have been idle long enough.
+	StateWaiting State = "waiting"
+	// StateStuck keys are unfinished, runnable and unleased, and have been
+	// idle longer than the completer's idle threshold: its backlog.
+	StateStuck State = "stuck"
+	// StateUnknown keys await reconciliation of a foreign call.
+	StateUnknown State = "unknown"
+	// StateDead keys were given up on and wait for an operator.
+	StateDead State = "dead"
 )
 
-func (o Outcome) String() string {
-	switch o {
-	case New:
-		return "new"
-	case Resumed:
-		return "resumed"
-	case Replay:
-		return "replay"
-	case Held:
-		return "held"
-	case Mismatch:
-		return "mismatch"
-	case Parked:
-		return "parked"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
+// Row is everything stored about one key that an operator needs, read in one
+// statement so its fields agree with each other. Only the request
+// fingerprint is left out: it is a hash, useful to the code that compares
+// requests and to nobody else.
+type Row struct {
+	ID            uuid.UUID `json:"id"`
+	Tenant        string    `json:"tenant"`
+	Key           string    `json:"key"`
+	Workflow      string    `json:"workflow"`
+	RecoveryPoint string    `json:"recovery_point"`
+	// Hold is set for a parked key, empty otherwise.
+	Hold      Hold      `json:"hold"`
+	CreatedAt time.Time `json:"created_at"`
+	LastRunAt time.Time `json:"last_run_at"`
+	// FinishedAt is set once the response is stored.
+	FinishedAt *time.Time `json:"finished_at"`
+	// LockedAt and LockExpiresAt describe the last lease taken; they stay
+	// set after a lease expires until someone takes or frees the key.
+	LockedAt      *time.Time `json:"locked_at"`
+	LockExpiresAt *time.Time `json:"lock_expires_at"`
+	// Attempts counts the runs that took the key's lease.
+	Attempts int `json:"attempts"`
+	// Failures counts the completer's own failed runs since the key last
+	// made progress; the completer gives up on a key when they reach its
+	// MaxAttempts.
+	Failures  int    `json:"failures"`
+	LastError string `json:"last_error"`
+	// ResponseStatus, ResponseHeader and ResponseBody are the stored
+	// response of a finished key, nil otherwise.
+	ResponseStatus *int        `json:"response_status"`
+	ResponseHeader http.Header `json:"response_headers"`
+	ResponseBody   []byte      `json:"response_body"`
+	// Params is the request as first received; State the workflow's state
+	// as last committed.
+	Params json.RawMessage `json:"params"`
+	State  json.RawMessage `json:"state"`
+	// LeaseLeft is how long the current lease has to run by the database
+	// clock when the row was read; zero when the lease is free or expired.
+	LeaseLeft time.Duration `json:"lease_left_ns"`
 }
 
-// Acquiring reports whether the outcome gave the caller the lease.
-func (o Outcome) Acquiring() bool { return o == New || o == Resumed }
-
-// Request identifies a key and carries what Acquire stores with a new one.
-type Request struct {
-	Tenant      string
-	Key         string
-	Workflow    string
-	Fingerprint [32]byte
-	// Params is the JSON-encoded request, stored so the completer can
-	// rebuild it.
-	Params []byte
-	// TTL is the lease length. It must be positive.
-	TTL time.Duration
+// Counts is how many keys are in each State.
+type Counts struct {
+	Finished int `json:"finished"`
+	InFlight int `json:"in_flight"`
+	Waiting  int `json:"waiting"`
+	Stuck    int `json:"stuck"`
+	Unknown  int `json:"unknown"`
+	Dead     int `json:"dead"`
 }
 
-// acquireSQL inserts a new key or takes over an existing one, in one
-// statement, and reports which case happened.
-//
-// It reads the key first (found). When the key exists and cannot be taken
-// (finished, on hold, another fingerprint, or a live lease), the INSERT's
-// SELECT yields no row, so a replay or a conflict is a plain read: no row
-// lock, no transaction id, no WAL.
-//
-// Otherwise the upsert inserts the key, or takes the existing row only when
-// it is still unfinished, not on hold, has the same fingerprint and its
-// lease is free or expired by the database clock. ON CONFLICT judges the
-// newest row version, so a takeover racing with another one, or with a
-// phase commit that renewed the lease, loses instead of stealing the key;
-// the found branch then reports the row as the statement's snapshot saw it.
-//
-// xmax = 0 on the returned row means it was inserted, otherwise updated.
-const acquireSQL = `
-WITH found AS (
-    SELECT id, workflow, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
-           finished_at, response_status, response_headers, response_body, last_error
-    FROM idempotency_keys
-    WHERE tenant = $1 AND idempotency_key = $2
-), taken AS (
-    INSERT INTO idempotency_keys AS k
-        (tenant, idempotency_key, workflow, request_fingerprint, request_params,
-         locked_at, lock_expires_at, lock_token, attempts)
-    SELECT $1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1
-    WHERE NOT EXISTS (
-        SELECT FROM found
-        WHERE finished_at IS NOT NULL OR hold IS NOT NULL
-           OR request_fingerprint <> $4 OR lock_expires_at > now())
-    ON CONFLICT (tenant, idempotency_key) DO UPDATE
-        SET locked_at = now(),
-            lock_expires_at = excluded.lock_expires_at,
-            lock_token = excluded.lock_token,
-            last_run_at = now(),
-            attempts = k.attempts + 1
-        WHERE k.finished_at IS NULL
-          AND k.hold IS NULL
-          AND k.request_fingerprint = excluded.request_fingerprint
-          AND (k.lock_expires_at IS NULL OR k.lock_expires_at <= now())
-    RETURNING k.*, k.xmax = 0 AS inserted
-)
-SELECT id, workflow, recovery_point, phase_state, hold, attempts, lock_token,
-       interval '0', inserted, true, true,
-       NULL::int, NULL::jsonb, NULL::bytea, last_error
-FROM taken
-UNION ALL
-SELECT id, workflow, recovery_point, NULL, hold, attempts, NULL,
-       greatest(lock_expires_at - now(), interval '0'), false, false, request_fingerprint = $4,
-       response_status, response_headers, response_body, last_error
-FROM found
-WHERE NOT EXISTS (SELECT FROM taken)`
-
-// Acquire inserts the key or takes over its lease in one statement, and says
-// which case it met. When the outcome is New or Resumed, the caller holds the
-// lease and Row.LockToken is its fencing token.
-//
-// Lease expiry is judged by the database clock, never the caller's.
-func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error) {
-	if req.TTL <= 0 {
-		return 0, nil, errors.New("keyrow: acquire: lease TTL must be positive")
-	}
-	if len(req.Params) == 0 {
-		req.Params = []byte("null")
-	}
-	token := uuid.New()
-	for attempt := 0; ; attempt++ {
-		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
-			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token)))
-		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
-			// The upsert met a row committed by a concurrent transaction after
-			// this statement's snapshot was taken: ON CONFLICT sees the latest
-			// version (and found nothing to take), but found reads the
-			// snapshot, in which the row does not exist yet. Running the statement again takes a fresh
-			// snapshot in which the row is visible. This costs a second
-			// statement only in that race.
-			continue
-		}
-		if err != nil {
-			return 0, nil, fmt.Errorf("keyrow: acquire: %w", err)
-		}
-		row.Tenant, row.Key = req.Tenant, req.Key
-		if outcome == New {
-			row.Params = req.Params
-		}
-		return outcome, row, nil
-	}
+// Total is the number of keys counted.
+func (c Counts) Total() int {
+	return c.Finished + c.InFlight + c.Waiting + c.Stuck + c.Unknown + c.Dead
 }
 
-func scanAcquire(r pgx.Row) (*Row, Outcome, error) {
-	var (
-		row                         Row
-		state                       []byte
-		hold, lastError             *string
-		token                       *uuid.UUID
-		inserted, acquired, sameReq bool
-		status                      *int32
-		headers                     []byte
-		body                        []byte
-	)
-	err := r.Scan(&row.ID, &row.Workflow, &row.RecoveryPoint, &state, &hold, &row.Attempts, &token,
-		&row.LeaseLeft, &inserted, &acquired, &sameReq, &status, &headers, &body, &lastError)
-	if err != nil {
-		return nil, 0, err
-	}
-	row.State = state
-	if hold != nil {
-		row.Hold = *hold
-	}
-	if lastError != nil {
-		row.LastError = *lastError
-	}
-	if token != nil {
-		row.LockToken = *token
-	}
-	switch {
-	case acquired && inserted:
-		return &row, New, nil
-	case acquired:
-		return &row, Resumed, nil
-	case !sameReq:
-		return &row, Mismatch, nil
-	case row.RecoveryPoint == Finished:
-		resp, err := decodeResponse(status, headers, body)
-		if err != nil {
-			return nil, 0, err
-		}
-		row.Response = resp
-		return &row, Replay, nil
-	case row.Hold != "":
-		return &row, Parked, nil
-	default:
-		return &row, Held, nil
-	}
-}
+// DefaultListLimit is how many keys a listing returns when ListFilter.Limit
+// is zero.
+const DefaultListLimit = 50
 
-func decodeResponse(status *int32, headers, body []byte) (*Response, error) {
-	if status == nil {
-		return nil, errors.New("finished key has no stored response")
-	}
-	resp := &Response{Status: int(*status), Body: body}
-	if len(headers) > 0 {
-		if err := json.Unmarshal(headers, &resp.Header); err != nil {
-			return nil, fmt.Errorf("decode stored headers: %w", err)
-		}
-	}
-	if resp.Body == nil {
-		resp.Body = []byte{}
-	}
-	return resp, nil
-}
-
-// fenced wraps a data-modifying statement (which must end in RETURNING 1) so
-// that it raises SQLSTATE AP001 when it matched no row. Raising, rather than
-// reporting zero rows, matters when the statement is pipelined with COMMIT:
-// the error aborts the transaction, so the COMMIT cannot persist the phase's
-// other work after the lease was lost.
-func fenced(modify string) string {
-	return "WITH fenced AS (" + modify + ") SELECT atomicphase_lease_lost() WHERE NOT EXISTS (SELECT FROM fenced)"
-}
-
-// advanceSQL moves the recovery point and state forward and renews the lease.
-// It waits on the row lock of a concurrent takeover and then re-checks the
-// token against the newest row version (READ COMMITTED), so it never advances
-// a row someone else now holds.
-//
-// It changes no indexed column and no column of an index predicate (which
-// is why it leaves last_run_at alone, and why the partial indexes test
-// finished_at rather than recovery_point), so Postgres can update the row
-// in place as a HOT update, without new index entries.
-var advanceSQL = fenced(`
-UPDATE idempotency_keys
-SET recovery_point = $3, phase_state = $4, hold = NULL,
-    lock_expires_at = now() + $5::interval
-WHERE id = $1 AND lock_token = $2
-RETURNING 1`)
-
-// finishSQL stores the response, marks the key finished and frees the lease.
-var finishSQL = fenced(`
-UPDATE idempotency_keys
-SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
-    response_status = $4, response_headers = $5, response_body = $6,
-    locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL
-WHERE id = $1 AND lock_token = $2
-RETURNING 1`)
-
-// releaseSQL frees the lease and keeps the recovery point, so the next run
-// resumes after the last committed phase. A non-empty hold parks the key.
-var releaseSQL = fenced(`
-UPDATE idempotency_keys
-SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
-    last_error = nullif($3, ''), hold = nullif($4, '')
-WHERE id = $1 AND lock_token = $2
-RETURNING 1`)
-
-// renewSQL extends a live lease by ttl from now and reports the new time
-// left. It is fenced like every other write.
-const renewSQL = `
-UPDATE idempotency_keys
-SET lock_expires_at = now() + $3::interval
-WHERE id = $1 AND lock_token = $2
-RETURNING lock_expires_at - now()`
-
-// Advance commits the recovery point and state of the holder identified by
-// token, and renews its lease for ttl. It returns ErrLeaseLost, and changes
-// nothing, when the token no longer matches.
-func Advance(ctx context.Context, q Querier, id, token uuid.UUID, point string, state []byte, ttl time.Duration) error {
-	return execFenced(ctx, q, advanceSQL, advanceArgs(id, token, point, state, ttl))
-}
-
-// QueueAdvance adds Advance to a batch, so it can be pipelined with COMMIT.
-// The batch's result for it reports ErrLeaseLost through AsLeaseLost.
-func QueueAdvance(b *pgx.Batch, id, token uuid.UUID, point string, state []byte, ttl time.Duration) {
-	b.Queue(advanceSQL, advanceArgs(id, token, point, state, ttl)...)
-}
-
-func advanceArgs(id, token uuid.UUID, point string, state []byte, ttl time.Duration) []any {
-	return []any{[16]byte(id), [16]byte(token), point, jsonOrNull(state), ttl}
-}
-
-// Finish stores resp as the key's final response, marks it finished and
-// frees the lease. It returns ErrLeaseLost, and changes nothing, when the
-// token no longer matches.
-func Finish(ctx context.Context, q Querier, id, token uuid.UUID, state []byte, resp Response) error {
-	args, err := finishArgs(id, token, state, resp)
-	if err != nil {
-		return err
-	}
-	return execFenced(ctx, q, finishSQL, args)
-}
-
-// QueueFinish adds Finish to a batch, so it can be pipelined with COMMIT.
-func QueueFinish(b *pgx.Batch, id, token uuid.UUID, state []byte, resp Response) error {
-	args, err := finishArgs(id, token, state, resp)
-	if err != nil {
-		return err
-	}
-	b.Queue(finishSQL, args...)
-	return nil
-}
-
-func finishArgs(id, token uuid.UUID, state []byte, resp Response) ([]any, error) {
-	if resp.Status < 100 || resp.Status > 599 {
-		return nil, fmt.Errorf("keyrow: finish: invalid status %d", resp.Status)
-	}
-	var headers []byte
-	if len(resp.Header) > 0 {
-		var err error
-		if headers, err = json.Marshal(resp.Header); err != nil {
-			return nil, fmt.Errorf("keyrow: finish: encode headers: %w", err)
-		}
-	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{}
-	}
-	return []any{[16]byte(id), [16]byte(token), jsonOrNull(state), resp.Status, headers, body}, nil
-}
-
-// Release frees the lease and keeps the recovery point, recording lastErr
-// for operators. A non-empty hold (HoldUnknown, HoldDead) parks the key so
-// that neither clients nor the completer run it until someone acts. It
-// returns ErrLeaseLost, and changes nothing, when the token no longer matches.
-func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr, hold string) error {
-	return execFenced(ctx, q, releaseSQL, []any{[16]byte(id), [16]byte(token), lastErr, hold})
-}
-
-// Renew extends the holder's lease to ttl from now, by the database clock,
-// and returns the time left. It returns ErrLeaseLost when the token no
-// longer matches.
-func Renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration) (time.Duration, error) {
-	var left time.Duration
-	err := q.QueryRow(ctx, renewSQL, [16]byte(id), [16]byte(token), ttl).Scan(&left)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, ErrLeaseLost
-	}
-	if err != nil {
-		return 0, fmt.Errorf("keyrow: renew: %w", err)
-	}
-	return left, nil
-}
-
-func execFenced(ctx context.Context, q Querier, sql string, args []any) error {
-	_, err := q.Exec(ctx, sql, args...)
-	return AsLeaseLost(err)
-}
-
-// AsLeaseLost maps the error a fenced statement raises when its token no
-// longer matches to ErrLeaseLost, and returns other errors unchanged.
-func AsLeaseLost(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == leaseLostCode {
-		return ErrLeaseLost
-	}
-	return err
-}
-
-func jsonOrNull(b []byte) []byte {
-	if len(b) == 0 {
-		return []byte("null")
-	}
-	return b
-}
-
-// unlockSQL frees a lease whoever holds it. A holder that is still running
-// is fenced out by the cleared token and stops at its next write.
-const unlockSQL = `
-UPDATE idempotency_keys
-SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL
-WHERE tenant = $1 AND idempotency_key = $2 AND lock_token IS NOT NULL`
-
-// Unlock frees the lease on an unfinished key regardless of who holds it,
-// keeping its recovery point, so the next request or the completer resumes it
-// at once. It is the operator's escape hatch for a key whose holder is known
-// to be dead, and the way tests get past a crashed holder without waiting
-// out the TTL. It reports whether a lease was freed.
-func Unlock(ctx context.Context, q Querier, tenant, key string) (bool, error) {
-	tag, err := q.Exec(ctx, unlockSQL, tenant, key)
-	if err != nil {
-		return false, fmt.Errorf("keyrow: unlock: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
+// ListFilter selects the keys of one State for an operator's listing.
+type ListFilter struct {
+	// State selects the keys: StateStuck, StateUnknown or StateDead.
+	State State
+	// StuckAfter is how idle a key must be to be stuck; zero means any
+	// idle time.
+	StuckAfter time.Duration
+	// Limit caps the keys returned. Defaults to DefaultListLimit.
+	Limit int
 }

@@ -1,13 +1,18 @@
 package phase
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/atomicphase/atomicphase/keyrow"
 )
@@ -62,30 +67,64 @@ type HTTPConfig[Req any] struct {
 }
 
 // DecodeJSON decodes a JSON request body into Req, refusing unknown fields
-// and trailing data.
+// and trailing data. A Content-Type other than application/json or a +json
+// type is refused with 415 (a request without one is read as JSON), so a
+// browser cannot skip a CORS preflight by posting text/plain.
 func DecodeJSON[Req any](r *http.Request) (Req, error) {
 	var req Req
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return req, &RequestError{Status: http.StatusUnsupportedMediaType,
+				Detail: fmt.Sprintf("the request body must be JSON (Content-Type: application/json), not %q", ct)}
+		}
+	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		return req, fmt.Errorf("request body is not valid JSON for this endpoint: %w", err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return req, errors.New("request body has data after the JSON value")
+	switch _, err := dec.Token(); {
+	case err == io.EOF:
+		return req, nil
+	case err != nil && isTooBig(err):
+		return req, err
 	}
-	return req, nil
+	return req, errors.New("request body has data after the JSON value")
 }
 
-// Handler returns an http.Handler that runs w for each request under the
-// Idempotency-Key header. It parses the key (bare or RFC 8941 quoted), finds
-// the tenant and decodes the request with cfg's functions, and answers:
-// the stored response (replays carry Idempotent-Replayed: true and identical
-// bytes); 400 for a missing or malformed key; 409 with Retry-After while
-// another request holds the key; the mismatch status when the key was used
-// with another request; 413 for an oversized body; and for failures an
+func isTooBig(err error) bool {
+	var tooBig *http.MaxBytesError
+	return errors.As(err, &tooBig)
+}
+
+// Handler returns an http.Handler that runs w for each POST under the
+// Idempotency-Key header; w must be registered with c. It parses the key
+// (bare or RFC 8941 quoted), finds the tenant and decodes the request with
+// cfg's functions, and answers: the stored response (replays carry
+// Idempotent-Replayed: true and identical bytes); and otherwise an
 // application/problem+json body (RFC 9457) that says whether retrying with
-// the same key is safe. Failures are never stored: the next retry resumes.
-func (w *Workflow[Req, State]) Handler(rn *Runner, cfg HTTPConfig[Req]) (http.Handler, error) {
+// the same key is safe:
+//
+//   - 400 for a missing or malformed key, several keys (on several lines or
+//     comma-separated on one), or a request that can never be stored;
+//   - 401 from the Tenant function, 405 for a method other than POST (with
+//     Allow: POST), 413 for an oversized body, 415 for a body that is not
+//     JSON (DecodeJSON);
+//   - 409 with Retry-After while another request holds the key or the key
+//     is on hold, and the mismatch status when the key was used with another
+//     request;
+//   - 503 with Retry-After when the store is unavailable or was lost
+//     mid-run, the run hit its time limit, a foreign call's outcome is
+//     unknown, or the client is stopping: retrying with the same key is safe;
+//   - 500 for a bug in user code (a panic, or a phase's own error).
+//
+// Failures are never stored: the next retry resumes after the last committed
+// phase.
+func (w *Workflow[Req, State]) Handler(c *Client, cfg HTTPConfig[Req]) (http.Handler, error) {
+	if err := c.registered(w); err != nil {
+		return nil, err
+	}
 	if cfg.Tenant == nil {
 		return nil, errors.New("phase: HTTPConfig.Tenant is required")
 	}
@@ -98,20 +137,26 @@ func (w *Workflow[Req, State]) Handler(rn *Runner, cfg HTTPConfig[Req]) (http.Ha
 	if cfg.MismatchStatus == 0 {
 		cfg.MismatchStatus = http.StatusUnprocessableEntity
 	}
-	return &handler[Req, State]{w: w, rn: rn, cfg: cfg}, nil
+	return &handler[Req, State]{w: w, c: c, cfg: cfg}, nil
 }
 
 type handler[Req, State any] struct {
 	w   *Workflow[Req, State]
-	rn  *Runner
+	c   *Client
 	cfg HTTPConfig[Req]
 }
 
 func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		rw.Header().Set("Allow", http.MethodPost)
+		WriteProblem(rw, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed",
+			fmt.Sprintf("this endpoint accepts POST, not %s", r.Method), 0)
+		return
+	}
 	values := r.Header.Values(keyrow.HeaderName)
 	if len(values) > 1 {
-		writeProblem(rw, http.StatusBadRequest, "invalid-idempotency-key", "Invalid Idempotency-Key",
-			"the request has more than one Idempotency-Key header; send exactly one", 0)
+		WriteProblem(rw, http.StatusBadRequest, "invalid-idempotency-key", "Invalid Idempotency-Key",
+			"the request has more than one Idempotency-Key header; send exactly one key", 0)
 		return
 	}
 	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
@@ -120,77 +165,126 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		if errors.Is(err, keyrow.ErrKeyMissing) {
 			code = "missing-idempotency-key"
 		}
-		writeProblem(rw, http.StatusBadRequest, code, "Invalid Idempotency-Key", err.Error(), 0)
+		WriteProblem(rw, http.StatusBadRequest, code, "Invalid Idempotency-Key", err.Error(), 0)
 		return
 	}
-	tenant, err := h.cfg.Tenant(r)
-	if err != nil {
-		writeRequestError(rw, err, http.StatusUnauthorized)
+	var tenant string
+	if err := protect("Tenant", func() (err error) {
+		tenant, err = h.cfg.Tenant(r)
+		return err
+	}); err != nil {
+		h.writeRequestError(rw, err, http.StatusUnauthorized)
 		return
 	}
 	r.Body = http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes)
-	req, err := h.cfg.Decode(r)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeProblem(rw, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
-				fmt.Sprintf("the request body is larger than %d bytes", tooBig.Limit), 0)
+	var req Req
+	if err := protect("Decode", func() (err error) {
+		req, err = h.cfg.Decode(r)
+		return err
+	}); err != nil {
+		if isTooBig(err) {
+			WriteProblem(rw, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+				fmt.Sprintf("the request body is larger than %d bytes", h.cfg.MaxBodyBytes), 0)
 			return
 		}
-		writeRequestError(rw, err, http.StatusBadRequest)
+		h.writeRequestError(rw, err, http.StatusBadRequest)
 		return
 	}
 	// Once the key is taken, the run goes on if the client hangs up: its
 	// retry then finds a stored answer instead of a half-done key.
-	out, err := h.w.Run(context.WithoutCancel(r.Context()), h.rn, tenant, key, req)
+	out, err := h.w.Run(context.WithoutCancel(r.Context()), h.c, tenant, key, req)
 	if err != nil {
 		h.writeError(rw, err)
 		return
 	}
 	switch out.Kind {
-	case keyrow.Replay:
+	case OutcomeReplay:
 		writeStored(rw, out.Response, true)
-	case keyrow.New, keyrow.Resumed:
+	case OutcomeNew, OutcomeResumed:
 		writeStored(rw, out.Response, false)
-	case keyrow.Held:
-		writeProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
+	case OutcomeInProgress:
+		WriteProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
 			"another request with this Idempotency-Key is still being processed; retry after the time in Retry-After", out.RetryAfter)
-	case keyrow.Parked:
+	case OutcomeOnHold:
 		detail := "the outcome of this request is being reconciled with a downstream service; retry later with the same Idempotency-Key"
 		if out.Hold == keyrow.HoldDead {
 			detail = "processing of this request was abandoned after repeated failures; an operator must retry it"
 		}
-		writeProblem(rw, http.StatusConflict, "request-on-hold", "Request on hold", detail, out.RetryAfter)
-	case keyrow.Mismatch:
-		writeProblem(rw, h.cfg.MismatchStatus, "idempotency-key-reused", "Idempotency-Key reused",
+		WriteProblem(rw, http.StatusConflict, "request-on-hold", "Request on hold", detail, out.RetryAfter)
+	case OutcomeMismatch:
+		WriteProblem(rw, h.cfg.MismatchStatus, "idempotency-key-reused", "Idempotency-Key reused",
 			"this Idempotency-Key was already used with a different request; use a new key for a new request", 0)
 	}
 }
 
+// writeRequestError answers an error of the Tenant or Decode function.
+func (h *handler[Req, State]) writeRequestError(rw http.ResponseWriter, err error, status int) {
+	var (
+		re *RequestError
+		pe *PanicError
+	)
+	switch {
+	case errors.As(err, &pe):
+		h.c.cfg.Logger.Error("panic in user code; nothing was run", "workflow", h.w.name, "where", pe.Where,
+			"panic", pe.Value, "stack", string(pe.Stack))
+		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
+			"the request could not be read because of a server bug; nothing was processed", 0)
+	case errors.As(err, &re):
+		status = cmp.Or(re.Status, status)
+		p := problem{Type: problemType + "invalid-request", Title: http.StatusText(status), Status: status, Detail: re.Detail, Field: re.Field}
+		writeJSONProblem(rw, p, 0)
+	default:
+		WriteProblem(rw, status, "invalid-request", http.StatusText(status), err.Error(), 0)
+	}
+}
+
 func (h *handler[Req, State]) writeError(rw http.ResponseWriter, err error) {
+	const retrySafe = "; nothing of the interrupted step was kept, and retrying with the same Idempotency-Key resumes the request safely"
+	var pe *PanicError
 	switch {
 	case errors.Is(err, ErrCrash):
 		// Behave as a killed process would: the client gets no answer.
 		panic(http.ErrAbortHandler)
+	case errors.Is(err, keyrow.ErrInvalidTenant), errors.Is(err, keyrow.ErrKeyInvalid), errors.Is(err, ErrInvalidRequest):
+		WriteProblem(rw, http.StatusBadRequest, "invalid-request", "Bad Request", requestErrorDetail(err), 0)
 	case errors.Is(err, ErrUnavailable):
-		writeProblem(rw, http.StatusServiceUnavailable, "store-unavailable", "Service unavailable",
-			"the request was not processed; retry with the same Idempotency-Key", 1)
+		WriteProblem(rw, http.StatusServiceUnavailable, "store-unavailable", "Service unavailable",
+			"the idempotency key store is unavailable"+retrySafe, time.Second)
+	case errors.Is(err, ErrRunTimeout):
+		WriteProblem(rw, http.StatusServiceUnavailable, "timeout", "Request timed out",
+			"processing took longer than the server allows"+retrySafe, time.Second)
+	case errors.Is(err, ErrStopped):
+		WriteProblem(rw, http.StatusServiceUnavailable, "shutting-down", "Service shutting down",
+			"the server is shutting down and did not process the request; retry with the same Idempotency-Key", time.Second)
 	case errors.Is(err, keyrow.ErrLeaseLost):
-		writeProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
-			"another request with this Idempotency-Key took over processing; retry with the same key", 1)
+		WriteProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
+			"another request with this Idempotency-Key took over processing; retry with the same key", time.Second)
 	case errors.Is(err, ErrOutcomeUnknown):
-		writeProblem(rw, http.StatusServiceUnavailable, "outcome-unknown", "Downstream outcome unknown",
-			"a downstream service did not confirm the operation; retry with the same Idempotency-Key and it will be completed exactly once", 1)
+		WriteProblem(rw, http.StatusServiceUnavailable, "outcome-unknown", "Downstream outcome unknown",
+			"a downstream service did not confirm the operation; retry with the same Idempotency-Key and it will be completed exactly once", time.Second)
+	case errors.As(err, &pe):
+		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
+			"the request failed part-way because of a server bug and nothing was stored as its answer; retrying with the same Idempotency-Key resumes it safely", 0)
 	default:
-		writeProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
+		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
 			"the request failed part-way and nothing was stored as its answer; retrying with the same Idempotency-Key resumes it safely", 0)
 	}
+}
+
+// requestErrorDetail is the client-facing part of a validation error: the
+// text after the package prefix.
+func requestErrorDetail(err error) string {
+	msg := err.Error()
+	for _, prefix := range []string{"keyrow: ", "phase: "} {
+		msg = strings.TrimPrefix(msg, prefix)
+	}
+	return msg
 }
 
 func writeStored(rw http.ResponseWriter, resp *keyrow.Response, replayed bool) {
 	hdr := rw.Header()
 	for k, v := range resp.Header {
-		hdr[k] = append([]string(nil), v...)
+		hdr[k] = v
 	}
 	if replayed {
 		hdr.Set(ReplayedHeader, "true")
@@ -199,18 +293,8 @@ func writeStored(rw http.ResponseWriter, resp *keyrow.Response, replayed bool) {
 	_, _ = rw.Write(resp.Body)
 }
 
-func writeRequestError(rw http.ResponseWriter, err error, status int) {
-	var re *RequestError
-	if !errors.As(err, &re) {
-		writeProblem(rw, status, "invalid-request", http.StatusText(status), err.Error(), 0)
-		return
-	}
-	if re.Status != 0 {
-		status = re.Status
-	}
-	p := problem{Type: "urn:atomicphase:problem:invalid-request", Title: http.StatusText(status), Status: status, Detail: re.Detail, Field: re.Field}
-	writeJSONProblem(rw, p, 0)
-}
+// problemType prefixes the type URI of every problem the library answers.
+const problemType = "urn:atomicphase:problem:"
 
 // problem is an RFC 9457 problem details body.
 type problem struct {
@@ -221,15 +305,20 @@ type problem struct {
 	Field  string `json:"field,omitempty"`
 }
 
-func writeProblem(rw http.ResponseWriter, status int, code, title, detail string, retryAfter int) {
-	writeJSONProblem(rw, problem{Type: "urn:atomicphase:problem:" + code, Title: title, Status: status, Detail: detail}, retryAfter)
+// WriteProblem answers an RFC 9457 application/problem+json error whose type
+// is urn:atomicphase:problem:<code>, with Retry-After in whole seconds when
+// retryAfter is positive. The handler answers every error with it;
+// applications use it so that their own errors around the handler (404,
+// 405, authentication) come in the same format.
+func WriteProblem(rw http.ResponseWriter, status int, code, title, detail string, retryAfter time.Duration) {
+	writeJSONProblem(rw, problem{Type: problemType + code, Title: title, Status: status, Detail: detail}, retryAfter)
 }
 
-func writeJSONProblem(rw http.ResponseWriter, p problem, retryAfter int) {
+func writeJSONProblem(rw http.ResponseWriter, p problem, retryAfter time.Duration) {
 	body, _ := json.Marshal(p) // a struct of strings and an int always encodes
 	rw.Header().Set("Content-Type", "application/problem+json")
 	if retryAfter > 0 {
-		rw.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+		rw.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
 	}
 	rw.WriteHeader(p.Status)
 	_, _ = rw.Write(append(body, '\n'))

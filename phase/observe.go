@@ -1,6 +1,9 @@
 package phase
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // EventKind names something that happened to a key during a run.
 type EventKind string
@@ -54,7 +57,8 @@ type Event struct {
 	Err      error
 }
 
-// Observer receives every Event of a runner. It is called synchronously on
-// the request's goroutine and must be fast and safe for concurrent use; a
-// metrics or tracing library plugs in here.
-type Observer func(Event)
+// Observer receives every Event of a client's runs, with the run's context,
+// so a tracer can attach the event to the caller's span. It is called
+// synchronously on the run's goroutine and must be fast and safe for
+// concurrent use; a metrics or tracing library plugs in here.
+type Observer func(ctx context.Context, ev Event)

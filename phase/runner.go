@@ -1,347 +1,389 @@
 package phase
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"time"
 
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/lockttl"
-	"github.com/atomicphase/atomicphase/recovery"
 )
 
-// Defaults for Config's zero values.
-const (
-	// DefaultMaxPhaseRetries is how many times a phase is run again after a
-	// serialization failure or deadlock before the run fails.
-	DefaultMaxPhaseRetries = 5
-	// DefaultRetryBackoff is the first pause before such a retry; it doubles,
-	// with jitter, on each further one.
-	DefaultRetryBackoff = 5 * time.Millisecond
-	// DefaultDownstreamKeyPrefix starts every downstream idempotency key.
-	DefaultDownstreamKeyPrefix = "atomicphase"
-)
-
-// ErrUnavailable is returned when the key store cannot be reached before the
-// run took its lease. Nothing was done: the run fails closed, and the HTTP
-// adapter answers 503.
+// ErrUnavailable is returned when the key store cannot be reached or was
+// lost during the run. Nothing of the interrupted phase was committed and no
+// response was stored: retrying with the same key is safe, and resumes after
+// the last committed phase. The HTTP handler answers 503 with Retry-After.
 var ErrUnavailable = errors.New("phase: idempotency key store unavailable")
+
+// ErrRunTimeout is returned when a run exceeded Config.RunTimeout. Its
+// committed phases are kept and its lease freed; a retry resumes it. The
+// HTTP handler answers 503 with Retry-After.
+var ErrRunTimeout = errors.New("phase: run exceeded its time limit")
 
 // ErrNoResponse is returned when a workflow ran out of phases without any
 // phase responding: a bug in the workflow, reported instead of committed.
 var ErrNoResponse = errors.New("phase: workflow ended without a response")
 
-// Config configures a Runner. Zero values mean the documented default.
-type Config struct {
-	// Pool is the database holding idempotency_keys and the workflows' own
-	// tables. Required.
-	Pool *pgxpool.Pool
-	// LockTTL is the lease length (default lockttl.DefaultTTL). Every phase
-	// commit renews it; a foreign call longer than a third of it renews it
-	// while it runs.
-	LockTTL time.Duration
-	// MaxPhaseRetries bounds the re-runs of a phase after a serialization
-	// failure or deadlock (default DefaultMaxPhaseRetries; negative: none).
-	MaxPhaseRetries int
-	// RetryBackoff is the first pause before such a re-run (default
-	// DefaultRetryBackoff).
-	RetryBackoff time.Duration
-	// WaitForInFlight, when positive, makes a request whose key is held by
-	// another live run wait up to this long for that run to finish and
-	// replay its response, instead of answering a conflict at once. Off by
-	// default.
-	WaitForInFlight time.Duration
-	// DownstreamKeyPrefix starts every downstream idempotency key (default
-	// DefaultDownstreamKeyPrefix).
-	DownstreamKeyPrefix string
-	// Logger receives the runner's logs (default slog.Default()).
-	Logger *slog.Logger
-	// Observer, when set, receives every Event.
-	Observer Observer
-	// Injector, when set, is consulted at every fault point (see Point).
-	// A context from WithInjector overrides it for one run.
-	Injector Injector
+// ErrInvalidRequest is returned, wrapped with the reason, for a request that
+// can never be stored: its JSON holds a NUL character (\u0000), which
+// Postgres's jsonb cannot hold. The HTTP handler answers 400.
+var ErrInvalidRequest = errors.New("phase: request cannot be stored")
+
+// PanicError is the error of a run in which user code (a phase, a foreign
+// call, a record, reconcile, When, Decode or Tenant function) panicked. The
+// runner recovers the panic and ends the run like any other failure:
+// nothing of the phase is committed, the lease is freed and the key stays
+// resumable. The panic is logged with its stack, and the HTTP handler
+// answers 500.
+type PanicError struct {
+	// Where names the user function that panicked, such as "phase charge".
+	Where string
+	// Value is what was passed to panic.
+	Value any
+	// Stack is the panicking goroutine's stack.
+	Stack []byte
 }
 
-func (c *Config) validate() error {
-	if c.Pool == nil {
-		return errors.New("phase: Config.Pool is required")
-	}
-	if c.LockTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 {
-		return errors.New("phase: Config durations must not be negative")
-	}
-	if c.LockTTL == 0 {
-		c.LockTTL = lockttl.DefaultTTL
-	}
-	if c.LockTTL < time.Second {
-		return fmt.Errorf("phase: Config.LockTTL %v is shorter than a second", c.LockTTL)
-	}
-	if c.MaxPhaseRetries == 0 {
-		c.MaxPhaseRetries = DefaultMaxPhaseRetries
-	}
-	if c.MaxPhaseRetries < 0 {
-		c.MaxPhaseRetries = 0
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = DefaultRetryBackoff
-	}
-	if c.DownstreamKeyPrefix == "" {
-		c.DownstreamKeyPrefix = DefaultDownstreamKeyPrefix
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return nil
-}
+func (e *PanicError) Error() string { return fmt.Sprintf("phase: panic in %s: %v", e.Where, e.Value) }
 
-// Registered is a workflow a Runner can resume from its stored row. Every
-// *Workflow is one.
-type Registered interface {
-	Name() string
-	resume(ctx context.Context, rn *Runner, row *keyrow.Row) (*Outcome, error)
-}
-
-// Runner runs workflows under idempotency keys. It is safe for concurrent
-// use; one Runner serves every request of a process.
-type Runner struct {
-	cfg       Config
-	workflows map[string]Registered
-}
-
-// NewRunner returns a runner configured by cfg that can resume the given
-// workflows (the completer needs them by name).
-func NewRunner(cfg Config, workflows ...Registered) (*Runner, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	rn := &Runner{cfg: cfg, workflows: make(map[string]Registered, len(workflows))}
-	for _, w := range workflows {
-		if _, dup := rn.workflows[w.Name()]; dup {
-			return nil, fmt.Errorf("phase: workflow %q registered twice", w.Name())
+// protect calls f and turns a panic in it into a *PanicError.
+func protect(where string, f func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Where: where, Value: v, Stack: debug.Stack()}
 		}
-		rn.workflows[w.Name()] = w
-	}
-	return rn, nil
+	}()
+	return f()
 }
 
-// Pool returns the runner's database pool.
-func (rn *Runner) Pool() *pgxpool.Pool { return rn.cfg.Pool }
+// OutcomeKind says what a run found its key in.
+type OutcomeKind int
 
-// LockTTL returns the lease length the runner uses.
-func (rn *Runner) LockTTL() time.Duration { return rn.cfg.LockTTL }
+// The kinds of Outcome. New and Resumed runs executed phases; the others did
+// nothing.
+const (
+	// OutcomeNew: the key was new and the run ran it to its response.
+	OutcomeNew OutcomeKind = iota + 1
+	// OutcomeResumed: the key was unfinished and free; the run continued it
+	// after its last committed phase to its response.
+	OutcomeResumed
+	// OutcomeReplay: the key was finished; Response is its stored response.
+	OutcomeReplay
+	// OutcomeInProgress: another run holds the key's lease.
+	OutcomeInProgress
+	// OutcomeMismatch: the key was first used with another request.
+	OutcomeMismatch
+	// OutcomeOnHold: the key is on hold (Outcome.Hold says why).
+	OutcomeOnHold
+)
 
-// Resume continues the key in row, whose lease the caller already holds
-// (row.LockToken), with its registered workflow: the completer's way to
-// finish a key no client is waiting for. A key on hold for an unknown
-// outcome is reconciled first. A workflow not registered with the runner
-// gives recovery.ErrUnknownWorkflow.
-func (rn *Runner) Resume(ctx context.Context, row *keyrow.Row) error {
-	w, ok := rn.workflows[row.Workflow]
-	if !ok {
-		return fmt.Errorf("%w %q", recovery.ErrUnknownWorkflow, row.Workflow)
+func (k OutcomeKind) String() string {
+	switch k {
+	case OutcomeNew:
+		return "new"
+	case OutcomeResumed:
+		return "resumed"
+	case OutcomeReplay:
+		return "replay"
+	case OutcomeInProgress:
+		return "in progress"
+	case OutcomeMismatch:
+		return "mismatch"
+	case OutcomeOnHold:
+		return "on hold"
 	}
-	_, err := w.resume(ctx, rn, row)
-	return err
+	return fmt.Sprintf("OutcomeKind(%d)", int(k))
 }
 
 // Outcome is the result of running a key.
 type Outcome struct {
-	// Kind says what the key was found in: New and Resumed runs executed
-	// phases; Replay, Held, Mismatch and Parked did nothing.
-	Kind keyrow.Outcome
+	Kind OutcomeKind
 	// Response is the key's final response when it is finished (by this
 	// run, or earlier for a replay).
 	Response *keyrow.Response
-	// RetryAfter is the seconds a client should wait before retrying a Held
-	// or Parked key.
-	RetryAfter int
-	// Hold says why a Parked key waits.
-	Hold string
+	// RetryAfter is how long a client should wait before retrying a key in
+	// progress or on hold.
+	RetryAfter time.Duration
+	// Hold says why a key on hold waits.
+	Hold keyrow.Hold
 }
 
 // Run runs req under the key (tenant, key): it takes the key's lease with one
 // statement, then replays, refuses, or runs the workflow from its stored
-// recovery point.
+// recovery point. w must be registered with c.
 //
-// Errors: ErrUnavailable (store unreachable; nothing done), ErrCrash (an
-// injected crash; the lease is kept), keyrow.ErrLeaseLost (another run took
-// the key over), ErrOutcomeUnknown, or the error of a failed phase. In every
+// Errors: ErrNotRegistered; an error wrapping keyrow.ErrInvalidTenant,
+// keyrow.ErrKeyInvalid or ErrInvalidRequest for a request that can never be
+// stored; ErrStopped; ErrUnavailable (the store is unreachable or was lost:
+// safe to retry); ErrRunTimeout; ErrCrash (an injected crash; the lease is
+// kept); keyrow.ErrLeaseLost (another run took the key over);
+// ErrOutcomeUnknown; a *PanicError; or the error of a failed phase. In every
 // error case the recovery point of the last committed phase is kept and
 // nothing is stored as the response.
-func (w *Workflow[Req, State]) Run(ctx context.Context, rn *Runner, tenant, key string, req Req) (*Outcome, error) {
-	params, err := json.Marshal(req)
-	if err != nil {
+func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key string, req Req) (*Outcome, error) {
+	if err := c.registered(w); err != nil {
+		return nil, err
+	}
+	if err := keyrow.CheckTenant(tenant); err != nil {
+		return nil, err
+	}
+	if err := keyrow.CheckKey(key); err != nil {
+		return nil, err
+	}
+	var params []byte
+	if err := protect("encoding the request", func() (err error) {
+		params, err = json.Marshal(req)
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("phase: encode request: %w", err)
+	}
+	if hasNUL(params) {
+		return nil, fmt.Errorf("%w: a string in the request holds a NUL character (\\u0000)", ErrInvalidRequest)
 	}
 	fp, err := keyrow.Fingerprint(w.name, params)
 	if err != nil {
 		return nil, fmt.Errorf("phase: fingerprint request: %w", err)
 	}
-	kreq := keyrow.Request{Tenant: tenant, Key: key, Workflow: w.name, Fingerprint: fp, Params: params, TTL: rn.cfg.LockTTL}
-	log := rn.cfg.Logger.With("workflow", w.name, "tenant", tenant, "key", key)
+	if !c.enter() {
+		return nil, ErrStopped
+	}
+	defer c.inflight.Done()
+	ctx, cancel := c.runContext(ctx)
+	defer cancel()
+
+	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
 	var waitUntil time.Time
-	if rn.cfg.WaitForInFlight > 0 {
-		waitUntil = time.Now().Add(rn.cfg.WaitForInFlight)
+	if c.cfg.WaitForInFlight > 0 {
+		waitUntil = time.Now().Add(c.cfg.WaitForInFlight)
 	}
 	pause := 10 * time.Millisecond
 	for {
-		kind, row, err := keyrow.Acquire(ctx, rn.cfg.Pool, kreq)
+		kind, row, err := store.Acquire(ctx, c.pool, kreq)
 		if err != nil {
-			log.Warn("idempotency key store unavailable", "err", err)
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
 		}
 		ev := Event{Workflow: w.name, Tenant: tenant, Key: key, RecoveryPoint: row.RecoveryPoint}
 		switch kind {
-		case keyrow.Replay:
+		case store.Replay:
 			ev.Kind, ev.Status = EventReplayed, row.Response.Status
-			rn.observe(ev)
-			return &Outcome{Kind: kind, Response: row.Response}, nil
-		case keyrow.Mismatch:
+			c.observe(ctx, ev)
+			return &Outcome{Kind: OutcomeReplay, Response: row.Response}, nil
+		case store.Mismatch:
 			ev.Kind = EventMismatch
-			rn.observe(ev)
-			return &Outcome{Kind: kind}, nil
-		case keyrow.Parked:
+			c.observe(ctx, ev)
+			return &Outcome{Kind: OutcomeMismatch}, nil
+		case store.Parked:
 			ev.Kind = EventConflict
-			rn.observe(ev)
-			return &Outcome{Kind: kind, Hold: row.Hold, RetryAfter: lockttl.RetryAfter(0)}, nil
-		case keyrow.Held:
+			c.observe(ctx, ev)
+			return &Outcome{Kind: OutcomeOnHold, Hold: row.Hold, RetryAfter: lockttl.RetryAfter(0)}, nil
+		case store.Held:
 			if left := time.Until(waitUntil); left > 0 {
+				t := time.NewTimer(min(pause, left, row.LeaseLeft))
 				select {
 				case <-ctx.Done():
-					return nil, ctx.Err()
-				case <-time.After(min(pause, left, row.LeaseLeft)):
+					t.Stop()
+					return nil, c.acquireFailed(ctx, w.name, tenant, key, ctx.Err())
+				case <-t.C:
 				}
 				pause = min(2*pause, 500*time.Millisecond)
 				continue
 			}
 			ev.Kind = EventConflict
-			rn.observe(ev)
-			return &Outcome{Kind: kind, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}, nil
+			c.observe(ctx, ev)
+			return &Outcome{Kind: OutcomeInProgress, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}, nil
 		}
+		row.Params = params
 		run := &Run[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
-			Resumed: kind == keyrow.Resumed, prefix: rn.cfg.DownstreamKeyPrefix}
-		if kind == keyrow.Resumed {
-			if err := json.Unmarshal(row.State, &run.State); err != nil {
-				return nil, rn.release(ctx, log, w.name, row, fmt.Errorf("phase: decode stored state: %w", err))
-			}
+			Resumed: kind == store.Resumed, prefix: c.cfg.DownstreamKeyPrefix}
+		ev.Kind = EventAcquired
+		if kind == store.Resumed {
 			ev.Kind = EventResumed
-		} else {
-			ev.Kind = EventAcquired
 		}
-		rn.observe(ev)
-		resp, err := w.execute(ctx, rn, log, run, row)
+		c.observe(ctx, ev)
+		resp, err := w.execute(ctx, c, run, row, false)
 		if err != nil {
 			return nil, err
 		}
-		return &Outcome{Kind: kind, Response: resp}, nil
+		out := &Outcome{Kind: OutcomeNew, Response: resp}
+		if kind == store.Resumed {
+			out.Kind = OutcomeResumed
+		}
+		return out, nil
+	}
+}
+
+// acquireFailed classifies an error of taking the lease. Nothing was done.
+func (c *Client) acquireFailed(ctx context.Context, workflow, tenant, key string, err error) error {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", ErrRunTimeout, err)
+	case storeDown(err) || ctx.Err() != nil:
+		c.cfg.Logger.Warn("idempotency key store unavailable", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	c.cfg.Logger.Error("taking the key's lease failed", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
+	return fmt.Errorf("phase: acquire: %w", err)
+}
+
+// runContext bounds a run by RunTimeout and by Stop giving up on it.
+func (c *Client) runContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
+	if c.cfg.RunTimeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.RunTimeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	stop := context.AfterFunc(c.halt, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
 	}
 }
 
 // resume continues a key claimed by the completer.
-func (w *Workflow[Req, State]) resume(ctx context.Context, rn *Runner, row *keyrow.Row) (*Outcome, error) {
-	log := rn.cfg.Logger.With("workflow", w.name, "tenant", row.Tenant, "key", row.Key)
+func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row) error {
+	ctx, cancel := c.runContext(ctx)
+	defer cancel()
 	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
-		Resumed: true, prefix: rn.cfg.DownstreamKeyPrefix}
+		Resumed: true, prefix: c.cfg.DownstreamKeyPrefix}
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
-		return nil, rn.release(ctx, log, w.name, row, fmt.Errorf("phase: decode stored request: %w", err))
+		err = fmt.Errorf("phase: decode stored request: %w", err)
+		c.release(ctx, row, err.Error(), row.Hold, true)
+		return err
 	}
-	if err := json.Unmarshal(row.State, &run.State); err != nil {
-		return nil, rn.release(ctx, log, w.name, row, fmt.Errorf("phase: decode stored state: %w", err))
-	}
-	rn.observe(Event{Kind: EventResumed, Workflow: w.name, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
-	resp, err := w.execute(ctx, rn, log, run, row)
-	if err != nil {
-		return nil, err
-	}
-	return &Outcome{Kind: keyrow.Resumed, Response: resp}, nil
+	c.observe(ctx, Event{Kind: EventResumed, Workflow: w.name, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
+	_, err := w.execute(ctx, c, run, row, true)
+	return err
 }
 
 // execute runs the phases after row's recovery point while holding its lease.
-func (w *Workflow[Req, State]) execute(ctx context.Context, rn *Runner, log *slog.Logger, run *Run[Req, State], row *keyrow.Row) (*keyrow.Response, error) {
-	lease := lockttl.New(row.ID, row.LockToken, rn.cfg.LockTTL)
+func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[Req, State], row *store.Row, byCompleter bool) (*keyrow.Response, error) {
+	x := &execution[Req, State]{w: w, c: c, run: run, row: row, byCompleter: byCompleter,
+		lease: store.NewLease(row.ID, row.LockToken, c.cfg.LockTTL), rp: row.RecoveryPoint}
+	if len(row.State) > 0 && !bytes.Equal(row.State, []byte("null")) {
+		if err := json.Unmarshal(row.State, &run.State); err != nil {
+			return nil, x.fail(ctx, fmt.Errorf("phase: decode stored state: %w", err))
+		}
+		x.committed = row.State
+	} else if err := protect("encoding the state", func() (err error) {
+		x.committed, err = json.Marshal(run.State)
+		return err
+	}); err != nil {
+		return nil, x.fail(ctx, fmt.Errorf("phase: encode state: %w", err))
+	}
 	start, err := w.next(row.RecoveryPoint)
 	if err != nil {
-		return nil, rn.release(ctx, log, w.name, row, err)
+		return nil, x.fail(ctx, err)
 	}
-	committed := row.State
-	if len(committed) == 0 {
-		if committed, err = json.Marshal(run.State); err != nil {
-			return nil, rn.release(ctx, log, w.name, row, fmt.Errorf("phase: encode state: %w", err))
-		}
-	}
-	x := &execution[Req, State]{w: w, rn: rn, log: log, run: run, lease: lease, committed: committed, rp: row.RecoveryPoint}
 	if row.Hold == keyrow.HoldUnknown {
-		if resp, done, err := x.reconcile(ctx, start); err != nil || done {
-			return resp, err
-		}
+		return x.reconcile(ctx, start)
 	}
-	for i := start; i < len(w.phases); i++ {
-		p := &w.phases[i]
-		if p.when != nil && !p.when(run) {
-			continue
-		}
-		resp, err := x.phase(ctx, i, nil)
-		if err != nil || resp != nil {
-			return resp, err
-		}
-	}
-	return nil, x.fail(ctx, ErrNoResponse)
+	return x.from(ctx, start, nil)
 }
 
 // execution is one run's progress through a workflow.
 type execution[Req, State any] struct {
 	w     *Workflow[Req, State]
-	rn    *Runner
-	log   *slog.Logger
+	c     *Client
 	run   *Run[Req, State]
-	lease *lockttl.Lease
+	row   *store.Row
+	lease *store.Lease
+	// byCompleter is set for the completer's runs, whose failures count
+	// towards giving up on the key.
+	byCompleter bool
 	// committed is the state as last committed, restored when a phase fails.
 	committed []byte
 	rp        string
 }
 
-// reconcile resolves the unknown outcome of the foreign phase at index i.
-// done reports that the run ended (with resp or err).
-func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (resp *keyrow.Response, done bool, err error) {
-	if i >= len(x.w.phases) || x.w.phases[i].foreign == nil || x.w.phases[i].foreign.reconcile == nil {
+// from runs the applicable phases from index i on, until one responds or
+// fails. A non-nil rec is the reconciled outcome of the foreign phase at i,
+// recorded instead of making its call.
+func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
+	for ; ; i++ {
+		if rec == nil {
+			var err error
+			if i, err = x.applicable(i); err != nil {
+				return nil, x.fail(ctx, err)
+			}
+		}
+		if i == len(x.w.phases) {
+			return nil, x.fail(ctx, ErrNoResponse)
+		}
+		resp, err := x.phase(ctx, i, rec)
+		if err != nil || resp != nil {
+			return resp, err
+		}
+		rec = nil
+	}
+}
+
+// applicable returns the index of the first phase from i on that applies to
+// this run (its When predicate holds), or len(phases) when none does.
+func (x *execution[Req, State]) applicable(i int) (int, error) {
+	for ; i < len(x.w.phases); i++ {
+		p := &x.w.phases[i]
+		if p.when == nil {
+			return i, nil
+		}
+		var ok bool
+		if err := protect("When of phase "+p.name, func() error {
+			ok = p.when(x.run)
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+		if ok {
+			return i, nil
+		}
+	}
+	return i, nil
+}
+
+// reconcile resolves the unknown outcome of the first applicable phase at
+// or after i, a foreign phase, and goes on from there.
+func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.Response, error) {
+	i, err := x.applicable(i)
+	if err != nil {
+		return nil, x.fail(ctx, err)
+	}
+	if i == len(x.w.phases) || x.w.phases[i].foreign == nil || x.w.phases[i].foreign.reconcile == nil {
 		// Nobody can tell what happened: keep the hold for an operator.
-		return nil, true, x.release(ctx, errors.New("phase: outcome unknown and the phase has no reconcile function"), keyrow.HoldUnknown)
+		return nil, x.release(ctx, errors.New("phase: outcome unknown and the phase has no reconcile function"), keyrow.HoldUnknown)
 	}
 	p := &x.w.phases[i]
 	x.run.phase = p.name
-	rec, res, err := p.foreign.reconcile(ctx, x.run)
+	var (
+		rec recordFn[Req, State]
+		res Resolution
+	)
+	err = protect("reconcile of phase "+p.name, func() (err error) {
+		rec, res, err = p.foreign.reconcile(ctx, x.run)
+		return err
+	})
+	var pe *PanicError
 	switch {
+	case errors.As(err, &pe):
+		return nil, x.fail(ctx, err)
 	case err != nil:
-		return nil, true, x.release(ctx, fmt.Errorf("phase: reconcile %s: %w", p.name, err), keyrow.HoldUnknown)
-	case res == Pending:
-		return nil, true, x.release(ctx, errors.New("phase: reconciliation pending"), keyrow.HoldUnknown)
-	case res == Retry:
+		return nil, x.release(ctx, fmt.Errorf("phase: reconcile %s: %w", p.name, err), keyrow.HoldUnknown)
+	case res == NotHappened:
 		// The call provably did not happen: run the phase normally, which
 		// clears the hold when it commits.
-		return nil, false, nil
+		return x.from(ctx, i, nil)
+	case res != Happened:
+		return nil, x.release(ctx, errors.New("phase: reconciliation pending"), keyrow.HoldUnknown)
 	}
-	resp, err = x.phase(ctx, i, rec)
-	if err != nil || resp != nil {
-		return resp, true, err
-	}
-	for j := i + 1; j < len(x.w.phases); j++ {
-		if q := &x.w.phases[j]; q.when == nil || q.when(x.run) {
-			resp, err := x.phase(ctx, j, nil)
-			if err != nil || resp != nil {
-				return resp, true, err
-			}
-		}
-	}
-	return nil, true, x.fail(ctx, ErrNoResponse)
+	return x.from(ctx, i, rec)
 }
 
 // phase runs the phase at index i. For a foreign phase, a non-nil rec is the
@@ -367,8 +409,8 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	ev := Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Duration: time.Since(start)}
 	if res.response != nil {
 		ev.Kind, ev.RecoveryPoint, ev.Status = EventFinished, keyrow.Finished, res.response.Status
-		x.rn.observe(ev)
-		x.log.Debug("key finished", "recovery_point", keyrow.Finished, "status", res.response.Status)
+		x.c.observe(ctx, ev)
+		x.debug(ctx, "key finished", "recovery_point", keyrow.Finished, "status", res.response.Status)
 		if err := x.inject(ctx, Point{p.name, BeforeResponse}); err != nil {
 			return nil, x.fail(ctx, err)
 		}
@@ -376,24 +418,52 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	}
 	x.rp = p.name
 	ev.Kind, ev.RecoveryPoint = EventPhaseCommitted, p.name
-	x.rn.observe(ev)
-	x.log.Debug("phase committed", "recovery_point", p.name)
+	x.c.observe(ctx, ev)
+	x.debug(ctx, "phase committed", "recovery_point", p.name)
 	return nil, nil
 }
 
-// call makes a foreign phase's call outside any transaction, renewing the
-// lease while it runs.
-func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) (recordFn[Req, State], error) {
+// call makes a foreign phase's call outside any transaction. Immediately
+// before it, the run renews its lease by the database clock, which proves
+// the key is still its own; while the call runs, the lease is renewed every
+// third of the TTL, until the call returns or its time limit passes.
+func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) (rec recordFn[Req, State], err error) {
 	if err := x.inject(ctx, Point{p.name, BeforeCall}); err != nil {
 		return nil, err
 	}
-	callCtx, stop := x.lease.Keep(ctx, x.rn.cfg.Pool)
-	rec, err := p.foreign.call(callCtx, x.run)
+	callCtx, cancel := ctx, context.CancelFunc(func() {})
+	if d := x.c.cfg.CallTimeout; d > 0 {
+		callCtx, cancel = context.WithTimeout(ctx, d)
+	}
+	defer cancel()
+	// The renewals stop with callCtx: a call that outlives its limit no
+	// longer keeps the key, which expires and resumes elsewhere.
+	keepCtx, stop, err := x.lease.Keep(callCtx, x.c.pool)
+	if err != nil {
+		if errors.Is(err, keyrow.ErrLeaseLost) {
+			return nil, err
+		}
+		return nil, x.storeError(ctx, fmt.Errorf("phase %s: renew lease before the call: %w", p.name, err))
+	}
+	defer stop()
+	err = protect("foreign call of phase "+p.name, func() (err error) {
+		rec, err = p.foreign.call(keepCtx, x.run)
+		return err
+	})
 	stop()
 	if lost := x.lease.Err(); lost != nil {
 		return nil, lost
 	}
-	if err != nil {
+	var pe *PanicError
+	switch {
+	case err == nil:
+	case errors.As(err, &pe):
+		return nil, err
+	case callCtx.Err() != nil && !errors.Is(err, ErrOutcomeUnknown):
+		// The call was cut short by its limit, the run's, or shutdown: it
+		// may have reached the provider.
+		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped after %v: %w", p.name, x.c.cfg.CallTimeout, err))
+	default:
 		return nil, fmt.Errorf("phase %s: %w", p.name, err)
 	}
 	if err := x.inject(ctx, Point{p.name, AfterCall}); err != nil {
@@ -407,25 +477,41 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 // serialization failure or deadlock.
 func (x *execution[Req, State]) commit(ctx context.Context, i int, body LocalFunc[Req, State]) (Result, error) {
 	p := &x.w.phases[i]
-	backoff := x.rn.cfg.RetryBackoff
+	backoff := x.c.cfg.RetryBackoff
 	for attempt := 0; ; attempt++ {
 		res, err := x.commitOnce(ctx, i, body)
 		if err == nil {
 			return res, nil
 		}
 		x.restoreState()
-		if !retryable(err) || attempt >= x.rn.cfg.MaxPhaseRetries {
-			return Result{}, err
+		if !retryable(err) || attempt >= x.c.cfg.MaxPhaseRetries {
+			return Result{}, x.storeError(ctx, err)
 		}
-		x.rn.observe(Event{Kind: EventRetried, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key,
+		x.c.observe(ctx, Event{Kind: EventRetried, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key,
 			RecoveryPoint: x.rp, Phase: p.name, Err: err})
+		t := time.NewTimer(backoff/2 + rand.N(backoff))
 		select {
 		case <-ctx.Done():
-			return Result{}, ctx.Err()
-		case <-time.After(backoff/2 + rand.N(backoff)):
+			t.Stop()
+			return Result{}, x.storeError(ctx, ctx.Err())
+		case <-t.C:
 		}
 		backoff *= 2
 	}
+}
+
+// storeError marks an error of the store, or of the run's own time limit,
+// so the caller is told to retry: nothing of the phase was committed.
+func (x *execution[Req, State]) storeError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, ErrCrash), errors.Is(err, keyrow.ErrLeaseLost):
+		return err
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w", ErrRunTimeout, err)
+	case storeDown(err) || ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
 }
 
 // commitOnce costs the phase's own statements plus two round trips: BEGIN,
@@ -436,7 +522,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if err := x.inject(ctx, Point{p.name, BeforeTx}); err != nil {
 		return Result{}, err
 	}
-	conn, err := x.rn.cfg.Pool.Acquire(ctx)
+	conn, err := x.c.pool.Acquire(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
@@ -452,34 +538,49 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	res, err = body(ctx, tx, x.run)
+	err = protect("phase "+p.name, func() (err error) {
+		res, err = body(ctx, tx, x.run)
+		return err
+	})
 	if err == nil {
 		err = res.err
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
-	if res.response == nil && !x.more(i) {
-		return Result{}, fmt.Errorf("phase %s: %w", p.name, ErrNoResponse)
+	if res.response == nil {
+		next, err := x.applicable(i + 1)
+		if err != nil {
+			return Result{}, err
+		}
+		if next == len(x.w.phases) {
+			return Result{}, fmt.Errorf("phase %s: %w", p.name, ErrNoResponse)
+		}
 	}
-	state, err := json.Marshal(x.run.State)
-	if err != nil {
+	var state []byte
+	if err := protect("encoding the state", func() (err error) {
+		state, err = json.Marshal(x.run.State)
+		return err
+	}); err != nil {
 		return Result{}, fmt.Errorf("phase %s: encode state: %w", p.name, err)
+	}
+	if hasNUL(state) {
+		return Result{}, fmt.Errorf("phase %s: the state holds a NUL character (\\u0000), which cannot be stored", p.name)
 	}
 	if err := x.inject(ctx, Point{p.name, BeforeCommit}); err != nil {
 		return Result{}, err
 	}
 	b := &pgx.Batch{}
 	if res.response != nil {
-		if err := keyrow.QueueFinish(b, x.run.ID, x.lease.Token, state, *res.response); err != nil {
+		if err := store.QueueFinish(b, x.run.ID, x.lease.Token, state, *res.response); err != nil {
 			return Result{}, err
 		}
 	} else {
-		keyrow.QueueAdvance(b, x.run.ID, x.lease.Token, p.name, state, x.lease.TTL)
+		store.QueueAdvance(b, x.run.ID, x.lease.Token, p.name, state, x.lease.TTL)
 	}
 	b.Queue("COMMIT")
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		err = keyrow.AsLeaseLost(err)
+		err = store.AsLeaseLost(err)
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			x.lease.MarkLost()
 			return Result{}, err
@@ -491,16 +592,6 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return Result{}, err
 	}
 	return res, nil
-}
-
-// more reports whether a phase after i applies to this run.
-func (x *execution[Req, State]) more(i int) bool {
-	for j := i + 1; j < len(x.w.phases); j++ {
-		if q := &x.w.phases[j]; q.when == nil || q.when(x.run) {
-			return true
-		}
-	}
-	return false
 }
 
 func (x *execution[Req, State]) restoreState() {
@@ -515,58 +606,62 @@ func (x *execution[Req, State]) restoreState() {
 func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 	x.restoreState()
 	ev := Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, RecoveryPoint: x.rp, Phase: x.run.phase, Err: err}
+	log := x.c.cfg.Logger
+	attrs := []any{"workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key, "recovery_point", x.rp, "phase", x.run.phase}
+	var pe *PanicError
 	switch {
 	case errors.Is(err, ErrCrash):
 		ev.Kind = EventCrashed
-		x.rn.observe(ev)
-		x.log.Warn("run crashed by fault injection; lease kept", "recovery_point", x.rp, "phase", x.run.phase)
+		x.c.observe(ctx, ev)
+		log.Warn("run crashed by fault injection; lease kept", attrs...)
 		return err
 	case errors.Is(err, keyrow.ErrLeaseLost):
 		ev.Kind = EventLeaseLost
-		x.rn.observe(ev)
-		x.log.Warn("lease lost; stopped without committing", "recovery_point", x.rp, "phase", x.run.phase)
+		x.c.observe(ctx, ev)
+		log.Warn("lease lost; stopped without committing", attrs...)
 		return err
 	case errors.Is(err, ErrOutcomeUnknown):
 		ev.Kind = EventUnknown
-		x.rn.observe(ev)
+		x.c.observe(ctx, ev)
 		hold := keyrow.HoldUnknown
-		if p := &x.w.phases[x.w.index[x.run.phase]]; p.foreign != nil && p.foreign.repeatable {
+		if i, ok := x.w.index[x.run.phase]; ok && x.w.phases[i].foreign != nil && x.w.phases[i].foreign.repeatable {
 			hold = ""
 		}
-		x.log.Warn("foreign call outcome unknown", "recovery_point", x.rp, "phase", x.run.phase, "hold", hold, "err", err)
+		log.Warn("foreign call outcome unknown", append(attrs, "hold", hold, "err", err)...)
 		return x.release(ctx, err, hold)
+	case errors.As(err, &pe):
+		ev.Kind = EventFailed
+		x.c.observe(ctx, ev)
+		log.Error("panic in user code; lease freed, recovery point kept", append(attrs, "where", pe.Where, "panic", pe.Value, "stack", string(pe.Stack))...)
+		return x.release(ctx, err, "")
 	}
 	ev.Kind = EventFailed
-	x.rn.observe(ev)
-	x.log.Error("phase failed; lease freed, recovery point kept", "recovery_point", x.rp, "phase", x.run.phase, "err", err)
+	x.c.observe(ctx, ev)
+	level := slog.LevelError
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
+		level = slog.LevelWarn
+	}
+	log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
 	return x.release(ctx, err, "")
 }
 
-func (x *execution[Req, State]) release(ctx context.Context, cause error, hold string) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := keyrow.Release(rctx, x.rn.cfg.Pool, x.run.ID, x.lease.Token, cause.Error(), hold); err != nil && !errors.Is(err, keyrow.ErrLeaseLost) {
-		x.log.Error("freeing the lease failed; the key resumes when it expires", "err", err)
-	}
+// release frees the lease, keeping the recovery point and putting the key
+// on hold when hold is set, and returns cause.
+func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
+	x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter)
 	return cause
 }
 
-// release frees the lease of a run that could not start.
-func (rn *Runner) release(ctx context.Context, log *slog.Logger, workflow string, row *keyrow.Row, cause error) error {
-	rn.observe(Event{Kind: EventFailed, Workflow: workflow, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint, Err: cause})
-	log.Error("run could not start; lease freed", "recovery_point", row.RecoveryPoint, "err", cause)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := keyrow.Release(rctx, rn.cfg.Pool, row.ID, row.LockToken, cause.Error(), row.Hold); err != nil && !errors.Is(err, keyrow.ErrLeaseLost) {
-		log.Error("freeing the lease failed; the key resumes when it expires", "err", err)
+func (x *execution[Req, State]) debug(ctx context.Context, msg string, args ...any) {
+	if log := x.c.cfg.Logger; log.Enabled(ctx, slog.LevelDebug) {
+		log.Debug(msg, append(args, "workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key)...)
 	}
-	return cause
 }
 
 func (x *execution[Req, State]) inject(ctx context.Context, at Point) error {
 	inj, _ := ctx.Value(injectorKey{}).(Injector)
 	if inj == nil {
-		inj = x.rn.cfg.Injector
+		inj = x.c.cfg.Injector
 	}
 	if inj == nil {
 		return nil
@@ -574,16 +669,30 @@ func (x *execution[Req, State]) inject(ctx context.Context, at Point) error {
 	return inj.Inject(ctx, at)
 }
 
-func (rn *Runner) observe(ev Event) {
-	if rn.cfg.Observer != nil {
-		rn.cfg.Observer(ev)
+func (c *Client) observe(ctx context.Context, ev Event) {
+	if c.cfg.Observer != nil {
+		c.cfg.Observer(ctx, ev)
 	}
 }
 
-// retryable reports a serialization failure or deadlock, after which the
-// phase's transaction can simply run again.
-func retryable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) &&
-		(pgErr.Code == pgerrcode.SerializationFailure || pgErr.Code == pgerrcode.DeadlockDetected)
+// hasNUL reports whether encoding/json output holds an escaped NUL
+// character, which jsonb refuses (SQLSTATE 22P05). encoding/json escapes
+// every control character, so a NUL can only appear as \u0000, preceded by
+// an odd number of backslashes.
+func hasNUL(js []byte) bool {
+	for i := bytes.Index(js, []byte(`\u0000`)); i >= 0; {
+		n := 0
+		for j := i - 1; j >= 0 && js[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return true
+		}
+		next := bytes.Index(js[i+1:], []byte(`\u0000`))
+		if next < 0 {
+			return false
+		}
+		i += 1 + next
+	}
+	return false
 }

@@ -31,8 +31,8 @@ type Workflow[Req, State any] struct {
 // reserved recovery points (keyrow.Started, keyrow.Finished); at least one
 // phase is required.
 func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Req, State], error) {
-	if name == "" || len(name) > 100 {
-		return nil, errors.New("phase: workflow name must be 1 to 100 characters")
+	if err := keyrow.CheckName(name); err != nil {
+		return nil, fmt.Errorf("phase: workflow name %w", err)
 	}
 	if len(phases) == 0 {
 		return nil, fmt.Errorf("phase: workflow %q has no phases", name)
@@ -40,8 +40,8 @@ func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Re
 	w := &Workflow[Req, State]{name: name, phases: phases, index: make(map[string]int, len(phases))}
 	for i, p := range phases {
 		switch {
-		case p.name == "" || len(p.name) > 100:
-			return nil, fmt.Errorf("phase: workflow %q: phase %d: name must be 1 to 100 characters", name, i)
+		case keyrow.CheckName(p.name) != nil:
+			return nil, fmt.Errorf("phase: workflow %q: phase %d: name %w", name, i, keyrow.CheckName(p.name))
 		case p.name == keyrow.Started || p.name == keyrow.Finished:
 			return nil, fmt.Errorf("phase: workflow %q: %q is a reserved recovery point", name, p.name)
 		case p.local == nil && p.foreign == nil:
@@ -83,7 +83,8 @@ func (w *Workflow[Req, State]) next(rp string) (int, error) {
 }
 
 // Run is what a phase sees: the request, the typed state committed by earlier
-// phases, and the key it runs under.
+// phases, and the key it runs under. (Workflow.Run runs a key; this type is
+// one run of it as a phase sees it.)
 type Run[Req, State any] struct {
 	// Req is the decoded request. Phases must treat it as read-only.
 	Req Req
@@ -154,8 +155,8 @@ type RecordFunc[Req, State, Out any] func(ctx context.Context, tx pgx.Tx, run *R
 
 // ReconcileFunc finds out what became of a foreign call whose outcome is
 // unknown, typically by looking the call up by run.DownstreamKey(). It
-// returns the call's output and Done when the call happened, or Retry when
-// it provably did not and may be made again.
+// returns the call's output and Happened when the call happened, or
+// NotHappened when it provably did not and may be made again.
 type ReconcileFunc[Req, State, Out any] func(ctx context.Context, run *Run[Req, State]) (Out, Resolution, error)
 
 // Resolution is what a reconciliation concluded.
@@ -163,12 +164,14 @@ type Resolution int
 
 // The resolutions a ReconcileFunc may return.
 const (
-	// Pending: still unknown; ask again later.
+	// Pending: still unknown; the key stays on hold and the completer asks
+	// again later.
 	Pending Resolution = iota
-	// Done: the call happened; its output is recorded and the run goes on.
-	Done
-	// Retry: the call did not happen; the next run makes it again.
-	Retry
+	// Happened: the call happened; its output is recorded and the run goes
+	// on.
+	Happened
+	// NotHappened: the call provably did not happen; the run makes it now.
+	NotHappened
 )
 
 // Phase is one atomic phase: a single database transaction that commits at
@@ -231,12 +234,12 @@ func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, 
 	f := *p.foreign
 	f.reconcile = func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], Resolution, error) {
 		out, res, err := fn(ctx, run)
-		if err != nil || res != Done {
+		if err != nil || res != Happened {
 			return nil, res, err
 		}
 		return func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error) {
 			return record(ctx, tx, run, out)
-		}, Done, nil
+		}, Happened, nil
 	}
 	p.foreign = &f
 	return p

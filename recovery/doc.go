@@ -1,18 +1,29 @@
-// Package recovery finishes, cleans up and explains work that no client is
-// waiting for.
+// Package recovery describes how keys that no client is waiting for are
+// finished, reconciled, given up on and cleaned up, and configures the
+// services that do it. The services themselves run inside a phase.Client:
+// its Start runs them, its Stop stops them.
 //
 // # Completer
 //
 // A request can stop part-way: its process crashed, its store hiccuped, or a
 // foreign call failed. Its key keeps the recovery point of the last
 // committed phase, and a client retry resumes it. When no client comes
-// back, the Completer does: it claims unfinished keys whose lease is free or
-// stale and whose last run is older than MinIdle, with FOR UPDATE SKIP
-// LOCKED and the same lease a request takes, rebuilds the typed request from
-// the stored params, and runs the remaining phases through a Resumer (a
-// *phase.Runner). Several completers in several processes share the work
-// without a leader. A key that keeps failing is retried with growing backoff
-// and, after MaxAttempts, moves to the dead hold for an operator.
+// back, the completer does: it claims unfinished keys whose lease is free or
+// stale and whose last run is older than [CompleterConfig.MinIdle], with
+// FOR UPDATE SKIP LOCKED and the same lease a request takes, rebuilds the
+// typed request from the stored params, and runs the remaining phases.
+// Several completers in several processes share the work without a leader.
+// A process claims only keys of the workflows registered with its client,
+// so during a rolling deploy a process that does not know a new workflow
+// leaves its keys alone.
+//
+// A key the completer keeps failing is retried with growing backoff, and
+// after [CompleterConfig.MaxAttempts] failures of the completer's own moves
+// to the dead hold for an operator, but only once it is abandoned: a key a
+// client retried within MinIdle is never buried, so a client that keeps
+// retrying while a provider is down converges once the provider recovers.
+// Each run of the completer is bounded by the client's RunTimeout, so one
+// hung key cannot stall a pass.
 //
 // # Unknown outcomes
 //
@@ -20,56 +31,23 @@
 // phase is declared repeatable (the provider honours the downstream
 // idempotency key, as Stripe does), the key is held as unknown: clients get
 // 409, and the completer asks the phase's reconcile function, which looks
-// the call up and resolves it to done or retry.
+// the call up and resolves it.
 //
 // # Reaper
 //
-// The Reaper deletes finished keys older than the retention in small
-// batches and gives abandoned keys a terminal response first; see Reaper.
+// The reaper deletes finished keys older than [ReaperConfig.Retention] in
+// small batches, pausing between them so that traffic keeps its latency. A
+// key that never finished (the completer gave up on it, or no completer ran)
+// and has been idle for the whole retention is first given a terminal 500
+// "request abandoned" response rather than deleted: a client retrying it
+// late gets that answer instead of a fresh run that could repeat side
+// effects, and one retention later the reaper deletes it like any finished
+// key. Keys in flight or awaiting reconciliation are never touched.
 //
 // # Metrics
 //
-// Observer receives the completer's and reaper's events (completed, dead,
-// reaped, expired), as phase.Config.Observer receives a runner's (new,
-// replayed, conflict, mismatch, resumed); keyrow.Count gives the gauges
-// (stuck, unknown, dead). Metrics tallies all of them for any metrics
-// library to read.
+// [Observer] receives the completer's and reaper's events (completed,
+// failed, dead, reaped, expired), as phase.Config.Observer receives a run's;
+// the client's Counts gives the gauges. [Metrics] tallies events for any
+// metrics library to read.
 package recovery
-
-import "errors"
-
-// ErrUnknownWorkflow is returned by a Resumer for a key whose workflow it
-// does not know. The completer reports it and leaves the key for a process
-// that does.
-var ErrUnknownWorkflow = errors.New("recovery: unknown workflow")
-
-// EventKind names what the completer or reaper did.
-type EventKind string
-
-// The events of the completer and reaper.
-const (
-	// EventCompleted: the completer ran a key to its stored response.
-	EventCompleted EventKind = "completed"
-	// EventFailed: the completer ran a key and it failed again.
-	EventFailed EventKind = "completer_failed"
-	// EventDead: keys moved to the dead hold.
-	EventDead EventKind = "dead"
-	// EventReaped: finished keys were deleted.
-	EventReaped EventKind = "reaped"
-	// EventExpired: abandoned keys got a terminal response.
-	EventExpired EventKind = "expired"
-)
-
-// Event describes what the completer or reaper did; Count says to how many
-// keys, and the key fields are set for single-key events.
-type Event struct {
-	Kind     EventKind
-	Count    int
-	Workflow string
-	Tenant   string
-	Key      string
-	Err      error
-}
-
-// Observer receives events; it must be fast and safe for concurrent use.
-type Observer func(Event)

@@ -1,10 +1,13 @@
 package recovery
 
-import "sync"
+import (
+	"context"
+	"sync"
+)
 
 // Metrics tallies events by kind, from the completer and reaper (Observe)
-// and from a runner (Count, fed from phase.Config.Observer); keyrow.Count
-// reads the gauges. Export its numbers with any metrics library; it is safe
+// and from a client's runs (Count, fed from phase.Config.Observer); the
+// client's Counts gives the gauges. Export its numbers with any metrics library; it is safe
 // for concurrent use.
 type Metrics struct {
 	mu     sync.Mutex
@@ -12,7 +15,7 @@ type Metrics struct {
 }
 
 // Observe adds a completer or reaper event; use it as an Observer.
-func (m *Metrics) Observe(ev Event) { m.Count(string(ev.Kind), ev.Count) }
+func (m *Metrics) Observe(_ context.Context, ev Event) { m.Count(string(ev.Kind), ev.Count) }
 
 // Count adds n to the tally of kind, for example a phase.EventKind.
 func (m *Metrics) Count(kind string, n int) {

@@ -1,12 +1,13 @@
 package phasetest
 
 import (
+	"context"
 	"sync"
 
 	"github.com/atomicphase/atomicphase/phase"
 )
 
-// Events records a runner's events for a test to count; pass its Observe
+// Events records a client's events for a test to count; pass its Observe
 // method as phase.Config.Observer. It is safe for concurrent use.
 type Events struct {
 	mu     sync.Mutex
@@ -14,7 +15,7 @@ type Events struct {
 }
 
 // Observe records ev.
-func (l *Events) Observe(ev phase.Event) {
+func (l *Events) Observe(_ context.Context, ev phase.Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.events = append(l.events, ev)

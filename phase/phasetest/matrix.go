@@ -9,12 +9,14 @@
 // invariants hold (for example: exactly one charge per key).
 //
 // No test sleeps out a lease: the crashed holder's lease is freed with
-// keyrow.Unlock, which is what its expiry would do.
+// Client.Unlock, which is what its expiry would do.
 package phasetest
 
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -39,16 +41,17 @@ const (
 
 // Config describes the workflow under test.
 type Config[Req, State any] struct {
-	Runner   *phase.Runner
+	// Client runs the workflow, which must be registered with it.
+	Client   *phase.Client
 	Workflow *phase.Workflow[Req, State]
 	// Tenant owns the keys the matrix uses (default "phasetest").
 	Tenant string
 	// Request returns the request for the scenario whose key is key. Each
 	// scenario uses a fresh key, so its effects can be told apart.
 	Request func(key string) Req
-	// Complete, when set, runs the completer until it has nothing left to
-	// do; every point is then also recovered without a client.
-	Complete func(ctx context.Context) error
+	// WithCompleter also recovers every point without a client, by the
+	// client's completer (Client.Complete).
+	WithCompleter bool
 	// Equal compares a recovered response with the crash-free one (default:
 	// same status and byte-identical body). Set it when responses carry
 	// per-key values such as generated ids.
@@ -63,11 +66,11 @@ type Config[Req, State any] struct {
 func Points[Req, State any](t testing.TB, cfg Config[Req, State], key string) ([]phase.Point, *keyrow.Response) {
 	t.Helper()
 	var rec phase.Recorder
-	out, err := cfg.Workflow.Run(phase.WithInjector(context.Background(), &rec), cfg.Runner, tenant(cfg), key, cfg.Request(key))
+	out, err := cfg.Workflow.Run(phase.WithInjector(context.Background(), &rec), cfg.Client, tenant(cfg), key, cfg.Request(key))
 	if err != nil {
 		t.Fatalf("crash-free run: %v", err)
 	}
-	if out.Kind != keyrow.New || out.Response == nil {
+	if out.Kind != phase.OutcomeNew || out.Response == nil {
 		t.Fatalf("crash-free run: outcome %v without a response; want a new key run to its end", out.Kind)
 	}
 	points := rec.Points()
@@ -83,18 +86,21 @@ func Points[Req, State any](t testing.TB, cfg Config[Req, State], key string) ([
 func CrashMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 	t.Helper()
 	ctx := context.Background()
-	points, crashFree := Points(t, cfg, "crash-free")
+	// Keys are unique to this call, so the matrix can run again on the same
+	// database (another test, -count=2).
+	prefix := uniquePrefix()
+	points, crashFree := Points(t, cfg, prefix+"crash-free")
 	if cfg.Check != nil {
-		cfg.Check(t, "crash-free", crashFree)
+		cfg.Check(t, prefix+"crash-free", crashFree)
 	}
 	recoveries := []Recovery{ByRetry}
-	if cfg.Complete != nil {
+	if cfg.WithCompleter {
 		recoveries = append(recoveries, ByCompleter)
 	}
 	for i, at := range points {
 		for _, how := range recoveries {
 			t.Run(fmt.Sprintf("%s/%s", at, how), func(t *testing.T) {
-				key := fmt.Sprintf("crash-%02d-%s-%s", i, at.Stage, how)
+				key := fmt.Sprintf("%scrash-%02d-%s-%s", prefix, i, at.Stage, how)
 				resp := crashAndRecover(ctx, t, cfg, key, at, how)
 				if !equal(cfg, crashFree, resp) {
 					t.Fatalf("recovered response %d %q differs from crash-free %d %q",
@@ -102,7 +108,7 @@ func CrashMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 				}
 				// Every later retry replays the same bytes.
 				again := run(ctx, t, cfg, key)
-				if again.Kind != keyrow.Replay || again.Response.Status != resp.Status || !bytes.Equal(again.Response.Body, resp.Body) {
+				if again.Kind != phase.OutcomeReplay || again.Response.Status != resp.Status || !bytes.Equal(again.Response.Body, resp.Body) {
 					t.Fatalf("retry after recovery: %v %d %q, want a replay of %d %q",
 						again.Kind, again.Response.Status, again.Response.Body, resp.Status, resp.Body)
 				}
@@ -116,20 +122,20 @@ func CrashMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 
 func crashAndRecover[Req, State any](ctx context.Context, t *testing.T, cfg Config[Req, State], key string, at phase.Point, how Recovery) *keyrow.Response {
 	t.Helper()
-	_, err := cfg.Workflow.Run(phase.WithInjector(ctx, phase.CrashAt(at)), cfg.Runner, tenant(cfg), key, cfg.Request(key))
+	_, err := cfg.Workflow.Run(phase.WithInjector(ctx, phase.CrashAt(at)), cfg.Client, tenant(cfg), key, cfg.Request(key))
 	if !errors.Is(err, phase.ErrCrash) {
 		t.Fatalf("run with a crash at %s: err = %v, want the injected crash", at, err)
 	}
 	// A killed process's lease would expire after its TTL; free it now.
-	if _, err := keyrow.Unlock(ctx, cfg.Runner.Pool(), tenant(cfg), key); err != nil {
+	if _, err := cfg.Client.Unlock(ctx, tenant(cfg), key); err != nil {
 		t.Fatal(err)
 	}
 	if how == ByCompleter {
-		if err := cfg.Complete(ctx); err != nil {
+		if _, err := cfg.Client.Complete(ctx); err != nil {
 			t.Fatalf("completer: %v", err)
 		}
 		out := run(ctx, t, cfg, key)
-		if out.Kind != keyrow.Replay {
+		if out.Kind != phase.OutcomeReplay {
 			t.Fatalf("after the completer, the key is %v, want finished (replay)", out.Kind)
 		}
 		return out.Response
@@ -143,7 +149,7 @@ func crashAndRecover[Req, State any](ctx context.Context, t *testing.T, cfg Conf
 
 func run[Req, State any](ctx context.Context, t *testing.T, cfg Config[Req, State], key string) *phase.Outcome {
 	t.Helper()
-	out, err := cfg.Workflow.Run(ctx, cfg.Runner, tenant(cfg), key, cfg.Request(key))
+	out, err := cfg.Workflow.Run(ctx, cfg.Client, tenant(cfg), key, cfg.Request(key))
 	if err != nil {
 		t.Fatalf("retry of %s: %v", key, err)
 	}
@@ -159,6 +165,13 @@ func equal[Req, State any](cfg Config[Req, State], a, b *keyrow.Response) bool {
 
 func sameHeader(a, b http.Header) bool {
 	return maps.EqualFunc(a, b, slices.Equal[[]string])
+}
+
+// uniquePrefix starts the keys of one matrix run.
+func uniquePrefix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:]) + "-"
 }
 
 func tenant[Req, State any](cfg Config[Req, State]) string {

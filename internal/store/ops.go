@@ -1,69 +1,22 @@
-package keyrow
+package store
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
-	"github.com/google/uuid"
+
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
-// ErrNotFound is returned by Inspect and Retry when the tenant has no key by
-// that name.
-var ErrNotFound = errors.New("keyrow: key not found")
-
-// ErrNotHeld is returned by Retry when the key exists but is not on hold:
-// it is runnable, in flight or finished, so there is nothing to retry.
-var ErrNotHeld = errors.New("keyrow: key is not on hold")
-
-// DefaultListLimit is how many keys List returns when ListFilter.Limit is zero.
-const DefaultListLimit = 50
-
-// KeyInfo is everything stored about one key that an operator needs, read
-// in one statement so its fields are consistent with each other. Only the
-// request fingerprint is left out: it is a hash, useful to the code that
-// compares requests and to nobody else.
-type KeyInfo struct {
-	ID            uuid.UUID `json:"id"`
-	Tenant        string    `json:"tenant"`
-	Key           string    `json:"key"`
-	Workflow      string    `json:"workflow"`
-	RecoveryPoint string    `json:"recovery_point"`
-	// Hold is HoldUnknown or HoldDead for a parked key, empty otherwise.
-	Hold      string    `json:"hold"`
-	CreatedAt time.Time `json:"created_at"`
-	LastRunAt time.Time `json:"last_run_at"`
-	// FinishedAt is set once the response is stored.
-	FinishedAt *time.Time `json:"finished_at"`
-	// LockedAt and LockExpiresAt describe the last lease taken; they stay
-	// set after a lease expires until someone takes or frees the key.
-	LockedAt      *time.Time `json:"locked_at"`
-	LockExpiresAt *time.Time `json:"lock_expires_at"`
-	Attempts      int        `json:"attempts"`
-	LastError     string     `json:"last_error"`
-	// ResponseStatus, ResponseHeader and ResponseBody are the stored
-	// response of a finished key, nil otherwise.
-	ResponseStatus *int        `json:"response_status"`
-	ResponseHeader http.Header `json:"response_headers"`
-	ResponseBody   []byte      `json:"response_body"`
-	// Params is the request as first received; State the workflow's state
-	// as last committed.
-	Params json.RawMessage `json:"params"`
-	State  json.RawMessage `json:"state"`
-	// LeaseLeft is how long the current lease has to run by the database
-	// clock when the row was read; zero when the lease is free or expired.
-	LeaseLeft time.Duration `json:"lease_left_ns"`
-}
-
-// keyInfoColumns selects a KeyInfo, with each column named as pgxscan maps
+// keyInfoColumns selects a keyrow.Row, with each column named as pgxscan maps
 // the field (snake case) and NULL text turned into the empty string.
 const keyInfoColumns = `
     id, tenant, idempotency_key AS key, workflow, recovery_point, coalesce(hold, '') AS hold,
-    created_at, last_run_at, finished_at, locked_at, lock_expires_at, attempts,
+    created_at, last_run_at, finished_at, locked_at, lock_expires_at, attempts, failures,
     coalesce(last_error, '') AS last_error,
     response_status, response_headers AS response_header, response_body,
     request_params AS params, phase_state AS state,
@@ -76,35 +29,18 @@ const inspectSQL = `SELECT ` + keyInfoColumns + `
 FROM idempotency_keys
 WHERE tenant = $1 AND idempotency_key = $2`
 
-// Inspect returns everything stored about the tenant's key, or ErrNotFound.
-func Inspect(ctx context.Context, q Querier, tenant, key string) (*KeyInfo, error) {
-	var info KeyInfo
+// Inspect returns everything stored about the tenant's key, or
+// keyrow.ErrNotFound.
+func Inspect(ctx context.Context, q Querier, tenant, key string) (*keyrow.Row, error) {
+	var info keyrow.Row
 	err := pgxscan.Get(ctx, q, &info, inspectSQL, tenant, key)
 	if pgxscan.NotFound(err) {
-		return nil, ErrNotFound
+		return nil, keyrow.ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("keyrow: inspect: %w", err)
+		return nil, fmt.Errorf("store: inspect: %w", err)
 	}
 	return &info, nil
-}
-
-// ListFilter selects the keys List returns. Exactly one of Stuck, Unknown
-// and Dead must be set.
-type ListFilter struct {
-	// Stuck selects the completer's backlog: unfinished, runnable keys whose
-	// lease is free or expired and whose last run is older than StuckAfter.
-	// They are the keys Count counts as stuck.
-	Stuck bool
-	// StuckAfter is how idle a key must be to be stuck; zero means any
-	// idle time.
-	StuckAfter time.Duration
-	// Unknown selects keys on hold awaiting reconciliation (HoldUnknown).
-	Unknown bool
-	// Dead selects keys the completer gave up on (HoldDead).
-	Dead bool
-	// Limit caps the keys returned (default DefaultListLimit).
-	Limit int
 }
 
 // listStuckSQL is served by the partial index idempotency_keys_unfinished,
@@ -125,31 +61,28 @@ ORDER BY last_run_at
 LIMIT $2`
 
 // List returns the keys f selects, those idle longest first.
-func List(ctx context.Context, q Querier, f ListFilter) ([]KeyInfo, error) {
-	limit := f.Limit
-	if limit == 0 {
-		limit = DefaultListLimit
-	}
+func List(ctx context.Context, q Querier, f keyrow.ListFilter) ([]keyrow.Row, error) {
+	limit := cmp.Or(f.Limit, keyrow.DefaultListLimit)
 	if limit < 0 || f.StuckAfter < 0 {
-		return nil, errors.New("keyrow: list: Limit and StuckAfter must not be negative")
+		return nil, errors.New("store: list: Limit and StuckAfter must not be negative")
 	}
 	var (
 		sql  string
 		args []any
 	)
-	switch {
-	case f.Stuck && !f.Unknown && !f.Dead:
+	switch f.State {
+	case keyrow.StateStuck:
 		sql, args = listStuckSQL, []any{f.StuckAfter, limit}
-	case f.Unknown && !f.Stuck && !f.Dead:
-		sql, args = listHeldSQL, []any{HoldUnknown, limit}
-	case f.Dead && !f.Stuck && !f.Unknown:
-		sql, args = listHeldSQL, []any{HoldDead, limit}
+	case keyrow.StateUnknown:
+		sql, args = listHeldSQL, []any{string(keyrow.HoldUnknown), limit}
+	case keyrow.StateDead:
+		sql, args = listHeldSQL, []any{string(keyrow.HoldDead), limit}
 	default:
-		return nil, errors.New("keyrow: list: set exactly one of Stuck, Unknown and Dead")
+		return nil, fmt.Errorf("store: list: state %q cannot be listed; use stuck, unknown or dead", f.State)
 	}
-	keys := []KeyInfo{}
+	keys := []keyrow.Row{}
 	if err := pgxscan.Select(ctx, q, &keys, sql, args...); err != nil {
-		return nil, fmt.Errorf("keyrow: list: %w", err)
+		return nil, fmt.Errorf("store: list: %w", err)
 	}
 	return keys, nil
 }
@@ -165,7 +98,7 @@ func List(ctx context.Context, q Querier, f ListFilter) ([]KeyInfo, error) {
 // otherwise race the completer to the reaper's next run.
 const retrySQL = `
 UPDATE idempotency_keys
-SET hold = NULL, attempts = 0, last_run_at = now()
+SET hold = NULL, failures = 0, last_run_at = now()
 WHERE tenant = $1 AND idempotency_key = $2 AND hold IS NOT NULL`
 
 const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1 AND idempotency_key = $2)`
@@ -173,7 +106,7 @@ const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1
 // Retry makes a key on hold runnable again, keeping its recovery point,
 // state and last error: the next client request resumes it at once, and the
 // completer once the key has been idle for its MinIdle. The completer then
-// allows the key its full MaxAttempts again.
+// allows the key its full MaxAttempts of failures again.
 //
 // Retrying a dead key is always safe. Retrying an unknown key is the
 // operator's word that the uncertain foreign call did not happen, or may
@@ -184,7 +117,7 @@ const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1
 func Retry(ctx context.Context, q Querier, tenant, key string) error {
 	tag, err := q.Exec(ctx, retrySQL, tenant, key)
 	if err != nil {
-		return fmt.Errorf("keyrow: retry: %w", err)
+		return fmt.Errorf("store: retry: %w", err)
 	}
 	if tag.RowsAffected() == 1 {
 		return nil
@@ -192,12 +125,12 @@ func Retry(ctx context.Context, q Querier, tenant, key string) error {
 	// Nothing changed, so this read only chooses the error to report.
 	var exists bool
 	if err := q.QueryRow(ctx, existsSQL, tenant, key).Scan(&exists); err != nil {
-		return fmt.Errorf("keyrow: retry: %w", err)
+		return fmt.Errorf("store: retry: %w", err)
 	}
 	if !exists {
-		return ErrNotFound
+		return keyrow.ErrNotFound
 	}
-	return ErrNotHeld
+	return keyrow.ErrNotHeld
 }
 
 // reapCandidatesSQL counts with the predicates reapSQL and expireSQL use.
@@ -215,10 +148,10 @@ SELECT (SELECT count(*) FROM idempotency_keys WHERE ` + reapableWhere + `),
 // Retention must be positive, as the reaper's is.
 func ReapCandidates(ctx context.Context, q Querier, retention time.Duration) (finished, abandoned int, err error) {
 	if retention <= 0 {
-		return 0, 0, errors.New("keyrow: reap candidates: retention must be positive")
+		return 0, 0, errors.New("store: reap candidates: retention must be positive")
 	}
 	if err := q.QueryRow(ctx, reapCandidatesSQL, retention).Scan(&finished, &abandoned); err != nil {
-		return 0, 0, fmt.Errorf("keyrow: reap candidates: %w", err)
+		return 0, 0, fmt.Errorf("store: reap candidates: %w", err)
 	}
 	return finished, abandoned, nil
 }

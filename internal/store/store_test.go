@@ -1,4 +1,4 @@
-package keyrow_test
+package store_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package keyrow
+package store
 
 import (
 	"context"
@@ -6,22 +6,25 @@ import (
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
+
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // ClaimParams selects the unfinished keys the completer may take.
 type ClaimParams struct {
+	// Workflows are the workflow names the claiming process can run; keys of
+	// any other workflow are left alone, for a process that knows them.
+	Workflows []string
 	// Limit caps how many keys one claim takes.
 	Limit int
 	// MinIdle: a key is due only when its last run is at least this old, so
 	// the completer leaves alone requests whose client is likely to retry.
 	MinIdle time.Duration
-	// Backoff is added per earlier attempt, doubling (capped at MaxBackoff),
-	// so a key that keeps failing is retried less and less often.
+	// Backoff is added per earlier failure of the completer on the key,
+	// doubling (capped at MaxBackoff), so a key that keeps failing is
+	// retried less and less often.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
-	// Unknown includes keys on hold for an unknown outcome, for
-	// reconciliation, besides runnable ones.
-	Unknown bool
 	// TTL is the lease each claimed key gets.
 	TTL time.Duration
 }
@@ -33,19 +36,21 @@ type ClaimParams struct {
 // off it for the TTL. The lease condition is re-checked on the locked row, so
 // a key a request took between the scan and the lock is not stolen.
 //
-// The scan is served by idempotency_keys_unfinished (and _held for unknown
-// keys), which contain no finished rows.
+// Keys on hold for an unknown outcome are claimed for reconciliation besides
+// runnable ones. The scan is served by idempotency_keys_unfinished and
+// idempotency_keys_held, which contain no finished rows.
 const claimSQL = `
 WITH due AS (
     SELECT id FROM idempotency_keys
     WHERE finished_at IS NULL
-      AND (hold IS NULL OR (hold = 'unknown' AND $6))
+      AND (hold IS NULL OR hold = 'unknown')
+      AND workflow = ANY($6::text[])
       -- The first bound alone is what the index can range-scan on; the
-      -- second adds the per-key backoff: none after the first run, then
-      -- Backoff doubling with each further attempt, capped.
+      -- second adds the per-key backoff: none before the completer's first
+      -- failure, then Backoff doubling with each further one, capped.
       AND last_run_at <= now() - $2::interval
-      AND last_run_at <= now() - $2::interval - CASE WHEN attempts <= 1 THEN interval '0'
-          ELSE least($3::interval * (2 ^ least(attempts - 2, 30)), $4::interval) END
+      AND last_run_at <= now() - $2::interval - CASE WHEN failures = 0 THEN interval '0'
+          ELSE least($3::interval * (2 ^ least(failures - 1, 30)), $4::interval) END
       AND (lock_expires_at IS NULL OR lock_expires_at <= now())
     ORDER BY last_run_at
     LIMIT $1
@@ -60,34 +65,46 @@ RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point
           k.phase_state AS state, k.request_params AS params, coalesce(k.hold, '') AS hold,
           k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
 
-// Claim takes the lease on up to p.Limit due keys and returns them with
-// their stored request and state, ready to resume.
+// Claim takes the lease on up to p.Limit due keys of p.Workflows and returns
+// them with their stored request and state, ready to resume.
 func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
+	if len(p.Workflows) == 0 {
+		return nil, nil
+	}
 	// The statement's column names match Row's fields; the fields it does
 	// not return (LeaseLeft, Response) stay zero.
 	var rows []*Row
 	err := pgxscan.Select(ctx, q, &rows, claimSQL,
-		p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff, p.TTL, p.Unknown)
+		p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows)
 	if err != nil {
-		return nil, fmt.Errorf("keyrow: claim: %w", err)
+		return nil, fmt.Errorf("store: claim: %w", err)
 	}
 	return rows, nil
 }
 
-// burySQL parks runnable keys that used up their attempts as dead, so the
-// completer stops spending work on them and operators can see them.
+// burySQL parks keys the completer gave up on as dead. A key is buried only
+// when it is abandoned: free, runnable, idle for at least the completer's
+// idle threshold ($3), so no client is retrying it, and failed by the
+// completer itself maxFailures times since it last made progress. A client
+// that keeps retrying a key while a provider is down never gets it buried.
+// Only keys of workflows the process knows ($2) are judged.
 const burySQL = `
 UPDATE idempotency_keys
 SET hold = 'dead'
-WHERE finished_at IS NULL AND hold IS NULL AND attempts >= $1
+WHERE finished_at IS NULL AND hold IS NULL AND failures >= $1
+  AND workflow = ANY($2::text[])
+  AND last_run_at <= now() - $3::interval
   AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
 
-// Bury moves every free, runnable key with at least maxAttempts attempts to
-// the dead hold and reports how many it moved.
-func Bury(ctx context.Context, q Querier, maxAttempts int) (int, error) {
-	tag, err := q.Exec(ctx, burySQL, maxAttempts)
+// Bury moves every abandoned key of workflows that the completer failed
+// maxFailures times to the dead hold, and reports how many it moved.
+func Bury(ctx context.Context, q Querier, workflows []string, maxFailures int, minIdle time.Duration) (int, error) {
+	if len(workflows) == 0 {
+		return 0, nil
+	}
+	tag, err := q.Exec(ctx, burySQL, maxFailures, workflows, minIdle)
 	if err != nil {
-		return 0, fmt.Errorf("keyrow: bury: %w", err)
+		return 0, fmt.Errorf("store: bury: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
@@ -116,7 +133,7 @@ WHERE id IN (
 func Reap(ctx context.Context, q Querier, retention time.Duration, limit int) (int, error) {
 	tag, err := q.Exec(ctx, reapSQL, retention, limit)
 	if err != nil {
-		return 0, fmt.Errorf("keyrow: reap: %w", err)
+		return 0, fmt.Errorf("store: reap: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
@@ -157,24 +174,9 @@ WHERE id IN (
 func Expire(ctx context.Context, q Querier, retention time.Duration, limit int) (int, error) {
 	tag, err := q.Exec(ctx, expireSQL, retention, limit)
 	if err != nil {
-		return 0, fmt.Errorf("keyrow: expire: %w", err)
+		return 0, fmt.Errorf("store: expire: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
-}
-
-// Counts summarises the keys table for gauges and operators.
-type Counts struct {
-	// Finished keys hold a stored response.
-	Finished int `json:"finished"`
-	// InFlight keys are unfinished and held by a live lease.
-	InFlight int `json:"in_flight"`
-	// Stuck keys are unfinished, runnable, unleased and idle for longer
-	// than the threshold given to Count: the completer's backlog.
-	Stuck int `json:"stuck"`
-	// Unknown keys await reconciliation of a foreign call.
-	Unknown int `json:"unknown"`
-	// Dead keys were given up on and wait for an operator.
-	Dead int `json:"dead"`
 }
 
 // stuckWhere selects the completer's backlog: unfinished, runnable keys
@@ -185,21 +187,27 @@ const stuckWhere = `finished_at IS NULL AND hold IS NULL
     AND (lock_expires_at IS NULL OR lock_expires_at <= now())
     AND last_run_at < now() - $1::interval`
 
+// countSQL puts every key in exactly one state: finished, held (unknown or
+// dead), in flight (live lease), and the rest split by idleness into stuck
+// and waiting.
 const countSQL = `
 SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
-       count(*) FILTER (WHERE finished_at IS NULL AND lock_expires_at > now()),
+       count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()),
+       count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL
+                          AND (lock_expires_at IS NULL OR lock_expires_at <= now())
+                          AND last_run_at >= now() - $1::interval),
        count(*) FILTER (WHERE ` + stuckWhere + `),
-       count(*) FILTER (WHERE hold = 'unknown'),
-       count(*) FILTER (WHERE hold = 'dead')
+       count(*) FILTER (WHERE finished_at IS NULL AND hold = 'unknown'),
+       count(*) FILTER (WHERE finished_at IS NULL AND hold = 'dead')
 FROM idempotency_keys`
 
-// Count returns the Counts of the keys table; a key counts as stuck once
+// Count returns how many keys are in each state; a key counts as stuck once
 // idle for stuckAfter.
-func Count(ctx context.Context, q Querier, stuckAfter time.Duration) (Counts, error) {
-	var c Counts
-	err := q.QueryRow(ctx, countSQL, stuckAfter).Scan(&c.Finished, &c.InFlight, &c.Stuck, &c.Unknown, &c.Dead)
+func Count(ctx context.Context, q Querier, stuckAfter time.Duration) (keyrow.Counts, error) {
+	var c keyrow.Counts
+	err := q.QueryRow(ctx, countSQL, stuckAfter).Scan(&c.Finished, &c.InFlight, &c.Waiting, &c.Stuck, &c.Unknown, &c.Dead)
 	if err != nil {
-		return c, fmt.Errorf("keyrow: count: %w", err)
+		return c, fmt.Errorf("store: count: %w", err)
 	}
 	return c, nil
 }

@@ -1,4 +1,4 @@
-package lockttl_test
+package store_test
 
 import (
 	"context"

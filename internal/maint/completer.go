@@ -1,0 +1,132 @@
+// Package maint runs the services that keep the keys table healthy without
+// a client: the completer and the reaper. A phase.Client owns and starts
+// them; package recovery documents and configures them.
+package maint
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// Resumer continues a claimed key with its workflow, within the client's
+// run limits. It must free or keep the key's lease as any run does.
+type Resumer func(ctx context.Context, row *store.Row) error
+
+// Completer finishes keys that no client is waiting for.
+type Completer struct {
+	cfg       recovery.CompleterConfig
+	pool      *pgxpool.Pool
+	resumer   Resumer
+	workflows []string
+	ttl       time.Duration
+	log       *slog.Logger
+	bg        Background
+}
+
+// NewCompleter returns a completer for the keys of workflows, run by r.
+// cfg must have its defaults applied.
+func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows []string, ttl time.Duration, log *slog.Logger) *Completer {
+	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, ttl: ttl, log: log}
+}
+
+// RunOnce makes one pass: buries abandoned keys out of attempts, claims up
+// to BatchSize due keys, and resumes them.
+func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
+	var res recovery.PassResult
+	buried, err := store.Bury(ctx, c.pool, c.workflows, c.cfg.MaxAttempts, c.cfg.MinIdle)
+	if err != nil {
+		return res, err
+	}
+	res.Buried = buried
+	if buried > 0 {
+		c.observe(ctx, recovery.Event{Kind: recovery.EventDead, Count: buried})
+		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
+	}
+	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
+		Workflows: c.workflows, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
+		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl,
+	})
+	if err != nil {
+		return res, err
+	}
+	res.Claimed = len(rows)
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		sem = make(chan struct{}, c.cfg.Concurrency)
+	)
+	for _, row := range rows {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			err := c.resume(ctx, row)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				res.Failed++
+			} else {
+				res.Completed++
+			}
+		})
+	}
+	wg.Wait()
+	return res, nil
+}
+
+func (c *Completer) resume(ctx context.Context, row *store.Row) error {
+	err := c.resumer(ctx, row)
+	ev := recovery.Event{Kind: recovery.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
+	if err != nil {
+		ev.Kind, ev.Err = recovery.EventFailed, err
+	}
+	c.observe(ctx, ev)
+	if err != nil && c.log.Enabled(ctx, slog.LevelWarn) {
+		c.log.Warn("completer could not finish key", "workflow", row.Workflow, "tenant", row.Tenant,
+			"key", row.Key, "recovery_point", row.RecoveryPoint, "attempt", row.Attempts, "err", err)
+	}
+	return err
+}
+
+// Drain runs passes until one finds nothing to claim, and returns the sum.
+func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
+	var total recovery.PassResult
+	for {
+		res, err := c.RunOnce(ctx)
+		total = total.Add(res)
+		if err != nil || res.Claimed == 0 {
+			return total, err
+		}
+	}
+}
+
+// Start runs passes every Interval in the background until Stop or ctx
+// ends.
+func (c *Completer) Start(ctx context.Context) error {
+	return c.bg.Start(ctx, "completer", c.cfg.Interval, func(ctx context.Context) {
+		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			c.log.Error("completer pass failed", "err", err)
+		}
+	})
+}
+
+// Stop ends the background passes and waits for the current one, or for
+// ctx. Keys a cancelled pass was running keep their recovery point and are
+// resumed later.
+func (c *Completer) Stop(ctx context.Context) error { return c.bg.Stop(ctx) }
+
+func (c *Completer) observe(ctx context.Context, ev recovery.Event) {
+	if c.cfg.Observer != nil {
+		c.cfg.Observer(ctx, ev)
+	}
+}
+
+// errAlreadyStarted is returned by Start on a running service.
+var errAlreadyStarted = errors.New("already started")

@@ -1,0 +1,153 @@
+package maint
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// Reaper deletes finished keys once their retention is over, in small
+// batches, and closes abandoned keys first so that they can be deleted too.
+type Reaper struct {
+	cfg  recovery.ReaperConfig
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	bg   Background
+}
+
+// NewReaper returns a reaper; cfg must have its defaults applied.
+func NewReaper(cfg recovery.ReaperConfig, pool *pgxpool.Pool, log *slog.Logger) *Reaper {
+	return &Reaper{cfg: cfg, pool: pool, log: log}
+}
+
+// RunOnce closes abandoned keys and deletes expired ones, batch after
+// batch with a pause between batches, until none is left or ctx ends.
+func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
+	var res recovery.ReapResult
+	for {
+		n, err := store.Expire(ctx, r.pool, r.cfg.Retention, r.cfg.BatchSize)
+		res.Expired += n
+		if err != nil {
+			return res, err
+		}
+		if n < r.cfg.BatchSize {
+			break
+		}
+		if err := r.pause(ctx); err != nil {
+			return res, err
+		}
+	}
+	if res.Expired > 0 {
+		r.observe(ctx, recovery.Event{Kind: recovery.EventExpired, Count: res.Expired})
+		r.log.Warn("abandoned keys closed with a terminal response", "count", res.Expired)
+	}
+	for {
+		n, err := store.Reap(ctx, r.pool, r.cfg.Retention, r.cfg.BatchSize)
+		res.Deleted += n
+		if n > 0 {
+			r.observe(ctx, recovery.Event{Kind: recovery.EventReaped, Count: n})
+		}
+		if err != nil {
+			return res, err
+		}
+		if n < r.cfg.BatchSize {
+			return res, nil
+		}
+		if err := r.pause(ctx); err != nil {
+			return res, err
+		}
+	}
+}
+
+func (r *Reaper) pause(ctx context.Context) error {
+	if r.cfg.Pause <= 0 {
+		return nil
+	}
+	t := time.NewTimer(r.cfg.Pause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Start runs the reaper every Interval in the background until Stop or ctx
+// ends.
+func (r *Reaper) Start(ctx context.Context) error {
+	return r.bg.Start(ctx, "reaper", r.cfg.Interval, func(ctx context.Context) {
+		if res, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.log.Error("reaper run failed", "err", err, "deleted", res.Deleted)
+		}
+	})
+}
+
+// Stop ends the background runs and waits for the current one, or for ctx.
+func (r *Reaper) Stop(ctx context.Context) error { return r.bg.Stop(ctx) }
+
+func (r *Reaper) observe(ctx context.Context, ev recovery.Event) {
+	if r.cfg.Observer != nil {
+		r.cfg.Observer(ctx, ev)
+	}
+}
+
+// Background runs a periodic pass on its own goroutine between Start and
+// Stop; the completer and the reaper are both one.
+type Background struct {
+	mu     sync.Mutex
+	name   string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Start calls pass at once and then every interval until Stop or ctx ends.
+func (b *Background) Start(ctx context.Context, name string, interval time.Duration, pass func(context.Context)) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cancel != nil {
+		return fmt.Errorf("%s %w", name, errAlreadyStarted)
+	}
+	b.name = name
+	ctx, b.cancel = context.WithCancel(ctx)
+	b.done = make(chan struct{})
+	go func() {
+		defer close(b.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			pass(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return nil
+}
+
+// Stop cancels the passes and waits for the current one, or for ctx.
+func (b *Background) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	cancel, done := b.cancel, b.done
+	b.cancel = nil
+	b.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop %s: %w", b.name, ctx.Err())
+	}
+}

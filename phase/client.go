@@ -1,0 +1,346 @@
+package phase
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/maint"
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/lockttl"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// Defaults for Config's zero values.
+const (
+	// DefaultCallTimeout bounds one foreign call.
+	DefaultCallTimeout = time.Minute
+	// DefaultRunTimeout bounds one run of a key, from taking its lease to
+	// storing its response.
+	DefaultRunTimeout = 5 * time.Minute
+	// DefaultMaxPhaseRetries is how many times a phase is run again after a
+	// serialization failure or deadlock before the run fails.
+	DefaultMaxPhaseRetries = 5
+	// DefaultRetryBackoff is the first pause before such a retry; it doubles,
+	// with jitter, on each further one.
+	DefaultRetryBackoff = 5 * time.Millisecond
+	// DefaultDownstreamKeyPrefix starts every downstream idempotency key.
+	DefaultDownstreamKeyPrefix = "atomicphase"
+)
+
+// Config configures a Client. Zero values mean the documented default.
+type Config struct {
+	// LockTTL is the lease length: how long a run may go without renewing
+	// its lease before another run may take the key over. The run, the
+	// completer and every process must agree on it, so it is set here once.
+	// Every phase commit renews it, and a foreign call renews it before it
+	// starts and every third of it while it runs. Defaults to
+	// lockttl.DefaultTTL; at least lockttl.MinTTL.
+	LockTTL time.Duration
+	// CallTimeout bounds each foreign call. A call that exceeds it has an
+	// unknown outcome: a Repeatable phase is repeated with the same
+	// downstream key by the next run, any other is held for reconciliation.
+	// Defaults to DefaultCallTimeout; -1 disables the limit.
+	CallTimeout time.Duration
+	// RunTimeout bounds one run of a key, the completer's included. A run
+	// that exceeds it stops, keeps its committed phases and frees the key,
+	// so a retry or the completer resumes it. Defaults to DefaultRunTimeout;
+	// -1 disables the limit.
+	RunTimeout time.Duration
+	// MaxPhaseRetries bounds the re-runs of a phase after a serialization
+	// failure or deadlock. Defaults to DefaultMaxPhaseRetries; -1 means none.
+	MaxPhaseRetries int
+	// RetryBackoff is the first pause before such a re-run. Defaults to
+	// DefaultRetryBackoff.
+	RetryBackoff time.Duration
+	// WaitForInFlight, when positive, makes a request whose key is held by
+	// another live run wait up to this long for that run to finish and
+	// replay its response, instead of answering a conflict at once.
+	// Defaults to 0: no waiting.
+	WaitForInFlight time.Duration
+	// DownstreamKeyPrefix starts every downstream idempotency key. Defaults
+	// to DefaultDownstreamKeyPrefix.
+	DownstreamKeyPrefix string
+	// Logger receives the client's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Observer, when set, receives every Event of every run.
+	Observer Observer
+	// Injector, when set, is consulted at every fault point (see Point).
+	// A context from WithInjector overrides it for one run.
+	Injector Injector
+	// Completer configures the completer that Start runs.
+	Completer recovery.CompleterConfig
+	// Reaper configures the reaper that Start runs.
+	Reaper recovery.ReaperConfig
+}
+
+// withDefaults returns c with its defaults applied, or an error naming the
+// invalid field.
+func (c Config) withDefaults() (Config, error) {
+	for name, d := range map[string]time.Duration{"CallTimeout": c.CallTimeout, "RunTimeout": c.RunTimeout} {
+		if d < -1 {
+			return c, fmt.Errorf("phase: Config.%s %v is negative; use -1 to disable it", name, d)
+		}
+	}
+	if c.LockTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 || c.MaxPhaseRetries < -1 {
+		return c, errors.New("phase: Config.LockTTL, RetryBackoff, WaitForInFlight and MaxPhaseRetries must not be negative")
+	}
+	c.LockTTL = cmp.Or(c.LockTTL, lockttl.DefaultTTL)
+	if err := lockttl.Check(c.LockTTL); err != nil {
+		return c, fmt.Errorf("phase: Config.LockTTL: %w", err)
+	}
+	c.CallTimeout = cmp.Or(c.CallTimeout, DefaultCallTimeout)
+	c.RunTimeout = cmp.Or(c.RunTimeout, DefaultRunTimeout)
+	c.MaxPhaseRetries = max(cmp.Or(c.MaxPhaseRetries, DefaultMaxPhaseRetries), 0)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, DefaultRetryBackoff)
+	c.DownstreamKeyPrefix = cmp.Or(c.DownstreamKeyPrefix, DefaultDownstreamKeyPrefix)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	var err error
+	if c.Completer, err = c.Completer.WithDefaults(); err != nil {
+		return c, err
+	}
+	if c.Reaper, err = c.Reaper.WithDefaults(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// Registered is a workflow a Client can run and resume from its stored row.
+// Every *Workflow is one.
+type Registered interface {
+	Name() string
+	resume(ctx context.Context, c *Client, row *store.Row) error
+}
+
+// ErrNotRegistered is returned when running or serving a workflow that was
+// not given to NewClient: the completer could not finish its keys.
+var ErrNotRegistered = errors.New("phase: workflow is not registered with the client")
+
+// ErrStopped is returned for a run started after Client.Stop began; the HTTP
+// handler answers it with 503 and Retry-After.
+var ErrStopped = errors.New("phase: client is stopping")
+
+// Client runs workflows under idempotency keys and owns the services that
+// finish and clean up keys without a client: the completer and the reaper.
+// One Client serves every request of a process; it is safe for concurrent
+// use.
+//
+// A process that only serves sets Config.Completer.Interval and
+// Config.Reaper.Interval to -1 (or never calls Start); a process that only
+// completes registers its workflows and calls Start without serving.
+type Client struct {
+	cfg       Config
+	pool      *pgxpool.Pool
+	workflows map[string]Registered
+	completer *maint.Completer
+	reaper    *maint.Reaper
+
+	mu       sync.Mutex
+	stopping bool
+	inflight sync.WaitGroup
+	// halt is cancelled when Stop gives up waiting: runs still going then
+	// stop and free their leases.
+	halt     context.Context
+	haltRuns context.CancelFunc
+}
+
+// NewClient returns a client over pool, which must hold the migrated
+// atomicphase schema (see atomicphase.Migrate) and the workflows' own
+// tables, configured by cfg (nil means all defaults), that can run and
+// resume workflows.
+func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Client, error) {
+	if pool == nil {
+		return nil, errors.New("phase: NewClient needs a pool")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c, err := c.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cl := &Client{cfg: c, pool: pool, workflows: make(map[string]Registered, len(workflows))}
+	for _, w := range workflows {
+		if w == nil {
+			return nil, errors.New("phase: NewClient: nil workflow")
+		}
+		if _, dup := cl.workflows[w.Name()]; dup {
+			return nil, fmt.Errorf("phase: workflow %q registered twice", w.Name())
+		}
+		cl.workflows[w.Name()] = w
+	}
+	names := slices.Sorted(func(yield func(string) bool) {
+		for n := range cl.workflows {
+			if !yield(n) {
+				return
+			}
+		}
+	})
+	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
+	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, c.LockTTL, c.Logger)
+	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger)
+	return cl, nil
+}
+
+// Start runs the completer and the reaper in the background, each unless
+// its Interval is -1, until Stop or ctx ends.
+func (c *Client) Start(ctx context.Context) error {
+	c.mu.Lock()
+	stopping := c.stopping
+	c.mu.Unlock()
+	if stopping {
+		return ErrStopped
+	}
+	if c.cfg.Completer.Interval > 0 {
+		if err := c.completer.Start(ctx); err != nil {
+			return fmt.Errorf("phase: start: %w", err)
+		}
+	}
+	if c.cfg.Reaper.Interval > 0 {
+		if err := c.reaper.Start(ctx); err != nil {
+			return fmt.Errorf("phase: start: %w", err)
+		}
+	}
+	return nil
+}
+
+// Stop shuts the client down gracefully: new runs are refused with
+// ErrStopped, the completer and reaper stop, and runs in flight are given
+// until ctx ends to finish. Runs still going then are cancelled: each stops
+// at its next step, keeps its committed phases and frees its lease, so a
+// retry or another process's completer resumes it at once. Stop returns
+// ctx's error when it had to cancel runs.
+func (c *Client) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		c.inflight.Wait()
+		close(done)
+	}()
+	// The services' own runs count as in flight; stopping them cancels
+	// those runs, which then free their leases.
+	errs := []error{c.completer.Stop(ctx), c.reaper.Stop(ctx)}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		c.haltRuns()
+		// Cancelled runs free their leases within the store's release
+		// timeout; wait for that, so nothing is left running.
+		<-done
+		errs = append(errs, fmt.Errorf("phase: stop: runs cancelled: %w", ctx.Err()))
+	}
+	return errors.Join(errs...)
+}
+
+// enter registers a run in flight, unless the client is stopping.
+func (c *Client) enter() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping {
+		return false
+	}
+	c.inflight.Add(1)
+	return true
+}
+
+// registered reports whether w is the workflow registered under its name.
+func (c *Client) registered(w Registered) error {
+	if got, ok := c.workflows[w.Name()]; !ok || got != w {
+		return fmt.Errorf("%w: %q", ErrNotRegistered, w.Name())
+	}
+	return nil
+}
+
+// resume continues a key the completer claimed, with its registered
+// workflow.
+func (c *Client) resume(ctx context.Context, row *store.Row) error {
+	w, ok := c.workflows[row.Workflow]
+	if !ok {
+		// Claims select registered workflows only; a miss is a bug, and the
+		// key is handed back for a process that knows it.
+		err := fmt.Errorf("%w: %q", ErrNotRegistered, row.Workflow)
+		c.release(ctx, row, err.Error(), row.Hold, true)
+		return err
+	}
+	return w.resume(ctx, c, row)
+}
+
+// release frees the lease of a run that ends without finishing, logging a
+// failure to do so (the lease then expires by itself).
+func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) {
+	if err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter); err != nil {
+		c.cfg.Logger.Error("freeing the lease failed; the key resumes when it expires",
+			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "err", err)
+	}
+}
+
+// Complete runs completer passes until one finds nothing due, and returns
+// what they did: the way to finish due keys now, in a test or a one-off
+// job, whether or not Start runs the completer.
+func (c *Client) Complete(ctx context.Context) (recovery.PassResult, error) {
+	return c.completer.Drain(ctx)
+}
+
+// Reap runs the reaper once, now, whether or not Start runs it.
+func (c *Client) Reap(ctx context.Context) (recovery.ReapResult, error) {
+	return c.reaper.RunOnce(ctx)
+}
+
+// Inspect returns everything stored about the tenant's key, or
+// keyrow.ErrNotFound.
+func (c *Client) Inspect(ctx context.Context, tenant, key string) (*keyrow.Row, error) {
+	return store.Inspect(ctx, c.pool, tenant, key)
+}
+
+// List returns the keys f selects, those idle longest first. A zero
+// StuckAfter for stuck keys means the completer's MinIdle.
+func (c *Client) List(ctx context.Context, f keyrow.ListFilter) ([]keyrow.Row, error) {
+	return store.List(ctx, c.pool, f)
+}
+
+// Counts returns how many keys are in each keyrow.State, counting a key as
+// stuck once it has been idle for the completer's MinIdle.
+func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
+	return store.Count(ctx, c.pool, c.cfg.Completer.MinIdle)
+}
+
+// Unlock frees the lease on an unfinished key whoever holds it, keeping its
+// recovery point, so the next request or the completer resumes it at once.
+// It is the operator's escape hatch for a key whose holder is known to be
+// dead: a holder that is still running is fenced out and stops at its next
+// write, but a foreign call it is already making goes on. It reports
+// whether a lease was freed.
+func (c *Client) Unlock(ctx context.Context, tenant, key string) (bool, error) {
+	return store.Unlock(ctx, c.pool, tenant, key)
+}
+
+// Retry makes a key on hold runnable again, keeping its recovery point and
+// state, and gives the completer its full MaxAttempts on it again.
+// Retrying a dead key is always safe. Retrying an unknown key is the
+// operator's word that the uncertain foreign call did not happen, or may
+// happen twice: the resumed run repeats it instead of reconciling it. It
+// returns keyrow.ErrNotFound or keyrow.ErrNotHeld when there is nothing to
+// retry.
+func (c *Client) Retry(ctx context.Context, tenant, key string) error {
+	return store.Retry(ctx, c.pool, tenant, key)
+}
+
+// ReapCandidates reports what a reaper run would do if it started now,
+// changing nothing: how many finished keys it would delete and how many
+// abandoned keys it would close with a terminal response.
+func (c *Client) ReapCandidates(ctx context.Context) (finished, abandoned int, err error) {
+	return store.ReapCandidates(ctx, c.pool, c.cfg.Reaper.Retention)
+}

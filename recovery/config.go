@@ -1,0 +1,180 @@
+package recovery
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"time"
+)
+
+// Defaults for CompleterConfig's zero values.
+const (
+	// DefaultInterval is how often the completer looks for due keys.
+	DefaultInterval = 5 * time.Second
+	// DefaultBatchSize is how many keys one pass claims.
+	DefaultBatchSize = 100
+	// DefaultMinIdle is how long a key's last run must be past before the
+	// completer takes it, leaving a client time to retry on its own. The
+	// reference implementation waits 60 seconds.
+	DefaultMinIdle = time.Minute
+	// DefaultBackoff is the pause added after the completer's first failure
+	// on a key, doubling with each further one up to DefaultMaxBackoff.
+	DefaultBackoff    = 30 * time.Second
+	DefaultMaxBackoff = time.Hour
+	// DefaultMaxAttempts is how many failures of the completer's own an
+	// abandoned key gets before it is dead.
+	DefaultMaxAttempts = 10
+	// DefaultConcurrency is how many claimed keys run at once.
+	DefaultConcurrency = 4
+)
+
+// CompleterConfig configures the completer of a phase.Client. Zero values
+// mean the default.
+type CompleterConfig struct {
+	// Interval between passes. Defaults to DefaultInterval; -1 disables the
+	// completer in Start, for a process that only serves (the client's
+	// Complete still runs a pass on demand).
+	Interval time.Duration
+	// BatchSize caps the keys claimed per pass. Defaults to
+	// DefaultBatchSize.
+	BatchSize int
+	// Concurrency caps the claimed keys run at once. Defaults to
+	// DefaultConcurrency.
+	Concurrency int
+	// MinIdle is how long a key must be idle before the completer takes it,
+	// and before it can be given up on. Defaults to DefaultMinIdle; -1
+	// means no wait.
+	MinIdle time.Duration
+	// Backoff is added after the completer's first failure on a key and
+	// doubles with each further one, up to MaxBackoff. Defaults to
+	// DefaultBackoff and DefaultMaxBackoff; -1 disables the backoff.
+	Backoff    time.Duration
+	MaxBackoff time.Duration
+	// MaxAttempts is how many times the completer fails an abandoned key
+	// before moving it to the dead hold. Defaults to DefaultMaxAttempts.
+	MaxAttempts int
+	// Observer, when set, receives the completer's events.
+	Observer Observer
+}
+
+// WithDefaults returns c with every zero field set to its default, or an
+// error naming a field whose value is invalid.
+func (c CompleterConfig) WithDefaults() (CompleterConfig, error) {
+	if c.Interval < -1 || c.BatchSize < 0 || c.Concurrency < 0 || c.MinIdle < -1 ||
+		c.Backoff < -1 || c.MaxBackoff < 0 || c.MaxAttempts < 0 {
+		return c, errors.New("recovery: CompleterConfig values must not be negative (except -1 where documented)")
+	}
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.MinIdle = max(cmp.Or(c.MinIdle, DefaultMinIdle), 0)
+	c.Backoff = max(cmp.Or(c.Backoff, DefaultBackoff), 0)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	return c, nil
+}
+
+// Defaults for ReaperConfig's zero values.
+const (
+	// DefaultRetention is how long a finished key is kept and replayed;
+	// Stripe keeps keys at least 24 hours.
+	DefaultRetention = 24 * time.Hour
+	// DefaultReapBatch is how many keys one delete removes; small batches
+	// keep each transaction and its locks short while traffic runs.
+	DefaultReapBatch = 1000
+	// DefaultReapInterval is how often the reaper runs.
+	DefaultReapInterval = time.Minute
+	// DefaultReapPause is the pause between two batches of one run, which
+	// leaves the database to traffic between deletes.
+	DefaultReapPause = 20 * time.Millisecond
+)
+
+// ReaperConfig configures the reaper of a phase.Client. Zero values mean
+// the default.
+type ReaperConfig struct {
+	// Retention is how long a finished key is kept and replayed. Defaults
+	// to DefaultRetention.
+	Retention time.Duration
+	// BatchSize is how many keys one delete removes. Defaults to
+	// DefaultReapBatch.
+	BatchSize int
+	// Interval between runs. Defaults to DefaultReapInterval; -1 disables
+	// the reaper in Start (the client's Reap still runs it on demand).
+	Interval time.Duration
+	// Pause between two batches of one run. Defaults to DefaultReapPause;
+	// -1 means none.
+	Pause time.Duration
+	// Observer, when set, receives EventReaped and EventExpired.
+	Observer Observer
+}
+
+// WithDefaults returns c with every zero field set to its default, or an
+// error naming a field whose value is invalid.
+func (c ReaperConfig) WithDefaults() (ReaperConfig, error) {
+	if c.Retention < 0 || c.BatchSize < 0 || c.Interval < -1 || c.Pause < -1 {
+		return c, errors.New("recovery: ReaperConfig values must not be negative (except -1 where documented)")
+	}
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultReapBatch)
+	c.Interval = cmp.Or(c.Interval, DefaultReapInterval)
+	c.Pause = max(cmp.Or(c.Pause, DefaultReapPause), 0)
+	return c, nil
+}
+
+// PassResult counts what one completer pass did.
+type PassResult struct {
+	// Claimed keys were taken for a run.
+	Claimed int
+	// Completed keys ran to their stored response.
+	Completed int
+	// Failed keys ran and failed again; they keep their recovery point.
+	Failed int
+	// Buried keys moved to the dead hold.
+	Buried int
+}
+
+// Add returns the sum of r and o.
+func (r PassResult) Add(o PassResult) PassResult {
+	return PassResult{r.Claimed + o.Claimed, r.Completed + o.Completed, r.Failed + o.Failed, r.Buried + o.Buried}
+}
+
+// ReapResult counts what a reaper run did.
+type ReapResult struct {
+	// Expired keys were abandoned and got their terminal response.
+	Expired int
+	// Deleted keys were finished and past retention.
+	Deleted int
+}
+
+// EventKind names what the completer or reaper did.
+type EventKind string
+
+// The events of the completer and reaper.
+const (
+	// EventCompleted: the completer ran a key to its stored response.
+	EventCompleted EventKind = "completed"
+	// EventFailed: the completer ran a key and it failed again.
+	EventFailed EventKind = "completer_failed"
+	// EventDead: keys moved to the dead hold.
+	EventDead EventKind = "dead"
+	// EventReaped: finished keys were deleted.
+	EventReaped EventKind = "reaped"
+	// EventExpired: abandoned keys got a terminal response.
+	EventExpired EventKind = "expired"
+)
+
+// Event describes what the completer or reaper did; Count says to how many
+// keys, and the key fields are set for single-key events.
+type Event struct {
+	Kind     EventKind
+	Count    int
+	Workflow string
+	Tenant   string
+	Key      string
+	Err      error
+}
+
+// Observer receives events with the context of the pass that caused them,
+// so a tracer can attach them to its span. It must be fast and safe for
+// concurrent use.
+type Observer func(ctx context.Context, ev Event)
