@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -89,12 +88,12 @@ func ExampleWorkflow_Run() {
 	pool, done := exampleDB(ctx)
 	defer done()
 	w := transfers()
-	rn, err := phase.NewRunner(phase.Config{Pool: pool}, w)
+	client, err := phase.NewClient(pool, nil, w)
 	if err != nil {
 		log.Fatal(err)
 	}
 	for range 2 {
-		out, err := w.Run(ctx, rn, "acme", "key-1", Transfer{Amount: 500, Payout: "bank"})
+		out, err := w.Run(ctx, client, "acme", "key-1", Transfer{Amount: 500, Payout: "bank"})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -110,11 +109,11 @@ func ExampleWorkflow_Handler() {
 	pool, done := exampleDB(ctx)
 	defer done()
 	w := transfers()
-	rn, err := phase.NewRunner(phase.Config{Pool: pool}, w)
+	client, err := phase.NewClient(pool, nil, w)
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := w.Handler(rn, phase.HTTPConfig[Transfer]{
+	h, err := w.Handler(client, phase.HTTPConfig[Transfer]{
 		// The tenant comes from authentication, never from the body.
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 	})
@@ -143,21 +142,21 @@ func ExampleCrashAt() {
 	pool, done := exampleDB(ctx)
 	defer done()
 	w := transfers()
-	rn, err := phase.NewRunner(phase.Config{Pool: pool, Logger: quiet}, w)
+	client, err := phase.NewClient(pool, &phase.Config{Logger: quiet}, w)
 	if err != nil {
 		log.Fatal(err)
 	}
 	// Crash right after the payout was sent, before it was recorded.
 	crash := phase.WithInjector(ctx, phase.CrashAt(phase.Point{Phase: "payout_sent", Stage: phase.AfterCall}))
-	_, err = w.Run(crash, rn, "acme", "key-1", Transfer{Amount: 500, Payout: "bank"})
+	_, err = w.Run(crash, client, "acme", "key-1", Transfer{Amount: 500, Payout: "bank"})
 	fmt.Println(err)
 
 	// The crashed run still holds the lease; once it expires (Unlock does
 	// it at once), the retry resumes after the last committed phase.
-	if _, err := keyrow.Unlock(ctx, pool, "acme", "key-1"); err != nil {
+	if _, err := client.Unlock(ctx, "acme", "key-1"); err != nil {
 		log.Fatal(err)
 	}
-	out, err := w.Run(ctx, rn, "acme", "key-1", Transfer{Amount: 500, Payout: "bank"})
+	out, err := w.Run(ctx, client, "acme", "key-1", Transfer{Amount: 500, Payout: "bank"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -30,18 +30,13 @@ func TestCrashAtEveryFaultPointConvergesToOneChargePerKey(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t)
-			c, err := recovery.NewCompleter(recovery.CompleterConfig{Pool: e.db, Resumer: e.rn, MinIdle: -1, Backoff: -1, Logger: quiet})
-			if err != nil {
-				t.Fatal(err)
-			}
+			e := setup(t, func(c *phase.Config) {
+				c.Completer = recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
+			})
 			phasetest.CrashMatrix(t, phasetest.Config[order, orderState]{
-				Runner:   e.rn,
-				Workflow: e.w,
-				Complete: func(ctx context.Context) error {
-					_, err := c.Drain(ctx)
-					return err
-				},
+				Client:        e.c,
+				Workflow:      e.w,
+				WithCompleter: true,
 				Request: func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
 				Check: func(t testing.TB, key string, resp *keyrow.Response) {
 					orders, orderID := e.orderCount(t, key)
@@ -68,7 +63,7 @@ func TestFaultPointsCoverEveryStage(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	points, _ := phasetest.Points(t, phasetest.Config[order, orderState]{
-		Runner: e.rn, Workflow: e.w, Request: func(string) order { return order{Item: "lamp", Amount: 1} },
+		Client: e.c, Workflow: e.w, Request: func(string) order { return order{Item: "lamp", Amount: 1} },
 	}, "discover")
 	seen := map[phase.Stage]bool{}
 	for _, p := range points {
@@ -309,7 +304,7 @@ func TestUnknownOutcomeOfUnrepeatableCallParksTheKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rn, err := phase.NewRunner(phase.Config{Pool: db}, w)
+	rn, err := phase.NewClient(db, nil, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +313,7 @@ func TestUnknownOutcomeOfUnrepeatableCallParksTheKey(t *testing.T) {
 		t.Fatalf("first run: %v, want ErrOutcomeUnknown", err)
 	}
 	out, err := w.Run(ctx, rn, "acme", "k1", order{Item: "x"})
-	if err != nil || out.Kind != keyrow.Parked || out.Hold != keyrow.HoldUnknown {
+	if err != nil || out.Kind != phase.OutcomeOnHold || out.Hold != keyrow.HoldUnknown {
 		t.Fatalf("retry: %+v %v, want parked awaiting reconciliation", out, err)
 	}
 	if calls != 1 {
@@ -347,7 +342,7 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := &phasetest.Events{}
-	rn, err := phase.NewRunner(phase.Config{Pool: db, Observer: events.Observe}, w)
+	rn, err := phase.NewClient(db, &phase.Config{Observer: events.Observe}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +378,7 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := &phasetest.Events{}
-	rn, err := phase.NewRunner(phase.Config{Pool: db, Observer: events.Observe, MaxPhaseRetries: 3}, w)
+	rn, err := phase.NewClient(db, &phase.Config{Observer: events.Observe, MaxPhaseRetries: 3}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +439,7 @@ func TestLocalPhaseCostsItsStatementsPlusTwoRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rn, err := phase.NewRunner(phase.Config{Pool: db}, w)
+	rn, err := phase.NewClient(db, nil, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +457,7 @@ func TestLocalPhaseCostsItsStatementsPlusTwoRoundTrips(t *testing.T) {
 		t.Fatalf("%d round trips, %d statements; want 7 and 9: %q", counter.RoundTrips(), counter.Statements(), counter.SQL())
 	}
 	counter.Reset()
-	if out, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil || out.Kind != keyrow.Replay {
+	if out, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil || out.Kind != phase.OutcomeReplay {
 		t.Fatalf("replay: %v %v", out, err)
 	}
 	if counter.RoundTrips() != 1 || counter.Statements() != 1 {
@@ -487,7 +482,7 @@ func TestWorkflowDeclarationErrors(t *testing.T) {
 		{"repeatable local", []phase.Phase[order, struct{}]{phase.Local("a", noop).Repeatable()}},
 		{"reconciled local", []phase.Phase[order, struct{}]{phase.Reconciled(phase.Local("a", noop),
 			func(context.Context, *phase.Run[order, struct{}]) (int, phase.Resolution, error) {
-				return 0, phase.Done, nil
+				return 0, phase.Happened, nil
 			},
 			func(context.Context, pgx.Tx, *phase.Run[order, struct{}], int) (phase.Result, error) {
 				return phase.Next(), nil
@@ -508,7 +503,7 @@ func TestWorkflowWithoutResponseFailsInsteadOfCommitting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rn, err := phase.NewRunner(phase.Config{Pool: db}, w)
+	rn, err := phase.NewClient(db, nil, w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -167,12 +167,12 @@ type env struct {
 	db     *pgxpool.Pool
 	pay    *payments
 	w      *phase.Workflow[order, orderState]
-	rn     *phase.Runner
+	c      *phase.Client
 	events *phasetest.Events
 }
 
 // setup returns a migrated database with the orders table, a fake provider,
-// the orders workflow and a runner; mutate adjusts the runner's config.
+// the orders workflow and a client; mutate adjusts the client's config.
 func setup(t testing.TB, mutate ...func(*phase.Config)) *env {
 	t.Helper()
 	return setupPool(t, pgtest.Pool(t), mutate...)
@@ -185,15 +185,15 @@ func setupPool(t testing.TB, db *pgxpool.Pool, mutate ...func(*phase.Config)) *e
 	}
 	e := &env{db: db, pay: newPayments(), events: &phasetest.Events{}}
 	e.w = ordersWorkflow(t, e.pay)
-	cfg := phase.Config{Pool: db, Observer: e.events.Observe, Logger: quiet}
+	cfg := phase.Config{Observer: e.events.Observe, Logger: quiet}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	rn, err := phase.NewRunner(cfg, e.w)
+	c, err := phase.NewClient(db, &cfg, e.w)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.rn = rn
+	e.c = c
 	return e
 }
 
@@ -210,7 +210,7 @@ func (e *env) handler(t testing.TB, mutate ...func(*phase.HTTPConfig[order])) ht
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	h, err := e.w.Handler(e.rn, cfg)
+	h, err := e.w.Handler(e.c, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

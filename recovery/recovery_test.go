@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -49,22 +51,15 @@ func effectsWorkflow(t testing.TB, db *pgxpool.Pool) *phase.Workflow[job, struct
 	return w
 }
 
-func runner(t testing.TB, db *pgxpool.Pool, ws ...phase.Registered) *phase.Runner {
+// client returns a client for ws whose completer takes keys at once and
+// retries them without backoff; mutate adjusts the config further.
+func client(t testing.TB, db *pgxpool.Pool, mutate func(*phase.Config), ws ...phase.Registered) *phase.Client {
 	t.Helper()
-	rn, err := phase.NewRunner(phase.Config{Pool: db, Logger: quiet}, ws...)
-	if err != nil {
-		t.Fatal(err)
+	cfg := phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}
+	if mutate != nil {
+		mutate(&cfg)
 	}
-	return rn
-}
-
-func completer(t testing.TB, db *pgxpool.Pool, rn *phase.Runner, mutate ...func(*recovery.CompleterConfig)) *recovery.Completer {
-	t.Helper()
-	cfg := recovery.CompleterConfig{Pool: db, Resumer: rn, MinIdle: -1, Backoff: -1, Logger: quiet}
-	for _, m := range mutate {
-		m(&cfg)
-	}
-	c, err := recovery.NewCompleter(cfg)
+	c, err := phase.NewClient(db, &cfg, ws...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,12 +74,12 @@ func abandon(t testing.TB, db *pgxpool.Pool, workflow, key string, req string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, row, err := keyrow.Acquire(ctx, db, keyrow.Request{Tenant: "acme", Key: key, Workflow: workflow,
+	out, row, err := store.Acquire(ctx, db, store.Request{Tenant: "acme", Key: key, Workflow: workflow,
 		Fingerprint: fp, Params: []byte(req), TTL: time.Minute})
-	if err != nil || out != keyrow.New {
+	if err != nil || out != store.New {
 		t.Fatalf("acquire %s: %v %v", key, out, err)
 	}
-	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "client went away", ""); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "client went away", "", false); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -121,8 +116,8 @@ func TestTwoCompletersRacingOver1000AbandonedKeysFinishEachOnce(t *testing.T) {
 		errs    [2]error
 	)
 	for i := range 2 {
-		c := completer(t, db, runner(t, db, w), func(c *recovery.CompleterConfig) { c.BatchSize = 50; c.Concurrency = 4 })
-		wg.Go(func() { results[i], errs[i] = c.Drain(ctx) })
+		c := client(t, db, func(c *phase.Config) { c.Completer.BatchSize = 50; c.Completer.Concurrency = 4 }, w)
+		wg.Go(func() { results[i], errs[i] = c.Complete(ctx) })
 	}
 	wg.Wait()
 	if errs[0] != nil || errs[1] != nil {
@@ -151,8 +146,8 @@ func TestCompleterLeavesKeysAClientMayStillRetry(t *testing.T) {
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
 	abandon(t, db, w.Name(), "fresh", `{"n":1}`)
-	c := completer(t, db, runner(t, db, w), func(c *recovery.CompleterConfig) { c.MinIdle = time.Hour })
-	res, err := c.RunOnce(ctx)
+	c := client(t, db, func(c *phase.Config) { c.Completer.MinIdle = time.Hour }, w)
+	res, err := c.Complete(ctx)
 	if err != nil || res.Claimed != 0 {
 		t.Fatalf("pass over a key idle for less than MinIdle: %+v %v, want nothing claimed", res, err)
 	}
@@ -164,39 +159,82 @@ func TestCompleterSkipsKeysUnderALiveLease(t *testing.T) {
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
 	fp, _ := keyrow.Fingerprint(w.Name(), []byte(`{"n":1}`))
-	if _, _, err := keyrow.Acquire(ctx, db, keyrow.Request{Tenant: "acme", Key: "busy", Workflow: w.Name(),
+	if _, _, err := store.Acquire(ctx, db, store.Request{Tenant: "acme", Key: "busy", Workflow: w.Name(),
 		Fingerprint: fp, Params: []byte(`{"n":1}`), TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := completer(t, db, runner(t, db, w)).RunOnce(ctx)
+	res, err := client(t, db, nil, w).Complete(ctx)
 	if err != nil || res.Claimed != 0 {
 		t.Fatalf("pass: %+v %v, want the leased key left alone", res, err)
 	}
 }
 
-func TestUnknownWorkflowIsReportedNotCrashedOn(t *testing.T) {
+func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	abandon(t, db, "retired-workflow", "k1", `{}`)
+	w := effectsWorkflow(t, db)
+	// A key of a workflow that only a newer (or older) deployment runs.
+	abandon(t, db, "next-release-workflow", "k1", `{}`)
 	var events []recovery.Event
-	c := completer(t, db, runner(t, db), func(c *recovery.CompleterConfig) {
-		c.Observer = func(ev recovery.Event) { events = append(events, ev) }
-	})
-	res, err := c.RunOnce(ctx)
-	if err != nil || res.Claimed != 1 || res.Failed != 1 {
-		t.Fatalf("pass: %+v %v, want one claimed and failed", res, err)
+	var mu sync.Mutex
+	c := client(t, db, func(c *phase.Config) {
+		c.Completer.MaxAttempts = 1
+		c.Completer.Observer = func(_ context.Context, ev recovery.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, ev)
+		}
+	}, w)
+	for range 3 {
+		res, err := c.Complete(ctx)
+		if err != nil || res != (recovery.PassResult{}) {
+			t.Fatalf("pass: %+v %v, want the unknown workflow's key left alone", res, err)
+		}
 	}
-	if len(events) != 1 || !errors.Is(events[0].Err, recovery.ErrUnknownWorkflow) {
-		t.Fatalf("events %+v, want one failure with ErrUnknownWorkflow", events)
+	if len(events) != 0 {
+		t.Fatalf("events %+v, want none", events)
 	}
-	var locked bool
-	var lastErr string
-	if err := db.QueryRow(ctx, `SELECT lock_token IS NOT NULL, last_error FROM idempotency_keys`).Scan(&locked, &lastErr); err != nil {
+	info, err := c.Inspect(ctx, "acme", "k1")
+	if err != nil || info.Attempts != 1 || info.Hold != "" || info.Failures != 0 || info.LockExpiresAt != nil {
+		t.Fatalf("key %+v %v; want it untouched: one attempt, not held, not leased", info, err)
+	}
+	counts, err := c.Counts(ctx)
+	if err != nil || counts.Stuck+counts.Waiting != 1 {
+		t.Fatalf("counts %+v %v; want the key counted as waiting or stuck", counts, err)
+	}
+	// A process that knows the workflow finishes it.
+	next, err := phase.New("next-release-workflow", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[struct{}, struct{}]) (phase.Result, error) {
+		return phase.JSON(200, "ok"), nil
+	}))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if locked || lastErr == "" {
-		t.Fatalf("locked=%v last_error=%q; want the lease handed back with the reason", locked, lastErr)
+	if res, err := client(t, db, nil, next).Complete(ctx); err != nil || res.Completed != 1 {
+		t.Fatalf("pass of a process that knows the workflow: %+v %v", res, err)
+	}
+}
+
+func TestRunningAnUnregisteredWorkflowIsAnError(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	w := effectsWorkflow(t, db)
+	other, err := phase.New("other", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+		return phase.JSON(200, "ok"), nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, db, nil, other)
+	if _, err := w.Handler(c, phase.HTTPConfig[job]{Tenant: func(*http.Request) (string, error) { return "acme", nil }}); !errors.Is(err, phase.ErrNotRegistered) {
+		t.Fatalf("Handler of an unregistered workflow: %v, want ErrNotRegistered", err)
+	}
+	if _, err := w.Run(context.Background(), c, "acme", "k1", job{N: 1}); !errors.Is(err, phase.ErrNotRegistered) {
+		t.Fatalf("Run of an unregistered workflow: %v, want ErrNotRegistered", err)
+	}
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d keys stored, %v; want none", n, err)
 	}
 }
 
@@ -246,9 +284,9 @@ func mailWorkflow(t testing.TB, m *mailer) *phase.Workflow[job, struct{ Sent boo
 	// The mail provider can be asked whether a message with this key went out.
 	send = phase.Reconciled(send, func(ctx context.Context, r *run) (bool, phase.Resolution, error) {
 		if m.wasSent(r.DownstreamKey()) {
-			return true, phase.Done, nil
+			return true, phase.Happened, nil
 		}
-		return false, phase.Retry, nil
+		return false, phase.NotHappened, nil
 	}, record)
 	w, err := phase.New("mail", send)
 	if err != nil {
@@ -263,19 +301,19 @@ func TestUnknownOutcomeIsReconciledToDoneWithoutRepeatingTheCall(t *testing.T) {
 	db := pgtest.Pool(t)
 	m := &mailer{sent: map[string]bool{}, lose: true}
 	w := mailWorkflow(t, m)
-	rn := runner(t, db, w)
+	rn := client(t, db, nil, w)
 	if _, err := w.Run(ctx, rn, "acme", "k1", job{N: 1}); !errors.Is(err, phase.ErrOutcomeUnknown) {
 		t.Fatalf("first run: %v, want unknown outcome", err)
 	}
-	if out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1}); err != nil || out.Kind != keyrow.Parked {
+	if out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1}); err != nil || out.Kind != phase.OutcomeOnHold {
 		t.Fatalf("client retry while unknown: %+v %v, want parked (409)", out, err)
 	}
-	res, err := completer(t, db, rn).Drain(ctx)
+	res, err := rn.Complete(ctx)
 	if err != nil || res.Completed != 1 {
 		t.Fatalf("completer: %+v %v", res, err)
 	}
 	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
-	if err != nil || out.Kind != keyrow.Replay || string(out.Response.Body) != "{\"sent\":true}\n" {
+	if err != nil || out.Kind != phase.OutcomeReplay || string(out.Response.Body) != "{\"sent\":true}\n" {
 		t.Fatalf("after reconcile: %+v %v", out, err)
 	}
 	if m.calls != 1 {
@@ -289,15 +327,15 @@ func TestUnknownOutcomeIsReconciledToRetryAndCalledAgain(t *testing.T) {
 	db := pgtest.Pool(t)
 	m := &mailer{sent: map[string]bool{}, refuse: true}
 	w := mailWorkflow(t, m)
-	rn := runner(t, db, w)
+	rn := client(t, db, nil, w)
 	if _, err := w.Run(ctx, rn, "acme", "k1", job{N: 1}); !errors.Is(err, phase.ErrOutcomeUnknown) {
 		t.Fatalf("first run: %v, want unknown outcome", err)
 	}
-	if res, err := completer(t, db, rn).Drain(ctx); err != nil || res.Completed != 1 {
+	if res, err := rn.Complete(ctx); err != nil || res.Completed != 1 {
 		t.Fatalf("completer: %+v %v", res, err)
 	}
 	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
-	if err != nil || out.Kind != keyrow.Replay || string(out.Response.Body) != "{\"sent\":true}\n" {
+	if err != nil || out.Kind != phase.OutcomeReplay || string(out.Response.Body) != "{\"sent\":true}\n" {
 		t.Fatalf("after retry: %+v %v", out, err)
 	}
 	if m.calls != 2 || len(m.sent) != 1 {
@@ -320,38 +358,43 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rn := runner(t, db, w)
+	rn := client(t, db, nil, w)
 	if _, err := w.Run(ctx, rn, "acme", "k1", job{}); err == nil {
 		t.Fatal("first run succeeded")
 	}
-	var dead []recovery.Event
-	c := completer(t, db, rn, func(c *recovery.CompleterConfig) {
-		c.MaxAttempts = 3
-		c.Observer = func(ev recovery.Event) {
+	var (
+		mu   sync.Mutex
+		dead []recovery.Event
+	)
+	c := client(t, db, func(c *phase.Config) {
+		c.Completer.MaxAttempts = 3
+		c.Completer.Observer = func(_ context.Context, ev recovery.Event) {
+			mu.Lock()
+			defer mu.Unlock()
 			if ev.Kind == recovery.EventDead {
 				dead = append(dead, ev)
 			}
 		}
-	})
-	res, err := c.Drain(ctx)
-	if err != nil || res.Failed != 2 || res.Buried != 1 || len(dead) != 1 {
-		t.Fatalf("drain: %+v %v dead events %v; want two failed attempts then buried", res, err, dead)
+	}, w)
+	res, err := c.Complete(ctx)
+	if err != nil || res.Failed != 3 || res.Buried != 1 || len(dead) != 1 {
+		t.Fatalf("drain: %+v %v dead events %v; want three failures of the completer's own, then buried", res, err, dead)
 	}
-	out, err := w.Run(ctx, rn, "acme", "k1", job{})
-	if err != nil || out.Kind != keyrow.Parked || out.Hold != keyrow.HoldDead {
-		t.Fatalf("client retry of a dead key: %+v %v, want parked dead", out, err)
+	out, err := w.Run(ctx, c, "acme", "k1", job{})
+	if err != nil || out.Kind != phase.OutcomeOnHold || out.Hold != keyrow.HoldDead {
+		t.Fatalf("client retry of a dead key: %+v %v, want on hold, dead", out, err)
 	}
-	counts, err := keyrow.Count(ctx, db, 0)
-	if err != nil || counts.Dead != 1 {
-		t.Fatalf("counts %+v %v, want one dead", counts, err)
+	counts, err := c.Counts(ctx)
+	if err != nil || counts.Dead != 1 || counts.Total() != 1 {
+		t.Fatalf("counts %+v %v, want one dead key", counts, err)
 	}
 
-	// The bug is fixed; an operator moves the key back.
+	// The bug is fixed; an operator retries the key.
 	broken.Store(false)
-	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET hold = NULL, attempts = 0`); err != nil {
+	if err := c.Retry(ctx, "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := c.Drain(ctx); err != nil || res.Completed != 1 {
+	if res, err := c.Complete(ctx); err != nil || res.Completed != 1 {
 		t.Fatalf("drain after revival: %+v %v", res, err)
 	}
 }
@@ -361,7 +404,7 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
-	rn := runner(t, db, w)
+	rn := client(t, db, func(c *phase.Config) { c.Reaper.BatchSize = 7 }, w)
 	for i := range 50 {
 		if _, err := w.Run(ctx, rn, "acme", fmt.Sprintf("old-%d", i), job{N: i}); err != nil {
 			t.Fatal(err)
@@ -383,10 +426,6 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 		if _, err := db.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}
-	}
-	r, err := recovery.NewReaper(recovery.ReaperConfig{Pool: db, BatchSize: 7, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
 	}
 
 	// Traffic on new keys and replays of old ones while the reaper runs.
@@ -412,7 +451,7 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 			}
 		})
 	}
-	res, err := r.RunOnce(ctx)
+	res, err := rn.Reap(ctx)
 	close(stop)
 	wg.Wait()
 	if err != nil {
@@ -423,7 +462,7 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 	}
 	// A delete batch skips keys a replay had locked at that instant; the
 	// next run takes them.
-	more, err := r.RunOnce(ctx)
+	more, err := rn.Reap(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +497,7 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 		t.Fatalf("%d expired keys left, %d deleted; want all 50 old keys gone", oldFinishedLeft, res.Deleted)
 	}
 	out, err := w.Run(ctx, rn, "acme", "dead", job{N: 3})
-	if err != nil || out.Kind != keyrow.Replay || out.Response.Status != 500 {
+	if err != nil || out.Kind != phase.OutcomeReplay || out.Response.Status != 500 {
 		t.Fatalf("late retry of the abandoned key: %+v %v, want a replayed terminal 500", out, err)
 	}
 }
