@@ -75,6 +75,37 @@ func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
 	}
 }
 
+// TestReaperDeletesEveryExpiredKeyUnderTraffic runs the reaper measurement
+// on a small table: every expired key is deleted, in batches of the default
+// size, while the workflow's requests keep being answered.
+func TestReaperDeletesEveryExpiredKeyUnderTraffic(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	const expired = 2500
+	if err := env.LoadFinished(ctx, expired, 25*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	res, err := env.ReapUnderTraffic(ctx, 2, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != expired || len(res.Batches) != 3 {
+		t.Errorf("reaper deleted %d keys in %d batches; want %d in 3", res.Deleted, len(res.Batches), expired)
+	}
+	if res.Before.Requests() == 0 || res.AcquireBefore.Requests() == 0 {
+		t.Errorf("traffic before the reaper: %d requests, %d acquires timed; want some",
+			res.Before.Requests(), res.AcquireBefore.Requests())
+	}
+	var left int
+	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE finished_at < now() - interval '24 hours'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d expired keys left after the reaper", left)
+	}
+}
+
 // BenchmarkRequests compares the library's three-phase workflow, replay and
 // 409 with the same statements written by hand after the reference, at each
 // concurrency, on one database and pool. ns/op is wall time over requests

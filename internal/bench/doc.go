@@ -50,8 +50,9 @@
 //
 // The benchmarks that load a million keys run only when ATOMICPHASE_BENCH_LARGE
 // is set: acquire with 10 thousand and a million finished keys in the table,
-// and the reaper deleting a million expired keys while the workflow runs
-// from 8 clients (it runs once; give it -benchtime 1x):
+// and the reaper deleting a million expired keys, batch after batch without
+// its default pause, while the workflow runs from 8 clients (it runs once;
+// give it -benchtime 1x):
 //
 //	ATOMICPHASE_BENCH_LARGE=1 go test -run '^$' -bench Acquire -benchtime 3s -timeout 30m ./internal/bench/
 //	ATOMICPHASE_BENCH_LARGE=1 go test -run '^$' -bench Reaper -benchtime 1x -timeout 30m ./internal/bench/

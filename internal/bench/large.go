@@ -12,7 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -70,7 +71,7 @@ func (e *Env) LoadFinished(ctx context.Context, n int, age time.Duration) error 
 }
 
 // acquireClock times the acquire of library runs from the Observer's
-// EventAcquired, which the runner emits right after its acquire statement.
+// EventAcquired, which a run emits right after its acquire statement.
 // The time includes encoding and fingerprinting the request, a few
 // microseconds.
 type acquireClock struct {
@@ -123,8 +124,11 @@ type ReapResult struct {
 
 // ReapUnderTraffic runs library requests on new keys from concurrency
 // clients, first alone for before, then while a reaper with the default
-// retention and batch size deletes every expired key; the reaper has a
-// connection of its own. Load the expired keys first with LoadFinished.
+// retention and batch size deletes every expired key, batch after batch
+// with no pause between them (ReaperConfig.Pause -1), so that each batch
+// time is the delete alone and the traffic meets the reaper at its
+// busiest. The reaper runs in a client of its own over a connection of its
+// own. Load the expired keys first with LoadFinished.
 func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time.Duration) (ReapResult, error) {
 	var res ReapResult
 	cfg := e.Pool.Config()
@@ -136,13 +140,16 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 	}
 	defer reaperPool.Close()
 	var last time.Time
-	reaper, err := recovery.NewReaper(recovery.ReaperConfig{Pool: reaperPool, Observer: func(ev recovery.Event) {
-		if ev.Kind == recovery.EventReaped {
-			now := time.Now()
-			res.Batches = append(res.Batches, now.Sub(last))
-			last = now
-		}
-	}})
+	reaper, err := phase.NewClient(reaperPool, &phase.Config{
+		Completer: recovery.CompleterConfig{Interval: -1},
+		Reaper: recovery.ReaperConfig{Interval: -1, Pause: -1, Observer: func(_ context.Context, ev recovery.Event) {
+			if ev.Kind == recovery.EventReaped {
+				now := time.Now()
+				res.Batches = append(res.Batches, now.Sub(last))
+				last = now
+			}
+		}},
+	})
 	if err != nil {
 		return res, err
 	}
@@ -168,7 +175,7 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 	}()
 	start := time.Now()
 	last = start
-	reaped, reapErr := reaper.RunOnce(ctx)
+	reaped, reapErr := reaper.Reap(ctx)
 	res.Reap, res.Deleted = time.Since(start), reaped.Deleted
 	close(stop)
 	if err := <-traffic; err != nil {
@@ -203,11 +210,11 @@ func acquireResult(traffic Result, latencies []time.Duration) Result {
 	return Result{Kind: AcquireNew, Concurrency: traffic.Concurrency, Elapsed: traffic.Elapsed, Latencies: latencies}
 }
 
-// ExpireScan times one keyrow.Expire call with the default retention and
+// ExpireScan times one store.Expire call with the default retention and
 // batch size: the reaper's search for abandoned keys, which it makes at the
 // start of every run.
 func (e *Env) ExpireScan(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
-	_, err := keyrow.Expire(ctx, e.Pool, recovery.DefaultRetention, recovery.DefaultReapBatch)
+	_, err := store.Expire(ctx, e.Pool, recovery.DefaultRetention, recovery.DefaultReapBatch)
 	return time.Since(start), err
 }

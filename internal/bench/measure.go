@@ -16,7 +16,9 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/lockttl"
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -28,6 +30,10 @@ const MaxConns = 32
 // benchmarks compare.
 var Concurrencies = []int{1, 8, 32}
 
+// lockTTL is the lease of every library run, and of the acquires the
+// benchmarks send alone: the default.
+const lockTTL = lockttl.DefaultTTL
+
 // Env is a database with the library's schema, the workflow's tables and
 // the baseline's, and a pool whose statements are counted.
 type Env struct {
@@ -35,7 +41,7 @@ type Env struct {
 	// Counter counts every statement and round trip the pool sends.
 	Counter *pgtest.StatementCounter
 
-	runner   *phase.Runner
+	client   *phase.Client
 	workflow *phase.Workflow[Order, orderState]
 
 	// loaded counts the keys LoadFinished inserted.
@@ -64,7 +70,9 @@ func Open(ctx context.Context, cfg *pgxpool.Config) (*Env, error) {
 		e.Pool.Close()
 		return nil, err
 	}
-	e.runner, err = phase.NewRunner(phase.Config{Pool: e.Pool, Observer: e.observe}, e.workflow)
+	// The client is never started: the completer and the reaper do not run
+	// beside the requests measured.
+	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Observer: e.observe}, e.workflow)
 	if err != nil {
 		e.Pool.Close()
 		return nil, err
@@ -85,7 +93,7 @@ func (e *Env) migrate(ctx context.Context) error {
 // Close closes the pool.
 func (e *Env) Close() { e.Pool.Close() }
 
-func (e *Env) observe(ev phase.Event) {
+func (e *Env) observe(_ context.Context, ev phase.Event) {
 	if ev.Kind != phase.EventAcquired {
 		return
 	}
@@ -112,9 +120,9 @@ const (
 	LibraryConflict
 	// BaselineConflict sends a locked baseline key.
 	BaselineConflict
-	// AcquireNew runs keyrow.Acquire alone on a new key.
+	// AcquireNew runs the acquire statement alone on a new key.
 	AcquireNew
-	// AcquireFinished runs keyrow.Acquire alone on a random key of those
+	// AcquireFinished runs the acquire statement alone on a random key of those
 	// loaded by LoadFinished: the replay lookup.
 	AcquireFinished
 )
@@ -189,7 +197,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			if c := e.clock.Load(); c != nil {
 				c.start(key)
 			}
-			return e.runLibrary(ctx, key, keyrow.New)
+			return e.runLibrary(ctx, key, phase.OutcomeNew)
 		}, nil
 	case BaselineRun:
 		return func(ctx context.Context, _ int) error {
@@ -197,7 +205,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 		}, nil
 	case LibraryReplay, LibraryConflict:
 		keys := make([]string, clients)
-		want := keyrow.Replay
+		want := phase.OutcomeReplay
 		for i := range keys {
 			keys[i] = uuid.NewString()
 			if err := e.holdOrFinish(ctx, keys[i], k == LibraryReplay); err != nil {
@@ -205,7 +213,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			}
 		}
 		if k == LibraryConflict {
-			want = keyrow.Held
+			want = phase.OutcomeInProgress
 		}
 		return func(ctx context.Context, client int) error {
 			return e.runLibrary(ctx, keys[client], want)
@@ -227,14 +235,14 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 		}, nil
 	case AcquireNew:
 		return func(ctx context.Context, _ int) error {
-			return e.acquire(ctx, uuid.NewString(), keyrow.New)
+			return e.acquire(ctx, uuid.NewString(), store.New)
 		}, nil
 	case AcquireFinished:
 		if e.loaded == 0 {
 			return nil, fmt.Errorf("no keys loaded; call LoadFinished first")
 		}
 		return func(ctx context.Context, _ int) error {
-			return e.acquire(ctx, loadedKey(1+rand.IntN(e.loaded)), keyrow.Replay)
+			return e.acquire(ctx, loadedKey(1+rand.IntN(e.loaded)), store.Replay)
 		}, nil
 	}
 	return nil, fmt.Errorf("unknown kind %v", k)
@@ -244,13 +252,13 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 // that outlives the benchmark.
 func (e *Env) holdOrFinish(ctx context.Context, key string, finish bool) error {
 	if finish {
-		return e.runLibrary(ctx, key, keyrow.New)
+		return e.runLibrary(ctx, key, phase.OutcomeNew)
 	}
 	req, err := e.keyRequest(key, time.Hour)
 	if err != nil {
 		return err
 	}
-	_, _, err = keyrow.Acquire(ctx, e.Pool, req)
+	_, _, err = store.Acquire(ctx, e.Pool, req)
 	return err
 }
 
@@ -279,26 +287,26 @@ func (e *Env) expectBaseline(ctx context.Context, key string, want int) error {
 	return nil
 }
 
-// keyRequest is the keyrow.Request a library run of the benchmark's order
+// keyRequest is the store.Request a library run of the benchmark's order
 // under key makes.
-func (e *Env) keyRequest(key string, ttl time.Duration) (keyrow.Request, error) {
+func (e *Env) keyRequest(key string, ttl time.Duration) (store.Request, error) {
 	params, err := json.Marshal(order)
 	if err != nil {
-		return keyrow.Request{}, err
+		return store.Request{}, err
 	}
 	fp, err := keyrow.Fingerprint(e.workflow.Name(), params)
 	if err != nil {
-		return keyrow.Request{}, err
+		return store.Request{}, err
 	}
-	return keyrow.Request{Tenant: tenant, Key: key, Workflow: e.workflow.Name(), Fingerprint: fp, Params: params, TTL: ttl}, nil
+	return store.Request{Tenant: tenant, Key: key, Workflow: e.workflow.Name(), Fingerprint: fp, Params: params, TTL: ttl}, nil
 }
 
-func (e *Env) acquire(ctx context.Context, key string, want keyrow.Outcome) error {
-	req, err := e.keyRequest(key, e.runner.LockTTL())
+func (e *Env) acquire(ctx context.Context, key string, want store.Outcome) error {
+	req, err := e.keyRequest(key, lockTTL)
 	if err != nil {
 		return err
 	}
-	got, _, err := keyrow.Acquire(ctx, e.Pool, req)
+	got, _, err := store.Acquire(ctx, e.Pool, req)
 	if err != nil {
 		return err
 	}

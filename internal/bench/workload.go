@@ -136,8 +136,8 @@ func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 
 // runLibrary sends one request through the library and checks that it
 // ended as want.
-func (e *Env) runLibrary(ctx context.Context, key string, want keyrow.Outcome) error {
-	out, err := e.workflow.Run(ctx, e.runner, tenant, key, order)
+func (e *Env) runLibrary(ctx context.Context, key string, want phase.OutcomeKind) error {
+	out, err := e.workflow.Run(ctx, e.client, tenant, key, order)
 	if err != nil {
 		return err
 	}
