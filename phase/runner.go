@@ -372,9 +372,13 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	})
 	var pe *PanicError
 	switch {
-	case errors.As(err, &pe):
-		return nil, x.fail(ctx, err)
 	case err != nil:
+		// Whatever went wrong, the call's outcome is still unknown: the key
+		// stays on hold, so the call is never repeated blindly.
+		if errors.As(err, &pe) {
+			x.c.cfg.Logger.Error("panic in reconcile; the key stays on hold", "workflow", x.w.name, "tenant", x.run.Tenant,
+				"key", x.run.Key, "phase", p.name, "panic", pe.Value, "stack", string(pe.Stack))
+		}
 		return nil, x.release(ctx, fmt.Errorf("phase: reconcile %s: %w", p.name, err), keyrow.HoldUnknown)
 	case res == NotHappened:
 		// The call provably did not happen: run the phase normally, which

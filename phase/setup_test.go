@@ -68,6 +68,13 @@ func (p *payments) Charge(ctx context.Context, key string, orderID int64, amount
 	if p.fail != nil {
 		failure = p.fail(key)
 	}
+	if errors.Is(failure, errHang) {
+		// A provider that never answers: the call ends only with ctx.
+		p.mu.Unlock()
+		<-ctx.Done()
+		p.mu.Lock()
+		return "", ctx.Err()
+	}
 	if errors.Is(failure, errBeforeCharge) {
 		return "", failure
 	}

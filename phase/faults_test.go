@@ -1,0 +1,526 @@
+package phase_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// keyState reads what a key's row says about a run that did not finish.
+func (e *env) keyState(t testing.TB, key string) (rp string, stored bool, leased bool) {
+	t.Helper()
+	err := e.db.QueryRow(context.Background(), `
+		SELECT recovery_point, response_status IS NOT NULL, lock_expires_at > now() IS TRUE
+		FROM idempotency_keys WHERE idempotency_key = $1`, key).Scan(&rp, &stored, &leased)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rp, stored, leased
+}
+
+// problemType returns the type of a problem+json answer.
+func problemType(t testing.TB, rec *httptest.ResponseRecorder) string {
+	t.Helper()
+	if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("answer %d has Content-Type %q, want application/problem+json: %s", rec.Code, ct, rec.Body.String())
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimPrefix(p.Type, "urn:atomicphase:problem:")
+}
+
+// TestPanicInUserCodeFreesTheKeyAndLeavesNothingRunning is not parallel, so
+// that goleak sees only its own goroutines.
+func TestPanicInUserCodeFreesTheKeyAndLeavesNothingRunning(t *testing.T) {
+	for _, where := range []string{"local", "call", "record", "when", "decode", "tenant"} {
+		t.Run(where, func(t *testing.T) {
+			// Registered first, so it runs after every other cleanup has
+			// closed the test's pools.
+			t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+			e := setup(t)
+			var armed atomic.Bool
+			armed.Store(true)
+			boom := func(at string) {
+				if at == where && armed.Load() {
+					panic("boom in " + at)
+				}
+			}
+			type run = phase.Run[order, orderState]
+			w, err := phase.New("orders",
+				phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+					err := tx.QueryRow(ctx, `INSERT INTO orders (ikey, item, amount) VALUES ($1, $2, $3) RETURNING id`,
+						r.Key, r.Req.Item, r.Req.Amount).Scan(&r.State.OrderID)
+					boom("local")
+					return phase.Next(), err
+				}),
+				phase.Foreign("charged",
+					func(ctx context.Context, r *run) (string, error) {
+						id, err := e.pay.Charge(ctx, r.DownstreamKey(), r.State.OrderID, r.Req.Amount)
+						boom("call")
+						return id, err
+					},
+					func(ctx context.Context, tx pgx.Tx, r *run, id string) (phase.Result, error) {
+						boom("record")
+						r.State.ChargeID = id
+						return phase.JSON(http.StatusCreated, r.State), nil
+					}).Repeatable().When(func(r *run) bool { boom("when"); return true }),
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := phase.NewClient(e.db, &phase.Config{Logger: quiet, LockTTL: time.Hour}, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := w.Handler(c, phase.HTTPConfig[order]{
+				Tenant: func(r *http.Request) (string, error) { boom("tenant"); return "acme", nil },
+				Decode: func(r *http.Request) (order, error) { boom("decode"); return phase.DecodeJSON[order](r) },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := post(h, "k1", `{"item":"lamp","amount":300}`)
+			if rec.Code != http.StatusInternalServerError || problemType(t, rec) != "internal-error" {
+				t.Fatalf("panic in %s: %d %s, want 500 internal-error", where, rec.Code, rec.Body.String())
+			}
+			if where == "decode" || where == "tenant" {
+				var n int
+				if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 0 {
+					t.Fatalf("%d keys stored after a panic before the run, %v; want none", n, err)
+				}
+			} else if _, stored, leased := e.keyState(t, "k1"); stored || leased {
+				// The lease is an hour long: only the run itself can have
+				// freed it.
+				t.Fatalf("after a panic in %s: stored=%v leased=%v; want nothing stored and the lease freed", where, stored, leased)
+			}
+			armed.Store(false)
+			if rec := post(h, "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusCreated {
+				t.Fatalf("retry after a panic in %s: %d %s", where, rec.Code, rec.Body.String())
+			}
+			if _, orderID := e.orderCount(t, "k1"); e.pay.chargesFor(orderID) != 1 {
+				t.Fatalf("%d charges, want 1", e.pay.chargesFor(orderID))
+			}
+		})
+	}
+}
+
+func TestPanicInReconcileLeavesTheKeyForTheNextPass(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	var panics atomic.Bool
+	panics.Store(true)
+	type run = phase.Run[order, struct{}]
+	record := func(ctx context.Context, tx pgx.Tx, r *run, id string) (phase.Result, error) {
+		return phase.JSON(200, id), nil
+	}
+	p := phase.Reconciled(phase.Foreign("sent",
+		func(ctx context.Context, r *run) (string, error) {
+			return "", phase.OutcomeUnknown(errors.New("connection dropped"))
+		}, record),
+		func(ctx context.Context, r *run) (string, phase.Resolution, error) {
+			if panics.Swap(false) {
+				panic("reconcile bug")
+			}
+			return "msg-1", phase.Happened, nil
+		}, record)
+	w, err := phase.New("notify", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := w.Run(ctx, c, "acme", "k1", order{}); !errors.Is(err, phase.ErrOutcomeUnknown) {
+		t.Fatalf("first run: %v", err)
+	}
+	// The first pass's reconcile panics; the key stays on hold and the
+	// next pass completes it.
+	res, err := c.Complete(ctx)
+	if err != nil || res.Failed != 1 || res.Completed != 1 {
+		t.Fatalf("passes: %+v %v, want one failure from the panic, then the key completed", res, err)
+	}
+}
+
+func TestHungForeignCallIsCutAtItsLimitAndRepeatedWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	var hang atomic.Bool
+	hang.Store(true)
+	e := setup(t, func(c *phase.Config) { c.CallTimeout = 200 * time.Millisecond; c.LockTTL = time.Hour })
+	e.pay.fail = func(string) error {
+		if hang.Load() {
+			return errHang
+		}
+		return nil
+	}
+	h := e.handler(t)
+	start := time.Now()
+	rec := post(h, "k1", `{"item":"lamp","amount":300}`)
+	if rec.Code != http.StatusServiceUnavailable || problemType(t, rec) != "outcome-unknown" || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("hung call: %d %s, want 503 outcome-unknown with Retry-After", rec.Code, rec.Body.String())
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("a hung call held the request for %v", took)
+	}
+	if rp, stored, leased := e.keyState(t, "k1"); rp != "order_created" || stored || leased {
+		t.Fatalf("after the cut: rp=%s stored=%v leased=%v; want resumable at order_created", rp, stored, leased)
+	}
+	hang.Store(false)
+	if rec := post(h, "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusCreated {
+		t.Fatalf("retry: %d %s", rec.Code, rec.Body.String())
+	}
+	e.pay.mu.Lock()
+	defer e.pay.mu.Unlock()
+	if len(e.pay.calls) != 1 {
+		t.Fatalf("calls by downstream key %v, want every call under one key", e.pay.calls)
+	}
+}
+
+// errHang makes payments.Charge block until its context ends.
+var errHang = errors.New("hang")
+
+func TestHungUnrepeatableCallIsHeldForReconciliation(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	w, err := phase.New("notify", phase.Foreign("sent",
+		func(ctx context.Context, r *phase.Run[order, struct{}]) (string, error) {
+			<-ctx.Done() // a provider that never answers
+			return "", ctx.Err()
+		},
+		func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}], id string) (phase.Result, error) {
+			return phase.JSON(200, id), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, CallTimeout: 100 * time.Millisecond}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := w.Run(ctx, c, "acme", "k1", order{}); !errors.Is(err, phase.ErrOutcomeUnknown) {
+		t.Fatalf("hung call: %v, want an unknown outcome", err)
+	}
+	out, err := w.Run(ctx, c, "acme", "k1", order{})
+	if err != nil || out.Kind != phase.OutcomeOnHold || out.Hold != keyrow.HoldUnknown {
+		t.Fatalf("retry: %+v %v, want on hold for reconciliation", out, err)
+	}
+}
+
+func TestCompleterPassIsBoundedPerKey(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	var calls atomic.Int32
+	w, err := phase.New("stall", phase.Local("stalled", func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}]) (phase.Result, error) {
+		calls.Add(1)
+		// A phase stuck on a lock held elsewhere, or a slow query.
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(60)`)
+		return phase.JSON(200, "late"), err
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, RunTimeout: 300 * time.Millisecond,
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: time.Hour}}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := w.Run(ctx, c, "acme", "k1", order{}); !errors.Is(err, phase.ErrRunTimeout) {
+		t.Fatalf("first run: %v, want ErrRunTimeout", err)
+	}
+	start := time.Now()
+	res, err := c.Complete(ctx)
+	if err != nil || res.Claimed != 1 || res.Failed != 1 {
+		t.Fatalf("pass: %+v %v, want the stalled key claimed and failed", res, err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("one stalled key held the pass for %v", took)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("%d runs, want 2", calls.Load())
+	}
+}
+
+// TestPausedHolderDoesNotSendItsCallAfterATakeover: process A commits its
+// first phase and stalls past its lease before the foreign call; B takes the
+// key over and finishes it; when A wakes it must not call the provider, even
+// one that ignores idempotency keys.
+func TestPausedHolderDoesNotSendItsCallAfterATakeover(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	var calls atomic.Int32
+	w, err := phase.New("payout",
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}]) (phase.Result, error) {
+			return phase.Next(), nil
+		}),
+		phase.Foreign("paid",
+			func(ctx context.Context, r *phase.Run[order, struct{}]) (int32, error) {
+				return calls.Add(1), nil // a provider that ignores idempotency keys
+			},
+			func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}], n int32) (phase.Result, error) {
+				return phase.JSON(200, n), nil
+			}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, LockTTL: time.Second}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	paused, resume := make(chan struct{}), make(chan struct{})
+	pause := phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
+		if at == (phase.Point{Phase: "paid", Stage: phase.BeforeCall}) {
+			close(paused)
+			<-resume
+		}
+		return nil
+	})
+	var aErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, aErr = w.Run(phase.WithInjector(ctx, pause), c, "acme", "k1", order{})
+	}()
+	<-paused
+	// A is frozen past its lease; B takes the key over once it expires.
+	var out *phase.Outcome
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		out, err = w.Run(ctx, c, "acme", "k1", order{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Kind != phase.OutcomeInProgress || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out.Kind != phase.OutcomeResumed {
+		t.Fatalf("B: %v, want it to resume the expired key", out.Kind)
+	}
+	close(resume)
+	<-done
+	if !errors.Is(aErr, keyrow.ErrLeaseLost) {
+		t.Fatalf("A after waking: %v, want ErrLeaseLost", aErr)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the provider saw %d calls, want 1: a holder that lost its lease must not call", n)
+	}
+}
+
+// TestClientRetryingThroughAnOutageIsNeverBuried: the provider is down and
+// the client keeps retrying, more times than the completer's MaxAttempts;
+// the key must stay the client's, and converge once the provider is back.
+func TestClientRetryingThroughAnOutageIsNeverBuried(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(c *phase.Config) {
+		c.Completer = recovery.CompleterConfig{MaxAttempts: 3, MinIdle: time.Minute, Backoff: -1}
+	})
+	e.pay.fail = func(string) error { return errBeforeCharge }
+	h := e.handler(t)
+	for i := range 12 {
+		if rec := post(h, "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusInternalServerError {
+			t.Fatalf("retry %d during the outage: %d %s", i, rec.Code, rec.Body.String())
+		}
+		if res, err := e.c.Complete(context.Background()); err != nil || res.Buried != 0 {
+			t.Fatalf("completer pass after retry %d: %+v %v; want nothing buried", i, res, err)
+		}
+	}
+	e.pay.fail = nil
+	if rec := post(h, "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusCreated {
+		t.Fatalf("retry after the outage: %d %s, want 201", rec.Code, rec.Body.String())
+	}
+}
+
+func TestRequestsThatCanNeverBeStoredAre400(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := e.handler(t, func(c *phase.HTTPConfig[order]) {
+		c.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }
+	})
+	send := func(tenant, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
+		r.Header.Set("Authorization", tenant)
+		r.Header.Set("Idempotency-Key", "k1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	for name, rec := range map[string]*httptest.ResponseRecorder{
+		"NUL in a string": send("acme", `{"item":"la\u0000mp","amount":300}`),
+		"empty tenant":    send("", `{"item":"lamp","amount":300}`),
+		"long tenant":     send(strings.Repeat("a", 256), `{"item":"lamp","amount":300}`),
+	} {
+		if rec.Code != http.StatusBadRequest || problemType(t, rec) != "invalid-request" || rec.Header().Get("Retry-After") != "" {
+			t.Errorf("%s: %d %s, want 400 invalid-request without Retry-After", name, rec.Code, rec.Body.String())
+		}
+	}
+	// An escaped backslash before "u0000" is text, not a NUL.
+	if rec := send("acme", `{"item":"la\\u0000mp","amount":300}`); rec.Code != http.StatusCreated {
+		t.Errorf("escaped backslash: %d %s, want 201", rec.Code, rec.Body.String())
+	}
+	var n int
+	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d keys, %v; want only the valid request stored", n, err)
+	}
+}
+
+// switchedPool returns a pool on a fresh database whose connections can be
+// cut at once, as when the database server goes away: cut closes every open
+// connection and refuses new ones.
+func switchedPool(t testing.TB) (*pgxpool.Pool, func()) {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		down  bool
+		conns []net.Conn
+	)
+	pool := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		dial := cfg.ConnConfig.DialFunc
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+			}
+			c, err := dial(ctx, network, addr)
+			if err == nil {
+				conns = append(conns, c)
+			}
+			return c, err
+		}
+	})
+	return pool, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		down = true
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+}
+
+func TestStoreLostMidRunIs503SafeToRetry(t *testing.T) {
+	t.Parallel()
+	for _, when := range []string{"during the call", "between phases"} {
+		t.Run(when, func(t *testing.T) {
+			t.Parallel()
+			pool, cut := switchedPool(t)
+			e := setupPool(t, pool, func(c *phase.Config) {
+				c.Injector = phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
+					if when == "between phases" && at == (phase.Point{Phase: "charged", Stage: phase.BeforeTx}) {
+						cut()
+					}
+					return nil
+				})
+			})
+			if when == "during the call" {
+				e.pay.fail = func(string) error { cut(); return nil }
+			}
+			rec := post(e.handler(t), "k1", `{"item":"lamp","amount":300}`)
+			if rec.Code != http.StatusServiceUnavailable || problemType(t, rec) != "store-unavailable" || rec.Header().Get("Retry-After") == "" {
+				t.Fatalf("store lost %s: %d %s, want 503 store-unavailable with Retry-After", when, rec.Code, rec.Body.String())
+			}
+		})
+	}
+}
+
+func TestHTTPEdges(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := e.handler(t, func(c *phase.HTTPConfig[order]) { c.MaxBodyBytes = 64 })
+	do := func(method, contentType string, keys []string, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, "/orders", strings.NewReader(body))
+		r.Header.Set("Authorization", "acme")
+		if contentType != "" {
+			r.Header.Set("Content-Type", contentType)
+		}
+		for _, k := range keys {
+			r.Header.Add("Idempotency-Key", k)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	valid := `{"item":"lamp","amount":300}`
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+		rec := do(m, "", []string{"k1"}, valid)
+		if rec.Code != http.StatusMethodNotAllowed || rec.Header().Get("Allow") != http.MethodPost || problemType(t, rec) != "method-not-allowed" {
+			t.Errorf("%s: %d Allow=%q, want 405 with Allow: POST", m, rec.Code, rec.Header().Get("Allow"))
+		}
+	}
+	if rec := do(http.MethodPost, "application/json", []string{"k1"}, valid+strings.Repeat(" ", 100)); rec.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("padding past the limit: %d %s, want 413", rec.Code, rec.Body.String())
+	}
+	if rec := do(http.MethodPost, "text/plain", []string{"k1"}, valid); rec.Code != http.StatusUnsupportedMediaType || problemType(t, rec) != "invalid-request" {
+		t.Errorf("text/plain: %d %s, want 415", rec.Code, rec.Body.String())
+	}
+	for _, keys := range [][]string{{"a", "b"}, {"a, b"}, {`"a", "b"`}} {
+		if rec := do(http.MethodPost, "", keys, valid); rec.Code != http.StatusBadRequest || problemType(t, rec) != "invalid-idempotency-key" {
+			t.Errorf("keys %q: %d %s, want 400", keys, rec.Code, rec.Body.String())
+		}
+	}
+	if rec := do(http.MethodPost, "application/json; charset=utf-8", []string{`"a,b"`}, valid); rec.Code != http.StatusCreated {
+		t.Errorf("quoted key with a comma: %d %s, want 201", rec.Code, rec.Body.String())
+	}
+	var n int
+	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d keys, %v; want only the one valid request stored", n, err)
+	}
+}
+
+func TestCompleterLeasesWithTheClientsTTL(t *testing.T) {
+	t.Parallel()
+	hold := make(chan struct{})
+	held := make(chan struct{}, 1)
+	e := setup(t, func(c *phase.Config) {
+		c.LockTTL = 7 * time.Second
+		c.Completer = recovery.CompleterConfig{MinIdle: -1}
+	})
+	e.pay.fail = func(string) error { return errBeforeCharge }
+	if rec := post(e.handler(t), "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("first run: %d", rec.Code)
+	}
+	e.pay.fail = func(string) error {
+		held <- struct{}{}
+		<-hold
+		return nil
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = e.c.Complete(context.Background())
+	}()
+	<-held
+	var ttl time.Duration
+	err := e.db.QueryRow(context.Background(), `SELECT lock_expires_at - now() FROM idempotency_keys WHERE idempotency_key = 'k1'`).Scan(&ttl)
+	close(hold)
+	<-done
+	if err != nil || ttl <= 5*time.Second || ttl > 7*time.Second {
+		t.Fatalf("lease left under the completer: %v %v, want the client's 7s TTL", ttl, err)
+	}
+}
