@@ -5,11 +5,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -20,10 +20,10 @@ var commands = []command{
 		summary: "show everything stored for one key",
 		detail: `
 Show everything stored for the tenant's key: its status, where its workflow
-got to, who holds it, its attempts and last error, its request, state and
-stored response. The response body is shown shortened; -json prints every
-field, the body base64-encoded and lease_left_ns (the lease time left by
-the database clock) in nanoseconds.
+got to, who holds it, its attempts, the completer's failures on it, its last
+error, its request, state and stored response. The response body is shown
+shortened; -json prints every field, the body base64-encoded and
+lease_left_ns (the lease time left by the database clock) in nanoseconds.
 
 Exits with status 3 if the tenant has no such key.`,
 		define: defineInspect,
@@ -40,8 +40,8 @@ these is required:
             growing list means no completer runs, or it keeps failing.
   -unknown  keys whose last foreign call may or may not have happened,
             waiting for the completer to reconcile them.
-  -dead     keys the completer gave up on after too many attempts; see
-            'atomicphase retry -h'.`,
+  -dead     keys the completer gave up on after MaxAttempts failed runs
+            of its own; see 'atomicphase retry -h'.`,
 		define: defineList,
 	},
 	{
@@ -66,10 +66,10 @@ A key on hold stays on hold; see 'atomicphase retry -h'. Exits with status
 		name: "retry", args: "TENANT KEY", nargs: 2,
 		summary: "make a dead or unknown key runnable again",
 		detail: `
-Make a key on hold runnable again with a fresh attempt budget, keeping its
-recovery point, state and last error. The next request for the key resumes
-it at once; the completer takes it once it has been idle for the
-completer's MinIdle (a minute by default).
+Make a key on hold runnable again, keeping its recovery point, state and
+last error, and give the completer its full MaxAttempts on it again. The
+next request for the key resumes it at once; the completer takes it once it
+has been idle for the completer's MinIdle (a minute by default).
 
 A dead key (the completer gave up on it) can always be retried. Fix what
 made it fail first, or it will end up dead again.
@@ -88,7 +88,7 @@ on hold.`,
 		name: "reap", args: "", nargs: 0,
 		summary: "close abandoned keys and delete expired ones",
 		detail: `
-Run the reaper once, as recovery.Reaper does in the application. It first
+Run the reaper once, as the application's phase.Client does. It first
 gives abandoned keys (dead, or runnable and idle for the whole retention,
 with no live lease) a terminal 500 "request abandoned" response, then
 deletes, batch after batch, the finished keys whose response is older than
@@ -107,10 +107,20 @@ run would skip until its next pass.`,
 		name: "stats", args: "", nargs: 0,
 		summary: "count keys by state",
 		detail: `
-Count the keys by state: finished; in flight (held by a live lease); stuck
-(unfinished, runnable, with no live lease and idle for longer than
--stuck-after); unknown; dead. 'atomicphase list' shows the keys behind the
-last three.`,
+Count the keys by state. Every key is in exactly one, so the counts add up
+to the total:
+
+  finished   the response is stored
+  in flight  unfinished and held by a live lease
+  waiting    unfinished, runnable, with no live lease and idle for at most
+             -stuck-after: a client is expected to retry it, or the
+             completer to take it once it has been idle long enough
+  stuck      like waiting, but idle for longer than -stuck-after: the
+             completer's backlog
+  unknown    awaiting reconciliation of a foreign call
+  dead       given up on by the completer
+
+'atomicphase list' shows the keys behind the last three.`,
 		define: defineStats,
 	},
 	{
@@ -134,8 +144,8 @@ func (e *notFoundError) Error() string {
 
 func (e *notFoundError) Unwrap() error { return keyrow.ErrNotFound }
 
-func inspect(ctx context.Context, q keyrow.Querier, tenant, key string) (*keyrow.KeyInfo, error) {
-	info, err := keyrow.Inspect(ctx, q, tenant, key)
+func inspect(ctx context.Context, c *phase.Client, tenant, key string) (*keyrow.Row, error) {
+	info, err := c.Inspect(ctx, tenant, key)
 	if errors.Is(err, keyrow.ErrNotFound) {
 		return nil, &notFoundError{tenant: tenant, key: key}
 	}
@@ -144,11 +154,11 @@ func inspect(ctx context.Context, q keyrow.Querier, tenant, key string) (*keyrow
 
 func defineInspect(*flag.FlagSet) action {
 	return func(ctx context.Context, s *session, args []string) error {
-		db, err := s.db(ctx)
+		c, err := s.client(ctx, phase.Config{})
 		if err != nil {
 			return err
 		}
-		info, err := inspect(ctx, db, args[0], args[1])
+		info, err := inspect(ctx, c, args[0], args[1])
 		if err != nil {
 			return err
 		}
@@ -160,35 +170,39 @@ func defineInspect(*flag.FlagSet) action {
 }
 
 func defineList(fs *flag.FlagSet) action {
-	var f keyrow.ListFilter
-	fs.BoolVar(&f.Stuck, "stuck", false, "list the completer's backlog")
-	fs.BoolVar(&f.Unknown, "unknown", false, "list keys awaiting reconciliation")
-	fs.BoolVar(&f.Dead, "dead", false, "list keys the completer gave up on")
+	var (
+		f                    keyrow.ListFilter
+		stuck, unknown, dead bool
+	)
+	fs.BoolVar(&stuck, "stuck", false, "list the completer's backlog")
+	fs.BoolVar(&unknown, "unknown", false, "list keys awaiting reconciliation")
+	fs.BoolVar(&dead, "dead", false, "list keys the completer gave up on")
 	fs.DurationVar(&f.StuckAfter, "stuck-after", recovery.DefaultMinIdle,
 		"with -stuck: how long a key must be idle to be stuck")
 	fs.IntVar(&f.Limit, "limit", keyrow.DefaultListLimit, "the most keys to list")
 	return func(ctx context.Context, s *session, _ []string) error {
 		chosen := 0
-		for _, on := range []bool{f.Stuck, f.Unknown, f.Dead} {
+		for state, on := range map[keyrow.State]bool{keyrow.StateStuck: stuck, keyrow.StateUnknown: unknown, keyrow.StateDead: dead} {
 			if on {
+				f.State = state
 				chosen++
 			}
 		}
 		switch {
 		case chosen != 1:
 			return usagef("pass exactly one of -stuck, -unknown and -dead")
-		case isSet(fs, "stuck-after") && !f.Stuck:
+		case isSet(fs, "stuck-after") && !stuck:
 			return usagef("-stuck-after applies only to -stuck")
 		case f.StuckAfter < 0:
 			return usagef("-stuck-after must not be negative")
 		case f.Limit <= 0:
 			return usagef("-limit must be positive")
 		}
-		db, err := s.db(ctx)
+		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{MinIdle: minIdle(f.StuckAfter)}})
 		if err != nil {
 			return err
 		}
-		keys, err := keyrow.List(ctx, db, f)
+		keys, err := c.List(ctx, f)
 		if err != nil {
 			return err
 		}
@@ -202,18 +216,18 @@ func defineList(fs *flag.FlagSet) action {
 func defineUnlock(*flag.FlagSet) action {
 	return func(ctx context.Context, s *session, args []string) error {
 		tenant, key := args[0], args[1]
-		db, err := s.db(ctx)
+		c, err := s.client(ctx, phase.Config{})
 		if err != nil {
 			return err
 		}
 		// Read first, for the exit status of a missing key and to say what
 		// the freed lease was; a key changing in between only makes the
 		// message stale.
-		info, err := inspect(ctx, db, tenant, key)
+		info, err := inspect(ctx, c, tenant, key)
 		if err != nil {
 			return err
 		}
-		freed, err := keyrow.Unlock(ctx, db, tenant, key)
+		freed, err := c.Unlock(ctx, tenant, key)
 		if err != nil {
 			return err
 		}
@@ -233,11 +247,11 @@ func defineRetry(fs *flag.FlagSet) action {
 		"retry a key held as unknown, repeating its last foreign call")
 	return func(ctx context.Context, s *session, args []string) error {
 		tenant, key := args[0], args[1]
-		db, err := s.db(ctx)
+		c, err := s.client(ctx, phase.Config{})
 		if err != nil {
 			return err
 		}
-		info, err := inspect(ctx, db, tenant, key)
+		info, err := inspect(ctx, c, tenant, key)
 		if err != nil {
 			return err
 		}
@@ -250,7 +264,7 @@ func defineRetry(fs *flag.FlagSet) action {
 					"and retrying makes it again; check with the provider, then pass -confirm-unknown", key, tenant)
 			}
 		}
-		err = keyrow.Retry(ctx, db, tenant, key)
+		err = c.Retry(ctx, tenant, key)
 		if errors.Is(err, keyrow.ErrNotHeld) {
 			return fmt.Errorf("key %q of tenant %q left its hold while being retried; inspect it", key, tenant)
 		}
@@ -259,10 +273,10 @@ func defineRetry(fs *flag.FlagSet) action {
 		}
 		if s.json {
 			return s.writeJSON(struct {
-				Tenant        string `json:"tenant"`
-				Key           string `json:"key"`
-				PreviousHold  string `json:"previous_hold"`
-				RecoveryPoint string `json:"recovery_point"`
+				Tenant        string      `json:"tenant"`
+				Key           string      `json:"key"`
+				PreviousHold  keyrow.Hold `json:"previous_hold"`
+				RecoveryPoint string      `json:"recovery_point"`
 			}{tenant, key, info.Hold, info.RecoveryPoint})
 		}
 		_, err = fmt.Fprintf(s.stdout, "key %s of tenant %s was %s and is runnable again at recovery point %s:\n"+
@@ -290,25 +304,17 @@ func defineReap(fs *flag.FlagSet) action {
 		if *retention <= 0 || *batch <= 0 {
 			return usagef("-retention and -batch must be positive")
 		}
-		db, err := s.db(ctx)
+		c, err := s.client(ctx, phase.Config{Reaper: recovery.ReaperConfig{Retention: *retention, BatchSize: *batch}})
 		if err != nil {
 			return err
 		}
 		report := reapReport{DryRun: *dryRun, Retention: retention.String()}
 		var runErr error
 		if *dryRun {
-			report.Deleted, report.Expired, runErr = keyrow.ReapCandidates(ctx, db, *retention)
+			report.Deleted, report.Expired, runErr = c.ReapCandidates(ctx)
 		} else {
-			reaper, err := recovery.NewReaper(recovery.ReaperConfig{
-				Pool: db, Retention: *retention, BatchSize: *batch,
-				// RunOnce's result and error say all that its logs would.
-				Logger: slog.New(slog.DiscardHandler),
-			})
-			if err != nil {
-				return err
-			}
 			var res recovery.ReapResult
-			res, runErr = reaper.RunOnce(ctx)
+			res, runErr = c.Reap(ctx)
 			report.Expired, report.Deleted = res.Expired, res.Deleted
 		}
 		// A run that fails part-way has still changed keys: report them.
@@ -321,22 +327,29 @@ func defineReap(fs *flag.FlagSet) action {
 	}
 }
 
+// statsReport is what stats prints under -json: the count of every state
+// and their total.
+type statsReport struct {
+	keyrow.Counts
+	Total int `json:"total"`
+}
+
 func defineStats(fs *flag.FlagSet) action {
 	stuckAfter := fs.Duration("stuck-after", recovery.DefaultMinIdle, "how long a key must be idle to be stuck")
 	return func(ctx context.Context, s *session, _ []string) error {
 		if *stuckAfter < 0 {
 			return usagef("-stuck-after must not be negative")
 		}
-		db, err := s.db(ctx)
+		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{MinIdle: minIdle(*stuckAfter)}})
 		if err != nil {
 			return err
 		}
-		counts, err := keyrow.Count(ctx, db, *stuckAfter)
+		counts, err := c.Counts(ctx)
 		if err != nil {
 			return err
 		}
 		if s.json {
-			return s.writeJSON(counts)
+			return s.writeJSON(statsReport{Counts: counts, Total: counts.Total()})
 		}
 		return printStats(s.stdout, counts, *stuckAfter)
 	}
@@ -359,6 +372,15 @@ func defineMigrate(*flag.FlagSet) action {
 		_, err = fmt.Fprintln(s.stdout, "the schema is up to date")
 		return err
 	}
+}
+
+// minIdle is the completer's MinIdle that makes a key stuck once idle for
+// longer than d. The config reads zero as its default, so no wait is -1.
+func minIdle(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // isSet reports whether the command line set the flag, as opposed to

@@ -26,7 +26,7 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 }
 
-func printKey(w io.Writer, k *keyrow.KeyInfo, now time.Time) error {
+func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 	tw := newTable(w)
 	row := func(label, value string) { fmt.Fprintf(tw, "%s\t%s\n", label, value) }
 	row("tenant", clean(k.Tenant))
@@ -36,6 +36,7 @@ func printKey(w io.Writer, k *keyrow.KeyInfo, now time.Time) error {
 	row("status", status(k))
 	row("recovery point", clean(k.RecoveryPoint))
 	row("attempts", strconv.Itoa(k.Attempts))
+	row("failures", strconv.Itoa(k.Failures))
 	row("last error", orDash(clean(k.LastError)))
 	row("created", when(&k.CreatedAt, now))
 	row("last run", when(&k.LastRunAt, now))
@@ -67,16 +68,10 @@ func printKey(w io.Writer, k *keyrow.KeyInfo, now time.Time) error {
 	return tw.Flush()
 }
 
-func printList(w io.Writer, keys []keyrow.KeyInfo, f keyrow.ListFilter, now time.Time) error {
-	which := "dead"
-	switch {
-	case f.Stuck:
-		which = "stuck"
-	case f.Unknown:
-		which = "unknown"
-	}
+func printList(w io.Writer, keys []keyrow.Row, f keyrow.ListFilter, now time.Time) error {
+	which := string(f.State)
 	if len(keys) == 0 {
-		if f.Stuck {
+		if f.State == keyrow.StateStuck {
 			_, err := fmt.Fprintf(w, "no stuck keys idle for more than %s\n", f.StuckAfter)
 			return err
 		}
@@ -107,7 +102,7 @@ func printList(w io.Writer, keys []keyrow.KeyInfo, f keyrow.ListFilter, now time
 	return nil
 }
 
-func printUnlock(w io.Writer, k *keyrow.KeyInfo, freed bool) error {
+func printUnlock(w io.Writer, k *keyrow.Row, freed bool) error {
 	name := fmt.Sprintf("key %s of tenant %s", clean(k.Key), clean(k.Tenant))
 	var err error
 	switch {
@@ -148,17 +143,19 @@ func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
 	tw := newTable(w)
 	fmt.Fprintf(tw, "finished\t%d\n", c.Finished)
 	fmt.Fprintf(tw, "in flight\t%d\n", c.InFlight)
+	fmt.Fprintf(tw, "waiting\t%d\tidle for at most %s\n", c.Waiting, stuckAfter)
 	fmt.Fprintf(tw, "stuck\t%d\tidle for more than %s\n", c.Stuck, stuckAfter)
 	fmt.Fprintf(tw, "unknown\t%d\n", c.Unknown)
 	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
+	fmt.Fprintf(tw, "total\t%d\n", c.Total())
 	return tw.Flush()
 }
 
 // status names the state of a key in the words the commands use.
-func status(k *keyrow.KeyInfo) string {
+func status(k *keyrow.Row) string {
 	switch {
 	case k.Hold != "":
-		return k.Hold
+		return string(k.Hold)
 	case k.RecoveryPoint == keyrow.Finished:
 		return "finished"
 	case k.LeaseLeft > 0:

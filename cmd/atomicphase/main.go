@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
 )
 
 // Exit statuses, documented in usage.
@@ -245,6 +247,22 @@ func (s *session) db(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	s.pool = pool
 	return pool, nil
+}
+
+// client connects and returns a client with no workflows, for its operator
+// methods. cfg sets what the command configures (when a key counts as
+// stuck, the reaper's retention); the completer and the reaper never run in
+// the background, and their logs are dropped because the command's output
+// and errors say all they would.
+func (s *session) client(ctx context.Context, cfg phase.Config) (*phase.Client, error) {
+	db, err := s.db(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Completer.Interval = -1
+	cfg.Reaper.Interval = -1
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	return phase.NewClient(db, &cfg)
 }
 
 func (s *session) close() {

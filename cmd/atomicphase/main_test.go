@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
 
@@ -76,19 +77,19 @@ func setup(t *testing.T) (string, *pgxpool.Pool) {
 	return dsn, db
 }
 
-func request(t *testing.T, tenant, key string) keyrow.Request {
+func request(t *testing.T, tenant, key string) store.Request {
 	t.Helper()
 	params := []byte(`{"amount":100}`)
 	fp, err := keyrow.Fingerprint("wf", params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return keyrow.Request{Tenant: tenant, Key: key, Workflow: "wf", Fingerprint: fp, Params: params, TTL: ttl}
+	return store.Request{Tenant: tenant, Key: key, Workflow: "wf", Fingerprint: fp, Params: params, TTL: ttl}
 }
 
-func acquire(t *testing.T, db *pgxpool.Pool, tenant, key string) (keyrow.Outcome, *keyrow.Row) {
+func acquire(t *testing.T, db *pgxpool.Pool, tenant, key string) (store.Outcome, *store.Row) {
 	t.Helper()
-	out, row, err := keyrow.Acquire(context.Background(), db, request(t, tenant, key))
+	out, row, err := store.Acquire(context.Background(), db, request(t, tenant, key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +99,11 @@ func acquire(t *testing.T, db *pgxpool.Pool, tenant, key string) (keyrow.Outcome
 // keyIn creates the key in state: "finished", "leased" (a live lease),
 // "runnable" (free, at recovery point "charged"), "dead" or "unknown" (held
 // at "charged").
-func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *keyrow.Row {
+func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *store.Row {
 	t.Helper()
 	ctx := context.Background()
 	out, row := acquire(t, db, tenant, key)
-	if out != keyrow.New {
+	if out != store.New {
 		t.Fatalf("acquire %s/%s = %v, want new", tenant, key, out)
 	}
 	switch state {
@@ -110,16 +111,16 @@ func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *keyrow.Ro
 		return row
 	case "finished":
 		resp := keyrow.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
-		if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
+		if err := store.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
 			t.Fatal(err)
 		}
 		return row
 	}
-	if err := keyrow.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	hold := map[string]string{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "card declined", hold); err != nil {
+	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false); err != nil {
 		t.Fatal(err)
 	}
 	return row
@@ -136,9 +137,9 @@ func age(t *testing.T, db *pgxpool.Pool, tenant, key, set string) {
 	}
 }
 
-func stored(t *testing.T, db *pgxpool.Pool, tenant, key string) *keyrow.KeyInfo {
+func stored(t *testing.T, db *pgxpool.Pool, tenant, key string) *keyrow.Row {
 	t.Helper()
-	info, err := keyrow.Inspect(context.Background(), db, tenant, key)
+	info, err := store.Inspect(context.Background(), db, tenant, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestInspectShowsTheKeyAsTextAndJSON(t *testing.T) {
 		}
 	}
 
-	info := decode[keyrow.KeyInfo](t, ok(t, dsn, "inspect", "-json", "acme", "order-1"))
+	info := decode[keyrow.Row](t, ok(t, dsn, "inspect", "-json", "acme", "order-1"))
 	if info.ID != row.ID || info.RecoveryPoint != keyrow.Finished || *info.ResponseStatus != 201 ||
 		string(info.ResponseBody) != `{"id":"ch_1"}` || info.FinishedAt == nil {
 		t.Fatalf("inspect -json = %+v", info)
@@ -174,7 +175,7 @@ func TestArgumentsAfterDoubleDashMayStartWithADash(t *testing.T) {
 	t.Parallel()
 	dsn, db := setup(t)
 	keyIn(t, db, "acme", "-order-1", "dead")
-	info := decode[keyrow.KeyInfo](t, ok(t, dsn, "inspect", "-json", "--", "acme", "-order-1"))
+	info := decode[keyrow.Row](t, ok(t, dsn, "inspect", "-json", "--", "acme", "-order-1"))
 	if info.Key != "-order-1" || info.Hold != keyrow.HoldDead {
 		t.Fatalf("inspect -- acme -order-1 = %+v", info)
 	}
@@ -296,7 +297,7 @@ func TestListShowsStuckUnknownAndDeadKeys(t *testing.T) {
 		{[]string{"-dead", "-limit", "1"}, []string{"dead-2"}},
 		{[]string{"-unknown"}, []string{"unknown-1"}},
 	} {
-		keys := decode[[]keyrow.KeyInfo](t, ok(t, dsn, append([]string{"list", "-json"}, tc.args...)...))
+		keys := decode[[]keyrow.Row](t, ok(t, dsn, append([]string{"list", "-json"}, tc.args...)...))
 		var got []string
 		for _, k := range keys {
 			got = append(got, k.Key)
@@ -344,7 +345,7 @@ func TestUnlockFreesALeaseSoTheNextRequestResumes(t *testing.T) {
 	t.Parallel()
 	dsn, db := setup(t)
 	keyIn(t, db, "acme", "order-1", "leased")
-	if out, _ := acquire(t, db, "acme", "order-1"); out != keyrow.Held {
+	if out, _ := acquire(t, db, "acme", "order-1"); out != store.Held {
 		t.Fatalf("acquire during the lease = %v, want held", out)
 	}
 
@@ -352,7 +353,7 @@ func TestUnlockFreesALeaseSoTheNextRequestResumes(t *testing.T) {
 	if !strings.Contains(out, "freed the lease") || !strings.Contains(out, "fenced out") {
 		t.Fatalf("unlock output:\n%s", out)
 	}
-	if out, row := acquire(t, db, "acme", "order-1"); out != keyrow.Resumed || row.RecoveryPoint != keyrow.Started {
+	if out, row := acquire(t, db, "acme", "order-1"); out != store.Resumed || row.RecoveryPoint != keyrow.Started {
 		t.Fatalf("acquire after unlock = %v at %q, want resumed", out, row.RecoveryPoint)
 	}
 
@@ -366,22 +367,28 @@ func TestUnlockFreesALeaseSoTheNextRequestResumes(t *testing.T) {
 	}
 }
 
-func TestRetryMakesADeadKeyClaimable(t *testing.T) {
+func TestRetryMakesADeadKeyClaimableWithAFreshFailureBudget(t *testing.T) {
 	t.Parallel()
 	dsn, db := setup(t)
 	row := keyIn(t, db, "acme", "order-1", "dead")
-	age(t, db, "acme", "order-1", "attempts = 10")
+	age(t, db, "acme", "order-1", "failures = 10")
 
 	got := decode[map[string]any](t, ok(t, dsn, "retry", "-json", "acme", "order-1"))
 	if got["previous_hold"] != "dead" || got["recovery_point"] != "charged" {
 		t.Fatalf("retry -json = %v", got)
 	}
-	claimed, err := keyrow.Claim(context.Background(), db, keyrow.ClaimParams{Limit: 10, TTL: ttl})
+	if info := stored(t, db, "acme", "order-1"); info.Hold != "" || info.Failures != 0 {
+		t.Fatalf("after retry: hold %q, failures %d; want runnable with none", info.Hold, info.Failures)
+	}
+	// With ten failures left on it, an hour's backoff would keep the
+	// completer off the key.
+	claimed, err := store.Claim(context.Background(), db, store.ClaimParams{
+		Workflows: []string{"wf"}, Limit: 10, Backoff: time.Hour, MaxBackoff: time.Hour, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(claimed) != 1 || claimed[0].ID != row.ID || claimed[0].RecoveryPoint != "charged" || claimed[0].Attempts != 1 {
-		t.Fatalf("claim after retry = %+v, want the key at charged with fresh attempts", claimed)
+	if len(claimed) != 1 || claimed[0].ID != row.ID || claimed[0].RecoveryPoint != "charged" {
+		t.Fatalf("claim after retry = %+v, want the key at charged", claimed)
 	}
 }
 
@@ -402,7 +409,7 @@ func TestRetryOfAnUnknownKeyNeedsConfirmation(t *testing.T) {
 	if !strings.Contains(out, "was unknown and is runnable again") {
 		t.Fatalf("retry -confirm-unknown output:\n%s", out)
 	}
-	if out, _ := acquire(t, db, "acme", "order-1"); out != keyrow.Resumed {
+	if out, _ := acquire(t, db, "acme", "order-1"); out != store.Resumed {
 		t.Fatalf("acquire after retry = %v, want resumed", out)
 	}
 }
@@ -450,7 +457,7 @@ func TestReapDryRunChangesNothingAndPredictsTheRealRun(t *testing.T) {
 		t.Fatalf("reap = %+v, dry run predicted %+v", real, dry)
 	}
 	for _, key := range []string{"paid-old", "paid-older"} {
-		if _, err := keyrow.Inspect(context.Background(), db, "acme", key); !errors.Is(err, keyrow.ErrNotFound) {
+		if _, err := store.Inspect(context.Background(), db, "acme", key); !errors.Is(err, keyrow.ErrNotFound) {
 			t.Errorf("%s survived the reap: %v", key, err)
 		}
 	}
@@ -462,25 +469,39 @@ func TestReapDryRunChangesNothingAndPredictsTheRealRun(t *testing.T) {
 	}
 }
 
-func TestStatsCountsKeysByState(t *testing.T) {
+func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	t.Parallel()
 	dsn, db := setup(t)
 	for key, state := range map[string]string{
-		"paid": "finished", "paying": "leased", "stuck": "runnable", "dead": "dead", "unknown": "unknown",
+		"paid": "finished", "paying": "leased", "declined": "runnable", "stuck": "runnable",
+		"dead": "dead", "unknown": "unknown",
 	} {
 		keyIn(t, db, "acme", key, state)
 	}
 	age(t, db, "acme", "stuck", "last_run_at = now() - interval '2 minutes'")
-
-	want := keyrow.Counts{Finished: 1, InFlight: 1, Stuck: 1, Unknown: 1, Dead: 1}
-	if got := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json")); got != want {
-		t.Fatalf("stats -json = %+v, want %+v", got, want)
+	var rows int
+	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM idempotency_keys").Scan(&rows); err != nil {
+		t.Fatal(err)
 	}
-	if got := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json", "-stuck-after", "5m")); got.Stuck != 0 {
-		t.Fatalf("stats -stuck-after 5m counts %d stuck, want 0", got.Stuck)
+
+	got := decode[statsReport](t, ok(t, dsn, "stats", "-json"))
+	want := keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 1, Stuck: 1, Unknown: 1, Dead: 1}
+	if got.Counts != want || got.Total != rows {
+		t.Fatalf("stats -json = %+v, want %+v and a total of %d", got, want, rows)
+	}
+	for _, tc := range []struct {
+		stuckAfter     string
+		waiting, stuck int
+	}{{"5m", 2, 0}, {"0s", 0, 2}} {
+		got := decode[statsReport](t, ok(t, dsn, "stats", "-json", "-stuck-after", tc.stuckAfter))
+		if got.Waiting != tc.waiting || got.Stuck != tc.stuck || got.Total != rows {
+			t.Errorf("stats -stuck-after %s = %+v, want %d waiting, %d stuck, %d in all",
+				tc.stuckAfter, got, tc.waiting, tc.stuck, rows)
+		}
 	}
 	text := ok(t, dsn, "stats")
-	for _, want := range []string{"finished   1", "in flight  1", "stuck      1  idle for more than 1m0s", "dead       1"} {
+	for _, want := range []string{"finished   1", "in flight  1", "waiting    1  idle for at most 1m0s",
+		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("stats output lacks %q:\n%s", want, text)
 		}

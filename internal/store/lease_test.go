@@ -6,65 +6,79 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/lockttl"
 )
-
-func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestRetryAfterRoundsUpWithinOneToFiveSeconds(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		left time.Duration
-		want int
-	}{{0, 1}, {-time.Second, 1}, {time.Millisecond, 1}, {time.Second, 1}, {1500 * time.Millisecond, 2}, {4200 * time.Millisecond, 5}, {90 * time.Second, 5}} {
+		want time.Duration
+	}{
+		{0, time.Second}, {-time.Second, time.Second}, {time.Millisecond, time.Second}, {time.Second, time.Second},
+		{1500 * time.Millisecond, 2 * time.Second}, {4200 * time.Millisecond, 5 * time.Second}, {90 * time.Second, 5 * time.Second},
+	} {
 		if got := lockttl.RetryAfter(tc.left); got != tc.want {
-			t.Errorf("RetryAfter(%v) = %d, want %d", tc.left, got, tc.want)
+			t.Errorf("RetryAfter(%v) = %v, want %v", tc.left, got, tc.want)
 		}
 	}
 }
 
-func acquire(t *testing.T, db keyrow.Querier, ttl time.Duration) *keyrow.Row {
+// lease acquires the tenant acme's key with a lease of ttl and returns the
+// row and its lease.
+func lease(t *testing.T, db store.Querier, key string, ttl time.Duration) (*store.Row, *store.Lease) {
 	t.Helper()
-	fp, _ := keyrow.Fingerprint("test", []byte(`{}`))
-	out, row, err := keyrow.Acquire(context.Background(), db,
-		keyrow.Request{Tenant: "acme", Key: "k1", Workflow: "test", Fingerprint: fp, Params: []byte(`{}`), TTL: ttl})
-	if err != nil || !out.Acquiring() {
-		t.Fatalf("acquire = %v, %v", out, err)
+	req := request(t, "acme", key, `{}`)
+	req.TTL = ttl
+	out, row := acquire(t, db, req)
+	if !out.Acquiring() {
+		t.Fatalf("acquire %s = %v, want the lease", key, out)
 	}
-	return row
+	return row, store.NewLease(row.ID, row.LockToken, ttl)
+}
+
+// heldByAnother reports whether another request for the key finds it held.
+func heldByAnother(t *testing.T, db store.Querier, key string) bool {
+	t.Helper()
+	out, _ := acquire(t, db, request(t, "acme", key, `{}`))
+	return out == store.Held
 }
 
 func TestKeepRenewsALeaseThatOutlivesItsTTL(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	const ttl = 1200 * time.Millisecond
-	row := acquire(t, db, ttl)
-	lease := lockttl.New(row.ID, row.LockToken, ttl)
+	_, l := lease(t, db, "k1", ttl)
 
-	work, stop := lease.Keep(context.Background(), db)
+	work, stop, err := l.Keep(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
 	// Work for two TTLs: without renewal another run could take over.
 	time.Sleep(2 * ttl)
-	fp, _ := keyrow.Fingerprint("test", []byte(`{}`))
-	out, _, err := keyrow.Acquire(context.Background(), db,
-		keyrow.Request{Tenant: "acme", Key: "k1", Workflow: "test", Fingerprint: fp, Params: []byte(`{}`), TTL: ttl})
-	if err != nil || out != keyrow.Held {
-		t.Fatalf("acquire while kept = %v, %v; want held", out, err)
+	if !heldByAnother(t, db, "k1") {
+		t.Fatal("the key was free to take while its lease was kept")
 	}
-	if work.Err() != nil || lease.Err() != nil {
-		t.Fatalf("lease reported lost while renewed: %v %v", work.Err(), lease.Err())
+	if work.Err() != nil || l.Err() != nil {
+		t.Fatalf("lease reported lost while renewed: %v %v", work.Err(), l.Err())
 	}
-	stop()
 }
 
 func TestKeepCancelsTheWorkWhenTheLeaseIsTakenOver(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	const ttl = 1200 * time.Millisecond
-	row := acquire(t, db, ttl)
-	lease := lockttl.New(row.ID, row.LockToken, ttl)
-	work, stop := lease.Keep(context.Background(), db)
+	row, l := lease(t, db, "k1", ttl)
+	work, stop, err := l.Keep(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer stop()
 
 	// An operator (or a takeover) replaces the token.
@@ -77,11 +91,77 @@ func TestKeepCancelsTheWorkWhenTheLeaseIsTakenOver(t *testing.T) {
 		t.Fatal("work context not cancelled after the lease was lost")
 	}
 	select {
-	case <-lease.Lost():
+	case <-l.Lost():
 	default:
 		t.Fatal("Lost not closed")
 	}
-	if !errors.Is(lease.Err(), keyrow.ErrLeaseLost) {
-		t.Fatalf("lease.Err() = %v, want ErrLeaseLost", lease.Err())
+	if !errors.Is(l.Err(), keyrow.ErrLeaseLost) {
+		t.Fatalf("lease.Err() = %v, want ErrLeaseLost", l.Err())
+	}
+}
+
+func TestKeepWithAZeroOrTinyTTLRenewsWithoutPanicking(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	for _, d := range []time.Duration{0, time.Nanosecond} {
+		if every := lockttl.RenewInterval(d); every <= 0 {
+			t.Fatalf("RenewInterval(%v) = %v, want positive", d, every)
+		}
+	}
+	for key, tiny := range map[string]time.Duration{"zero": 0, "tiny": time.Nanosecond} {
+		row, _ := lease(t, db, key, ttl)
+		l := store.NewLease(row.ID, row.LockToken, tiny)
+		if l.TTL < lockttl.MinTTL {
+			t.Fatalf("NewLease with TTL %v kept %v, want at least %v", tiny, l.TTL, lockttl.MinTTL)
+		}
+		work, stop, err := l.Keep(context.Background(), db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(lockttl.MinTTL + lockttl.MinTTL/2)
+		if !heldByAnother(t, db, key) || work.Err() != nil {
+			t.Fatalf("%s TTL: the kept lease lapsed (work %v)", key, work.Err())
+		}
+		stop()
+		stop()
+		if work.Err() == nil {
+			t.Fatalf("%s TTL: work context still live after stop", key)
+		}
+	}
+}
+
+func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var counter pgtest.StatementCounter
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &counter
+	})
+	const ttl = 1200 * time.Millisecond
+	_, stale := lease(t, db, "k1", ttl)
+	// The holder stalls; an operator frees the key and another run takes it.
+	if freed, err := store.Unlock(ctx, db, "acme", "k1"); err != nil || !freed {
+		t.Fatalf("unlock = %v, %v", freed, err)
+	}
+	taker, _ := lease(t, db, "k1", ttl)
+
+	counter.Reset()
+	work, stop, err := stale.Keep(ctx, db)
+	if !errors.Is(err, keyrow.ErrLeaseLost) || work != nil || stop != nil {
+		t.Fatalf("Keep of a taken-over lease = %v, %v, %v; want ErrLeaseLost and nothing to stop", work, stop != nil, err)
+	}
+	select {
+	case <-stale.Lost():
+	default:
+		t.Fatal("Lost not closed")
+	}
+	// Nothing renews in the background: after several renewal intervals the
+	// only statement sent is Keep's own first renewal.
+	time.Sleep(3 * lockttl.RenewInterval(ttl))
+	if n := counter.Statements(); n != 1 {
+		t.Fatalf("%d statements after the failed Keep, want 1: %q", n, counter.SQL())
+	}
+	if _, err := store.Renew(ctx, db, taker.ID, taker.LockToken, ttl); err != nil {
+		t.Fatalf("the new holder's lease: %v", err)
 	}
 }

@@ -3,10 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -17,17 +14,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
 
-// keyIn creates the tenant's key through the keyrow API and leaves it in
+// keyIn creates the tenant's key through the store API and leaves it in
 // state: "finished", "leased" (a live lease), "runnable" (free, at
 // recovery point "charged"), "dead" or "unknown" (held at "charged").
-func keyIn(t *testing.T, db keyrow.Querier, tenant, key, state string) *keyrow.Row {
+func keyIn(t *testing.T, db store.Querier, tenant, key, state string) *store.Row {
 	t.Helper()
 	ctx := context.Background()
 	out, row := acquire(t, db, request(t, tenant, key, `{"amount":100}`))
-	if out != keyrow.New {
+	if out != store.New {
 		t.Fatalf("acquire %s/%s = %v, want new", tenant, key, out)
 	}
 	if state == "leased" {
@@ -35,16 +33,16 @@ func keyIn(t *testing.T, db keyrow.Querier, tenant, key, state string) *keyrow.R
 	}
 	if state == "finished" {
 		resp := keyrow.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
-		if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
+		if err := store.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
 			t.Fatal(err)
 		}
 		return row
 	}
-	if err := keyrow.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	hold := map[string]string{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "card declined", hold); err != nil {
+	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false); err != nil {
 		t.Fatal(err)
 	}
 	return row
@@ -52,7 +50,7 @@ func keyIn(t *testing.T, db keyrow.Querier, tenant, key, state string) *keyrow.R
 
 // age rewrites the key's timestamps with set, an SQL assignment list, as if
 // time had passed.
-func age(t *testing.T, db keyrow.Querier, tenant, key, set string) {
+func age(t *testing.T, db store.Querier, tenant, key, set string) {
 	t.Helper()
 	tag, err := db.Exec(context.Background(),
 		`UPDATE idempotency_keys SET `+set+` WHERE tenant = $1 AND idempotency_key = $2`, tenant, key)
@@ -61,7 +59,7 @@ func age(t *testing.T, db keyrow.Querier, tenant, key, set string) {
 	}
 }
 
-func keysOf(infos []keyrow.KeyInfo) []string {
+func keysOf(infos []keyrow.Row) []string {
 	keys := make([]string, len(infos))
 	for i, info := range infos {
 		keys[i] = info.Key
@@ -74,7 +72,7 @@ func TestInspectFinishedKeyShowsItsStoredResponse(t *testing.T) {
 	db := pgtest.Pool(t)
 	row := keyIn(t, db, "acme", "k1", "finished")
 
-	info, err := keyrow.Inspect(context.Background(), db, "acme", "k1")
+	info, err := store.Inspect(context.Background(), db, "acme", "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +98,7 @@ func TestInspectLeasedKeyShowsTheLeaseLeft(t *testing.T) {
 	db := pgtest.Pool(t)
 	keyIn(t, db, "acme", "k1", "leased")
 
-	info, err := keyrow.Inspect(context.Background(), db, "acme", "k1")
+	info, err := store.Inspect(context.Background(), db, "acme", "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +116,7 @@ func TestInspectMissingKeyOrOtherTenantIsErrNotFound(t *testing.T) {
 	keyIn(t, db, "acme", "k1", "finished")
 
 	for _, tk := range [][2]string{{"acme", "k2"}, {"globex", "k1"}} {
-		if _, err := keyrow.Inspect(context.Background(), db, tk[0], tk[1]); !errors.Is(err, keyrow.ErrNotFound) {
+		if _, err := store.Inspect(context.Background(), db, tk[0], tk[1]); !errors.Is(err, keyrow.ErrNotFound) {
 			t.Errorf("Inspect(%s, %s) = %v, want ErrNotFound", tk[0], tk[1], err)
 		}
 	}
@@ -148,12 +146,12 @@ func TestListSelectsStuckUnknownAndDeadKeysIdleLongestFirst(t *testing.T) {
 		filter keyrow.ListFilter
 		want   []string
 	}{
-		{"stuck", keyrow.ListFilter{Stuck: true, StuckAfter: time.Minute}, []string{"expired", "stuck-older", "stuck-old"}},
-		{"stuck limited", keyrow.ListFilter{Stuck: true, StuckAfter: time.Minute, Limit: 2}, []string{"expired", "stuck-older"}},
-		{"dead", keyrow.ListFilter{Dead: true}, []string{"dead-older", "dead-old"}},
-		{"unknown", keyrow.ListFilter{Unknown: true}, []string{"unknown"}},
+		{"stuck", keyrow.ListFilter{State: keyrow.StateStuck, StuckAfter: time.Minute}, []string{"expired", "stuck-older", "stuck-old"}},
+		{"stuck limited", keyrow.ListFilter{State: keyrow.StateStuck, StuckAfter: time.Minute, Limit: 2}, []string{"expired", "stuck-older"}},
+		{"dead", keyrow.ListFilter{State: keyrow.StateDead}, []string{"dead-older", "dead-old"}},
+		{"unknown", keyrow.ListFilter{State: keyrow.StateUnknown}, []string{"unknown"}},
 	} {
-		keys, err := keyrow.List(ctx, db, tc.filter)
+		keys, err := store.List(ctx, db, tc.filter)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -163,15 +161,16 @@ func TestListSelectsStuckUnknownAndDeadKeysIdleLongestFirst(t *testing.T) {
 	}
 
 	// Operators compare the list with the stats gauge; they must agree.
-	counts, err := keyrow.Count(ctx, db, time.Minute)
+	counts, err := store.Count(ctx, db, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if counts.Stuck != 3 || counts.Dead != 2 || counts.Unknown != 1 {
-		t.Fatalf("counts = %+v, want 3 stuck, 2 dead, 1 unknown as listed", counts)
+	want := keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 1, Stuck: 3, Unknown: 1, Dead: 2}
+	if counts != want {
+		t.Fatalf("counts = %+v, want %+v: 3 stuck, 2 dead, 1 unknown as listed", counts, want)
 	}
 
-	dead, err := keyrow.List(ctx, db, keyrow.ListFilter{Dead: true})
+	dead, err := store.List(ctx, db, keyrow.ListFilter{State: keyrow.StateDead})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,11 +179,14 @@ func TestListSelectsStuckUnknownAndDeadKeysIdleLongestFirst(t *testing.T) {
 	}
 }
 
-func TestListWithoutExactlyOneFilterIsAnError(t *testing.T) {
+func TestListOfAStateItCannotListIsAnError(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
-	for _, f := range []keyrow.ListFilter{{}, {Stuck: true, Dead: true}, {Unknown: true, Dead: true}, {Dead: true, Limit: -1}} {
-		if _, err := keyrow.List(context.Background(), db, f); err == nil {
+	for _, f := range []keyrow.ListFilter{
+		{}, {State: keyrow.StateFinished}, {State: keyrow.StateInFlight}, {State: keyrow.StateWaiting}, {State: "bogus"},
+		{State: keyrow.StateDead, Limit: -1}, {State: keyrow.StateStuck, StuckAfter: -time.Second},
+	} {
+		if _, err := store.List(context.Background(), db, f); err == nil {
 			t.Errorf("List(%+v) succeeded, want an error", f)
 		}
 	}
@@ -236,11 +238,11 @@ func TestListUsesThePartialIndexes(t *testing.T) {
 		filter keyrow.ListFilter
 		index  string
 	}{
-		{keyrow.ListFilter{Stuck: true, StuckAfter: time.Minute}, "idempotency_keys_unfinished"},
-		{keyrow.ListFilter{Dead: true}, "idempotency_keys_held"},
-		{keyrow.ListFilter{Unknown: true}, "idempotency_keys_held"},
+		{keyrow.ListFilter{State: keyrow.StateStuck, StuckAfter: time.Minute}, "idempotency_keys_unfinished"},
+		{keyrow.ListFilter{State: keyrow.StateDead}, "idempotency_keys_held"},
+		{keyrow.ListFilter{State: keyrow.StateUnknown}, "idempotency_keys_held"},
 	} {
-		if _, err := keyrow.List(ctx, traced, tc.filter); err != nil {
+		if _, err := store.List(ctx, traced, tc.filter); err != nil {
 			t.Fatal(err)
 		}
 		last.mu.Lock()
@@ -261,27 +263,37 @@ func TestListUsesThePartialIndexes(t *testing.T) {
 	}
 }
 
-func TestRetryMakesADeadKeyClaimableWithFreshAttempts(t *testing.T) {
+func TestRetryMakesADeadKeyClaimableWithAFreshFailureBudget(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	row := keyIn(t, db, "acme", "k1", "dead")
-	age(t, db, "acme", "k1", "attempts = 10, last_run_at = now() - interval '1 hour'")
-	claim := keyrow.ClaimParams{Limit: 10, TTL: ttl}
+	age(t, db, "acme", "k1", "failures = 10, last_run_at = now() - interval '1 hour'")
+	// An hour's backoff per failure: a key with any failures left on it,
+	// touched just now by Retry, is not due.
+	claim := store.ClaimParams{Workflows: []string{"test"}, Limit: 10, Backoff: time.Hour, MaxBackoff: time.Hour, TTL: ttl}
 
-	if claimed, err := keyrow.Claim(ctx, db, claim); err != nil || len(claimed) != 0 {
+	if claimed, err := store.Claim(ctx, db, claim); err != nil || len(claimed) != 0 {
 		t.Fatalf("claim before retry = %d keys, %v; want none", len(claimed), err)
 	}
-	if err := keyrow.Retry(ctx, db, "acme", "k1"); err != nil {
+	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := keyrow.Claim(ctx, db, claim)
+	if info := inspect(t, db, "acme", "k1"); info.Failures != 0 || info.Hold != "" {
+		t.Fatalf("after retry: failures %d, hold %q; want 0 and runnable", info.Failures, info.Hold)
+	}
+	claimed, err := store.Claim(ctx, db, claim)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(claimed) != 1 || claimed[0].ID != row.ID || claimed[0].RecoveryPoint != "charged" ||
-		claimed[0].Attempts != 1 || claimed[0].Hold != "" {
-		t.Fatalf("claim after retry = %+v, want the key at charged on its first fresh attempt", claimed)
+		claimed[0].Attempts != 2 || claimed[0].Hold != "" {
+		t.Fatalf("claim after retry = %+v, want the key at charged on its second run", claimed)
+	}
+	// Its ten failures are forgotten: burying needs ten more.
+	age(t, db, "acme", "k1", "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '1 hour'")
+	if n, err := store.Bury(ctx, db, []string{"test"}, 10, time.Minute); err != nil || n != 0 {
+		t.Fatalf("bury after retry = %d, %v; want none", n, err)
 	}
 }
 
@@ -292,10 +304,10 @@ func TestRetryKeepsAnOldKeyFromBeingExpiredAsAbandoned(t *testing.T) {
 	keyIn(t, db, "acme", "k1", "dead")
 	age(t, db, "acme", "k1", "last_run_at = now() - interval '3 days'")
 
-	if err := keyrow.Retry(ctx, db, "acme", "k1"); err != nil {
+	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := keyrow.Expire(ctx, db, 24*time.Hour, 100); err != nil || n != 0 {
+	if n, err := store.Expire(ctx, db, 24*time.Hour, 100); err != nil || n != 0 {
 		t.Fatalf("expire after retry = %d, %v; want the retried key left to run", n, err)
 	}
 }
@@ -306,13 +318,13 @@ func TestRetryUnknownKeyLetsAClientResumeIt(t *testing.T) {
 	db := pgtest.Pool(t)
 	keyIn(t, db, "acme", "k1", "unknown")
 
-	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != keyrow.Parked {
+	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != store.Parked {
 		t.Fatalf("acquire before retry = %v, want parked", out)
 	}
-	if err := keyrow.Retry(ctx, db, "acme", "k1"); err != nil {
+	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if out, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != keyrow.Resumed || row.RecoveryPoint != "charged" {
+	if out, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != store.Resumed || row.RecoveryPoint != "charged" {
 		t.Fatalf("acquire after retry = %v at %q, want resumed at charged", out, row.RecoveryPoint)
 	}
 }
@@ -323,11 +335,11 @@ func TestRetryOfAMissingOrUnheldKeySaysWhich(t *testing.T) {
 	db := pgtest.Pool(t)
 	for key, state := range map[string]string{"finished": "finished", "leased": "leased", "runnable": "runnable"} {
 		keyIn(t, db, "acme", key, state)
-		if err := keyrow.Retry(ctx, db, "acme", key); !errors.Is(err, keyrow.ErrNotHeld) {
+		if err := store.Retry(ctx, db, "acme", key); !errors.Is(err, keyrow.ErrNotHeld) {
 			t.Errorf("Retry of a %s key = %v, want ErrNotHeld", state, err)
 		}
 	}
-	if err := keyrow.Retry(ctx, db, "acme", "missing"); !errors.Is(err, keyrow.ErrNotFound) {
+	if err := store.Retry(ctx, db, "acme", "missing"); !errors.Is(err, keyrow.ErrNotFound) {
 		t.Errorf("Retry of a missing key = %v, want ErrNotFound", err)
 	}
 }
@@ -350,52 +362,38 @@ func TestReapCandidatesCountsWhatTheReaperThenDoes(t *testing.T) {
 		age(t, db, "acme", key, "last_run_at = now() - interval '2 days'")
 	}
 
-	finished, abandoned, err := keyrow.ReapCandidates(ctx, db, retention)
+	finished, abandoned, err := store.ReapCandidates(ctx, db, retention)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if finished != 2 || abandoned != 2 {
 		t.Fatalf("candidates = %d finished, %d abandoned; want 2 and 2", finished, abandoned)
 	}
-	if c, err := keyrow.Count(ctx, db, 0); err != nil || c.Finished != 3 || c.Dead != 2 {
+	if c, err := store.Count(ctx, db, 0); err != nil || c.Finished != 3 || c.Dead != 2 {
 		t.Fatalf("after dry run counts = %+v, %v; want nothing changed", c, err)
 	}
 
-	expired, err := keyrow.Expire(ctx, db, retention, 100)
+	expired, err := store.Expire(ctx, db, retention, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted, err := keyrow.Reap(ctx, db, retention, 100)
+	deleted, err := store.Reap(ctx, db, retention, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if deleted != finished || expired != abandoned {
 		t.Fatalf("reaper deleted %d and expired %d, dry run said %d and %d", deleted, expired, finished, abandoned)
 	}
-	if _, _, err := keyrow.ReapCandidates(ctx, db, 0); err == nil {
+	if _, _, err := store.ReapCandidates(ctx, db, 0); err == nil {
 		t.Fatal("ReapCandidates with zero retention succeeded, want an error")
 	}
 }
 
-// An operator's script that puts every dead key back to work once the
-// cause of the failures is fixed.
-func ExampleRetry() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+func inspect(t *testing.T, db store.Querier, tenant, key string) *keyrow.Row {
+	t.Helper()
+	info, err := store.Inspect(context.Background(), db, tenant, key)
 	if err != nil {
-		log.Fatal(err)
+		t.Fatal(err)
 	}
-	defer pool.Close()
-
-	dead, err := keyrow.List(ctx, pool, keyrow.ListFilter{Dead: true, Limit: 1000})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, k := range dead {
-		// ErrNotHeld means someone else got there first.
-		if err := keyrow.Retry(ctx, pool, k.Tenant, k.Key); err != nil && !errors.Is(err, keyrow.ErrNotHeld) {
-			log.Fatal(err)
-		}
-		fmt.Printf("retrying %s/%s from %s (last error: %s)\n", k.Tenant, k.Key, k.RecoveryPoint, k.LastError)
-	}
+	return info
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
 
@@ -21,18 +22,18 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 const ttl = 30 * time.Second
 
-func request(t testing.TB, tenant, key, body string) keyrow.Request {
+func request(t testing.TB, tenant, key, body string) store.Request {
 	t.Helper()
 	fp, err := keyrow.Fingerprint("test", []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return keyrow.Request{Tenant: tenant, Key: key, Workflow: "test", Fingerprint: fp, Params: []byte(body), TTL: ttl}
+	return store.Request{Tenant: tenant, Key: key, Workflow: "test", Fingerprint: fp, Params: []byte(body), TTL: ttl}
 }
 
-func acquire(t testing.TB, db keyrow.Querier, req keyrow.Request) (keyrow.Outcome, *keyrow.Row) {
+func acquire(t testing.TB, db store.Querier, req store.Request) (store.Outcome, *store.Row) {
 	t.Helper()
-	out, row, err := keyrow.Acquire(context.Background(), db, req)
+	out, row, err := store.Acquire(context.Background(), db, req)
 	if err != nil {
 		t.Fatalf("acquire: %v", err)
 	}
@@ -81,7 +82,7 @@ func TestAcquire64GoroutinesOnOneNewKeyExactlyOneWins(t *testing.T) {
 		wg       sync.WaitGroup
 		start    = make(chan struct{})
 		mu       sync.Mutex
-		outcomes = map[keyrow.Outcome]int{}
+		outcomes = map[store.Outcome]int{}
 	)
 	for range 64 {
 		wg.Go(func() {
@@ -94,7 +95,7 @@ func TestAcquire64GoroutinesOnOneNewKeyExactlyOneWins(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	if outcomes[keyrow.New] != 1 || outcomes[keyrow.Held] != 63 || len(outcomes) != 2 {
+	if outcomes[store.New] != 1 || outcomes[store.Held] != 63 || len(outcomes) != 2 {
 		t.Fatalf("outcomes = %v, want exactly 1 new and 63 held", outcomes)
 	}
 }
@@ -106,19 +107,19 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	req := request(t, "acme", "k1", `{"amount":100}`)
 
 	out, old := acquire(t, db, req)
-	if out != keyrow.New {
+	if out != store.New {
 		t.Fatalf("first acquire = %v, want new", out)
 	}
-	if err := keyrow.Advance(ctx, db, old.ID, old.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, old.ID, old.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	if out, row := acquire(t, db, req); out != keyrow.Held || row.LeaseLeft <= 0 || row.LeaseLeft > ttl {
+	if out, row := acquire(t, db, req); out != store.Held || row.LeaseLeft <= 0 || row.LeaseLeft > ttl {
 		t.Fatalf("acquire during live lease = %v (left %v), want held with time left", out, row.LeaseLeft)
 	}
 
 	expire(t, db, "acme", "k1")
 	out, taker := acquire(t, db, req)
-	if out != keyrow.Resumed || taker.RecoveryPoint != "charged" || string(taker.State) != `{"charge": "ch_1"}` {
+	if out != store.Resumed || taker.RecoveryPoint != "charged" || string(taker.State) != `{"charge": "ch_1"}` {
 		t.Fatalf("takeover = %v at %q with state %s, want resumed at charged", out, taker.RecoveryPoint, taker.State)
 	}
 	if taker.LockToken == old.LockToken {
@@ -126,17 +127,17 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	}
 	before := read(t, db, "acme", "k1")
 
-	if err := keyrow.Advance(ctx, db, old.ID, old.LockToken, "shipped", []byte(`{}`), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Advance(ctx, db, old.ID, old.LockToken, "shipped", []byte(`{}`), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Advance = %v, want ErrLeaseLost", err)
 	}
 	resp := keyrow.Response{Status: 201, Body: []byte("{}")}
-	if err := keyrow.Finish(ctx, db, old.ID, old.LockToken, nil, resp); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Finish(ctx, db, old.ID, old.LockToken, nil, resp); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Finish = %v, want ErrLeaseLost", err)
 	}
-	if err := keyrow.Release(ctx, db, old.ID, old.LockToken, "boom", ""); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Release(ctx, db, old.ID, old.LockToken, "boom", "", false); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Release = %v, want ErrLeaseLost", err)
 	}
-	if _, err := keyrow.Renew(ctx, db, old.ID, old.LockToken, ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if _, err := store.Renew(ctx, db, old.ID, old.LockToken, ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Renew = %v, want ErrLeaseLost", err)
 	}
 	after := read(t, db, "acme", "k1")
@@ -146,7 +147,7 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	}
 
 	// The new holder's writes go through.
-	if err := keyrow.Finish(ctx, db, taker.ID, taker.LockToken, taker.State, resp); err != nil {
+	if err := store.Finish(ctx, db, taker.ID, taker.LockToken, taker.State, resp); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -172,9 +173,9 @@ func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := &pgx.Batch{}
-	keyrow.QueueAdvance(b, old.ID, old.LockToken, "next", nil, ttl)
+	store.QueueAdvance(b, old.ID, old.LockToken, "next", nil, ttl)
 	b.Queue("COMMIT")
-	if err := keyrow.AsLeaseLost(tx.SendBatch(ctx, b).Close()); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.AsLeaseLost(tx.SendBatch(ctx, b).Close()); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("pipelined advance = %v, want ErrLeaseLost", err)
 	}
 	tx.Rollback(ctx)
@@ -193,16 +194,16 @@ func TestSameKeyUnderTwoTenantsIsTwoIndependentKeys(t *testing.T) {
 
 	outA, rowA := acquire(t, db, a)
 	outB, rowB := acquire(t, db, b)
-	if outA != keyrow.New || outB != keyrow.New || rowA.ID == rowB.ID {
+	if outA != store.New || outB != store.New || rowA.ID == rowB.ID {
 		t.Fatalf("outcomes %v/%v ids %v/%v, want two new rows", outA, outB, rowA.ID, rowB.ID)
 	}
-	if err := keyrow.Finish(ctx, db, rowA.ID, rowA.LockToken, nil, keyrow.Response{Status: 201, Body: []byte("a")}); err != nil {
+	if err := store.Finish(ctx, db, rowA.ID, rowA.LockToken, nil, keyrow.Response{Status: 201, Body: []byte("a")}); err != nil {
 		t.Fatal(err)
 	}
-	if out, row := acquire(t, db, a); out != keyrow.Replay || string(row.Response.Body) != "a" {
+	if out, row := acquire(t, db, a); out != store.Replay || string(row.Response.Body) != "a" {
 		t.Fatalf("tenant a retry = %v, want replay of a", out)
 	}
-	if out, _ := acquire(t, db, b); out != keyrow.Held {
+	if out, _ := acquire(t, db, b); out != store.Held {
 		t.Fatalf("tenant b retry = %v, want held (its own lease is live)", out)
 	}
 }
@@ -215,19 +216,19 @@ func TestReplayReturnsStoredResponseByteForByte(t *testing.T) {
 	_, row := acquire(t, db, req)
 	body := []byte("{\"id\": 7,\n \"raw\":\"\\u00e9\x00\xff\"}")
 	hdr := http.Header{"Content-Type": {"application/json"}, "X-Multi": {"1", "2"}}
-	if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"n":1}`), keyrow.Response{Status: 402, Header: hdr, Body: body}); err != nil {
+	if err := store.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"n":1}`), keyrow.Response{Status: 402, Header: hdr, Body: body}); err != nil {
 		t.Fatal(err)
 	}
 	// Same meaning, other spelling: still a replay.
 	out, got := acquire(t, db, request(t, "acme", "k1", `{ "a": 1.0, "b": 2 }`))
-	if out != keyrow.Replay {
+	if out != store.Replay {
 		t.Fatalf("retry = %v, want replay", out)
 	}
 	if got.Response.Status != 402 || string(got.Response.Body) != string(body) ||
 		len(got.Response.Header["X-Multi"]) != 2 || got.Response.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("replayed %d %q %v, want the stored response", got.Response.Status, got.Response.Body, got.Response.Header)
 	}
-	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"a":1,"b":3}`)); out != keyrow.Mismatch {
+	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"a":1,"b":3}`)); out != store.Mismatch {
 		t.Fatalf("other payload = %v, want mismatch", out)
 	}
 }
@@ -238,21 +239,21 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 	db := pgtest.Pool(t)
 	req := request(t, "acme", "k1", `{}`)
 	_, row := acquire(t, db, req)
-	if err := keyrow.Advance(ctx, db, row.ID, row.LockToken, "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, row.ID, row.LockToken, "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "stripe down", ""); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "stripe down", "", false); err != nil {
 		t.Fatal(err)
 	}
 	out, row := acquire(t, db, req)
-	if out != keyrow.Resumed || row.RecoveryPoint != "ride_created" || row.Attempts != 2 || row.LastError != "stripe down" {
+	if out != store.Resumed || row.RecoveryPoint != "ride_created" || row.Attempts != 2 || row.LastError != "stripe down" {
 		t.Fatalf("after release: %v at %q attempts %d err %q, want resumed at ride_created, attempt 2",
 			out, row.RecoveryPoint, row.Attempts, row.LastError)
 	}
-	if err := keyrow.Release(ctx, db, row.ID, row.LockToken, "timeout", keyrow.HoldUnknown); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "timeout", keyrow.HoldUnknown, false); err != nil {
 		t.Fatal(err)
 	}
-	if out, row := acquire(t, db, req); out != keyrow.Parked || row.Hold != keyrow.HoldUnknown {
+	if out, row := acquire(t, db, req); out != store.Parked || row.Hold != keyrow.HoldUnknown {
 		t.Fatalf("after hold: %v (%q), want parked unknown", out, row.Hold)
 	}
 }
@@ -265,7 +266,7 @@ func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 		cfg.ConnConfig.Tracer = &counter
 	})
 
-	assertOne := func(name string, want keyrow.Outcome, req keyrow.Request) *keyrow.Row {
+	assertOne := func(name string, want store.Outcome, req store.Request) *store.Row {
 		t.Helper()
 		counter.Reset()
 		out, row := acquire(t, db, req)
@@ -277,13 +278,13 @@ func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 		}
 		return row
 	}
-	row := assertOne("new", keyrow.New, request(t, "acme", "k1", `{}`))
-	assertOne("held", keyrow.Held, request(t, "acme", "k1", `{}`))
-	if err := keyrow.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 200}); err != nil {
+	row := assertOne("new", store.New, request(t, "acme", "k1", `{}`))
+	assertOne("held", store.Held, request(t, "acme", "k1", `{}`))
+	if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
-	assertOne("replay", keyrow.Replay, request(t, "acme", "k1", `{}`))
-	assertOne("mismatch", keyrow.Mismatch, request(t, "acme", "k1", `{"x":1}`))
+	assertOne("replay", store.Replay, request(t, "acme", "k1", `{}`))
+	assertOne("mismatch", store.Mismatch, request(t, "acme", "k1", `{"x":1}`))
 }
 
 func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
@@ -291,14 +292,14 @@ func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
-	left, err := keyrow.Renew(ctx, db, row.ID, row.LockToken, time.Hour)
+	left, err := store.Renew(ctx, db, row.ID, row.LockToken, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if left < 59*time.Minute || left > time.Hour {
 		t.Fatalf("left after renew = %v, want about an hour", left)
 	}
-	if out, held := acquire(t, db, request(t, "acme", "k1", `{}`)); out != keyrow.Held || held.LeaseLeft < 59*time.Minute {
+	if out, held := acquire(t, db, request(t, "acme", "k1", `{}`)); out != store.Held || held.LeaseLeft < 59*time.Minute {
 		t.Fatalf("acquire = %v, left %v; want held for about an hour", out, held.LeaseLeft)
 	}
 }
@@ -320,18 +321,18 @@ func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.Rollback(ctx)
-	if out, _, err := keyrow.Acquire(ctx, first, req); err != nil || out != keyrow.New {
+	if out, _, err := store.Acquire(ctx, first, req); err != nil || out != store.New {
 		t.Fatalf("first acquire: %v %v", out, err)
 	}
 	counter.Reset()
 
 	type result struct {
-		out keyrow.Outcome
+		out store.Outcome
 		err error
 	}
 	second := make(chan result, 1)
 	go func() {
-		out, _, err := keyrow.Acquire(ctx, db, req)
+		out, _, err := store.Acquire(ctx, db, req)
 		second <- result{out, err}
 	}()
 	// Commit the first insert only once the second waits on it.
@@ -351,7 +352,7 @@ func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := <-second
-	if res.err != nil || res.out != keyrow.Held {
+	if res.err != nil || res.out != store.Held {
 		t.Fatalf("second acquire: %v %v, want held", res.out, res.err)
 	}
 	acquires := 0

@@ -1,0 +1,290 @@
+package store_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// fail runs the key n times and ends each run with a failure, as the
+// completer's own runs (byCompleter) or a client's retries.
+func fail(t *testing.T, db store.Querier, tenant, key string, n int, byCompleter bool) {
+	t.Helper()
+	for range n {
+		out, row := acquire(t, db, request(t, tenant, key, `{"amount":100}`))
+		if !out.Acquiring() {
+			t.Fatalf("acquire %s/%s = %v, want the lease", tenant, key, out)
+		}
+		if err := store.Release(context.Background(), db, row.ID, row.LockToken, "provider down", "", byCompleter); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestFailuresCountTheCompletersRunsAndResetOnProgress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	failures := func(want int, after string) {
+		t.Helper()
+		if got := inspect(t, db, "acme", "k1").Failures; got != want {
+			t.Fatalf("failures after %s = %d, want %d", after, got, want)
+		}
+	}
+
+	fail(t, db, "acme", "k1", 2, true)
+	failures(2, "two completer failures")
+	fail(t, db, "acme", "k1", 3, false)
+	failures(2, "three client failures")
+
+	_, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`))
+	if err := store.Advance(ctx, db, row.ID, row.LockToken, "charged", nil, ttl); err != nil {
+		t.Fatal(err)
+	}
+	failures(0, "a committed phase")
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true); err != nil {
+		t.Fatal(err)
+	}
+	failures(1, "a completer failure")
+
+	_, row = acquire(t, db, request(t, "acme", "k1", `{"amount":100}`))
+	if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 201}); err != nil {
+		t.Fatal(err)
+	}
+	failures(0, "finishing")
+	if got := inspect(t, db, "acme", "k1").Attempts; got != 7 {
+		t.Fatalf("attempts = %d, want 7: every run counts", got)
+	}
+}
+
+func TestBuryGivesUpOnlyOnIdleKeysTheCompleterFailedEnough(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const maxFailures = 3
+	fail(t, db, "acme", "abandoned", maxFailures, true)
+	fail(t, db, "acme", "abandoned-more", maxFailures+2, true)
+	fail(t, db, "acme", "recent", maxFailures, true)
+	fail(t, db, "acme", "client-retried", 10, false)
+	fail(t, db, "acme", "almost", maxFailures-1, true)
+	fail(t, db, "acme", "leased", maxFailures, true)
+	acquire(t, db, request(t, "acme", "leased", `{"amount":100}`))
+	for _, key := range []string{"abandoned", "abandoned-more", "client-retried", "almost", "leased"} {
+		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")
+	}
+	// The key of a workflow this process does not run is judged by one that
+	// does.
+	other := request(t, "acme", "other", `{}`)
+	other.Workflow = "other"
+	_, row := acquire(t, db, other)
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true); err != nil {
+		t.Fatal(err)
+	}
+	age(t, db, "acme", "other", "failures = 10, last_run_at = now() - interval '1 hour'")
+
+	if n, err := store.Bury(ctx, db, nil, maxFailures, time.Minute); err != nil || n != 0 {
+		t.Fatalf("bury with no workflows = %d, %v; want none", n, err)
+	}
+	n, err := store.Bury(ctx, db, []string{"test"}, maxFailures, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := store.List(ctx, db, keyrow.ListFilter{State: keyrow.StateDead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := keysOf(dead), []string{"abandoned", "abandoned-more"}; n != 2 || !slices.Equal(slices.Sorted(slices.Values(got)), want) {
+		t.Fatalf("bury moved %d keys, dead are %q; want %q", n, got, want)
+	}
+	if info := inspect(t, db, "acme", "client-retried"); info.Hold != "" || info.Attempts != 10 || info.Failures != 0 {
+		t.Fatalf("client-retried key: hold %q, attempts %d, failures %d; want runnable after 10 attempts, 0 failures",
+			info.Hold, info.Attempts, info.Failures)
+	}
+	for _, key := range []string{"recent", "almost", "leased", "other"} {
+		if hold := inspect(t, db, "acme", key).Hold; hold != "" {
+			t.Errorf("%s key was buried", key)
+		}
+	}
+}
+
+func TestClaimTakesOnlyDueKeysOfTheGivenWorkflows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for key, state := range map[string]string{
+		"runnable": "runnable", "unknown": "unknown", "dead": "dead", "leased": "leased", "finished": "finished",
+		"young": "runnable",
+	} {
+		keyIn(t, db, "acme", key, state)
+		if key != "young" {
+			age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")
+		}
+	}
+	for _, key := range []string{"billing-1", "billing-2"} {
+		req := request(t, "acme", key, `{}`)
+		req.Workflow = "billing"
+		_, row := acquire(t, db, req)
+		if err := store.Release(ctx, db, row.ID, row.LockToken, "", "", false); err != nil {
+			t.Fatal(err)
+		}
+		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")
+	}
+	claim := func(workflows ...string) []string {
+		t.Helper()
+		rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: workflows, Limit: 10, MinIdle: time.Minute, TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, r := range rows {
+			keys = append(keys, r.Key)
+		}
+		slices.Sort(keys)
+		return keys
+	}
+
+	if got := claim(); got != nil {
+		t.Fatalf("claim with no workflows = %q, want none", got)
+	}
+	if got, want := claim("test", "payouts"), []string{"runnable", "unknown"}; !slices.Equal(got, want) {
+		t.Fatalf("claim of test keys = %q, want %q", got, want)
+	}
+	if info := inspect(t, db, "acme", "billing-1"); info.LockExpiresAt != nil || info.Attempts != 1 {
+		t.Fatalf("a billing key was touched by a claim for test: %+v", info)
+	}
+	if got, want := claim("billing"), []string{"billing-1", "billing-2"}; !slices.Equal(got, want) {
+		t.Fatalf("claim of billing keys = %q, want %q", got, want)
+	}
+}
+
+func TestClaimBacksOffPerCompleterFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	fail(t, db, "acme", "k1", 2, true)
+	// Idle a minute for MinIdle, then 30s doubled once for the second
+	// failure: due after two minutes.
+	claim := store.ClaimParams{Workflows: []string{"test"}, Limit: 10, MinIdle: time.Minute,
+		Backoff: 30 * time.Second, MaxBackoff: time.Hour, TTL: ttl}
+	for _, tc := range []struct {
+		idle string
+		due  bool
+	}{{"90 seconds", false}, {"119 seconds", false}, {"121 seconds", true}} {
+		age(t, db, "acme", "k1", "last_run_at = now() - interval '"+tc.idle+"'")
+		rows, err := store.Claim(ctx, db, claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if due := len(rows) == 1; due != tc.due {
+			t.Fatalf("claim after %s idle took %d keys, want due %v", tc.idle, len(rows), tc.due)
+		}
+	}
+}
+
+// Claims racing over the same keys, as completers in several processes do,
+// each take a key at most once: SKIP LOCKED passes over the keys another
+// claim has locked instead of waiting for them and then taking them again.
+func TestConcurrentClaimsNeverTakeAKeyTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const keys = 40
+	for range keys {
+		keyIn(t, db, "acme", uuid.NewString(), "runnable")
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET last_run_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		mu      sync.Mutex
+		claimed = map[uuid.UUID]int{}
+	)
+	for range 8 {
+		wg.Go(func() {
+			<-start
+			for {
+				rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 3, MinIdle: time.Minute, TTL: ttl})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(rows) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, r := range rows {
+					claimed[r.ID]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if len(claimed) != keys {
+		t.Fatalf("claimed %d distinct keys, want %d", len(claimed), keys)
+	}
+	for id, n := range claimed {
+		if n != 1 {
+			t.Errorf("key %v claimed %d times", id, n)
+		}
+	}
+}
+
+func TestCountPutsEveryKeyInExactlyOneState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for key, state := range map[string]string{
+		"finished": "finished", "leased": "leased", "young": "runnable", "stuck": "runnable",
+		"dead": "dead", "unknown": "unknown", "reconciling": "unknown", "expired-young": "leased", "expired-old": "leased",
+	} {
+		keyIn(t, db, "acme", key, state)
+	}
+	for key, set := range map[string]string{
+		"stuck":         "last_run_at = now() - interval '1 hour'",
+		"reconciling":   "last_run_at = now() - interval '2 hours'",
+		"expired-young": "lock_expires_at = now() - interval '1 second'",
+		"expired-old":   "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '1 hour'",
+	} {
+		age(t, db, "acme", key, set)
+	}
+	// The completer holds an unknown key while it reconciles it (the
+	// oldest key is claimed first); the key still counts as unknown.
+	rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 1, MinIdle: time.Minute, TTL: ttl})
+	if err != nil || len(rows) != 1 || rows[0].Key != "reconciling" {
+		t.Fatalf("claim = %+v, %v; want the reconciling key", rows, err)
+	}
+	var total int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&total); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		stuckAfter time.Duration
+		want       keyrow.Counts
+	}{
+		{time.Minute, keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 2, Stuck: 2, Unknown: 2, Dead: 1}},
+		{0, keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 0, Stuck: 4, Unknown: 2, Dead: 1}},
+		{2 * time.Hour, keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 4, Stuck: 0, Unknown: 2, Dead: 1}},
+	} {
+		c, err := store.Count(ctx, db, tc.stuckAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c != tc.want || c.Total() != total {
+			t.Errorf("Count(%v) = %+v, adding up to %d of %d keys; want %+v", tc.stuckAfter, c, c.Total(), total, tc.want)
+		}
+	}
+}
