@@ -3,6 +3,7 @@ package keyrow
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -426,4 +427,31 @@ func syntaxError(err error) error {
 
 func isSpace(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r'
+}
+
+// DownstreamKey returns the idempotency key a run sends with the foreign call
+// of phase: prefix, then a hash of the tenant, the key and the request's
+// fingerprint, then the phase. Every run of the same request under the same
+// key derives the same downstream key, in any process, and different keys,
+// tenants, requests or phases derive different ones.
+//
+// It depends on nothing the database generates, so it survives the loss of
+// the key row itself: after a failover to an asynchronous standby that had
+// not received the row, a retry creates a new row and still sends the same
+// downstream key, and a provider that honours idempotency keys answers with
+// the first call's result instead of acting twice. The other side of that
+// choice: a client that reuses a key for the same request after the key's
+// retention has passed gets the first call's result from a provider that
+// still remembers its key (Stripe keeps keys for 24 hours), where a row-based
+// key would have made a second call. Reusing a key for a different request
+// derives a different downstream key.
+func DownstreamKey(prefix, tenant, key string, fingerprint []byte, phase string) string {
+	h := sha256.New()
+	for _, s := range []string{tenant, key} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	h.Write(fingerprint)
+	sum := h.Sum(nil)
+	return prefix + "-" + hex.EncodeToString(sum[:16]) + "-" + phase
 }

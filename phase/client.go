@@ -308,6 +308,9 @@ func (c *Client) Inspect(ctx context.Context, tenant, key string) (*keyrow.Row, 
 // List returns the keys f selects, those idle longest first. A zero
 // StuckAfter for stuck keys means the completer's MinIdle.
 func (c *Client) List(ctx context.Context, f keyrow.ListFilter) ([]keyrow.Row, error) {
+	if f.StuckAfter == 0 {
+		f.StuckAfter = c.cfg.Completer.MinIdle
+	}
 	return store.List(ctx, c.pool, f)
 }
 

@@ -203,7 +203,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 		}
 		row.Params = params
 		run := &Run[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
-			Resumed: kind == store.Resumed, prefix: c.cfg.DownstreamKeyPrefix}
+			Resumed: kind == store.Resumed, downstream: c.downstreamBase(row)}
 		ev.Kind = EventAcquired
 		if kind == store.Resumed {
 			ev.Kind = EventResumed
@@ -249,12 +249,17 @@ func (c *Client) runContext(ctx context.Context) (context.Context, context.Cance
 	}
 }
 
+// downstreamBase is the part of the row's downstream keys before the phase.
+func (c *Client) downstreamBase(row *store.Row) string {
+	return keyrow.DownstreamKey(c.cfg.DownstreamKeyPrefix, row.Tenant, row.Key, row.Fingerprint, "")
+}
+
 // resume continues a key claimed by the completer.
 func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row) error {
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
 	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
-		Resumed: true, prefix: c.cfg.DownstreamKeyPrefix}
+		Resumed: true, downstream: c.downstreamBase(row)}
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		err = fmt.Errorf("phase: decode stored request: %w", err)
 		c.release(ctx, row, err.Error(), row.Hold, true)

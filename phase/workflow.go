@@ -102,15 +102,17 @@ type Run[Req, State any] struct {
 	// Resumed is true when this run continues an earlier, interrupted one.
 	Resumed bool
 
-	prefix string
-	phase  string
+	// downstream starts every downstream key of this run.
+	downstream string
+	phase      string
 }
 
 // DownstreamKey returns the idempotency key to send with this phase's foreign
-// call: derived from the key row and the phase, so it is the same on every
-// retry and in every process, and different for every row and phase.
+// call (see keyrow.DownstreamKey): the same on every retry and in every
+// process, even after the key row was lost to a failover, and different for
+// every key, request and phase.
 func (r *Run[Req, State]) DownstreamKey() string {
-	return r.prefix + "-" + r.ID.String() + "-" + r.phase
+	return r.downstream + r.phase
 }
 
 // Result is how a phase ends when it does not fail: by moving on (Next), or

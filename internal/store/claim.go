@@ -62,7 +62,8 @@ SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_
 FROM due
 WHERE k.id = due.id
 RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
-          k.phase_state AS state, k.request_params AS params, coalesce(k.hold, '') AS hold,
+          k.phase_state AS state, k.request_params AS params, k.request_fingerprint AS fingerprint,
+          coalesce(k.hold, '') AS hold,
           k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
 
 // Claim takes the lease on up to p.Limit due keys of p.Workflows and returns
@@ -185,7 +186,7 @@ func Expire(ctx context.Context, q Querier, retention time.Duration, limit int) 
 // index idempotency_keys_unfinished.
 const stuckWhere = `finished_at IS NULL AND hold IS NULL
     AND (lock_expires_at IS NULL OR lock_expires_at <= now())
-    AND last_run_at < now() - $1::interval`
+    AND last_run_at <= now() - $1::interval`
 
 // countSQL puts every key in exactly one state: finished, held (unknown or
 // dead), in flight (live lease), and the rest split by idleness into stuck
@@ -195,7 +196,7 @@ SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
        count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()),
        count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL
                           AND (lock_expires_at IS NULL OR lock_expires_at <= now())
-                          AND last_run_at >= now() - $1::interval),
+                          AND last_run_at > now() - $1::interval),
        count(*) FILTER (WHERE ` + stuckWhere + `),
        count(*) FILTER (WHERE finished_at IS NULL AND hold = 'unknown'),
        count(*) FILTER (WHERE finished_at IS NULL AND hold = 'dead')

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-		"time"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -34,9 +34,11 @@ type Row struct {
 	// State is the workflow's JSON-encoded typed state as last committed.
 	State []byte
 	// Params is the JSON-encoded request as first received.
-	Params   []byte
-	Hold     keyrow.Hold
-	Attempts int
+	Params []byte
+	// Fingerprint is the request's fingerprint (keyrow.Fingerprint).
+	Fingerprint []byte
+	Hold        keyrow.Hold
+	Attempts    int
 	// LockToken is the caller's fencing token when it holds the lease.
 	LockToken uuid.UUID
 	// LeaseLeft is how long the current lease has to run, by the database
@@ -184,7 +186,7 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 		if err != nil {
 			return 0, nil, fmt.Errorf("store: acquire: %w", err)
 		}
-		row.Tenant, row.Key = req.Tenant, req.Key
+		row.Tenant, row.Key, row.Fingerprint = req.Tenant, req.Key, req.Fingerprint[:]
 		if outcome == New {
 			row.Params = req.Params
 		}
