@@ -50,8 +50,8 @@ type Migration struct {
 }
 
 // Migrations returns every migration this release knows, oldest first.
-// Migrations only go up: a down migration would drop rows that record side
-// effects which happened, and a retry of a dropped key would repeat them.
+// Migrations only go up: undoing one could lose what the keys record about
+// side effects that already happened, and a retry would then repeat them.
 //
 // Teams that manage their schema with their own tool (goose, atlas, sqitch)
 // can ship the SQL of each new version as their own migration; 'atomicphase
@@ -116,9 +116,9 @@ func Migrate(ctx context.Context, db Beginner) error {
 }
 
 // MigrationVersion returns the highest migration version recorded in the
-// database: len(Migrations()) once Migrate has run, 0 when it never has
-// (an empty database, or one set up with [Schema] or by a release before
-// versioned migrations). It changes nothing.
+// database: len(Migrations()) once this release's Migrate has run, 0 when
+// none has (an empty database, or one set up with [Schema] or by a release
+// before versioned migrations). It changes nothing.
 func MigrationVersion(ctx context.Context, db Beginner) (int, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -163,7 +163,7 @@ func migrateNext(ctx context.Context, db Beginner, ms []Migration) (*Migration, 
 		return nil, fmt.Errorf("atomicphase: migrate: %w", err)
 	}
 	if version > len(ms) {
-		return nil, fmt.Errorf("atomicphase: migrate: %w: the database is at version %d, this release knows versions up to %d",
+		return nil, fmt.Errorf("atomicphase: migrate: %w (the database is at version %d, this release knows versions up to %d)",
 			ErrSchemaTooNew, version, len(ms))
 	}
 	if !exists {
