@@ -84,5 +84,10 @@
 //   - examples/rides: the Stripe rides example; examples/transfers: a ledger
 //     with external payouts.
 //
-// Apply the schema with Migrate (or schema.sql) before use.
+// Call [Migrate] before use, at every start if you like: it applies the
+// numbered migrations the database lacks, each in its own transaction, and
+// records their versions in atomicphase_migration, safely from many
+// instances at once. schema.sql holds the whole current schema for reading;
+// teams with their own migration tool take each version's SQL from
+// [Migrations] or 'atomicphase migrate -print'.
 package atomicphase

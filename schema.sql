@@ -1,5 +1,8 @@
--- atomicphase schema. Safe to apply more than once: every statement is
--- idempotent, and Migrate serialises concurrent runs with an advisory lock.
+-- atomicphase schema: the whole current schema in one script, the sum of the
+-- numbered migrations in migrations/. Migrate applies those instead and
+-- records their versions; this file is for reading, and for teams that apply
+-- SQL by hand or with their own migration tool. Safe to apply more than once:
+-- every statement is idempotent.
 
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     id                  uuid        PRIMARY KEY DEFAULT gen_random_uuid(),

@@ -125,11 +125,25 @@ to the total:
 	},
 	{
 		name: "migrate", args: "", nargs: 0,
-		summary: "create or update the schema",
+		summary: "apply schema migrations, or print their SQL",
 		detail: `
-Create the idempotency_keys table, its indexes and its function, or bring
-them up to date. Safe to run more than once, and from several processes at
-once.`,
+Apply the schema migrations that the database lacks, each in its own
+transaction with the row that records its version, and say which versions
+the database went through. The first run creates the idempotency_keys
+table and atomicphase_migration, where the versions are recorded; a
+database set up with schema.sql or by a release before versioned
+migrations is adopted unchanged. Safe to run more than once, and from
+several processes at once. A database that a newer release migrated is
+refused, with exit status 1.
+
+With -status, migrate prints the database's version, the latest version
+this release knows and the migrations pending, and changes nothing.
+
+With -print, migrate writes the SQL of the migrations to stdout instead of
+applying it, and needs no database: for teams that manage their schema with
+their own tool (goose, atlas, sqitch). It prints every migration, or with
+-from N those after version N; each is idempotent. -json prints each one's
+version, name and SQL. There are no down migrations.`,
 		define: defineMigrate,
 	},
 }
@@ -355,22 +369,92 @@ func defineStats(fs *flag.FlagSet) action {
 	}
 }
 
-func defineMigrate(*flag.FlagSet) action {
+// migrationJSON is a migration as migrate -json prints it; SQL only with
+// -print.
+type migrationJSON struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	SQL     string `json:"sql,omitempty"`
+}
+
+func toJSON(ms []atomicphase.Migration, withSQL bool) []migrationJSON {
+	out := make([]migrationJSON, 0, len(ms))
+	for _, m := range ms {
+		j := migrationJSON{Version: m.Version, Name: m.Name}
+		if withSQL {
+			j.SQL = m.SQL
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+// migrateReport is what migrate prints after applying migrations.
+type migrateReport struct {
+	PreviousVersion int `json:"previous_version"`
+	Version         int `json:"version"`
+	// Applied are the migrations between the two versions. A migrate
+	// running at the same time elsewhere may have applied some of them.
+	Applied []migrationJSON `json:"applied"`
+}
+
+// migrateStatus is what migrate -status prints.
+type migrateStatus struct {
+	Version int             `json:"version"`
+	Latest  int             `json:"latest"`
+	Pending []migrationJSON `json:"pending"`
+}
+
+func defineMigrate(fs *flag.FlagSet) action {
+	status := fs.Bool("status", false, "print the database's version and the pending migrations; change nothing")
+	printSQL := fs.Bool("print", false, "print the migrations' SQL instead of applying it; needs no database")
+	from := fs.Int("from", 0, "with -print: print only the migrations after this `version`")
 	return func(ctx context.Context, s *session, _ []string) error {
+		switch {
+		case *status && *printSQL:
+			return usagef("pass at most one of -status and -print")
+		case isSet(fs, "from") && !*printSQL:
+			return usagef("-from applies only to -print")
+		case *from < 0:
+			return usagef("-from must not be negative")
+		}
+		all := atomicphase.Migrations()
+		if *printSQL {
+			if *from > len(all) {
+				return fmt.Errorf("version %d is newer than this release knows (up to %d)", *from, len(all))
+			}
+			if s.json {
+				return s.writeJSON(toJSON(all[*from:], true))
+			}
+			return printMigrations(s.stdout, all[*from:])
+		}
 		db, err := s.db(ctx)
 		if err != nil {
 			return err
 		}
+		before, err := atomicphase.MigrationVersion(ctx, db)
+		if err != nil {
+			return err
+		}
+		if *status {
+			st := migrateStatus{Version: before, Latest: len(all), Pending: toJSON(all[min(before, len(all)):], false)}
+			if s.json {
+				return s.writeJSON(st)
+			}
+			return printMigrateStatus(s.stdout, st)
+		}
 		if err := atomicphase.Migrate(ctx, db); err != nil {
 			return err
 		}
-		if s.json {
-			return s.writeJSON(struct {
-				Migrated bool `json:"migrated"`
-			}{true})
+		after, err := atomicphase.MigrationVersion(ctx, db)
+		if err != nil {
+			return err
 		}
-		_, err = fmt.Fprintln(s.stdout, "the schema is up to date")
-		return err
+		report := migrateReport{PreviousVersion: before, Version: after, Applied: toJSON(all[before:after], false)}
+		if s.json {
+			return s.writeJSON(report)
+		}
+		return printMigrate(s.stdout, report)
 	}
 }
 

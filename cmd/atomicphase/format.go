@@ -13,6 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
 
@@ -149,6 +150,55 @@ func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
 	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
 	fmt.Fprintf(tw, "total\t%d\n", c.Total())
 	return tw.Flush()
+}
+
+func printMigrate(w io.Writer, r migrateReport) error {
+	if len(r.Applied) == 0 {
+		_, err := fmt.Fprintf(w, "the schema is up to date at version %d\n", r.Version)
+		return err
+	}
+	fmt.Fprintf(w, "migrated the schema from version %d to %d:\n", r.PreviousVersion, r.Version)
+	for _, m := range r.Applied {
+		fmt.Fprintf(w, "  %03d_%s\n", m.Version, m.Name)
+	}
+	return nil
+}
+
+func printMigrateStatus(w io.Writer, st migrateStatus) error {
+	tw := newTable(w)
+	fmt.Fprintf(tw, "version\t%d\n", st.Version)
+	fmt.Fprintf(tw, "latest\t%d\n", st.Latest)
+	switch {
+	case st.Version > st.Latest:
+		fmt.Fprintf(tw, "pending\tnone; the database is newer than this release, which refuses to migrate it\n")
+	case len(st.Pending) == 0:
+		fmt.Fprintf(tw, "pending\tnone\n")
+	}
+	for i, m := range st.Pending {
+		label := ""
+		if i == 0 {
+			label = "pending"
+		}
+		fmt.Fprintf(tw, "%s\t%03d_%s\n", label, m.Version, m.Name)
+	}
+	return tw.Flush()
+}
+
+// printMigrations writes the migrations as one script, each headed by its
+// file name.
+func printMigrations(w io.Writer, ms []atomicphase.Migration) error {
+	for i, m := range ms {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		if _, err := fmt.Fprintf(w, "-- %03d_%s.up.sql\n%s", m.Version, m.Name, m.SQL); err != nil {
+			return err
+		}
+		if !strings.HasSuffix(m.SQL, "\n") {
+			fmt.Fprintln(w)
+		}
+	}
+	return nil
 }
 
 // status names the state of a key in the words the commands use.

@@ -1,7 +1,7 @@
 // Command atomicphase inspects and repairs the idempotency keys of an
 // atomicphase database: it shows one key, lists the keys that need an
 // operator, frees leases, retries keys on hold, runs the reaper and applies
-// the schema. Run it with -h for the commands, flags and exit statuses.
+// or prints the schema migrations. Run it with -h for the commands, flags and exit statuses.
 package main
 
 import (

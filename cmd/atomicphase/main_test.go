@@ -5,15 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -219,6 +223,9 @@ func TestUsageErrorsExitTwoWithTheUsageOnStderr(t *testing.T) {
 		{[]string{"list", "-stuck", "-stuck-after", "soon"}, "invalid value"},
 		{[]string{"reap", "-retention", "0s"}, "-retention and -batch must be positive"},
 		{[]string{"stats", "-stuck-after", "-1m"}, "must not be negative"},
+		{[]string{"migrate", "-from", "1"}, "-from applies only to -print"},
+		{[]string{"migrate", "-print", "-status"}, "pass at most one of -status and -print"},
+		{[]string{"migrate", "-print", "-from", "-1"}, "-from must not be negative"},
 	} {
 		r := runCLI(t, unreachable, tc.args...)
 		if r.code != exitUsage || r.stdout != "" || !strings.Contains(r.stderr, tc.msg) || !strings.Contains(r.stderr, "Usage: atomicphase") {
@@ -508,7 +515,7 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	}
 }
 
-func TestMigrateCreatesTheSchemaAndCanRunAgain(t *testing.T) {
+func TestMigrateAppliesThePendingMigrationsAndCanRunAgain(t *testing.T) {
 	t.Parallel()
 	dsn, db := setup(t)
 	// The test database is migrated already; an empty schema first on the
@@ -517,16 +524,99 @@ func TestMigrateCreatesTheSchemaAndCanRunAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := withSearchPath(t, dsn, "fresh")
+	all := atomicphase.Migrations()
+	latest := len(all)
 
-	if out := ok(t, fresh, "migrate"); out != "the schema is up to date\n" {
-		t.Fatalf("migrate output = %q", out)
+	st := decode[migrateStatus](t, ok(t, fresh, "migrate", "-status", "-json"))
+	if st.Version != 0 || st.Latest != latest || len(st.Pending) != latest || st.Pending[0].Name != all[0].Name {
+		t.Fatalf("migrate -status -json before migrating = %+v", st)
 	}
-	if got := decode[map[string]bool](t, ok(t, fresh, "migrate", "-json")); !got["migrated"] {
-		t.Fatalf("migrate -json = %v", got)
+	if out := ok(t, fresh, "migrate", "-status"); !strings.Contains(out, "version  0\n") ||
+		!strings.Contains(out, "pending  001_create_idempotency_keys\n") {
+		t.Fatalf("migrate -status before migrating:\n%s", out)
+	}
+
+	out := ok(t, fresh, "migrate")
+	if !strings.HasPrefix(out, fmt.Sprintf("migrated the schema from version 0 to %d:\n  001_create_idempotency_keys\n", latest)) {
+		t.Fatalf("migrate output = %q", out)
 	}
 	var table *string
 	if err := db.QueryRow(context.Background(), "SELECT to_regclass('fresh.idempotency_keys')::text").Scan(&table); err != nil || table == nil {
 		t.Fatalf("migrate did not create fresh.idempotency_keys: %v", err)
+	}
+
+	again := decode[migrateReport](t, ok(t, fresh, "migrate", "-json"))
+	if again.PreviousVersion != latest || again.Version != latest || len(again.Applied) != 0 {
+		t.Fatalf("migrate -json of a migrated database = %+v, want nothing applied", again)
+	}
+	if out := ok(t, fresh, "migrate"); out != fmt.Sprintf("the schema is up to date at version %d\n", latest) {
+		t.Fatalf("migrate of a migrated database = %q", out)
+	}
+	if out := ok(t, fresh, "migrate", "-status"); !strings.Contains(out, "pending  none\n") {
+		t.Fatalf("migrate -status after migrating:\n%s", out)
+	}
+}
+
+func TestMigrateRefusesADatabaseANewerReleaseMigrated(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	newer := len(atomicphase.Migrations()) + 1
+	if _, err := db.Exec(context.Background(), "INSERT INTO atomicphase_migration (version, name) VALUES ($1, 'from_the_future')", newer); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, dsn, "migrate")
+	if r.code != exitError || !strings.Contains(r.stderr, "newer than this release") || r.stdout != "" {
+		t.Fatalf("migrate of a newer database = %d, stdout %q, stderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	st := decode[migrateStatus](t, ok(t, dsn, "migrate", "-status", "-json"))
+	if st.Version != newer || len(st.Pending) != 0 {
+		t.Fatalf("migrate -status -json of a newer database = %+v", st)
+	}
+	if out := ok(t, dsn, "migrate", "-status"); !strings.Contains(out, "the database is newer than this release") {
+		t.Fatalf("migrate -status of a newer database:\n%s", out)
+	}
+}
+
+func TestMigratePrintWritesTheSQLWithoutADatabase(t *testing.T) {
+	t.Parallel()
+	all := atomicphase.Migrations()
+	// Neither URL is connected to: one is unset, the other unreachable.
+	for _, env := range []string{"", unreachable} {
+		out := ok(t, env, "migrate", "-print")
+		for _, m := range all {
+			if !strings.Contains(out, fmt.Sprintf("-- %03d_%s.up.sql\n%s", m.Version, m.Name, m.SQL)) {
+				t.Errorf("migrate -print lacks migration %d", m.Version)
+			}
+		}
+	}
+	printed := decode[[]migrationJSON](t, ok(t, "", "migrate", "-print", "-json"))
+	if len(printed) != len(all) || printed[0].Version != 1 || printed[0].SQL != all[0].SQL {
+		t.Fatalf("migrate -print -json = %d migrations, want %d with their SQL", len(printed), len(all))
+	}
+	if out := ok(t, "", "migrate", "-print", "-from", strconv.Itoa(len(all))); out != "" {
+		t.Fatalf("migrate -print -from the latest version = %q, want nothing", out)
+	}
+	if r := runCLI(t, "", "migrate", "-print", "-from", strconv.Itoa(len(all)+1)); r.code != exitError ||
+		!strings.Contains(r.stderr, "newer than this release knows") {
+		t.Fatalf("migrate -print -from a version after the latest = %d:\n%s", r.code, r.stderr)
+	}
+
+	// The printed script builds the schema, as another tool would apply it.
+	dsn, db := setup(t)
+	if _, err := db.Exec(context.Background(), "CREATE SCHEMA printed"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(context.Background(), withSearchPath(t, dsn, "printed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), ok(t, "", "migrate", "-print")); err != nil {
+		t.Fatalf("applying the printed SQL: %v", err)
+	}
+	var table *string
+	if err := conn.QueryRow(context.Background(), "SELECT to_regclass('printed.idempotency_keys')::text").Scan(&table); err != nil || table == nil {
+		t.Fatalf("the printed SQL did not create printed.idempotency_keys: %v", err)
 	}
 }
 

@@ -1,0 +1,108 @@
+-- Migration 001: the idempotency_keys table, its indexes and the fencing
+-- function. It is the schema releases before versioned migrations applied,
+-- and every statement is idempotent, so a database they created adopts
+-- version 1 unchanged.
+
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    id                  uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    last_run_at         timestamptz NOT NULL DEFAULT now(),
+    finished_at         timestamptz,
+    tenant              text        NOT NULL CHECK (char_length(tenant) BETWEEN 1 AND 255),
+    idempotency_key     text        NOT NULL CHECK (char_length(idempotency_key) BETWEEN 1 AND 255),
+    workflow            text        NOT NULL CHECK (char_length(workflow) BETWEEN 1 AND 100),
+    request_fingerprint bytea       NOT NULL CHECK (octet_length(request_fingerprint) = 32),
+    request_params      jsonb       NOT NULL,
+    recovery_point      text        NOT NULL DEFAULT 'started' CHECK (char_length(recovery_point) BETWEEN 1 AND 100),
+    phase_state         jsonb       NOT NULL DEFAULT 'null',
+    hold                text        CHECK (hold IN ('unknown', 'dead')),
+    locked_at           timestamptz,
+    lock_expires_at     timestamptz,
+    lock_token          uuid,
+    response_status     integer     CHECK (response_status BETWEEN 100 AND 599),
+    response_headers    jsonb,
+    response_body       bytea,
+    attempts            integer     NOT NULL DEFAULT 0,
+    last_error          text,
+
+    CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key),
+    CONSTRAINT idempotency_keys_lease CHECK ((lock_token IS NULL) = (lock_expires_at IS NULL)),
+    CONSTRAINT idempotency_keys_finished CHECK (
+        (recovery_point = 'finished') = (finished_at IS NOT NULL AND response_status IS NOT NULL)
+    )
+)
+-- Free space in every page lets a phase commit rewrite its row in the same
+-- page (a HOT update), with no new index entries.
+WITH (fillfactor = 80);
+
+COMMENT ON TABLE idempotency_keys IS
+    'One row per (tenant, idempotency key): the request, how far its atomic phases got, who holds it, and the response to replay.';
+COMMENT ON COLUMN idempotency_keys.id IS
+    'Row identity; downstream idempotency keys for foreign calls are derived from it, so they are unique per row and stable across retries.';
+COMMENT ON COLUMN idempotency_keys.created_at IS
+    'When the key was first seen; for operators and for the age of abandoned keys.';
+COMMENT ON COLUMN idempotency_keys.last_run_at IS
+    'When a run last took the lease or gave it back; the completer waits for it to age before picking the key up, and backs off from it.';
+COMMENT ON COLUMN idempotency_keys.finished_at IS
+    'When the response was stored (NULL until then); the reaper measures retention from it, and the partial indexes tell finished keys by it.';
+COMMENT ON COLUMN idempotency_keys.tenant IS
+    'Whose key this is (account, user); keys are unique per tenant, never globally, so tenants cannot collide or probe each other.';
+COMMENT ON COLUMN idempotency_keys.idempotency_key IS
+    'The client''s Idempotency-Key, 1 to 255 characters as Stripe allows.';
+COMMENT ON COLUMN idempotency_keys.workflow IS
+    'Name of the workflow that owns the key; the completer looks it up to resume the key without its client.';
+COMMENT ON COLUMN idempotency_keys.request_fingerprint IS
+    'SHA-256 of the workflow name and the canonical request; a retry with another payload is refused instead of replayed.';
+COMMENT ON COLUMN idempotency_keys.request_params IS
+    'The decoded request, kept so a crashed request can be resumed by the completer when its client never comes back.';
+COMMENT ON COLUMN idempotency_keys.recovery_point IS
+    'Name of the last committed phase (started before any, finished at the end); a resumed run starts after it.';
+COMMENT ON COLUMN idempotency_keys.phase_state IS
+    'The workflow''s typed state, committed with each phase so later phases and resumed runs read what earlier phases produced.';
+COMMENT ON COLUMN idempotency_keys.hold IS
+    'Why an unfinished key must not run: unknown (a foreign call''s outcome awaits reconciliation) or dead (gave up after too many attempts). NULL means runnable.';
+COMMENT ON COLUMN idempotency_keys.locked_at IS
+    'When the current holder took the lease; for operators. NULL when nobody runs the key.';
+COMMENT ON COLUMN idempotency_keys.lock_expires_at IS
+    'End of the current lease by the database clock; after it another request or the completer may take the key over.';
+COMMENT ON COLUMN idempotency_keys.lock_token IS
+    'Fencing token of the current holder; every write by a holder requires it, so a holder whose lease was taken over changes nothing.';
+COMMENT ON COLUMN idempotency_keys.response_status IS
+    'Stored HTTP status, replayed on every retry once the key is finished.';
+COMMENT ON COLUMN idempotency_keys.response_headers IS
+    'Stored response headers (name to list of values), replayed with the status.';
+COMMENT ON COLUMN idempotency_keys.response_body IS
+    'Stored response body, byte for byte, so a replay is identical to the first answer.';
+COMMENT ON COLUMN idempotency_keys.attempts IS
+    'How many runs took the lease; drives the completer''s backoff and the move to dead.';
+COMMENT ON COLUMN idempotency_keys.last_error IS
+    'The error that ended the last unsuccessful run, for operators.';
+
+-- The completer's scan: unfinished, runnable keys by age of their last run.
+-- Finished keys (the vast majority) are not in this index at all. The
+-- predicates test finished_at, which a phase commit does not change, rather
+-- than recovery_point, which it does: a column in an index predicate would
+-- rule out HOT updates.
+CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished
+    ON idempotency_keys (last_run_at)
+    WHERE finished_at IS NULL AND hold IS NULL;
+
+-- Keys parked for operators or reconciliation, listed by the ops tooling.
+CREATE INDEX IF NOT EXISTS idempotency_keys_held
+    ON idempotency_keys (hold, last_run_at)
+    WHERE hold IS NOT NULL;
+
+-- The reaper's scan: finished keys by age.
+CREATE INDEX IF NOT EXISTS idempotency_keys_finished
+    ON idempotency_keys (finished_at)
+    WHERE finished_at IS NOT NULL;
+
+-- Raised by fenced statements when the caller's lease token no longer matches,
+-- so that a pipelined COMMIT after the statement turns into a rollback.
+CREATE OR REPLACE FUNCTION atomicphase_lease_lost() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'atomicphase: lease lost: the idempotency key was taken over by another run'
+        USING ERRCODE = 'AP001';
+END
+$$;
