@@ -56,11 +56,15 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	app, err := ride.New(ride.Config{
 		Pool:   pool,
 		Stripe: sc,
-		// A short lease so crashed requests are resumed within the demo.
-		Runner: phase.Config{LockTTL: 2 * time.Second, Injector: crashes(*crashRate, &crashing), Observer: observe, Logger: silence},
-		Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
-			Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second, Observer: m.Observe},
-		Reaper: recovery.ReaperConfig{Observer: m.Observe},
+		Client: phase.Config{
+			// A short lease so crashed requests are resumed within the demo.
+			LockTTL:  2 * time.Second,
+			Injector: crashes(*crashRate, &crashing),
+			Observer: observe,
+			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
+				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second, Observer: m.Observe},
+			Reaper: recovery.ReaperConfig{Observer: m.Observe},
+		},
 		Logger: silence,
 	})
 	if err != nil {

@@ -117,14 +117,22 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	var enabled atomic.Bool
 	enabled.Store(true)
 	cfg := ride.Config{
-		Pool:             pool,
-		Stripe:           ride.NewStripeClient(*stripeURL, *stripeKey, nil),
-		Runner:           phase.Config{LockTTL: *lockTTL},
-		Completer:        recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
-		WithoutCompleter: *noCompleter, WithoutReaper: *noReaper, WithoutWorker: *noWorker,
+		Pool:   pool,
+		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, nil),
+		Client: phase.Config{
+			LockTTL:   *lockTTL,
+			Completer: recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+		},
+		WithoutWorker: *noWorker,
+	}
+	if *noCompleter {
+		cfg.Client.Completer.Interval = -1
+	}
+	if *noReaper {
+		cfg.Client.Reaper.Interval = -1
 	}
 	if *crashRate > 0 {
-		cfg.Runner.Injector = crashes(*crashRate, &enabled)
+		cfg.Client.Injector = crashes(*crashRate, &enabled)
 	}
 	app, err := ride.New(cfg)
 	if err != nil {
@@ -195,8 +203,8 @@ func envOr(name, def string) string {
 // the summary; warnings about injected crashes would drown them.
 var silence = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// metrics counts runner and recovery events for the demo's summary.
+// metrics counts run and recovery events for the demo's summary.
 func metrics() (*recovery.Metrics, phase.Observer) {
 	m := &recovery.Metrics{}
-	return m, func(ev phase.Event) { m.Count(string(ev.Kind), 1) }
+	return m, func(_ context.Context, ev phase.Event) { m.Count(string(ev.Kind), 1) }
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
 	"github.com/atomicphase/atomicphase/internal/exampleprog"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -98,11 +97,22 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	if err != nil {
 		return err
 	}
-	rn, err := phase.NewRunner(phase.Config{Pool: db, LockTTL: demoLockTTL, Logger: logger, Observer: events.phase}, transfers)
+	client, err := phase.NewClient(db, &phase.Config{
+		LockTTL:  demoLockTTL,
+		Logger:   logger,
+		Observer: events.phase,
+		Completer: recovery.CompleterConfig{
+			Interval: 200 * time.Millisecond, MinIdle: 3 * time.Second,
+			Backoff: 500 * time.Millisecond, MaxBackoff: 2 * time.Second, MaxAttempts: 100,
+			Observer: events.completer,
+		},
+		// Nothing in the demo is old enough to reap.
+		Reaper: recovery.ReaperConfig{Interval: -1},
+	}, transfers)
 	if err != nil {
 		return err
 	}
-	h, err := ledger.Handler(rn, transfers)
+	h, err := ledger.Handler(db, client, transfers)
 	if err != nil {
 		return err
 	}
@@ -114,18 +124,10 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	}
 	defer stopAPI()
 
-	completer, err := recovery.NewCompleter(recovery.CompleterConfig{
-		Pool: db, Resumer: rn, LockTTL: demoLockTTL, Logger: logger, Observer: events.completer,
-		Interval: 200 * time.Millisecond, MinIdle: 3 * time.Second,
-		Backoff: 500 * time.Millisecond, MaxBackoff: 2 * time.Second, MaxAttempts: 100,
-	})
-	if err != nil {
+	if err := client.Start(ctx); err != nil {
 		return err
 	}
-	if err := completer.Start(ctx); err != nil {
-		return err
-	}
-	defer completer.Stop(context.Background()) //nolint:errcheck // stopped below on success
+	defer client.Stop(context.Background()) //nolint:errcheck // stopped below on success
 
 	accounts, err := openDemoAccounts(ctx, db)
 	if err != nil {
@@ -148,11 +150,11 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	if err := provider.SetFaults(payoutprovider.Faults{}); err != nil {
 		return err
 	}
-	unfinished, err := waitFinished(ctx, db, demoFinishTimeout)
+	unfinished, err := waitFinished(ctx, client, demoFinishTimeout)
 	if err != nil {
 		return err
 	}
-	if err := completer.Stop(ctx); err != nil {
+	if err := client.Stop(ctx); err != nil {
 		return err
 	}
 
@@ -195,14 +197,14 @@ func withCrashes(h http.Handler, rate float64, enabled *atomic.Bool) http.Handle
 
 // waitFinished waits until no idempotency key is unfinished, or timeout,
 // and returns how many are left.
-func waitFinished(ctx context.Context, db *pgxpool.Pool, timeout time.Duration) (int, error) {
+func waitFinished(ctx context.Context, client *phase.Client, timeout time.Duration) (int, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		c, err := keyrow.Count(ctx, db, 0)
+		c, err := client.Counts(ctx)
 		if err != nil {
 			return 0, err
 		}
-		left := c.InFlight + c.Stuck + c.Unknown + c.Dead
+		left := c.Total() - c.Finished
 		if left == 0 || time.Now().After(deadline) {
 			return left, nil
 		}
@@ -486,14 +488,14 @@ func (t *traffic) checks(unfinished int) []ledger.Check {
 	}}
 }
 
-// tally counts the runner's and the completer's events.
+// tally counts the events of the runs and of the completer.
 type tally struct {
 	mu        sync.Mutex
 	phases    map[phase.EventKind]int
 	completed int
 }
 
-func (t *tally) phase(ev phase.Event) {
+func (t *tally) phase(_ context.Context, ev phase.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.phases == nil {
@@ -502,7 +504,7 @@ func (t *tally) phase(ev phase.Event) {
 	t.phases[ev.Kind]++
 }
 
-func (t *tally) completer(ev recovery.Event) {
+func (t *tally) completer(_ context.Context, ev recovery.Event) {
 	if ev.Kind == recovery.EventCompleted {
 		t.mu.Lock()
 		defer t.mu.Unlock()

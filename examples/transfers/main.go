@@ -27,7 +27,6 @@ import (
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
 	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
-	"github.com/atomicphase/atomicphase/recovery"
 )
 
 func main() { program.Main() }
@@ -154,26 +153,15 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 	if err != nil {
 		return err
 	}
-	rn, err := phase.NewRunner(phase.Config{Pool: db}, transfers)
+	client, err := phase.NewClient(db, nil, transfers)
 	if err != nil {
 		return err
 	}
-	h, err := ledger.Handler(rn, transfers)
+	h, err := ledger.Handler(db, client, transfers)
 	if err != nil {
 		return err
 	}
-	completer, err := recovery.NewCompleter(recovery.CompleterConfig{Pool: db, Resumer: rn})
-	if err != nil {
-		return err
-	}
-	reaper, err := recovery.NewReaper(recovery.ReaperConfig{Pool: db})
-	if err != nil {
-		return err
-	}
-	if err := completer.Start(ctx); err != nil {
-		return err
-	}
-	if err := reaper.Start(ctx); err != nil {
+	if err := client.Start(ctx); err != nil {
 		return err
 	}
 	if err := exampleprog.Serve(ctx, *addr, h, "ledger API listening", "payouts", *payoutsURL); err != nil {
@@ -181,7 +169,7 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return errors.Join(completer.Stop(stopCtx), reaper.Stop(stopCtx))
+	return client.Stop(stopCtx)
 }
 
 func payouts(ctx context.Context, args []string, _, stderr io.Writer) error {

@@ -468,29 +468,32 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 	sc := s.stripeClient()
 	app, err := ride.New(ride.Config{
 		Pool: s.pool, Stripe: sc, Logger: quiet,
-		Runner:           phase.Config{LockTTL: lockTTL, Logger: quiet},
-		Completer:        recovery.CompleterConfig{MinIdle: -1, Backoff: -1, Logger: quiet},
-		WithoutCompleter: true, WithoutReaper: true, WithoutWorker: true,
+		Client: phase.Config{
+			LockTTL:   lockTTL,
+			Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1, Interval: -1},
+			Reaper:    recovery.ReaperConfig{Interval: -1},
+		},
+		WithoutWorker: true,
 	})
 	if err != nil {
 		return out, ride.Report{}, err
 	}
 	deadline := time.Now().Add(settleTimeout)
 	for {
-		res, err := app.Completer.Drain(ctx)
+		res, err := app.Client.Complete(ctx)
 		out.completed += res.Completed
 		out.failed += res.Failed
 		if err != nil {
 			return out, ride.Report{}, err
 		}
-		dead, err := keyrow.List(ctx, s.pool, keyrow.ListFilter{Dead: true, Limit: 1000})
+		dead, err := app.Client.List(ctx, keyrow.ListFilter{State: keyrow.StateDead, Limit: 1000})
 		if err != nil {
 			return out, ride.Report{}, err
 		}
 		for _, k := range dead {
-			s.t.Logf("retrying dead key %s/%s (attempts %d, recovery point %s, last error %q)",
-				k.Tenant, k.Key, k.Attempts, k.RecoveryPoint, k.LastError)
-			if err := keyrow.Retry(ctx, s.pool, k.Tenant, k.Key); err != nil && !errors.Is(err, keyrow.ErrNotHeld) {
+			s.t.Logf("retrying dead key %s/%s (attempts %d, failures %d, recovery point %s, last error %q)",
+				k.Tenant, k.Key, k.Attempts, k.Failures, k.RecoveryPoint, k.LastError)
+			if err := app.Client.Retry(ctx, k.Tenant, k.Key); err != nil && !errors.Is(err, keyrow.ErrNotHeld) {
 				return out, ride.Report{}, err
 			}
 			out.deadRetried++

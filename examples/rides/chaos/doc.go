@@ -35,7 +35,7 @@
 // When the riders are done the chaos stops, the fault plan is cleared, and
 // a completer runs until no key is left to finish. Keys the completers gave
 // up on after too many attempts (the dead hold) are retried as an operator
-// would, with keyrow.Retry. Then ride.Verify must find: every key
+// would, with phase.Client.Retry. Then ride.Verify must find: every key
 // finished and none locked, as many charges at Stripe as rides recording a
 // charge, no ride charged twice, no charge without its ride, every 201
 // backed by a charge; and no key may have been answered two different final

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/phase"
-	"github.com/atomicphase/atomicphase/recovery"
 )
 
 //go:embed schema.sql
@@ -95,30 +95,28 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Stripe is the client charges go through. Required.
 	Stripe *stripe.Client
-	// Runner adjusts the runner's configuration (lease TTL, observer,
-	// fault injector, logger); Pool is set by the App.
-	Runner phase.Config
-	// Completer adjusts the completer (Pool and Resumer are set by the App).
-	Completer recovery.CompleterConfig
-	// Reaper adjusts the reaper (Pool is set by the App).
-	Reaper recovery.ReaperConfig
-	// Without* leave a part out of Start, for running parts in separate
-	// processes.
-	WithoutCompleter, WithoutReaper, WithoutWorker bool
+	// Client configures the atomicphase client that runs the workflow and
+	// its completer and reaper: lease TTL, observer, fault injector,
+	// completer and reaper settings. Setting Client.Completer.Interval or
+	// Client.Reaper.Interval to -1 leaves that part out of Start, for
+	// running parts in separate processes. Its Logger defaults to Logger.
+	Client phase.Config
+	// WithoutWorker leaves River's receipt worker out of Start; receipts
+	// are still queued, for a worker in another process.
+	WithoutWorker bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
 
-// App is the rides service: the workflow, its runner, the HTTP API, and the
-// background parts (completer, reaper, River receipt worker).
+// App is the rides service: the workflow, the client that runs it and
+// finishes what clients abandon (its completer and reaper), the HTTP API,
+// and River's receipt worker.
 type App struct {
-	cfg       Config
-	Workflow  *phase.Workflow[Request, State]
-	Runner    *phase.Runner
-	Completer *recovery.Completer
-	Reaper    *recovery.Reaper
-	Jobs      *river.Client[pgx.Tx]
-	handler   http.Handler
+	cfg      Config
+	Workflow *phase.Workflow[Request, State]
+	Client   *phase.Client
+	Jobs     *river.Client[pgx.Tx]
+	handler  http.Handler
 }
 
 // New wires the service; Start runs its background parts.
@@ -152,74 +150,57 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	rc := cfg.Runner
-	rc.Pool = cfg.Pool
-	if rc.Logger == nil {
-		rc.Logger = cfg.Logger
+	pc := cfg.Client
+	if pc.Logger == nil {
+		pc.Logger = cfg.Logger
 	}
-	rn, err := phase.NewRunner(rc, w)
+	client, err := phase.NewClient(cfg.Pool, &pc, w)
 	if err != nil {
 		return nil, err
 	}
-	cc := cfg.Completer
-	cc.Pool, cc.Resumer = cfg.Pool, rn
-	if cc.LockTTL == 0 {
-		cc.LockTTL = rn.LockTTL()
-	}
-	if cc.Logger == nil {
-		cc.Logger = cfg.Logger
-	}
-	completer, err := recovery.NewCompleter(cc)
-	if err != nil {
-		return nil, err
-	}
-	reaperCfg := cfg.Reaper
-	reaperCfg.Pool = cfg.Pool
-	if reaperCfg.Logger == nil {
-		reaperCfg.Logger = cfg.Logger
-	}
-	reaper, err := recovery.NewReaper(reaperCfg)
-	if err != nil {
-		return nil, err
-	}
-	rides, err := w.Handler(rn, phase.HTTPConfig[Request]{Tenant: tenant(cfg.Pool), Decode: decode})
+	rides, err := w.Handler(client, phase.HTTPConfig[Request]{Tenant: tenant(cfg.Pool), Decode: decode})
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /rides", rides)
-	return &App{cfg: cfg, Workflow: w, Runner: rn, Completer: completer, Reaper: reaper, Jobs: jobs, handler: mux}, nil
+	// The workflow's handler answers 405 itself to methods other than POST.
+	mux.Handle("/rides", rides)
+	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
+		phase.WriteProblem(rw, http.StatusNotFound, "not-found", "Not found",
+			fmt.Sprintf("there is no %s; the API is POST /rides", r.URL.Path), 0)
+	})
+	return &App{cfg: cfg, Workflow: w, Client: client, Jobs: jobs, handler: mux}, nil
 }
 
-// Handler serves POST /rides.
+// Handler serves POST /rides, and answers any other request with a
+// problem+json error: 405 for another method on /rides, 404 elsewhere.
 func (a *App) Handler() http.Handler { return a.handler }
 
-// Start runs the completer, the reaper and the receipt worker, unless
-// configured without them.
+// Start runs the client's completer and reaper, and the receipt worker,
+// each unless configured without it.
 func (a *App) Start(ctx context.Context) error {
-	if !a.cfg.WithoutWorker {
-		if err := a.Jobs.Start(ctx); err != nil {
-			return fmt.Errorf("rides: start river: %w", err)
-		}
+	if err := a.Client.Start(ctx); err != nil {
+		return err
 	}
-	if !a.cfg.WithoutCompleter {
-		if err := a.Completer.Start(ctx); err != nil {
-			return err
-		}
+	if a.cfg.WithoutWorker {
+		return nil
 	}
-	if !a.cfg.WithoutReaper {
-		if err := a.Reaper.Start(ctx); err != nil {
-			return err
-		}
+	if err := a.Jobs.Start(ctx); err != nil {
+		return errors.Join(fmt.Errorf("rides: start river: %w", err), a.Client.Stop(ctx))
 	}
 	return nil
 }
 
-// Stop stops what Start started and waits for it, or for ctx.
+// Stop shuts down what Start started, gracefully: runs and receipt jobs in
+// flight are given until ctx ends to finish. The client and the worker
+// stop side by side, so each has all of ctx's time.
 func (a *App) Stop(ctx context.Context) error {
-	errs := []error{a.Completer.Stop(ctx), a.Reaper.Stop(ctx)}
+	var jobsErr error
+	var wg sync.WaitGroup
 	if !a.cfg.WithoutWorker {
-		errs = append(errs, a.Jobs.Stop(ctx))
+		wg.Go(func() { jobsErr = a.Jobs.Stop(ctx) })
 	}
-	return errors.Join(errs...)
+	err := a.Client.Stop(ctx)
+	wg.Wait()
+	return errors.Join(err, jobsErr)
 }

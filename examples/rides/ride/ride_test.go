@@ -81,8 +81,7 @@ func setup(t testing.TB, maxConns int32) *env {
 	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", hc)
 	app, err := ride.New(ride.Config{
 		Pool: pool, Stripe: sc, Logger: quiet,
-		Runner:    phase.Config{Logger: quiet},
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -144,16 +143,13 @@ func TestCrashAtEveryFaultPointChargesEachRideOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 10)
 	phasetest.CrashMatrix(t, phasetest.Config[ride.Request, ride.State]{
-		Runner:   e.app.Runner,
+		Client:   e.app.Client,
 		Workflow: e.app.Workflow,
 		Tenant:   ride.UserEmail,
 		Request: func(string) ride.Request {
 			return ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4}
 		},
-		Complete: func(ctx context.Context) error {
-			_, err := e.app.Completer.Drain(ctx)
-			return err
-		},
+		WithCompleter: true,
 		// Ride ids differ per key; the rest of the answer must not.
 		Equal: func(crashFree, recovered *keyrow.Response) bool {
 			var a, b ride.Created
@@ -260,6 +256,44 @@ func TestRequestErrorsComeFromTheLibraryAndAreNotStored(t *testing.T) {
 	other := url.Values{"origin_lat": {"1"}, "origin_lon": {"1"}, "target_lat": {"1"}, "target_lon": {"1"}}.Encode()
 	if rec := e.post("k1", ride.UserEmail, other); rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), "idempotency-key-reused") {
 		t.Fatalf("mismatch: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+func TestOtherPathsAndMethodsAreAnsweredAsProblems(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 5)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		problem      string
+		allow        string
+	}{
+		{http.MethodGet, "/rides", http.StatusMethodNotAllowed, "method-not-allowed", http.MethodPost},
+		{http.MethodPut, "/rides", http.StatusMethodNotAllowed, "method-not-allowed", http.MethodPost},
+		{http.MethodGet, "/", http.StatusNotFound, "not-found", ""},
+		{http.MethodPost, "/rides/1", http.StatusNotFound, "not-found", ""},
+		{http.MethodPost, "/ride", http.StatusNotFound, "not-found", ""},
+	} {
+		r := httptest.NewRequest(tc.method, tc.path, strings.NewReader(ridePayload))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.Header.Set("Authorization", ride.UserEmail)
+		r.Header.Set("Idempotency-Key", "not-a-ride")
+		rec := httptest.NewRecorder()
+		e.api.ServeHTTP(rec, r)
+		var p struct {
+			Type   string `json:"type"`
+			Status int    `json:"status"`
+		}
+		if rec.Code != tc.status || rec.Header().Get("Content-Type") != "application/problem+json" ||
+			json.Unmarshal(rec.Body.Bytes(), &p) != nil || p.Status != tc.status || !strings.HasSuffix(p.Type, ":"+tc.problem) ||
+			rec.Header().Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d %s %q (Allow %q), want a %d %s problem (Allow %q)", tc.method, tc.path,
+				rec.Code, rec.Header().Get("Content-Type"), rec.Body.String(), rec.Header().Get("Allow"), tc.status, tc.problem, tc.allow)
+		}
+	}
+	var keys int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&keys); err != nil || keys != 0 {
+		t.Fatalf("%d keys stored (%v), want none", keys, err)
 	}
 }
 

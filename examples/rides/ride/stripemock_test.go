@@ -14,7 +14,6 @@ import (
 	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -76,16 +75,16 @@ func TestChargePhaseSendsValidStripeRequests(t *testing.T) {
 		t.Fatalf("charge with an undefined parameter: %v, want stripe-mock's 400", err)
 	}
 
-	app, err := ride.New(ride.Config{Pool: e.pool, Stripe: sc, Logger: quiet, Runner: phase.Config{Logger: quiet}})
+	app, err := ride.New(ride.Config{Pool: e.pool, Stripe: sc, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := app.Workflow.Run(context.Background(), app.Runner, ride.UserEmail, "mock-1",
+	out, err := app.Workflow.Run(context.Background(), app.Client, ride.UserEmail, "mock-1",
 		ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4})
 	if err != nil {
 		t.Fatalf("ride through stripe-mock: %v", err)
 	}
-	if out.Kind != keyrow.New || out.Response.Status != http.StatusCreated {
+	if out.Kind != phase.OutcomeNew || out.Response.Status != http.StatusCreated {
 		t.Fatalf("ride through stripe-mock: %v %d %s", out.Kind, out.Response.Status, out.Response.Body)
 	}
 	var charge string

@@ -45,9 +45,9 @@
 // lock and each sees the balance the previous one left, and transfers in
 // opposite directions cannot deadlock. SERIALIZABLE would keep the balances
 // right too, but every transaction queued on a lock would then fail with a
-// serialization failure when the holder commits, and spend the runner's
-// bounded retries on starting over. The runner still retries the rare
-// serialization failure or deadlock.
+// serialization failure when the holder commits, and spend the phase's
+// bounded retries on starting over. The rare serialization failure or
+// deadlock is still retried.
 //
 // # Answers
 //

@@ -10,12 +10,11 @@ import (
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
 	"github.com/atomicphase/atomicphase/phase"
-	"github.com/atomicphase/atomicphase/recovery"
 )
 
-// The ledger's API is the transfers workflow, a runner that can resume it,
-// the HTTP handler, and a completer for the transfers no client comes back
-// for.
+// The ledger's API is the transfers workflow, registered with a client that
+// runs it and, in the background, finishes the transfers no client comes
+// back for, and the HTTP handler.
 func ExampleTransfers() {
 	ctx := context.Background()
 	db, err := pgxpool.New(ctx, "postgres://localhost/ledger")
@@ -29,18 +28,14 @@ func ExampleTransfers() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	rn, err := phase.NewRunner(phase.Config{Pool: db}, transfers)
+	client, err := phase.NewClient(db, nil, transfers)
 	if err != nil {
 		log.Fatal(err)
 	}
-	completer, err := recovery.NewCompleter(recovery.CompleterConfig{Pool: db, Resumer: rn})
-	if err != nil {
+	if err := client.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	if err := completer.Start(ctx); err != nil {
-		log.Fatal(err)
-	}
-	h, err := ledger.Handler(rn, transfers)
+	h, err := ledger.Handler(db, client, transfers)
 	if err != nil {
 		log.Fatal(err)
 	}

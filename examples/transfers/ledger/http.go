@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -25,9 +27,10 @@ const maxAmount = 1_000_000_000_000
 // types), 400 or 422 for a request that is not a valid transfer (not
 // stored: fix it and send it again), and the atomicphase handler's answers
 // for the rest (409 while the key is in flight, 5xx when the request
-// stopped part-way and a retry with the same key resumes it).
-func Handler(rn *phase.Runner, transfers *phase.Workflow[Transfer, State]) (http.Handler, error) {
-	post, err := transfers.Handler(rn, phase.HTTPConfig[Transfer]{Tenant: owner, Decode: decodeTransfer})
+// stopped part-way and a retry with the same key resumes it). transfers
+// must be registered with c; the accounts are read from db.
+func Handler(db *pgxpool.Pool, c *phase.Client, transfers *phase.Workflow[Transfer, State]) (http.Handler, error) {
+	post, err := transfers.Handler(c, phase.HTTPConfig[Transfer]{Tenant: owner, Decode: decodeTransfer})
 	if err != nil {
 		return nil, err
 	}
@@ -39,7 +42,7 @@ func Handler(rn *phase.Runner, transfers *phase.Workflow[Transfer, State]) (http
 			http.Error(w, err.Error(), http.StatusUnauthorized)
 			return
 		}
-		accounts, err := Accounts(r.Context(), rn.Pool(), who)
+		accounts, err := Accounts(r.Context(), db, who)
 		if err != nil {
 			http.Error(w, "could not read the accounts", http.StatusInternalServerError)
 			return

@@ -33,11 +33,10 @@ func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
 			e := setup(t, 0)
 			from := e.open(t, "alice", "EUR", 1_000_000)
 			to := e.open(t, "bob", "EUR", 0)
-			completer := e.completer(t)
 			const amount = 100
 			settled := 0
 			phasetest.CrashMatrix(t, phasetest.Config[ledger.Transfer, ledger.State]{
-				Runner:   e.rn,
+				Client:   e.client,
 				Workflow: e.wf,
 				Tenant:   "alice",
 				Request: func(string) ledger.Transfer {
@@ -49,11 +48,8 @@ func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
 					}
 					return tr
 				},
-				Complete: func(ctx context.Context) error {
-					_, err := completer.Drain(ctx)
-					return err
-				},
-				Equal: sameReceiptButIDs,
+				WithCompleter: true,
+				Equal:         sameReceiptButIDs,
 				Check: func(t testing.TB, key string, resp *keyrow.Response) {
 					settled++
 					id, status, payoutID, found := e.transfer(t, "alice", key)
@@ -109,10 +105,14 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 		e.open(t, "carol", "EUR", 20_000),
 		e.open(t, "carol", "USD", 20_000),
 	}
-	completer := e.completer(t)
-	if err := completer.Start(ctx); err != nil {
+	if err := e.client.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := e.client.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
 
 	// The invariants hold at every committed state, not only at the end:
 	// Verify reads one snapshot, so it runs against the traffic.
@@ -203,17 +203,14 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 	wg.Wait()
 	close(stopVerifying)
 	verifier.Wait()
-	if err := completer.Stop(ctx); err != nil {
+	if _, err := e.client.Complete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := completer.Drain(ctx); err != nil {
-		t.Fatal(err)
-	}
-	counts, err := keyrow.Count(ctx, e.db, 0)
+	counts, err := e.client.Counts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if counts.Stuck+counts.Unknown+counts.Dead != 0 {
+	if counts.Finished != counts.Total() {
 		t.Fatalf("keys left unfinished: %+v", counts)
 	}
 	report := e.verify(t)
@@ -367,7 +364,7 @@ func TestExternalTransferCarriesItsIDsInTheWorkflowState(t *testing.T) {
 	e := setup(t, 0)
 	a := e.open(t, "alice", "EUR", 1_000)
 	r := e.postOnce(t, "alice", "rent", ledger.Transfer{FromAccount: a.ID, PayoutDestination: "dest_landlord", Amount: 700, Currency: "EUR"}).receipt(t)
-	info, err := keyrow.Inspect(context.Background(), e.db, "alice", "rent")
+	info, err := e.client.Inspect(context.Background(), "alice", "rent")
 	if err != nil {
 		t.Fatal(err)
 	}

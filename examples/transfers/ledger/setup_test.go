@@ -20,7 +20,6 @@ import (
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -40,7 +39,7 @@ type env struct {
 	db       *pgxpool.Pool
 	provider *payoutprovider.Server
 	wf       *phase.Workflow[ledger.Transfer, ledger.State]
-	rn       *phase.Runner
+	client   *phase.Client
 	events   *phasetest.Events
 	// api serves the ledger; each request crashes at each fault point with
 	// probability crashRate.
@@ -49,7 +48,9 @@ type env struct {
 }
 
 // setup returns a migrated database with the ledger and the payout
-// provider, the transfers workflow and a runner, and the ledger's API.
+// provider, the transfers workflow registered with a client, and the
+// ledger's API. The client's background services are not started; its
+// completer takes any unfinished key that is free, without backoff.
 func setup(t testing.TB, crashRate float64) *env {
 	t.Helper()
 	ctx := context.Background()
@@ -69,10 +70,16 @@ func setup(t testing.TB, crashRate float64) *env {
 	if e.wf, err = ledger.Transfers(payoutprovider.NewClient(providerSrv.URL, noKeepAlive)); err != nil {
 		t.Fatal(err)
 	}
-	if e.rn, err = phase.NewRunner(phase.Config{Pool: db, Logger: quiet, Observer: e.events.Observe}, e.wf); err != nil {
+	e.client, err = phase.NewClient(db, &phase.Config{
+		Logger:    quiet,
+		Observer:  e.events.Observe,
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1, MaxAttempts: 1000, Interval: 10 * time.Millisecond},
+		Reaper:    recovery.ReaperConfig{Interval: -1},
+	}, e.wf)
+	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := ledger.Handler(e.rn, e.wf)
+	h, err := ledger.Handler(db, e.client, e.wf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,16 +99,6 @@ func crashes(rate float64) phase.Injector {
 		}
 		return nil
 	})
-}
-
-func (e *env) completer(t testing.TB) *recovery.Completer {
-	t.Helper()
-	c, err := recovery.NewCompleter(recovery.CompleterConfig{Pool: e.db, Resumer: e.rn,
-		MinIdle: -1, Backoff: -1, MaxAttempts: 1000, Interval: 10 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 func (e *env) open(t testing.TB, owner, currency string, deposit int64) ledger.Account {
@@ -216,7 +213,7 @@ func (e *env) send(t testing.TB, owner, key string, tr ledger.Transfer) (final a
 		a, err := e.post(t, owner, key, tr)
 		switch {
 		case err != nil:
-			if _, err := keyrow.Unlock(ctx, e.db, owner, key); err != nil {
+			if _, err := e.client.Unlock(ctx, owner, key); err != nil {
 				t.Error(err)
 				return answer{}, attempts
 			}

@@ -74,16 +74,16 @@ const (
 // SERIALIZABLE (or REPEATABLE READ) would keep the balances right too, but
 // a transaction's snapshot is taken before it waits for the lock, so when
 // the holder commits, every transaction queued behind it fails with a
-// serialization failure and starts over: under contention most of the
-// runner's bounded retries are spent on that, and some runs exhaust them.
-// The runner still retries serialization failures and deadlocks
+// serialization failure and starts over: under contention most of a
+// phase's bounded retries are spent on that, and some runs exhaust them.
+// Serialization failures and deadlocks are still retried
 // (phase.Config.MaxPhaseRetries), so a mistake in the lock order would cost
 // a retry, never money. The level is set rather than left to the database
 // default, which could be SERIALIZABLE.
 const isolation = pgx.ReadCommitted
 
 // Transfers returns the transfers workflow, whose external payouts go
-// through payouts. Register it with a phase.Runner and serve it with Handler.
+// through payouts. Register it with a phase.Client and serve it with Handler.
 func Transfers(payouts *payoutprovider.Client) (*phase.Workflow[Transfer, State], error) {
 	if payouts == nil {
 		return nil, errors.New("ledger: transfers: a payout provider client is required")
