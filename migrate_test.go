@@ -463,4 +463,5 @@ func ExampleMigrations() {
 	}
 	// Output:
 	// 001_create_idempotency_keys
+	// 002_add_failures
 }

@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     response_body       bytea,
     attempts            integer     NOT NULL DEFAULT 0,
     last_error          text,
+    failures            integer     NOT NULL DEFAULT 0,
 
     CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key),
     CONSTRAINT idempotency_keys_lease CHECK ((lock_token IS NULL) = (lock_expires_at IS NULL)),
@@ -61,7 +62,7 @@ COMMENT ON COLUMN idempotency_keys.recovery_point IS
 COMMENT ON COLUMN idempotency_keys.phase_state IS
     'The workflow''s typed state, committed with each phase so later phases and resumed runs read what earlier phases produced.';
 COMMENT ON COLUMN idempotency_keys.hold IS
-    'Why an unfinished key must not run: unknown (a foreign call''s outcome awaits reconciliation) or dead (gave up after too many attempts). NULL means runnable.';
+    'Why an unfinished key must not run: unknown (a foreign call''s outcome awaits reconciliation) or dead (the completer gave up on it while no client was retrying). NULL means runnable.';
 COMMENT ON COLUMN idempotency_keys.locked_at IS
     'When the current holder took the lease; for operators. NULL when nobody runs the key.';
 COMMENT ON COLUMN idempotency_keys.lock_expires_at IS
@@ -75,9 +76,11 @@ COMMENT ON COLUMN idempotency_keys.response_headers IS
 COMMENT ON COLUMN idempotency_keys.response_body IS
     'Stored response body, byte for byte, so a replay is identical to the first answer.';
 COMMENT ON COLUMN idempotency_keys.attempts IS
-    'How many runs took the lease; drives the completer''s backoff and the move to dead.';
+    'How many runs took the lease, by clients and by the completer.';
 COMMENT ON COLUMN idempotency_keys.last_error IS
     'The error that ended the last unsuccessful run, for operators.';
+COMMENT ON COLUMN idempotency_keys.failures IS
+    'Failed runs of the completer since the key last made progress; client retries do not count. Drives the completer''s backoff, and the move to dead of an idle key.';
 
 -- The completer's scan: unfinished, runnable keys by age of their last run.
 -- Finished keys (the vast majority) are not in this index at all. The
@@ -107,7 +110,3 @@ BEGIN
         USING ERRCODE = 'AP001';
 END
 $$;
-
-ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS failures integer NOT NULL DEFAULT 0;
-COMMENT ON COLUMN idempotency_keys.failures IS
-    'Failed runs of the completer since the key last made progress; client retries do not count. The completer gives up on an idle key when they reach its limit.';

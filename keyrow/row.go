@@ -173,7 +173,12 @@ type Counts struct {
 
 // Total is the number of keys counted.
 func (c Counts) Total() int {
-	return c.Finished + c.InFlight + c.Waiting + c.Stuck + c.Unknown + c.Dead
+	return c.Finished + c.Unfinished()
+}
+
+// Unfinished is the number of keys without a stored response, in any state.
+func (c Counts) Unfinished() int {
+	return c.InFlight + c.Waiting + c.Stuck + c.Unknown + c.Dead
 }
 
 // DefaultListLimit is how many keys a listing returns when ListFilter.Limit

@@ -289,7 +289,8 @@ func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, ho
 
 // Complete runs completer passes until one finds nothing due, and returns
 // what they did: the way to finish due keys now, in a test or a one-off
-// job, whether or not Start runs the completer.
+// job, whether or not Start runs the completer, and also after Stop (a
+// final drain). Keys are due under the completer's MinIdle and backoff.
 func (c *Client) Complete(ctx context.Context) (recovery.PassResult, error) {
 	return c.completer.Drain(ctx)
 }
