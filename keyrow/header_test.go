@@ -23,7 +23,8 @@ func TestParseKeyAcceptsBareAndQuotedForms(t *testing.T) {
 		{"single character", "a", "a"},
 		{"bare key of maximum length", long, long},
 		{"quoted key of maximum length", `"` + long + `"`, long},
-		{"bare key with every visible ASCII punctuation", `!#$%&'()*+,-./:;<=>?@[\]^_{|}~` + "`", `!#$%&'()*+,-./:;<=>?@[\]^_{|}~` + "`"},
+		{"bare key with every visible ASCII punctuation but the comma", `!#$%&'()*+-./:;<=>?@[\]^_{|}~` + "`", `!#$%&'()*+-./:;<=>?@[\]^_{|}~` + "`"},
+		{"quoted key with a comma", `"a,b"`, "a,b"},
 		{"bare key containing a quote after the first character", `ab"c`, `ab"c`},
 		{"quoted key keeps inner spaces", `" a b "`, " a b "},
 		{"quoted single space", `" "`, " "},
@@ -72,7 +73,9 @@ func TestParseKeyRejectsInvalidValues(t *testing.T) {
 		{"space inside bare key", "ab cd", keyrow.ErrKeyInvalid,
 			"Idempotency-Key header is invalid: invalid character U+0020 ' ' at position 3; keys are 1-255 visible ASCII characters"},
 		{"two keys joined with a comma", "abc, def", keyrow.ErrKeyInvalid,
-			"Idempotency-Key header is invalid: invalid character U+0020 ' ' at position 5; keys are 1-255 visible ASCII characters"},
+			`Idempotency-Key header is invalid: the request has more than one Idempotency-Key (a comma separates values of one header); send exactly one key, and quote a key that contains a comma`},
+		{"two keys joined with a bare comma", "abc,def", keyrow.ErrKeyInvalid,
+			`Idempotency-Key header is invalid: the request has more than one Idempotency-Key (a comma separates values of one header); send exactly one key, and quote a key that contains a comma`},
 		{"tab inside quoted key", "\"a\tb\"", keyrow.ErrKeyInvalid,
 			"Idempotency-Key header is invalid: invalid character U+0009 at position 3; keys are 1-255 visible ASCII characters"},
 		{"DEL in bare key", "a\x7f", keyrow.ErrKeyInvalid,
@@ -94,7 +97,7 @@ func TestParseKeyRejectsInvalidValues(t *testing.T) {
 		{"structured-field parameters", `"abc";foo=1`, keyrow.ErrKeyInvalid,
 			`Idempotency-Key header is invalid: unexpected character ';' at position 6: parameters after the quoted key are not supported`},
 		{"second quoted key", `"abc", "def"`, keyrow.ErrKeyInvalid,
-			`Idempotency-Key header is invalid: unexpected character ',' at position 6 after the closing quote`},
+			`Idempotency-Key header is invalid: the request has more than one Idempotency-Key (a comma separates values of one header); send exactly one key, and quote a key that contains a comma`},
 		{"text after whitespace after the closing quote", `"abc" x`, keyrow.ErrKeyInvalid,
 			`Idempotency-Key header is invalid: unexpected character 'x' at position 7 after the closing quote`},
 		{"quote in the middle of a quoted key", `"ab"cd"`, keyrow.ErrKeyInvalid,
@@ -173,7 +176,7 @@ func FuzzParseKey(f *testing.F) {
 					t.Fatalf("ParseKey(%q) = %q: byte 0x%02X at %d is not printable ASCII", header, key, key[i], i)
 				}
 			}
-			if !strings.HasPrefix(trimmed, `"`) && key != trimmed {
+			if !strings.HasPrefix(trimmed, `"`) && (key != trimmed || strings.Contains(key, ",")) {
 				t.Fatalf("ParseKey(%q) = %q: a bare key must come back unchanged", header, key)
 			}
 			if again, err := keyrow.ParseKey(quoteKey(key)); err != nil || again != key {
