@@ -37,7 +37,7 @@ func TestCrashAtEveryFaultPointConvergesToOneChargePerKey(t *testing.T) {
 				Client:        e.c,
 				Workflow:      e.w,
 				WithCompleter: true,
-				Request: func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
+				Request:       func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
 				Check: func(t testing.TB, key string, resp *keyrow.Response) {
 					orders, orderID := e.orderCount(t, key)
 					if orders != 1 {
