@@ -464,4 +464,5 @@ func ExampleMigrations() {
 	// Output:
 	// 001_create_idempotency_keys
 	// 002_add_failures
+	// 003_drop_row_checks
 }
