@@ -523,9 +523,11 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 	return err
 }
 
-// commitOnce costs the phase's own statements plus two round trips: BEGIN,
-// and the fenced advance pipelined with COMMIT. If the lease was lost, the
-// advance raises and the COMMIT is skipped, so nothing of the phase persists.
+// commitOnce costs the phase's own statements plus one round trip: BEGIN
+// travels with the phase's first statement, and the fenced advance (or
+// finish) with COMMIT; a phase that sends nothing costs the fenced write
+// alone (see phaseTx). If the lease was lost, the fenced write raises and
+// the COMMIT is skipped, so nothing of the phase persists.
 func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body LocalFunc[Req, State]) (res Result, err error) {
 	p := &x.w.phases[i]
 	if err := x.inject(ctx, Point{p.name, BeforeTx}); err != nil {
@@ -536,15 +538,12 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
 	defer conn.Release()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: p.isolation})
-	if err != nil {
-		return Result{}, fmt.Errorf("phase %s: begin: %w", p.name, err)
-	}
+	tx := &phaseTx{ctx: ctx, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: p.isolation}}
 	defer func() {
 		// A successful pipelined COMMIT leaves the connection idle; only a
 		// failed or unfinished transaction needs the rollback round trip.
-		if conn.Conn().PgConn().TxStatus() != 'I' {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+		if tx.tx != nil && conn.Conn().PgConn().TxStatus() != 'I' {
+			_ = tx.tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
 	err = protect("phase "+p.name, func() (err error) {
@@ -579,17 +578,16 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if err := x.inject(ctx, Point{p.name, BeforeCommit}); err != nil {
 		return Result{}, err
 	}
-	b := &pgx.Batch{}
+	var w store.Write
 	if res.response != nil {
-		if err := store.QueueFinish(b, x.run.ID, x.lease.Token, state, *res.response); err != nil {
-			return Result{}, err
-		}
+		w, err = store.FinishWrite(x.run.ID, x.lease.Token, state, *res.response)
 	} else {
-		store.QueueAdvance(b, x.run.ID, x.lease.Token, p.name, state, x.lease.TTL)
+		w, err = store.AdvanceWrite(x.run.ID, x.lease.Token, p.name, state, x.lease.TTL)
 	}
-	b.Queue("COMMIT")
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		err = store.AsLeaseLost(err)
+	if err != nil {
+		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
+	}
+	if err := tx.commit(ctx, w); err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			x.lease.MarkLost()
 			return Result{}, err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -162,10 +163,22 @@ WHERE NOT EXISTS (SELECT FROM taken)`
 // which case it met. When the outcome is New or Resumed, the caller holds the
 // lease and Row.LockToken is its fencing token.
 //
-// Lease expiry is judged by the database clock, never the caller's.
+// Lease expiry is judged by the database clock, never the caller's. The
+// tenant, key and workflow name are checked before anything is sent: the
+// table has no CHECK constraints, so this is what keeps a malformed key row
+// out of it.
 func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error) {
 	if req.TTL <= 0 {
 		return 0, nil, errors.New("store: acquire: lease TTL must be positive")
+	}
+	if err := keyrow.CheckTenant(req.Tenant); err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: %w", err)
+	}
+	if err := keyrow.CheckKey(req.Key); err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: %w", err)
+	}
+	if err := keyrow.CheckName(req.Workflow); err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: workflow name %w", err)
 	}
 	if len(req.Params) == 0 {
 		req.Params = []byte("null")
@@ -262,6 +275,11 @@ func decodeResponse(status *int32, headers, body []byte) (*keyrow.Response, erro
 // reporting zero rows, matters when the statement is pipelined with COMMIT:
 // the error aborts the transaction, so the COMMIT cannot persist the phase's
 // other work after the lease was lost.
+//
+// Every fenced statement matches only an unfinished row (finished_at IS
+// NULL) holding the caller's token, so a holder never writes to a finished
+// key, even one that an earlier release closed as abandoned without
+// clearing its lease.
 func fenced(modify string) string {
 	return "WITH fenced AS (" + modify + ") SELECT atomicphase_lease_lost() WHERE NOT EXISTS (SELECT FROM fenced)"
 }
@@ -275,21 +293,28 @@ func fenced(modify string) string {
 // is why it leaves last_run_at alone, and why the partial indexes test
 // finished_at rather than recovery_point), so Postgres can update the row
 // in place as a HOT update, without new index entries.
+//
+// It keeps the row's rules by construction: the lease it renews has a token
+// (the one it matched), and the recovery point it sets is a phase name,
+// never keyrow.Finished (checked by AdvanceArgs).
 var advanceSQL = fenced(`
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0,
     lock_expires_at = now() + $5::interval
-WHERE id = $1 AND lock_token = $2
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
 
 // finishSQL stores the response, marks the key finished and frees the lease.
+// It sets the recovery point, the finish time and the response status (never
+// NULL: checked by finishArgs) together, and clears the token and its expiry
+// together.
 var finishSQL = fenced(`
 UPDATE idempotency_keys
 SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0
-WHERE id = $1 AND lock_token = $2
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
@@ -300,7 +325,7 @@ var releaseSQL = fenced(`
 UPDATE idempotency_keys
 SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
     last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int
-WHERE id = $1 AND lock_token = $2
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
 
 // renewSQL extends a live lease by ttl from now and reports the new time
@@ -308,63 +333,95 @@ RETURNING 1`)
 const renewSQL = `
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval
-WHERE id = $1 AND lock_token = $2
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING lock_expires_at - now()`
 
-// Advance commits the recovery point and state of the holder identified by
-// token, and renews its lease for ttl. It returns ErrLeaseLost, and changes
-// nothing, when the token no longer matches.
+// Write is one fenced write of a holder, ready to be sent on its own (Exec)
+// or queued in a batch, where it is pipelined with COMMIT (Queue). When the
+// holder's token no longer matches it raises an error that AsLeaseLost maps
+// to keyrow.ErrLeaseLost, and changes nothing.
+type Write struct {
+	sql  string
+	args []any
+}
+
+// Exec sends w on its own.
+func (w Write) Exec(ctx context.Context, q Querier) error { return execFenced(ctx, q, w.sql, w.args) }
+
+// Queue adds w to a batch.
+func (w Write) Queue(b *pgx.Batch) { b.Queue(w.sql, w.args...) }
+
+// AdvanceWrite is the write that commits the recovery point and state of the
+// holder identified by token, and renews its lease for ttl. point must be a
+// phase name: neither keyrow.Started nor keyrow.Finished.
+func AdvanceWrite(id, token uuid.UUID, point string, state []byte, ttl time.Duration) (Write, error) {
+	if err := keyrow.CheckName(point); err != nil {
+		return Write{}, fmt.Errorf("store: advance: recovery point %w", err)
+	}
+	if point == keyrow.Started || point == keyrow.Finished {
+		return Write{}, fmt.Errorf("store: advance: %q is not a phase's recovery point", point)
+	}
+	if ttl <= 0 {
+		return Write{}, errors.New("store: advance: lease TTL must be positive")
+	}
+	return Write{advanceSQL, []any{[16]byte(id), [16]byte(token), point, jsonOrNull(state), ttl}}, nil
+}
+
+// Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
+// changes nothing, when the token no longer matches.
 func Advance(ctx context.Context, q Querier, id, token uuid.UUID, point string, state []byte, ttl time.Duration) error {
-	return execFenced(ctx, q, advanceSQL, advanceArgs(id, token, point, state, ttl))
-}
-
-// QueueAdvance adds Advance to a batch, so it can be pipelined with COMMIT.
-// The batch's result for it reports ErrLeaseLost through AsLeaseLost.
-func QueueAdvance(b *pgx.Batch, id, token uuid.UUID, point string, state []byte, ttl time.Duration) {
-	b.Queue(advanceSQL, advanceArgs(id, token, point, state, ttl)...)
-}
-
-func advanceArgs(id, token uuid.UUID, point string, state []byte, ttl time.Duration) []any {
-	return []any{[16]byte(id), [16]byte(token), point, jsonOrNull(state), ttl}
-}
-
-// Finish stores resp as the key's final response, marks it finished and
-// frees the lease. It returns ErrLeaseLost, and changes nothing, when the
-// token no longer matches.
-func Finish(ctx context.Context, q Querier, id, token uuid.UUID, state []byte, resp keyrow.Response) error {
-	args, err := finishArgs(id, token, state, resp)
+	w, err := AdvanceWrite(id, token, point, state, ttl)
 	if err != nil {
 		return err
 	}
-	return execFenced(ctx, q, finishSQL, args)
+	return w.Exec(ctx, q)
 }
 
-// QueueFinish adds Finish to a batch, so it can be pipelined with COMMIT.
-func QueueFinish(b *pgx.Batch, id, token uuid.UUID, state []byte, resp keyrow.Response) error {
-	args, err := finishArgs(id, token, state, resp)
-	if err != nil {
-		return err
-	}
-	b.Queue(finishSQL, args...)
-	return nil
-}
-
-func finishArgs(id, token uuid.UUID, state []byte, resp keyrow.Response) ([]any, error) {
+// FinishWrite is the write that stores resp as the key's final response,
+// marks the key finished and frees the lease of the holder identified by
+// token. resp.Status must be a valid HTTP status (100 to 599).
+func FinishWrite(id, token uuid.UUID, state []byte, resp keyrow.Response) (Write, error) {
 	if resp.Status < 100 || resp.Status > 599 {
-		return nil, fmt.Errorf("store: finish: invalid status %d", resp.Status)
+		return Write{}, fmt.Errorf("store: finish: invalid status %d", resp.Status)
 	}
-	var headers []byte
-	if len(resp.Header) > 0 {
-		var err error
-		if headers, err = json.Marshal(resp.Header); err != nil {
-			return nil, fmt.Errorf("store: finish: encode headers: %w", err)
-		}
+	headers, err := encodeHeader(resp.Header)
+	if err != nil {
+		return Write{}, err
 	}
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	return []any{[16]byte(id), [16]byte(token), jsonOrNull(state), resp.Status, headers, body}, nil
+	return Write{finishSQL, []any{[16]byte(id), [16]byte(token), jsonOrNull(state), resp.Status, headers, body}}, nil
+}
+
+// Finish sends FinishWrite on its own. It returns ErrLeaseLost, and changes
+// nothing, when the token no longer matches.
+func Finish(ctx context.Context, q Querier, id, token uuid.UUID, state []byte, resp keyrow.Response) error {
+	w, err := FinishWrite(id, token, state, resp)
+	if err != nil {
+		return err
+	}
+	return w.Exec(ctx, q)
+}
+
+// jsonContentType is the stored encoding of the header most responses carry
+// alone, kept encoded once.
+var jsonContentType = []byte(`{"Content-Type":["application/json"]}`)
+
+// encodeHeader returns the JSON stored for a response header, nil for none.
+func encodeHeader(h http.Header) ([]byte, error) {
+	switch {
+	case len(h) == 0:
+		return nil, nil
+	case len(h) == 1 && len(h["Content-Type"]) == 1 && h["Content-Type"][0] == "application/json":
+		return jsonContentType, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("store: finish: encode headers: %w", err)
+	}
+	return b, nil
 }
 
 // Release frees the lease and keeps the recovery point, recording lastErr
@@ -374,6 +431,11 @@ func finishArgs(id, token uuid.UUID, state []byte, resp keyrow.Response) ([]any,
 // keyrow.ErrLeaseLost, and changes nothing, when the token no longer
 // matches.
 func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter bool) error {
+	switch hold {
+	case "", keyrow.HoldUnknown, keyrow.HoldDead:
+	default:
+		return fmt.Errorf("store: release: unknown hold %q", hold)
+	}
 	failed := 0
 	if byCompleter {
 		failed = 1
@@ -404,6 +466,9 @@ func ReleaseDetached(ctx context.Context, q Querier, id, token uuid.UUID, lastEr
 // and returns the time left. It returns ErrLeaseLost when the token no
 // longer matches.
 func Renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration) (time.Duration, error) {
+	if ttl <= 0 {
+		return 0, errors.New("store: renew: lease TTL must be positive")
+	}
 	var left time.Duration
 	err := q.QueryRow(ctx, renewSQL, [16]byte(id), [16]byte(token), ttl).Scan(&left)
 	if errors.Is(err, pgx.ErrNoRows) {

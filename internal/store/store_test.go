@@ -172,8 +172,12 @@ func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
 	if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ('should not persist')`); err != nil {
 		t.Fatal(err)
 	}
+	w, err := store.AdvanceWrite(old.ID, old.LockToken, "next", nil, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := &pgx.Batch{}
-	store.QueueAdvance(b, old.ID, old.LockToken, "next", nil, ttl)
+	w.Queue(b)
 	b.Queue("COMMIT")
 	if err := store.AsLeaseLost(tx.SendBatch(ctx, b).Close()); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("pipelined advance = %v, want ErrLeaseLost", err)
