@@ -55,10 +55,16 @@ type PanicError struct {
 
 func (e *PanicError) Error() string { return fmt.Sprintf("phase: panic in %s: %v", e.Where, e.Value) }
 
-// protect calls f and turns a panic in it into a *PanicError.
-func protect(where string, f func() error) (err error) {
+// protect calls f and turns a panic in it into a *PanicError whose Where is
+// what, followed by the phase's name when there is one. (The name is joined
+// only on a panic, so that a run allocates nothing for it.)
+func protect(what, phase string, f func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
+			where := what
+			if phase != "" {
+				where += " " + phase
+			}
 			err = &PanicError{Where: where, Value: v, Stack: debug.Stack()}
 		}
 	}()
@@ -140,7 +146,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 		return nil, err
 	}
 	var params []byte
-	if err := protect("encoding the request", func() (err error) {
+	if err := protect("encoding the request", "", func() (err error) {
 		params, err = json.Marshal(req)
 		return err
 	}); err != nil {
@@ -279,7 +285,7 @@ func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[
 			return nil, x.fail(ctx, fmt.Errorf("phase: decode stored state: %w", err))
 		}
 		x.committed = row.State
-	} else if err := protect("encoding the state", func() (err error) {
+	} else if err := protect("encoding the state", "", func() (err error) {
 		x.committed, err = json.Marshal(run.State)
 		return err
 	}); err != nil {
@@ -341,7 +347,7 @@ func (x *execution[Req, State]) applicable(i int) (int, error) {
 			return i, nil
 		}
 		var ok bool
-		if err := protect("When of phase "+p.name, func() error {
+		if err := protect("When of phase", p.name, func() error {
 			ok = p.when(x.run)
 			return nil
 		}); err != nil {
@@ -371,7 +377,7 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 		rec recordFn[Req, State]
 		res Resolution
 	)
-	err = protect("reconcile of phase "+p.name, func() (err error) {
+	err = protect("reconcile of phase", p.name, func() (err error) {
 		rec, res, err = p.foreign.reconcile(ctx, x.run)
 		return err
 	})
@@ -455,7 +461,7 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 		return nil, x.storeError(ctx, fmt.Errorf("phase %s: renew lease before the call: %w", p.name, err))
 	}
 	defer stop()
-	err = protect("foreign call of phase "+p.name, func() (err error) {
+	err = protect("foreign call of phase", p.name, func() (err error) {
 		rec, err = p.foreign.call(keepCtx, x.run)
 		return err
 	})
@@ -546,7 +552,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 			_ = tx.tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	err = protect("phase "+p.name, func() (err error) {
+	err = protect("phase", p.name, func() (err error) {
 		res, err = body(ctx, tx, x.run)
 		return err
 	})
@@ -566,7 +572,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		}
 	}
 	var state []byte
-	if err := protect("encoding the state", func() (err error) {
+	if err := protect("encoding the state", "", func() (err error) {
 		state, err = json.Marshal(x.run.State)
 		return err
 	}); err != nil {
@@ -580,9 +586,9 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	var w store.Write
 	if res.response != nil {
-		w, err = store.FinishWrite(x.run.ID, x.lease.Token, state, *res.response)
+		w, err = x.lease.Finish(state, *res.response)
 	} else {
-		w, err = store.AdvanceWrite(x.run.ID, x.lease.Token, p.name, state, x.lease.TTL)
+		w, err = x.lease.Advance(p.name, state)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)

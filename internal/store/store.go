@@ -121,6 +121,17 @@ type Request struct {
 // the found branch then reports the row as the statement's snapshot saw it.
 //
 // xmax = 0 on the returned row means it was inserted, otherwise updated.
+//
+// A new key's id ($8) is a UUIDv7, ordered by time, so that new rows go to
+// the right edge of the primary key's index instead of a random page.
+//
+// The statement's transaction commits without waiting for the WAL flush
+// (synchronous_commit off for it alone). The lease is the library's own
+// bookkeeping, and nothing depends on it surviving a crash before the run's
+// first phase commits: that commit waits for the flush, which covers all WAL
+// before it, this statement's included. A lease lost in a crash before then
+// is a run that never started; its holder is fenced (its token matches no
+// row), and a retry takes the key anew, with the same downstream keys.
 const acquireSQL = `
 WITH found AS (
     SELECT id, workflow, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
@@ -129,9 +140,10 @@ WITH found AS (
     WHERE tenant = $1 AND idempotency_key = $2
 ), taken AS (
     INSERT INTO idempotency_keys AS k
-        (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+        (id, tenant, idempotency_key, workflow, request_fingerprint, request_params,
          locked_at, lock_expires_at, lock_token, attempts)
-    SELECT $1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1
+    SELECT $8, $1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1
+    FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
     WHERE NOT EXISTS (
         SELECT FROM found
         WHERE finished_at IS NOT NULL OR hold IS NOT NULL
@@ -167,6 +179,10 @@ WHERE NOT EXISTS (SELECT FROM taken)`
 // tenant, key and workflow name are checked before anything is sent: the
 // table has no CHECK constraints, so this is what keeps a malformed key row
 // out of it.
+//
+// Acquire commits without waiting for the WAL flush (see acquireSQL), so q
+// should not be a transaction: that transaction's commit would not wait
+// either.
 func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error) {
 	if req.TTL <= 0 {
 		return 0, nil, errors.New("store: acquire: lease TTL must be positive")
@@ -184,9 +200,13 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 		req.Params = []byte("null")
 	}
 	token := uuid.New()
+	id, err := uuid.NewV7()
+	if err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: %w", err)
+	}
 	for attempt := 0; ; attempt++ {
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
-			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token)))
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id)))
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
 			// The upsert met a row committed by a concurrent transaction after
 			// this statement's snapshot was taken: ON CONFLICT sees the latest
@@ -330,9 +350,17 @@ RETURNING 1`)
 
 // renewSQL extends a live lease by ttl from now and reports the new time
 // left. It is fenced like every other write.
+//
+// Like acquireSQL, it commits without waiting for the WAL flush. A crash can
+// lose only the renewals of its last moments (the WAL writer flushes
+// asynchronous commits within three wal_writer_delay), which leaves the
+// lease as the holder's previous write set it, under the same token; the
+// proof a renewal gave, that the holder still held the key when it ran,
+// stands.
 const renewSQL = `
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING lock_expires_at - now()`
 
@@ -355,6 +383,11 @@ func (w Write) Queue(b *pgx.Batch) { b.Queue(w.sql, w.args...) }
 // holder identified by token, and renews its lease for ttl. point must be a
 // phase name: neither keyrow.Started nor keyrow.Finished.
 func AdvanceWrite(id, token uuid.UUID, point string, state []byte, ttl time.Duration) (Write, error) {
+	return advanceWrite([16]byte(id), [16]byte(token), point, state, ttl)
+}
+
+// id and token are [16]byte values, passed as they are to pgx.
+func advanceWrite(id, token any, point string, state []byte, ttl time.Duration) (Write, error) {
 	if err := keyrow.CheckName(point); err != nil {
 		return Write{}, fmt.Errorf("store: advance: recovery point %w", err)
 	}
@@ -364,7 +397,7 @@ func AdvanceWrite(id, token uuid.UUID, point string, state []byte, ttl time.Dura
 	if ttl <= 0 {
 		return Write{}, errors.New("store: advance: lease TTL must be positive")
 	}
-	return Write{advanceSQL, []any{[16]byte(id), [16]byte(token), point, jsonOrNull(state), ttl}}, nil
+	return Write{advanceSQL, []any{id, token, point, jsonOrNull(state), ttl}}, nil
 }
 
 // Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
@@ -381,6 +414,10 @@ func Advance(ctx context.Context, q Querier, id, token uuid.UUID, point string, 
 // marks the key finished and frees the lease of the holder identified by
 // token. resp.Status must be a valid HTTP status (100 to 599).
 func FinishWrite(id, token uuid.UUID, state []byte, resp keyrow.Response) (Write, error) {
+	return finishWrite([16]byte(id), [16]byte(token), state, resp)
+}
+
+func finishWrite(id, token any, state []byte, resp keyrow.Response) (Write, error) {
 	if resp.Status < 100 || resp.Status > 599 {
 		return Write{}, fmt.Errorf("store: finish: invalid status %d", resp.Status)
 	}
@@ -392,7 +429,7 @@ func FinishWrite(id, token uuid.UUID, state []byte, resp keyrow.Response) (Write
 	if body == nil {
 		body = []byte{}
 	}
-	return Write{finishSQL, []any{[16]byte(id), [16]byte(token), jsonOrNull(state), resp.Status, headers, body}}, nil
+	return Write{finishSQL, []any{id, token, jsonOrNull(state), resp.Status, headers, body}}, nil
 }
 
 // Finish sends FinishWrite on its own. It returns ErrLeaseLost, and changes
