@@ -544,7 +544,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
 	defer conn.Release()
-	tx := &phaseTx{ctx: ctx, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: p.isolation}}
+	tx := &phaseTx{ctx: ctx, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: p.isolation}, config: x.c.poolConfig}
 	defer func() {
 		// A successful pipelined COMMIT leaves the connection idle; only a
 		// failed or unfinished transaction needs the rollback round trip.

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/store"
 )
@@ -29,6 +30,8 @@ type phaseTx struct {
 	ctx  context.Context
 	conn *pgx.Conn
 	opts pgx.TxOptions
+	// config is the pool's configuration (see Config).
+	config *pgxpool.Config
 	// tx is the transaction once BEGIN was sent; it reports its own state
 	// (a failed BEGIN leaves it closed).
 	tx pgx.Tx
@@ -224,6 +227,12 @@ func (t *phaseTx) Conn() *pgx.Conn {
 	}
 	return t.conn
 }
+
+// Config returns the configuration of the pool the transaction's connection
+// came from. A driver that reads its settings from it, as River's pgx driver
+// reads the query exec mode before each statement, then need not ask for
+// Conn, which would send BEGIN on its own.
+func (t *phaseTx) Config() *pgxpool.Config { return t.config }
 
 // Commit commits the transaction. The runner commits the phase itself,
 // with its fenced write; a phase that commits on its own fails.

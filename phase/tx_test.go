@@ -346,12 +346,14 @@ type receiptArgs struct {
 func (receiptArgs) Kind() string { return "receipt" }
 
 // TestRiverInsertTxAsAPhasesFirstStatementIsTransactional enqueues a River
-// job as the first thing a phase does: River asks the transaction for its
-// connection before it sends anything.
+// job as the first thing a phase does, when BEGIN has not been sent yet: the
+// job commits with the phase, or not at all, and BEGIN still travels with
+// River's statement.
 func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.Pool(t)
+	var counter pgtest.StatementCounter
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &counter })
 	migrator, err := rivermigrate.New(riverpgxv5.New(db), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -367,8 +369,17 @@ func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
 		_, err := jobs.InsertTx(ctx, tx, receiptArgs{Key: key}, nil)
 		return err
 	})
+	if _, err := w.Run(ctx, c, "acme", "warm-up", order{}); err != nil {
+		t.Fatal(err)
+	}
+	counter.Reset()
 	if _, err := w.Run(ctx, c, "acme", "ok", order{}); err != nil {
 		t.Fatal(err)
+	}
+	// Acquire; BEGIN with River's insert; the advance with COMMIT; the
+	// second phase's finish alone.
+	if counter.RoundTrips() != 4 {
+		t.Errorf("%d round trips, want 4: %q", counter.RoundTrips(), counter.SQL())
 	}
 	if _, err := w.Run(ctx, c, "acme", "fail", order{}); err == nil {
 		t.Fatal("the failing run succeeded")
@@ -381,8 +392,8 @@ func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(keys, []string{"ok"}) {
-		t.Fatalf("jobs for %q, want only the successful run's", keys)
+	if !slices.Equal(keys, []string{"warm-up", "ok"}) {
+		t.Fatalf("jobs for %q, want only the successful runs'", keys)
 	}
 }
 

@@ -458,23 +458,58 @@ func (e *Env) resetStats(ctx context.Context) error {
 	return nil
 }
 
-// readStats adds up the server time (planning and execution) and the WAL
-// of the statements run in this database since resetStats.
+// readStats reads the server time (planning and execution) and the WAL of
+// each statement run in this database since resetStats, and adds them up.
+//
+// BEGIN and COMMIT are left out: pg_stat_statements does not see them when
+// they are pipelined with other statements, as the library sends them, and
+// a COMMIT's time is mostly its wait for the WAL flush, which shows in the
+// requests' latency instead.
 func (e *Env) readStats(ctx context.Context, r *Result) error {
 	if !e.stats {
 		return nil
 	}
-	var ms float64
-	err := e.Pool.QueryRow(ctx, `
-SELECT coalesce(sum(total_plan_time + total_exec_time), 0), coalesce(sum(wal_bytes), 0)::bigint
+	rows, err := e.Pool.Query(ctx, `
+SELECT query, calls, total_plan_time + total_exec_time, wal_bytes::bigint
 FROM public.pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND query NOT LIKE '%pg_stat_statements_reset%'`).Scan(&ms, &r.WALBytes)
+  AND query NOT LIKE '%pg_stat_statements_reset%'
+  AND lower(query) NOT SIMILAR TO '(begin|commit|rollback)%'`)
 	if err != nil {
 		return fmt.Errorf("bench: read statement statistics: %w", err)
 	}
-	r.ServerTime = time.Duration(ms * float64(time.Millisecond))
+	defer rows.Close()
+	r.PerStatement = map[string]StatementCost{}
+	for rows.Next() {
+		var (
+			query string
+			cost  StatementCost
+			ms    float64
+		)
+		if err := rows.Scan(&query, &cost.Calls, &ms, &cost.WALBytes); err != nil {
+			return fmt.Errorf("bench: read statement statistics: %w", err)
+		}
+		cost.Time = time.Duration(ms * float64(time.Millisecond))
+		r.PerStatement[query] = r.PerStatement[query].add(cost)
+		r.ServerTime += cost.Time
+		r.WALBytes += cost.WALBytes
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("bench: read statement statistics: %w", err)
+	}
 	return nil
+}
+
+// StatementCost is what the server spent on one statement, as
+// pg_stat_statements counts it.
+type StatementCost struct {
+	Calls    int64
+	Time     time.Duration
+	WALBytes int64
+}
+
+func (c StatementCost) add(o StatementCost) StatementCost {
+	return StatementCost{c.Calls + o.Calls, c.Time + o.Time, c.WALBytes + o.WALBytes}
 }
 
 // Result is what a Load measured.
@@ -487,10 +522,14 @@ type Result struct {
 	// Statements and RoundTrips count everything the pool sent meanwhile.
 	Statements, RoundTrips int
 	// ServerTime is the time the server spent planning and running the
-	// statements of the database meanwhile, and WALBytes the WAL they wrote,
-	// by pg_stat_statements; both zero without it.
+	// statements of the database meanwhile, BEGIN and COMMIT aside, and
+	// WALBytes the WAL they wrote, by pg_stat_statements; both zero without
+	// it.
 	ServerTime time.Duration
 	WALBytes   int64
+	// PerStatement holds the same by statement text, as pg_stat_statements
+	// normalises it.
+	PerStatement map[string]StatementCost
 	// Allocs counts the heap allocations of the whole process meanwhile:
 	// the requests', the load generator's and the charge stub's.
 	Allocs uint64
@@ -555,6 +594,12 @@ func Merge(rs ...Result) Result {
 		m.ServerTime += r.ServerTime
 		m.WALBytes += r.WALBytes
 		m.Allocs += r.Allocs
+		for q, c := range r.PerStatement {
+			if m.PerStatement == nil {
+				m.PerStatement = map[string]StatementCost{}
+			}
+			m.PerStatement[q] = m.PerStatement[q].add(c)
+		}
 		m.Latencies = append(m.Latencies, r.Latencies...)
 	}
 	slices.Sort(m.Latencies)

@@ -125,6 +125,10 @@ func measure(ctx context.Context, name, dsn string, rounds int, round time.Durat
 		return err
 	}
 	printComparison(w, results, env.Stats())
+	if env.Stats() {
+		printStatements(w, results, bench.LibraryRun, bench.BaselineRun)
+		printStatements(w, results, bench.LibraryRides, bench.BaselineRides)
+	}
 	if !large {
 		return nil
 	}
@@ -244,6 +248,94 @@ func printComparison(w io.Writer, all []*measured, stats bool) {
 			server, wal, r.AllocsPerRequest(), ratio)
 	}
 	fmt.Fprintln(w)
+}
+
+// roles name the statements of both implementations by what they do, in
+// the order a request sends them; a statement's role is the first whose
+// fragment its text (as pg_stat_statements normalises it) contains.
+var roles = []struct{ name, fragment string }{
+	{"take the key: acquire / upsert", "WITH found AS"},
+	{"take the key: acquire / upsert", "INSERT INTO baseline_keys"},
+	{"replay or 409: lookup", "SELECT recovery_point, request_params"},
+	{"user: insert order", "INSERT INTO orders"},
+	{"user: confirm order", "SET status"},
+	{"renew the lease before the call", "set_config"},
+	{"user: record charge", "SET charge_id"},
+	{"user: insert audit record", "INSERT INTO audit_records"},
+	{"advance: fenced / plain", "phase_state = $4, hold = NULL"},
+	{"advance: fenced / plain", "UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1"},
+	{"finish: fenced / plain", "finished_at = now()"},
+	{"finish: fenced / plain", "response_code"},
+}
+
+func role(query string) string {
+	q := strings.ToLower(query)
+	for _, r := range roles {
+		if strings.Contains(q, strings.ToLower(r.fragment)) {
+			return r.name
+		}
+	}
+	return "other: " + strings.Join(strings.Fields(query), " ")
+}
+
+// printStatements prints what the server spent on each statement of a
+// library kind and its baseline at one client, by role.
+func printStatements(w io.Writer, all []*measured, lib, base bench.Kind) {
+	var results [2]bench.Result
+	for _, m := range all {
+		for i, k := range []bench.Kind{lib, base} {
+			if m.kind == k && m.concurrency == 1 {
+				results[i] = bench.Merge(m.rounds...)
+			}
+		}
+	}
+	type cell struct{ calls, us, wal float64 }
+	byRole := map[string]*[2]cell{}
+	var order []string
+	for _, r := range roles {
+		if !slices.Contains(order, r.name) {
+			order = append(order, r.name)
+		}
+	}
+	for i, r := range results {
+		for q, c := range r.PerStatement {
+			name := role(q)
+			if byRole[name] == nil {
+				byRole[name] = &[2]cell{}
+				if !slices.Contains(order, name) {
+					order = append(order, name)
+				}
+			}
+			n := float64(r.Requests())
+			byRole[name][i].calls += float64(c.Calls) / n
+			byRole[name][i].us += us(c.Time) / n
+			byRole[name][i].wal += float64(c.WALBytes) / n
+		}
+	}
+	fmt.Fprintf(w, "Server time by statement, %s vs %s, 1 client (pg_stat_statements: planning and execution; BEGIN and COMMIT aside):\n\n", lib, base)
+	fmt.Fprintln(w, "| statement | library calls/req | library µs/call | library WAL B/call | baseline calls/req | baseline µs/call | baseline WAL B/call |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	perCall := func(c cell) string {
+		if c.calls == 0 {
+			return "— | — | —"
+		}
+		return fmt.Sprintf("%.2f | %.1f | %.0f", c.calls, c.us/c.calls, c.wal/c.calls)
+	}
+	var total [2]cell
+	for _, name := range order {
+		cells := byRole[name]
+		if cells == nil {
+			continue
+		}
+		for i := range cells {
+			total[i].calls += cells[i].calls
+			total[i].us += cells[i].us
+			total[i].wal += cells[i].wal
+		}
+		fmt.Fprintf(w, "| %s | %s | %s |\n", name, perCall(cells[0]), perCall(cells[1]))
+	}
+	fmt.Fprintf(w, "| **whole request** | %.2f | **%.1f** | **%.0f** | %.2f | **%.1f** | **%.0f** |\n\n",
+		total[0].calls, total[0].us, total[0].wal, total[1].calls, total[1].us, total[1].wal)
 }
 
 // ratioCell is the library's throughput over the baseline's for all rounds
