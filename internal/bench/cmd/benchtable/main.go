@@ -43,7 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/bench"
-	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -89,7 +89,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("unknown configuration %q; use fast or durable", name)
 		}
 		fmt.Fprintf(stderr, "starting a throwaway Postgres (%s)...\n", name)
-		cluster, err := pgtest.StartCluster(ctx, append(slices.Clone(statsSettings), settings...)...)
+		cluster, err := pgcluster.Start(ctx, append(slices.Clone(statsSettings), settings...)...)
 		if err != nil {
 			return fmt.Errorf("%w\n(or set DATABASE_URL to a scratch database)", err)
 		}
