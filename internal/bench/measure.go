@@ -53,6 +53,11 @@ type Env struct {
 	// stats is set when pg_stat_statements can be read: Results then
 	// hold the server time and WAL of their statements.
 	stats bool
+	// CPU, when set, returns the CPU time used so far by this process and
+	// the database server together; Results then hold the CPU time their
+	// requests took, which noise on a shared machine does not inflate as it
+	// does wall time.
+	CPU func() (time.Duration, error)
 
 	// loaded counts the keys LoadFinished inserted.
 	loaded int
@@ -411,6 +416,13 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
 	allocs := mem.Mallocs
+	var cpu time.Duration
+	if l.env.CPU != nil {
+		var err error
+		if cpu, err = l.env.CPU(); err != nil {
+			return Result{}, err
+		}
+	}
 	l.env.Counter.Reset()
 	start := time.Now()
 	for c := range l.Concurrency {
@@ -439,6 +451,13 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 	}
 	runtime.ReadMemStats(&mem)
 	r.Allocs = mem.Mallocs - allocs
+	if l.env.CPU != nil {
+		now, err := l.env.CPU()
+		if err != nil {
+			return r, err
+		}
+		r.CPU = now - cpu
+	}
 	l.env.Counter.Reset()
 	if runErr == nil {
 		runErr = l.env.readStats(ctx, &r)
@@ -533,6 +552,9 @@ type Result struct {
 	// Allocs counts the heap allocations of the whole process meanwhile:
 	// the requests', the load generator's and the charge stub's.
 	Allocs uint64
+	// CPU is the CPU time this process and the server used meanwhile, when
+	// Env.CPU is set.
+	CPU time.Duration
 	// Latencies holds the time of every request, sorted.
 	Latencies []time.Duration
 }
@@ -579,6 +601,11 @@ func (r Result) ServerPerRequest() time.Duration {
 // WALPerRequest is the WAL bytes written per request answered.
 func (r Result) WALPerRequest() float64 { return float64(r.WALBytes) / float64(r.Requests()) }
 
+// CPUPerRequest is the CPU time per request answered.
+func (r Result) CPUPerRequest() time.Duration {
+	return r.CPU / time.Duration(max(r.Requests(), 1))
+}
+
 // AllocsPerRequest is the heap allocations per request answered.
 func (r Result) AllocsPerRequest() float64 { return float64(r.Allocs) / float64(r.Requests()) }
 
@@ -594,6 +621,7 @@ func Merge(rs ...Result) Result {
 		m.ServerTime += r.ServerTime
 		m.WALBytes += r.WALBytes
 		m.Allocs += r.Allocs
+		m.CPU += r.CPU
 		for q, c := range r.PerStatement {
 			if m.PerStatement == nil {
 				m.PerStatement = map[string]StatementCost{}

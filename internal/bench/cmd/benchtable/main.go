@@ -81,7 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *dbURL != "" {
-		return measure(ctx, "the given database", *dbURL, *rounds, *round, *large, stdout, stderr)
+		return measure(ctx, "the given database", *dbURL, 0, *rounds, *round, *large, stdout, stderr)
 	}
 	for i, name := range strings.Split(*configList, ",") {
 		settings, ok := configs[name]
@@ -93,7 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%w\n(or set DATABASE_URL to a scratch database)", err)
 		}
-		err = measure(ctx, name, cluster.DSN("postgres"), *rounds, *round, *large && i == 0, stdout, stderr)
+		err = measure(ctx, name, cluster.DSN("postgres"), cluster.PID(), *rounds, *round, *large && i == 0, stdout, stderr)
 		if stopErr := cluster.Stop(); err == nil {
 			err = stopErr
 		}
@@ -105,8 +105,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // measure runs the comparison, and with large the large-table measurements,
-// on the database at dsn.
-func measure(ctx context.Context, name, dsn string, rounds int, round time.Duration, large bool, w, progress io.Writer) error {
+// on the database at dsn, whose postmaster is postmaster when it is a local
+// server benchtable started (0 otherwise).
+func measure(ctx context.Context, name, dsn string, postmaster, rounds int, round time.Duration, large bool, w, progress io.Writer) error {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
@@ -116,6 +117,11 @@ func measure(ctx context.Context, name, dsn string, rounds int, round time.Durat
 		return err
 	}
 	defer env.Close()
+	if postmaster != 0 {
+		if env.CPU, err = cpuClock(postmaster); err != nil {
+			fmt.Fprintln(progress, err)
+		}
+	}
 	fmt.Fprintf(w, "### Configuration: %s\n\n", name)
 	if err := describeServer(ctx, env, w); err != nil {
 		return err
@@ -124,7 +130,7 @@ func measure(ctx context.Context, name, dsn string, rounds int, round time.Durat
 	if err != nil {
 		return err
 	}
-	printComparison(w, results, env.Stats())
+	printComparison(w, results, env.Stats(), env.CPU != nil)
 	if env.Stats() {
 		printStatements(w, results, bench.LibraryRun, bench.BaselineRun)
 		printStatements(w, results, bench.LibraryRides, bench.BaselineRides)
@@ -220,9 +226,9 @@ func alternate(ctx context.Context, loads [2]*bench.Load, rounds int, d time.Dur
 	return res, nil
 }
 
-func printComparison(w io.Writer, all []*measured, stats bool) {
-	fmt.Fprintln(w, "| request | clients | req/s | mean µs | p99 µs | statements/req | round trips/req | server µs/req | WAL B/req | Go allocs/req | throughput vs baseline: all rounds (median; min–max) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+func printComparison(w io.Writer, all []*measured, stats, cpu bool) {
+	fmt.Fprintln(w, "| request | clients | req/s | mean µs | p99 µs | statements/req | round trips/req | server µs/req | WAL B/req | CPU µs/req | Go allocs/req | throughput vs baseline: all rounds (median; min–max) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	find := func(k bench.Kind, c int) *measured {
 		for _, m := range all {
 			if m.kind == k && m.concurrency == c {
@@ -239,13 +245,16 @@ func printComparison(w io.Writer, all []*measured, stats bool) {
 				ratio = ratioCell(m.rounds, b.rounds)
 			}
 		}
-		server, wal := "—", "—"
+		server, wal, cpuTime := "—", "—", "—"
 		if stats {
 			server, wal = fmt.Sprintf("%.0f", us(r.ServerPerRequest())), fmt.Sprintf("%.0f", r.WALPerRequest())
 		}
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s | %.0f | %s |\n", m.kind, m.concurrency,
+		if cpu {
+			cpuTime = fmt.Sprintf("%.0f", us(r.CPUPerRequest()))
+		}
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s | %s | %.0f | %s |\n", m.kind, m.concurrency,
 			r.PerSecond(), us(r.Mean()), us(r.Quantile(0.99)), r.StatementsPerRequest(), r.RoundTripsPerRequest(),
-			server, wal, r.AllocsPerRequest(), ratio)
+			server, wal, cpuTime, r.AllocsPerRequest(), ratio)
 	}
 	fmt.Fprintln(w)
 }
