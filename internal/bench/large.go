@@ -23,16 +23,18 @@ import (
 // $11, as library runs of the benchmark's order would have left them, the
 // load finished one after the other over the 24 hours before now() - $5, so
 // that, as in a real table, rows finished at about the same time sit in the
-// same pages. Keys are UUID-shaped but
-// derived from their number, so loadedKey can name any of them without
-// reading the table, and they arrive in random index order like real
-// clients' keys.
+// same pages, with UUIDv7 ids of their time as this release gives them.
+// Keys are UUID-shaped but derived from their number, so loadedKey can name
+// any of them without reading the table, and they arrive in random index
+// order like real clients' keys.
 const loadSQL = `
 INSERT INTO idempotency_keys
-    (created_at, last_run_at, finished_at, tenant, idempotency_key, workflow,
+    (id, created_at, last_run_at, finished_at, tenant, idempotency_key, workflow,
      request_fingerprint, request_params, recovery_point, phase_state,
      response_status, response_headers, response_body, attempts)
-SELECT t - interval '2 milliseconds', t, t, $1, md5('loaded-' || i)::uuid::text, $2,
+SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7' || substr(md5(i::text), 1, 3)
+        || '8' || substr(md5(i::text), 4, 15))::uuid,
+       t - interval '2 milliseconds', t, t, $1, md5('loaded-' || i)::uuid::text, $2,
        $3, $4, 'finished', jsonb_build_object('order_id', i),
        201, '{"Content-Type": ["application/json"]}',
        convert_to(json_build_object('order_id', i, 'item', $8::text, 'amount', $9::int)::text || E'\n', 'UTF8'), 1
