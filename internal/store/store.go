@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -279,7 +280,10 @@ func decodeResponse(status *int32, headers, body []byte) (*keyrow.Response, erro
 		return nil, errors.New("finished key has no stored response")
 	}
 	resp := &keyrow.Response{Status: int(*status), Body: body}
-	if len(headers) > 0 {
+	switch {
+	case bytes.Equal(headers, storedJSONContentType):
+		resp.Header = http.Header{"Content-Type": {"application/json"}}
+	case len(headers) > 0:
 		if err := json.Unmarshal(headers, &resp.Header); err != nil {
 			return nil, fmt.Errorf("decode stored headers: %w", err)
 		}
@@ -442,9 +446,13 @@ func Finish(ctx context.Context, q Querier, id, token uuid.UUID, state []byte, r
 	return w.Exec(ctx, q)
 }
 
-// jsonContentType is the stored encoding of the header most responses carry
-// alone, kept encoded once.
-var jsonContentType = []byte(`{"Content-Type":["application/json"]}`)
+// jsonContentType is the encoding of the header most responses carry alone,
+// kept encoded once, and storedJSONContentType the same as jsonb gives it
+// back, so that a replay need not decode it.
+var (
+	jsonContentType       = []byte(`{"Content-Type":["application/json"]}`)
+	storedJSONContentType = []byte(`{"Content-Type": ["application/json"]}`)
+)
 
 // encodeHeader returns the JSON stored for a response header, nil for none.
 func encodeHeader(h http.Header) ([]byte, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -411,4 +412,28 @@ func TestLeaseWritesDoNotWaitForTheFlushOfAnythingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	setting("renew")
+}
+
+// TestReplayedHeadersAreTheStoredOnes replays responses with the common
+// JSON header, another header and none.
+func TestReplayedHeadersAreTheStoredOnes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for i, hdr := range []http.Header{
+		{"Content-Type": {"application/json"}},
+		{"Content-Type": {"application/json; charset=utf-8"}},
+		{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
+		nil,
+	} {
+		req := request(t, "acme", fmt.Sprintf("k%d", i), `{}`)
+		_, row := acquire(t, db, req)
+		if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 201, Header: hdr, Body: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+		out, got := acquire(t, db, req)
+		if out != store.Replay || !reflect.DeepEqual(got.Response.Header, hdr) {
+			t.Errorf("replayed header %v, want %v", got.Response.Header, hdr)
+		}
+	}
 }
