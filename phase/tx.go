@@ -229,9 +229,9 @@ func (t *phaseTx) Conn() *pgx.Conn {
 }
 
 // Config returns the configuration of the pool the transaction's connection
-// came from. A driver that reads its settings from it, as River's pgx driver
-// reads the query exec mode before each statement, then need not ask for
-// Conn, which would send BEGIN on its own.
+// came from, which must not be modified. A driver that reads its settings
+// from it, as River's pgx driver reads the query exec mode before each
+// statement, then need not ask for Conn, which would send BEGIN on its own.
 func (t *phaseTx) Config() *pgxpool.Config { return t.config }
 
 // Commit commits the transaction. The runner commits the phase itself,
