@@ -152,7 +152,7 @@ func Server(t testing.TB) ServerInfo {
 // temporary directory stays until the next test binary sweeps it away.
 func Main(m *testing.M) {
 	code := m.Run()
-	if err := stopShared(); err != nil {
+	if err := Release(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
 			code = 1
@@ -160,6 +160,10 @@ func Main(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// Release releases the shared server as Main does, for a TestMain with
+// cleanup of its own; tests that run after it fail.
+func Release() error { return stopShared() }
 
 // shared is the one server of this test binary, started by the first test
 // that needs it. It is package state because tests cannot pass it to each
