@@ -15,10 +15,10 @@
 // # Database
 //
 // OpenDatabase connects to the -database-url flag's URL (DatabaseURL), or
-// starts an embedded throwaway Postgres when it is empty, and applies the
-// program's schemas. It says where the data lives before it connects (a
-// throwaway Postgres says it is one), and gives up on a server that does
-// not answer after DefaultConnectTimeout.
+// starts an embedded throwaway Postgres from the local server binaries when
+// it is empty, and applies the program's schemas. It says where the data
+// lives before it connects (a throwaway Postgres says it is one), and gives
+// up on a server that does not answer after DefaultConnectTimeout.
 //
 // # Serving
 //

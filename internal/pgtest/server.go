@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 )
 
 // EnvDSN names the environment variable holding the DSN of a PostgreSQL
@@ -42,6 +43,18 @@ const (
 	// adminTimeout bounds creating or dropping one test database.
 	adminTimeout = time.Minute
 )
+
+// Cluster is a private PostgreSQL server started from local binaries, as
+// described by [pgcluster.Cluster]. A test that restarts the server or kills
+// its postmaster starts a Cluster of its own, so as not to disturb the tests
+// sharing the server of [Server].
+type Cluster = pgcluster.Cluster
+
+// StartCluster starts a Cluster of the caller's own, as [pgcluster.Start]
+// does; the caller stops it.
+func StartCluster(ctx context.Context) (*Cluster, error) {
+	return pgcluster.Start(ctx)
+}
 
 // ServerInfo describes the server that the tests of a binary share.
 type ServerInfo struct {
@@ -381,6 +394,7 @@ func databaseCreated(name string) (time.Time, bool) {
 }
 
 // withDatabase returns dsn with its database replaced, in either DSN form.
+// database is a name from databaseName, which needs no quoting.
 func withDatabase(dsn, database string) (string, error) {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
@@ -392,7 +406,7 @@ func withDatabase(dsn, database string) (string, error) {
 		return u.String(), nil
 	}
 	// In keyword/value form the last setting of a keyword wins.
-	return dsn + " dbname=" + quoteValue(database), nil
+	return dsn + " dbname=" + database, nil
 }
 
 func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
