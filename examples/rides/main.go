@@ -105,8 +105,16 @@ func crashes(rate float64, enabled *atomic.Bool) phase.Injector {
 	})
 }
 
+// serveDoc is rides serve -h.
+const serveDoc = `rides serve: run the rides API (POST /rides) with its completer, reaper and River
+receipt worker. Migrates what it owns (the atomicphase schema, River's, the rides
+tables) and seeds user@example.com and declined@example.com.
+
+Give it a database that outlives it (DATABASE_URL): the idempotency keys in it are
+what make a retry after a restart replay its answer instead of charging again.`
+
 func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := exampleprog.Flags("rides serve", "rides serve: run the rides API (POST /rides) with its completer, reaper and River receipt worker.\nMigrates the database and seeds user@example.com and declined@example.com.", stderr)
+	fs := exampleprog.Flags("rides serve", serveDoc, stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
 	stripeURL := fs.String("stripe-url", ride.DefaultStripeURL, "Stripe API base URL (the fake Stripe, stripe-mock, or Stripe)")
