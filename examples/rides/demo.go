@@ -125,23 +125,23 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	keys := report.FinishedKeys + report.UnfinishedKey
 	fmt.Fprintln(stdout, "\nWhat the riders saw:")
 	writeRiders(stdout, st)
-	fmt.Fprintln(stdout, "\nWhat the database holds for this run, and what happened on the server:")
+	fmt.Fprintln(stdout, "\nWhat the database holds for this run, and what the server did:")
 	writeRows(stdout, []row{
 		{"keys", int64(keys), "one per ride that reached the API"},
-		{"  created (201)", int64(report.Created), fmt.Sprintf("%d seen by riders + %d the completer finished after the rider gave up",
+		{"  created (201)", int64(report.Created), fmt.Sprintf("%d seen by riders + %d of abandoned rides",
 			st.Created, completed[http.StatusCreated])},
-		{"  declined (402)", int64(report.Declined), fmt.Sprintf("%d seen by riders + %d finished by the completer",
+		{"  declined (402)", int64(report.Declined), fmt.Sprintf("%d seen by riders + %d of abandoned rides",
 			st.Declined, completed[http.StatusPaymentRequired])},
-		{"  payment failed (502)", int64(report.PaymentFailed), fmt.Sprintf("%d seen by riders + %d finished by the completer",
+		{"  payment failed (502)", int64(report.PaymentFailed), fmt.Sprintf("%d seen by riders + %d of abandoned rides",
 			st.PaymentFailed, completed[http.StatusBadGateway])},
 		{"  unfinished", int64(report.UnfinishedKey), "must be 0"},
 		{"rides", int64(report.Rides), "one per key: the ride is the first phase"},
 		{"charges at Stripe", int64(report.Charges), "one per created ride"},
 		{"receipts", int64(report.Receipts), "one per created ride"},
-		{"server crashes", counts[string(phase.EventCrashed)], "injected at random fault points; the run stops there"},
+		{"server crashes", counts[string(phase.EventCrashed)], "runs stopped at a random fault point"},
 		{"resumed", counts[string(phase.EventResumed)], "runs that took over an unfinished key"},
-		{"finished by the completer", counts[string(recovery.EventCompleted)], "keys it finished before a rider's retry did"},
-		{"Stripe faults", stripeSrv.Stats().FaultsInjected, "failures before a charge and drops after it"},
+		{"finished by the completer", counts[string(recovery.EventCompleted)], "keys it finished before any retry did"},
+		{"Stripe faults", stripeSrv.Stats().FaultsInjected, "failures before a charge, drops after"},
 		{"double charges", int64(report.DoubleCharged), "must be 0"},
 		{"charges without a ride", int64(report.ChargesWithoutRide), "must be 0"},
 	})
@@ -163,7 +163,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(failures) > 0 {
 		return fmt.Errorf("%w: %v", errInvariant, failures)
 	}
-	fmt.Fprintln(stdout, "OK: every ride charged at most once, every charge has its ride, every key finished.")
+	fmt.Fprintln(stdout, "OK: no ride charged twice, every charge has its ride, every key finished.")
 	return nil
 }
 

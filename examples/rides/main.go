@@ -251,8 +251,11 @@ func probe(ctx context.Context, url string) error {
 		return fmt.Errorf("-api-url: %w", err)
 	}
 	res, err := http.DefaultClient.Do(req)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no rides API answers at %s: nothing within %v", url, probeTimeout)
+	}
 	if err != nil {
-		return fmt.Errorf("no rides API answers at %s (gave up after %v): %w", url, probeTimeout, err)
+		return fmt.Errorf("no rides API answers at %s: %w", url, err)
 	}
 	res.Body.Close()
 	if res.StatusCode != http.StatusMethodNotAllowed {
@@ -265,24 +268,27 @@ func probe(ctx context.Context, url string) error {
 // counts it is the sum of.
 func writeRiders(w io.Writer, st sim.Stats) {
 	rows := []row{
-		{"rides requested", st.Rides, "each under its own Idempotency-Key"},
+		{"rides requested", st.Rides, "one Idempotency-Key each"},
 		{"  created (201)", st.Created, ""},
 		{"  declined (402)", st.Declined, "declined@example.com's card"},
 		{"  payment failed (502)", st.PaymentFailed, ""},
-		{"  abandoned", st.Abandoned, "no answer before the rider gave up; left to the completer"},
+		{"  abandoned", st.Abandoned, "the rider gave up; the completer finishes it"},
 		{"  refused (other 4xx)", st.Rejected, "must be 0"},
 		{"requests sent", st.Requests, "copies and retries included"},
-		{"  answered", st.Answered, "a final answer from the request's own run"},
-		{"  replayed", st.Replayed, "the key's stored answer (Idempotent-Replayed)"},
-		{"  409s", st.Conflicts, "the key was in use: retried"},
+		{"  answered", st.Answered, "final answer from the request's own run"},
+		{"  replayed", st.Replayed, "the key's stored answer, replayed"},
+		{"  409s", st.Conflicts, "the key was in use; retried"},
 		{"  503s", st.Unavailable, "retried"},
 		{"  other 5xx", st.ServerErrors, "retried"},
-		{"  dropped by the rider", st.Dropped, "hung up before the answer: retried"},
-		{"  no answer", st.Lost, "server crash or timeout: retried"},
+		{"  dropped by the rider", st.Dropped, "hung up before the answer; retried"},
+		{"  no answer", st.Lost, "crash or timeout; retried (see below)"},
 		{"  other 4xx", st.Unexpected, "must be 0"},
 		{"inconsistent answers", st.Inconsistent, "must be 0"},
 	}
 	writeRows(w, rows)
+	fmt.Fprintln(w, "A crashed request's connection closes unanswered. Go's HTTP client resends such\n"+
+		"a request by itself, same key, when the connection was a kept-alive one, so\n"+
+		"riders count few crashes as \"no answer\".")
 }
 
 // row is a line of a summary: a count and what it means.
