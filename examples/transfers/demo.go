@@ -442,8 +442,8 @@ func (t *traffic) post(ctx context.Context, owner, key string, body []byte) (ans
 func (t *traffic) progressLine() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return fmt.Sprintf("transfers %d answered, %d abandoned | requests %d: %d dropped, %d x 409, %d x 5xx",
-		t.transfers, t.gaveUp, t.requests, t.dropped, t.conflicts, t.retryable)
+	return fmt.Sprintf("transfers %d answered, %d abandoned | requests %d: %d 409s, %d 5xx, %d dropped",
+		t.transfers, t.gaveUp, t.requests, t.conflicts, t.retryable, t.dropped)
 }
 
 func (t *traffic) count(f func()) {

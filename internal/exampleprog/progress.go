@@ -14,10 +14,13 @@ import (
 const (
 	terminalInterval = 250 * time.Millisecond
 	logInterval      = 5 * time.Second
+	// maxWidth keeps a redrawn line on one row of an 80-column terminal.
+	maxWidth = 79
 )
 
 // Progress shows status, a line of at most 79 columns, while a long step
-// runs. On a terminal it redraws one line in place four times a second;
+// runs. On a terminal it redraws one line in place four times a second, cut
+// to 79 columns so that it never wraps;
 // anywhere else (a file, a pipe) it writes a full line every 5 seconds, so
 // that a log holds readable lines rather than one line of carriage returns.
 // stop writes the last status as a full line and returns once nothing more
@@ -36,6 +39,9 @@ func Progress(w io.Writer, status func() string) (stop func()) {
 		var last int // length of the line drawn last, to blank its tail
 		draw := func(final bool) {
 			line := status()
+			if live && len(line) > maxWidth {
+				line = line[:maxWidth]
+			}
 			switch {
 			case !live:
 				fmt.Fprintln(w, line)
