@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
@@ -163,11 +164,26 @@ func Server(t testing.TB) ServerInfo {
 //
 // Without it a started server still dies with the test binary, but its
 // temporary directory stays until the next test binary sweeps it away.
-func Main(m *testing.M) {
+//
+// When the tests pass, Main then fails the binary if any goroutine is left
+// running (go.uber.org/goleak), besides those ignore names by their
+// top function: a run, heartbeat or background service that outlives its
+// test is a leak the package's users would inherit.
+func Main(m *testing.M, ignore ...string) {
 	code := m.Run()
 	if err := Release(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
+			code = 1
+		}
+	}
+	if code == 0 {
+		opts := []goleak.Option{}
+		for _, fn := range ignore {
+			opts = append(opts, goleak.IgnoreTopFunction(fn))
+		}
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left running after the tests:", err)
 			code = 1
 		}
 	}
