@@ -440,14 +440,9 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	if err := x.inject(ctx, Point{p.name, BeforeCall}); err != nil {
 		return nil, err
 	}
-	callCtx, cancel := ctx, context.CancelFunc(func() {})
-	if d := x.c.cfg.CallTimeout; d > 0 {
-		callCtx, cancel = context.WithTimeout(ctx, d)
-	}
-	defer cancel()
-	// The renewals stop with callCtx: a call that outlives its limit no
+	// The renewals stop with the call's limit: a call that outlives it no
 	// longer keeps the key, which expires and resumes elsewhere.
-	keepCtx, stop, err := x.lease.Keep(callCtx, x.c.pool)
+	callCtx, stop, err := x.lease.Keep(ctx, x.c.pool, x.c.cfg.CallTimeout)
 	if err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			return nil, err
@@ -456,9 +451,12 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	}
 	defer stop()
 	err = protect("foreign call of phase "+p.name, func() (err error) {
-		rec, err = p.foreign.call(keepCtx, x.run)
+		rec, err = p.foreign.call(callCtx, x.run)
 		return err
 	})
+	// Whether the call was cut short must be read before stop cancels
+	// callCtx.
+	cut := callCtx.Err() != nil
 	stop()
 	if lost := x.lease.Err(); lost != nil {
 		return nil, lost
@@ -468,10 +466,10 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	case err == nil:
 	case errors.As(err, &pe):
 		return nil, err
-	case callCtx.Err() != nil && !errors.Is(err, ErrOutcomeUnknown):
+	case cut && !errors.Is(err, ErrOutcomeUnknown):
 		// The call was cut short by its limit, the run's, or shutdown: it
 		// may have reached the provider.
-		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped after %v: %w", p.name, x.c.cfg.CallTimeout, err))
+		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped: %w", p.name, err))
 	default:
 		return nil, fmt.Errorf("phase %s: %w", p.name, err)
 	}
