@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync/atomic"
@@ -21,7 +22,7 @@ import (
 
 // demo runs everything in one process against one database and prints what
 // happened and whether the invariants held.
-func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := exampleprog.Flags("rides", "rides (demo): run the API, fake Stripe, completer, reaper and receipt worker in one process,\ndrive them with simulated riders, then check that no ride was charged twice.", stderr)
 	duration := fs.Duration("duration", 20*time.Second, "how long the riders send requests")
 	concurrency := fs.Int("concurrency", 8, "riders acting at once")
@@ -38,6 +39,13 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeDB()
+	// Telemetry shuts down before the database closes: its last export
+	// reads the key counts.
+	tel, err := startTelemetry(ctx, "rides-demo")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, tel.shutdown()) }()
 
 	stripeSrv := fakestripe.New(pool, fakestripe.Config{Logger: silence})
 	if err := stripeSrv.SetRates(*stripeFailures, *stripeTimeouts); err != nil {
@@ -49,7 +57,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer stopStripe()
 
-	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", nil)
+	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", tel.httpClient())
 	m, observe := metrics()
 	var crashing atomic.Bool
 	crashing.Store(true)
@@ -63,11 +71,15 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			Observer: observe,
 			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
 				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second, Observer: m.Observe},
-			Reaper: recovery.ReaperConfig{Observer: m.Observe},
+			Reaper:     recovery.ReaperConfig{Observer: m.Observe},
+			Middleware: tel.middleware(),
 		},
 		Logger: silence,
 	})
 	if err != nil {
+		return err
+	}
+	if err := tel.observeKeys(app.Client); err != nil {
 		return err
 	}
 	if err := app.Start(ctx); err != nil {
@@ -78,7 +90,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		_ = app.Stop(stopCtx)
 	}()
-	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", app.Handler())
+	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", tel.handler(app.Handler()))
 	if err != nil {
 		return err
 	}

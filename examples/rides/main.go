@@ -93,7 +93,7 @@ func crashes(rate float64, enabled *atomic.Bool) phase.Injector {
 	})
 }
 
-func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
+func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
 	fs := exampleprog.Flags("rides serve", "rides serve: run the rides API (POST /rides) with its completer, reaper and River receipt worker.\nMigrates the database and seeds user@example.com and declined@example.com.", stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
@@ -114,14 +114,22 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	defer closeDB()
+	// Telemetry shuts down before the database closes: its last export
+	// reads the key counts.
+	tel, err := startTelemetry(ctx, "rides")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, tel.shutdown()) }()
 	var enabled atomic.Bool
 	enabled.Store(true)
 	cfg := ride.Config{
 		Pool:   pool,
-		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, nil),
+		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, tel.httpClient()),
 		Client: phase.Config{
-			LockTTL:   *lockTTL,
-			Completer: recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			LockTTL:    *lockTTL,
+			Completer:  recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			Middleware: tel.middleware(),
 		},
 		WithoutWorker: *noWorker,
 	}
@@ -138,10 +146,13 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := tel.observeKeys(app.Client); err != nil {
+		return err
+	}
 	if err := app.Start(ctx); err != nil {
 		return err
 	}
-	if err := exampleprog.Serve(ctx, *addr, app.Handler(), "rides API listening", "stripe", *stripeURL); err != nil {
+	if err := exampleprog.Serve(ctx, *addr, tel.handler(app.Handler()), "rides API listening", "stripe", *stripeURL); err != nil {
 		return err
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
