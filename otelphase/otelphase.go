@@ -54,8 +54,9 @@ const (
 )
 
 // DefaultCountsInterval is the shortest time between two reads of the key
-// counts behind the keys gauge.
-const DefaultCountsInterval = 15 * time.Second
+// counts behind the keys gauge. The read scans the keys table, which takes
+// about a second at a million keys.
+const DefaultCountsInterval = 30 * time.Second
 
 // Config configures a Middleware. Zero values mean the default.
 type Config struct {
@@ -135,35 +136,36 @@ func (m *Middleware) Run(ctx context.Context, run *phase.RunInfo, next func(cont
 	defer span.End()
 	out, err := next(ctx)
 
-	outcome := outcomeName(out, err)
-	metricAttrs := []attribute.KeyValue{AttrWorkflow.String(run.Workflow), AttrOutcome.String(outcome),
-		AttrCompleter.Bool(run.ByCompleter)}
-	spanAttrs := []attribute.KeyValue{AttrOutcome.String(outcome), AttrCompleter.Bool(run.ByCompleter)}
-	if run.RecoveryPoint != "" {
-		spanAttrs = append(spanAttrs, AttrRecoveryPoint.String(run.RecoveryPoint))
-	}
-	if run.Attempt > 0 {
-		spanAttrs = append(spanAttrs, AttrAttempt.Int(run.Attempt))
-	}
-	if out != nil && out.Response != nil {
-		spanAttrs = append(spanAttrs, AttrStatus.Int(out.Response.Status))
-	}
+	outcome := AttrOutcome.String(outcomeName(out, err))
+	metricAttrs := []attribute.KeyValue{AttrWorkflow.String(run.Workflow), outcome, AttrCompleter.Bool(run.ByCompleter)}
 	if err != nil {
-		kind := AttrErrorType.String(errorType(err))
-		metricAttrs = append(metricAttrs, kind)
-		spanAttrs = append(spanAttrs, kind)
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		metricAttrs = append(metricAttrs, AttrErrorType.String(errorType(err)))
 	}
-	span.SetAttributes(spanAttrs...)
-
+	if span.IsRecording() {
+		// The workflow is on the span since its start.
+		spanAttrs := metricAttrs[1:len(metricAttrs):len(metricAttrs)]
+		if run.RecoveryPoint != "" {
+			spanAttrs = append(spanAttrs, AttrRecoveryPoint.String(run.RecoveryPoint))
+		}
+		if run.Attempt > 0 {
+			spanAttrs = append(spanAttrs, AttrAttempt.Int(run.Attempt))
+		}
+		if out != nil && out.Response != nil {
+			spanAttrs = append(spanAttrs, AttrStatus.Int(out.Response.Status))
+		}
+		span.SetAttributes(spanAttrs...)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
 	m.runs.Add(ctx, 1, metric.WithAttributes(metricAttrs...))
 	if out != nil {
 		switch out.Kind {
 		case phase.OutcomeReplay:
 			m.replays.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow)))
 		case phase.OutcomeInProgress, phase.OutcomeOnHold:
-			m.conflicts.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow), AttrOutcome.String(outcome)))
+			m.conflicts.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow), outcome))
 		}
 	}
 	return out, err
