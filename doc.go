@@ -52,9 +52,10 @@
 //			return phase.JSON(http.StatusCreated, map[string]any{"ride_id": run.State.RideID}), nil
 //		}),
 //	)
-//	runner, err := phase.NewRunner(phase.Config{Pool: pool}, rides)
-//	handler, err := rides.Handler(runner, phase.HTTPConfig[Ride]{Tenant: userFromAuthorization})
+//	client, err := phase.NewClient(pool, nil, rides) // one per process
+//	handler, err := rides.Handler(client, phase.HTTPConfig[Ride]{Tenant: userFromAuthorization})
 //	mux.Handle("POST /rides", handler)
+//	err = client.Start(ctx) // the completer and the reaper; client.Stop(ctx) on shutdown
 //
 // The handler answers a retry of a finished key with the stored response,
 // byte for byte (with Idempotent-Replayed: true); a retry while the first
@@ -66,23 +67,28 @@
 // Each key row holds a lease (locked_at, lock_expires_at) with a fencing
 // token. A request takes the lease with one statement; a crashed holder's
 // lease expires by the database clock and the next request takes it over,
-// while the old holder, if it is only slow, is fenced out of every write. When
-// no client comes back, recovery.Completer resumes abandoned keys, and
-// recovery.Reaper deletes finished keys once their retention is over.
+// while the old holder, if it is only slow, is fenced out of every write and
+// of its next foreign call. When no client comes back, the client's
+// completer resumes abandoned keys, and its reaper deletes finished keys once
+// their retention is over.
 //
 // # Packages
 //
-//   - keyrow: the idempotency_keys row and every statement that touches it
-//     (acquire, advance, finish, release, claim, reap), header parsing and
-//     request fingerprints.
-//   - lockttl: the lease: TTL, renewal for long calls, Retry-After.
-//   - phase: workflows, phases and the runner; the HTTP handler; fault
-//     injection. phase/phasetest crashes a workflow at every fault point in
-//     your own tests and proves it converges.
-//   - recovery: the completer, the reaper, unknown outcomes and metrics.
-//   - cmd/atomicphase: inspect, list, unlock, retry and reap keys.
-//   - examples/rides: the Stripe rides example; examples/transfers: a ledger
+//   - phase: workflows and phases, the [phase.Client] that runs them and
+//     owns the completer and the reaper, the HTTP handler, fault injection.
+//     phase/phasetest crashes a workflow at every fault point in your own
+//     tests and proves it converges.
+//   - recovery: how keys without a client are completed, reconciled, given
+//     up on and reaped, and the configuration of those services.
+//   - keyrow: the key's model ([keyrow.Row], its states and holds), header
+//     parsing, request fingerprints and downstream keys.
+//   - lockttl: the lease's rules: TTL, renewal, Retry-After.
+//   - cmd/atomicphase: inspect, list, unlock, retry and reap keys; migrate.
+//   - examples/quickstart: the README's complete program;
+//     examples/rides: the Stripe rides example; examples/transfers: a ledger
 //     with external payouts.
+//
+// # Migrations
 //
 // Call [Migrate] before use, at every start if you like: it applies the
 // numbered migrations the database lacks, each in its own transaction, and

@@ -1,55 +1,113 @@
 // Package phase declares workflows of atomic phases and runs them under
-// idempotency keys.
+// idempotency keys with a [Client].
 //
 // # Workflows
 //
-// A Workflow is a named, ordered list of phases over a request type and a
-// state type. Each phase's name is the recovery point it commits; started
-// and finished are reserved. The state is committed with every phase, so a
-// later phase, or a resumed run in another process, reads what earlier ones
-// produced.
+// A [Workflow] is a named, ordered list of phases over a request type and a
+// state type, declared with [New]. Each phase's name is the recovery point
+// it commits; started and finished are reserved. The state is committed with
+// every phase, so a later phase, or a resumed run in another process, reads
+// what earlier ones produced.
 //
 // Two kinds of phase make "at most one foreign side effect per phase" a
-// matter of the API's shape: Local phases do database work in one
-// transaction; Foreign phases make exactly one call, outside any
-// transaction, with a downstream idempotency key (Run.DownstreamKey), and
-// record its outcome in a short transaction. When lets a phase apply only
-// to some requests; Repeatable and Reconciled say what to do when a call's
-// outcome is unknown.
+// matter of the API's shape: [Local] phases do database work in one
+// transaction; [Foreign] phases make exactly one call, outside any
+// transaction, with a downstream idempotency key ([Run.DownstreamKey]), and
+// record its outcome in a short transaction. [Phase.When] lets a phase apply
+// only to some requests; [Phase.Repeatable] and [Reconciled] say what to do
+// when a call's outcome is unknown.
 //
 // Send the downstream key as the foreign request's Idempotency-Key header.
 // Go's net/http then resends the request by itself when a reused keep-alive
 // connection drops before the answer; with the key that is harmless, but a
 // test that injects such drops must disable keep-alives to see them.
 //
+// # The client
+//
+// [NewClient] builds the one [Client] a process needs from a pool and a
+// [Config] whose zero values are documented defaults. Workflows are
+// registered with it: [Workflow.Run] and [Workflow.Handler] refuse a
+// workflow the client does not know, and the client's completer claims only
+// keys of its workflows, so during a rolling deploy a process never takes
+// keys it cannot run. [Client.Start] runs the completer and the reaper
+// (package recovery) in the background; [Client.Stop] stops them and lets
+// runs in flight finish, or cancels them when its context ends, each run
+// then freeing its lease. Operators act through the client too:
+// [Client.Inspect], [Client.List], [Client.Counts], [Client.Unlock],
+// [Client.Retry], [Client.Reap]; the atomicphase command wraps them.
+//
 // # Running
 //
-// Workflow.Run takes the key's lease in one statement and then replays the
+// [Workflow.Run] takes the key's lease in one statement and then replays the
 // stored response, reports a conflict or mismatch, or runs the phases after
 // the stored recovery point. Each phase commits together with its fenced
 // advance; an error rolls the phase back, frees the lease and keeps the
-// recovery point, so the next retry resumes. Workflow.Handler adapts this
-// to net/http, with RFC 9457 problem responses.
+// recovery point, so the next retry resumes. [Workflow.Handler] adapts this
+// to net/http and answers every error as RFC 9457 problem+json that says
+// whether retrying with the same key is safe.
+//
+// # Limits and failures
+//
+// [Config.CallTimeout] (default one minute) bounds each foreign call: a call
+// that exceeds it has an unknown outcome, repeated with the same downstream
+// key by the next run when the phase is Repeatable and held for
+// reconciliation otherwise. [Config.RunTimeout] (default five minutes)
+// bounds a run, the completer's included, so one hung key cannot stall a
+// completer pass. -1 disables either limit.
+//
+// A panic in user code (a phase, a call, a record, reconcile, When, Decode
+// or Tenant function) is recovered by the runner and ends the run like any
+// failure, as a [*PanicError]: nothing of the phase commits, the lease is
+// freed and the key stays resumable; the panic is logged with its stack and
+// the handler answers 500. The runner recovers rather than re-panics so that
+// a bug in one request's phase cannot leave its key locked or take the
+// process down, wherever the run was called from.
+//
+// Errors from the store are told apart by their cause. A request that can
+// never be stored (an invalid tenant or key, a NUL character in its JSON) is
+// refused before the store with 400. A store that is unreachable, shut down,
+// read-only after a failover, or lost in the middle of a run gives
+// [ErrUnavailable] and 503 with Retry-After: nothing of the interrupted
+// phase was committed and a retry with the same key resumes it. 500 is kept
+// for bugs in user code.
+//
+// # Fencing
+//
+// Every write of a run names its lease's token, so a run that stalled past
+// its lease (a GC pause, a frozen VM) and was taken over writes nothing: its
+// phase rolls back and it ends with keyrow.ErrLeaseLost. Immediately before
+// each foreign call the run renews its lease by the database clock, one
+// statement, which proves the key is still its own; a run that lost it does
+// not make the call. While the call runs, the lease is renewed every third
+// of its TTL until the call returns or exceeds CallTimeout.
+//
+// What remains is the time between that renewal and the call's request
+// leaving the process, plus the call itself: a holder that stalls longer
+// than the whole TTL in exactly that window can still send its call after
+// another run took the key over and sent the same call. Both calls carry the
+// same downstream key, so a provider that honours idempotency keys acts
+// once; with one that does not, keep LockTTL well above the longest pause a
+// process can suffer, and prefer providers that honour keys.
 //
 // # Fault injection
 //
-// A run consults an Injector at every fault Point (before a transaction,
+// A run consults an [Injector] at every fault [Point] (before a transaction,
 // before and after a foreign call, before and after commit, before the
-// response). ErrCrash stops the run as a killed process would: the
-// transaction rolls back and the lease is kept. Recorder discovers a
-// workflow's points, CrashAt crashes at one, and package phasetest runs the
+// response). [ErrCrash] stops the run as a killed process would: the
+// transaction rolls back and the lease is kept. [Recorder] discovers a
+// workflow's points, [CrashAt] crashes at one, and package phasetest runs the
 // whole crash matrix in a workflow author's tests.
 //
 // # Observing
 //
-// Config.Logger receives structured logs with workflow, tenant, key and
-// recovery_point attributes; Config.Observer receives an Event for
-// everything that happens to a key, for metrics.
+// [Config.Logger] receives structured logs with workflow, tenant, key and
+// recovery_point attributes; [Config.Observer] receives an [Event], with the
+// run's context, for everything that happens to a key.
 //
-// Config.Middleware wraps each run, phase, foreign call and completer pass
-// in a function that takes and returns its context, as River's middleware
-// and pgx's tracers do: a span a Middleware starts there is the parent of
-// everything the step does, the phase's own SQL and the foreign call's HTTP
-// request included. Package otelphase is the OpenTelemetry one; this
-// package does not depend on OpenTelemetry.
+// [Config.Middleware] wraps each run, phase, foreign call and completer
+// pass in a function that takes and returns its context, as River's
+// middleware and pgx's tracers do: a span a [Middleware] starts there is the
+// parent of everything the step does, the phase's own SQL and the foreign
+// call's HTTP request included. Package otelphase is the OpenTelemetry
+// one; this package does not depend on OpenTelemetry.
 package phase

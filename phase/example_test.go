@@ -7,12 +7,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // exampleDB returns a pool on a fresh migrated database; the examples stand
@@ -164,4 +166,41 @@ func ExampleCrashAt() {
 	// Output:
 	// phase: injected crash
 	// resumed {"transfer_id":1,"payout_id":"po_bank"}
+}
+
+func ExampleNewClient() {
+	ctx := context.Background()
+	pool, done := exampleDB(ctx)
+	defer done()
+	w := transfers()
+	// One client per process: it runs the workflows, and Start runs the
+	// completer and the reaper. Every field has a documented default.
+	client, err := phase.NewClient(pool, &phase.Config{
+		LockTTL:     30 * time.Second,
+		CallTimeout: 10 * time.Second,
+		Completer:   recovery.CompleterConfig{Interval: time.Second},
+		Reaper:      recovery.ReaperConfig{Retention: 48 * time.Hour},
+	}, w)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	out, err := w.Run(ctx, client, "acme", "k1", Transfer{Amount: 100})
+	if err != nil {
+		log.Fatal(err)
+	}
+	counts, err := client.Counts(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(out.Kind, out.Response.Status, counts.Finished, counts.Unfinished())
+	// Stop waits for runs in flight, up to ctx's deadline.
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil {
+		log.Fatal(err)
+	}
+	// Output: new 201 1 0
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 )
 
 // DatabaseURL defines the -database-url flag, documented by usage, whose
@@ -21,7 +21,8 @@ func DatabaseURL(fs *flag.FlagSet, usage string) *string {
 // Database is what OpenDatabase opens.
 type Database struct {
 	// URL is the Postgres URL to connect to. Empty starts an embedded
-	// throwaway Postgres instead (see pgtest.Embedded).
+	// throwaway Postgres from the local server binaries instead (see
+	// package pgcluster).
 	URL string
 	// PoolSize is how many connections the pool may hold at least, for a
 	// program whose servers, clients and background workers all share it; a
@@ -45,11 +46,12 @@ func OpenDatabase(ctx context.Context, d Database) (pool *pgxpool.Pool, closeDB 
 			progress = io.Discard
 		}
 		fmt.Fprintln(progress, "no database URL given: starting an embedded throwaway Postgres...")
-		dsn, stopPG, err := pgtest.Embedded(ctx)
+		c, err := pgcluster.Start(ctx)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("no database URL given, and no embedded Postgres (%w); "+
+				"set DATABASE_URL or -database-url to a Postgres URL, or install the PostgreSQL server binaries (initdb and postgres)", err)
 		}
-		url, stop = dsn, stopPG
+		url, stop = c.DSN("postgres"), func() { _ = c.Stop() }
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {

@@ -13,8 +13,8 @@
 // # Database
 //
 // OpenDatabase connects to the -database-url flag's URL (DatabaseURL), or
-// starts an embedded throwaway Postgres when it is empty, and applies the
-// program's schemas.
+// starts an embedded throwaway Postgres from the local server binaries when
+// it is empty, and applies the program's schemas.
 //
 // # Serving
 //

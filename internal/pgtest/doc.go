@@ -22,10 +22,11 @@
 //     needs CREATEDB.
 //  2. A postgres container started with testcontainers-go, when a Docker
 //     engine answers within a couple of seconds.
-//  3. A [Cluster] started from the PostgreSQL server binaries on this machine
-//     (initdb and postgres on PATH, in pg_config --bindir, or under
-//     /usr/lib/postgresql). It listens only on a Unix socket in a temporary
-//     directory and runs with durability turned off.
+//  3. A [Cluster] started by package pgcluster from the PostgreSQL server
+//     binaries on this machine (initdb and postgres on PATH, in
+//     pg_config --bindir, or under /usr/lib/postgresql). It listens only on
+//     a Unix socket in a temporary directory and runs with durability turned
+//     off.
 //
 // When none works, the test fails with a message naming all three fixes; it
 // is never skipped.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/modules/postgres"
+
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 )
 
 const (
@@ -53,7 +55,7 @@ func dockerHealthy(ctx context.Context) error {
 func startContainer(ctx context.Context) (throwaway, error) {
 	ctr, err := postgres.Run(ctx, containerImage,
 		postgres.BasicWaitStrategies(),
-		testcontainers.WithCmdArgs(settingArgs()...),
+		testcontainers.WithCmdArgs(pgcluster.SettingArgs()...),
 	)
 	if err != nil {
 		if ctr != nil {

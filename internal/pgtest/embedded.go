@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 )
 
 // Embedded starts a throwaway PostgreSQL server for a program that is not a
@@ -39,7 +41,7 @@ func startThrowaway(ctx context.Context, mentionEnv bool) (throwaway, error) {
 		}
 		dockerErr = err
 	}
-	c, localErr := StartCluster(ctx)
+	c, localErr := pgcluster.Start(ctx)
 	if localErr != nil {
 		return throwaway{}, &noServerError{mentionEnv: mentionEnv, docker: dockerErr, local: localErr}
 	}

@@ -15,8 +15,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 )
 
 // EnvDSN names the environment variable holding the DSN of a PostgreSQL
@@ -42,6 +44,18 @@ const (
 	// adminTimeout bounds creating or dropping one test database.
 	adminTimeout = time.Minute
 )
+
+// Cluster is a private PostgreSQL server started from local binaries, as
+// described by [pgcluster.Cluster]. A test that restarts the server or kills
+// its postmaster starts a Cluster of its own, so as not to disturb the tests
+// sharing the server of [Server].
+type Cluster = pgcluster.Cluster
+
+// StartCluster starts a Cluster of the caller's own, as [pgcluster.Start]
+// does; the caller stops it.
+func StartCluster(ctx context.Context) (*Cluster, error) {
+	return pgcluster.Start(ctx)
+}
 
 // ServerInfo describes the server that the tests of a binary share.
 type ServerInfo struct {
@@ -150,11 +164,26 @@ func Server(t testing.TB) ServerInfo {
 //
 // Without it a started server still dies with the test binary, but its
 // temporary directory stays until the next test binary sweeps it away.
-func Main(m *testing.M) {
+//
+// When the tests pass, Main then fails the binary if any goroutine is left
+// running (go.uber.org/goleak), besides those ignore names by their
+// top function: a run, heartbeat or background service that outlives its
+// test is a leak the package's users would inherit.
+func Main(m *testing.M, ignore ...string) {
 	code := m.Run()
 	if err := stopShared(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
+			code = 1
+		}
+	}
+	if code == 0 {
+		opts := []goleak.Option{}
+		for _, fn := range ignore {
+			opts = append(opts, goleak.IgnoreTopFunction(fn))
+		}
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left running after the tests:", err)
 			code = 1
 		}
 	}
@@ -377,6 +406,7 @@ func databaseCreated(name string) (time.Time, bool) {
 }
 
 // withDatabase returns dsn with its database replaced, in either DSN form.
+// database is a name from databaseName, which needs no quoting.
 func withDatabase(dsn, database string) (string, error) {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
@@ -388,7 +418,7 @@ func withDatabase(dsn, database string) (string, error) {
 		return u.String(), nil
 	}
 	// In keyword/value form the last setting of a keyword wins.
-	return dsn + " dbname=" + quoteValue(database), nil
+	return dsn + " dbname=" + database, nil
 }
 
 func ident(name string) string { return pgx.Identifier{name}.Sanitize() }

@@ -144,18 +144,6 @@ func TestWithDatabaseKeepsTheRestOfTheDSN(t *testing.T) {
 	}
 }
 
-func TestClusterDSNQuotesPaths(t *testing.T) {
-	t.Parallel()
-	c := &Cluster{dir: `/tmp/it's a dir`}
-	config, err := pgx.ParseConfig(c.DSN("my db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if config.Host != c.dir || config.Database != "my db" || config.User != "postgres" {
-		t.Errorf("DSN %q parses to host %q, database %q, user %q", c.DSN("my db"), config.Host, config.Database, config.User)
-	}
-}
-
 func TestNoServerErrorNamesEveryFix(t *testing.T) {
 	t.Parallel()
 	docker, local := errors.New("no docker here"), errors.New("no initdb here")

@@ -1,4 +1,4 @@
-package pgtest
+package pgcluster
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ const (
 
 	// clusterDirPrefix starts the name of every cluster's temporary
 	// directory, which is how sweepStaleClusters finds abandoned ones.
-	clusterDirPrefix = "pgtest-"
+	clusterDirPrefix = "pgcluster-"
 
 	// ownerFile holds the PID of the process that owns a cluster directory.
 	ownerFile = "owner.pid"
@@ -37,23 +37,26 @@ const (
 	stopTimeout  = 10 * time.Second
 )
 
-// serverSettings are the postgres -c settings of every server this package
-// starts. Durability is off because the data is thrown away, and
-// max_connections is high because parallel tests, some of which open more
-// than a hundred connections each, share one server.
-var serverSettings = []string{
-	"fsync=off",
-	"full_page_writes=off",
-	"synchronous_commit=off",
-	"max_connections=300",
-	"shared_buffers=64MB",
+// SettingArgs returns the postgres command-line arguments (-c name=value)
+// that every Cluster runs with, for other throwaway servers to run with too.
+// Durability is off because the data is thrown away, and max_connections is
+// high because parallel tests, some of which open more than a hundred
+// connections each, share one server.
+func SettingArgs() []string {
+	return settingArgs()
 }
 
-// settingArgs returns serverSettings, and extra settings after them, as
-// postgres command-line arguments.
+// settingArgs returns SettingArgs with extra settings after them.
 func settingArgs(extra ...string) []string {
+	settings := append([]string{
+		"fsync=off",
+		"full_page_writes=off",
+		"synchronous_commit=off",
+		"max_connections=300",
+		"shared_buffers=64MB",
+	}, extra...)
 	var args []string
-	for _, s := range append(slices.Clone(serverSettings), extra...) {
+	for _, s := range settings {
 		args = append(args, "-c", s)
 	}
 	return args
@@ -73,10 +76,12 @@ type Cluster struct {
 	stopped bool
 }
 
-// StartCluster initialises a new cluster in a temporary directory and starts
-// it, returning once it accepts connections. Running as root, it runs initdb
-// and postgres as the OS user postgres, because both refuse to run as root.
-func StartCluster(ctx context.Context) (*Cluster, error) {
+// Start initialises a new cluster in a temporary directory and starts it,
+// returning once it accepts connections. Running as root, it runs initdb and
+// postgres as the OS user postgres, because both refuse to run as root. It
+// also removes the directories of clusters whose owners died without
+// stopping them.
+func Start(ctx context.Context) (*Cluster, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -89,7 +94,7 @@ func StartCluster(ctx context.Context) (*Cluster, error) {
 
 	dir, err := os.MkdirTemp("", clusterDirPrefix)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
 	c := &Cluster{dir: dir, bins: bins, cred: cred}
 	if err := c.init(ctx); err != nil {
@@ -126,7 +131,7 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
-		return errors.New("pgtest: restart of a stopped cluster")
+		return errors.New("pgcluster: restart of a stopped cluster")
 	}
 	if err := c.shutdown(); err != nil {
 		return err
@@ -142,7 +147,7 @@ func (c *Cluster) Stop() error {
 	c.stopped = true
 	err := c.shutdown()
 	if rmErr := os.RemoveAll(c.dir); rmErr != nil {
-		err = errors.Join(err, fmt.Errorf("pgtest: %w", rmErr))
+		err = errors.Join(err, fmt.Errorf("pgcluster: %w", rmErr))
 	}
 	return err
 }
@@ -153,12 +158,12 @@ func (c *Cluster) logPath() string { return filepath.Join(c.dir, "postgres.log")
 // init writes the owner file and runs initdb.
 func (c *Cluster) init(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(c.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	if c.cred != nil {
 		// The postgres user creates the data directory and the socket here.
 		if err := os.Chown(c.dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
-			return fmt.Errorf("pgtest: %w", err)
+			return fmt.Errorf("pgcluster: %w", err)
 		}
 	}
 
@@ -173,7 +178,7 @@ func (c *Cluster) init(ctx context.Context) error {
 	)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := c.run(ctx, cmd); err != nil {
-		return fmt.Errorf("pgtest: initdb: %w\n%s", err, out.Bytes())
+		return fmt.Errorf("pgcluster: initdb: %w\n%s", err, out.Bytes())
 	}
 	return nil
 }
@@ -210,7 +215,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	// through a pipe, so backends can keep writing after the postmaster dies.
 	logFile, err := os.OpenFile(c.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer logFile.Close()
 
@@ -221,7 +226,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.prepare(cmd)
 	p, err := startProcess(cmd)
 	if err != nil {
-		return fmt.Errorf("pgtest: start postgres: %w", err)
+		return fmt.Errorf("pgcluster: start postgres: %w", err)
 	}
 	c.pm = p
 	if err := c.waitReady(ctx); err != nil {
@@ -246,9 +251,9 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-c.pm.done:
-			return fmt.Errorf("pgtest: postgres exited during startup (%v); log:\n%s", c.pm.err, c.logTail())
+			return fmt.Errorf("pgcluster: postgres exited during startup (%v); log:\n%s", c.pm.err, c.logTail())
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: postgres did not accept connections within %v: %w; log:\n%s", readyTimeout, err, c.logTail())
+			return fmt.Errorf("pgcluster: postgres did not accept connections within %v: %w; log:\n%s", readyTimeout, err, c.logTail())
 		case <-ticker.C:
 		}
 	}
@@ -282,7 +287,7 @@ func (c *Cluster) shutdown() error {
 	case <-time.After(stopTimeout):
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		return fmt.Errorf("pgtest: postgres did not shut down within %v and was killed; log:\n%s", stopTimeout, c.logTail())
+		return fmt.Errorf("pgcluster: postgres did not shut down within %v and was killed; log:\n%s", stopTimeout, c.logTail())
 	}
 }
 
@@ -329,7 +334,7 @@ func findBinaries() (binaries, error) {
 			return b, nil
 		}
 	}
-	return binaries{}, errors.New("pgtest: initdb and postgres not found on PATH, in pg_config --bindir, or under /usr/lib/postgresql")
+	return binaries{}, errors.New("pgcluster: initdb and postgres not found on PATH, in pg_config --bindir, or under /usr/lib/postgresql")
 }
 
 // majorVersion returns the major version in a path such as
@@ -355,15 +360,15 @@ func clusterCredential() (*syscall.Credential, error) {
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: running as root, and there is no postgres OS user to run initdb and postgres as: %w", err)
+		return nil, fmt.Errorf("pgcluster: running as root, and there is no postgres OS user to run initdb and postgres as: %w", err)
 	}
 	uid, err := strconv.ParseUint(u.Uid, 10, 32)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: uid of postgres: %w", err)
+		return nil, fmt.Errorf("pgcluster: uid of postgres: %w", err)
 	}
 	gid, err := strconv.ParseUint(u.Gid, 10, 32)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: gid of postgres: %w", err)
+		return nil, fmt.Errorf("pgcluster: gid of postgres: %w", err)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package pgtest
+package pgcluster
 
 import (
 	"errors"
@@ -9,9 +9,9 @@ import (
 )
 
 // startProcess refuses to start a server on systems without a parent-death
-// signal, where it would outlive a test binary that is killed.
+// signal, where it would outlive a process that is killed.
 func startProcess(*exec.Cmd) (*process, error) {
-	return nil, errors.New("pgtest: local clusters need Linux, whose parent-death signal stops them with the test binary")
+	return nil, errors.New("pgcluster: local clusters need Linux, whose parent-death signal stops them with the process that started them")
 }
 
 // processAlive reports whether pid names a process that has not exited.

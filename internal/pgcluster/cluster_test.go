@@ -1,4 +1,4 @@
-package pgtest
+package pgcluster
 
 import (
 	"bufio"
@@ -17,7 +17,7 @@ import (
 
 func startCluster(t *testing.T) *Cluster {
 	t.Helper()
-	c, err := StartCluster(context.Background())
+	c, err := Start(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestClusterRestartKeepsData(t *testing.T) {
 
 func TestClusterStopRemovesEverything(t *testing.T) {
 	t.Parallel()
-	c, err := StartCluster(context.Background())
+	c, err := Start(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,13 +97,13 @@ func TestClusterStopRemovesEverything(t *testing.T) {
 
 // helperEnv makes the test binary run TestHelperProcess as a cluster owner
 // that TestClusterDiesWithKilledOwner kills.
-const helperEnv = "PGTEST_HELPER_PROCESS"
+const helperEnv = "PGCLUSTER_HELPER_PROCESS"
 
 func TestHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		return
 	}
-	c, err := StartCluster(context.Background())
+	c, err := Start(context.Background())
 	if err != nil {
 		fmt.Println("ERROR", err)
 		os.Exit(1)
@@ -176,5 +176,17 @@ func TestClusterDiesWithKilledOwner(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("sweep left the killed owner's cluster directory %s (stat: %v)", dir, err)
 		os.RemoveAll(dir)
+	}
+}
+
+func TestDSNQuotesPaths(t *testing.T) {
+	t.Parallel()
+	c := &Cluster{dir: `/tmp/it's a dir`}
+	config, err := pgx.ParseConfig(c.DSN("my db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if config.Host != c.dir || config.Database != "my db" || config.User != "postgres" {
+		t.Errorf("DSN %q parses to host %q, database %q, user %q", c.DSN("my db"), config.Host, config.Database, config.User)
 	}
 }

@@ -1,0 +1,62 @@
+// Command quickstart is the README's complete program: an order endpoint
+// that charges at most once per Idempotency-Key.
+package main
+
+import (
+	"context"
+	"log"
+	"net/http"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+type Order struct{ Item string }
+type State struct{ OrderID int64 }
+
+func main() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	check(err)
+	check(atomicphase.Migrate(ctx, pool)) // the idempotency_keys table
+	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, item text, charge text)`)
+	check(err)
+
+	orders, err := phase.New("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) (phase.Result, error) {
+			err := tx.QueryRow(ctx, `INSERT INTO orders (item) VALUES ($1) RETURNING id`, r.Req.Item).Scan(&r.State.OrderID)
+			return phase.Next(), err // the row and the recovery point commit together
+		}),
+		phase.Foreign("charged",
+			func(ctx context.Context, r *phase.Run[Order, State]) (string, error) {
+				return charge(ctx, r.DownstreamKey()) // outside any transaction; the provider deduplicates on the key
+			},
+			func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State], chargeID string) (phase.Result, error) {
+				_, err := tx.Exec(ctx, `UPDATE orders SET charge = $2 WHERE id = $1`, r.State.OrderID, chargeID)
+				return phase.JSON(http.StatusCreated, map[string]any{"order": r.State.OrderID, "charge": chargeID}), err
+			}).Repeatable(), // after a timeout, the retry repeats the call with the same key
+	)
+	check(err)
+	client, err := phase.NewClient(pool, nil, orders) // runner, completer and reaper with their defaults
+	check(err)
+	handler, err := orders.Handler(client, phase.HTTPConfig[Order]{
+		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }, // your auth
+	})
+	check(err)
+	check(client.Start(ctx)) // finishes requests whose client gave up; deletes expired keys
+	defer client.Stop(ctx)
+	log.Print(http.ListenAndServe("localhost:8080", handler))
+}
+
+// charge stands in for a payment provider that honours idempotency keys.
+func charge(ctx context.Context, idempotencyKey string) (string, error) { return "ch_" + idempotencyKey[12:20], nil }
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
