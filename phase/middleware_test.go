@@ -244,3 +244,60 @@ func TestNewClientRefusesANilMiddleware(t *testing.T) {
 		t.Fatal("NewClient accepted a nil middleware")
 	}
 }
+
+func TestMiddlewareWrapsTheReconcileOfAnUnknownCall(t *testing.T) {
+	t.Parallel()
+	m := &recorder{name: "a"}
+	var reconciledIn string
+	w, err := phase.New("payouts", phase.Reconciled(
+		phase.Foreign("sent",
+			func(ctx context.Context, run *phase.Run[int, string]) (string, error) {
+				return "", phase.OutcomeUnknown(errors.New("provider timed out"))
+			},
+			func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+				return phase.JSON(http.StatusOK, id), nil
+			}),
+		func(ctx context.Context, run *phase.Run[int, string]) (string, phase.Resolution, error) {
+			reconciledIn = pathOf(ctx)
+			return "po_1", phase.Happened, nil
+		},
+		func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+			return phase.JSON(http.StatusOK, id), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet, Middleware: []phase.Middleware{m},
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := w.Run(ctx, c, "acme", "k1", 1); !errors.Is(err, phase.ErrOutcomeUnknown) {
+		t.Fatalf("run: %v, want ErrOutcomeUnknown", err)
+	}
+	if res, err := c.Complete(ctx); err != nil || res.Completed != 1 {
+		t.Fatalf("complete: %+v, %v", res, err)
+	}
+	steps := m.steps()
+	if len(steps) != 8 {
+		t.Fatalf("recorded %q", steps)
+	}
+	dk := strings.Fields(steps[0])[2]
+	want := []string{
+		"call sent " + dk + " reconcile=false err=true",
+		"phase sent downstream=true err=true",
+		"run payouts acme/k1 completer=false from=started attempt=1: error",
+		"call sent " + dk + " reconcile=true err=false",
+		"phase sent downstream=true err=false",
+		"run payouts acme/k1 completer=true from=started attempt=2: resumed",
+		"pass claimed=1 completed=1",
+		"pass claimed=0 completed=0",
+	}
+	if !slices.Equal(steps, want) {
+		t.Errorf("recorded\n%q\nwant\n%q", steps, want)
+	}
+	if want := "/a.pass/a.run/a.call"; reconciledIn != want {
+		t.Errorf("reconcile ran in %q, want %q", reconciledIn, want)
+	}
+}
