@@ -130,6 +130,11 @@ type Outcome struct {
 // error case the recovery point of the last committed phase is kept and
 // nothing is stored as the response.
 func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key string, req Req) (*Outcome, error) {
+	if len(c.cfg.Middleware) == 0 {
+		var info RunInfo
+		info.Tenant, info.Key = tenant, key
+		return w.run(ctx, c, &info, req)
+	}
 	info := &RunInfo{Workflow: w.name, Tenant: tenant, Key: key}
 	return c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) { return w.run(ctx, c, info, req) })
 }
@@ -406,15 +411,33 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 }
 
 // throughPhase runs the phase at index i through the client's middleware.
-func (x *execution[Req, State]) throughPhase(ctx context.Context, i int, rec recordFn[Req, State]) (resp *keyrow.Response, err error) {
+func (x *execution[Req, State]) throughPhase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
 	if len(x.c.cfg.Middleware) == 0 {
 		return x.phase(ctx, i, rec)
 	}
-	err = x.c.through(ctx, x.phaseInfo(i, false), false, func(ctx context.Context) (err error) {
+	var resp *keyrow.Response
+	err := x.c.through(ctx, x.phaseInfo(i, false), false, func(ctx context.Context) (err error) {
 		resp, err = x.phase(ctx, i, rec)
 		return err
 	})
 	return resp, err
+}
+
+// throughCall makes the call of the foreign phase at index i through the
+// client's middleware.
+func (x *execution[Req, State]) throughCall(ctx context.Context, i int) (recordFn[Req, State], error) {
+	p := &x.w.phases[i]
+	if len(x.c.cfg.Middleware) == 0 {
+		return x.call(ctx, p)
+	}
+	// Declared here, not as named results, so that only runs with
+	// middleware pay for the closure's captures.
+	var rec recordFn[Req, State]
+	err := x.c.through(ctx, x.phaseInfo(i, false), true, func(ctx context.Context) (err error) {
+		rec, err = x.call(ctx, p)
+		return err
+	})
+	return rec, err
 }
 
 // phaseInfo describes the phase at index i to the client's middleware.
@@ -436,11 +459,8 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	body := p.local
 	if p.foreign != nil {
 		if rec == nil {
-			err := x.c.through(ctx, x.phaseInfo(i, false), true, func(ctx context.Context) (err error) {
-				rec, err = x.call(ctx, p)
-				return err
-			})
-			if err != nil {
+			var err error
+			if rec, err = x.throughCall(ctx, i); err != nil {
 				return nil, x.fail(ctx, err)
 			}
 		}
