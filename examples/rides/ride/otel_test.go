@@ -48,10 +48,10 @@ func TestOneRideIsOneTraceFromRequestToStripe(t *testing.T) {
 	}
 	otelOpts := []otelhttp.Option{otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(propagation.TraceContext{})}
 	e := setupWith(t, 10, &configurer{
-		pool:   func(c *pgxpool.Config) { c.ConnConfig.Tracer = sqlTracer{tp.Tracer("sql")} },
-		http:   func(hc *http.Client) { hc.Transport = otelhttp.NewTransport(hc.Transport, otelOpts...) },
-		app:    func(c *ride.Config) { c.Client.Middleware = []phase.Middleware{mw} },
-		stripe: func(h http.Handler) http.Handler { return otelhttp.NewHandler(h, "stripe", otelOpts...) },
+		pool:      func(c *pgxpool.Config) { c.ConnConfig.Tracer = sqlTracer{tp.Tracer("sql")} },
+		transport: func(rt http.RoundTripper) http.RoundTripper { return otelhttp.NewTransport(rt, otelOpts...) },
+		app:       func(c *ride.Config) { c.Client.Middleware = []phase.Middleware{mw} },
+		stripe:    func(h http.Handler) http.Handler { return otelhttp.NewHandler(h, "stripe", otelOpts...) },
 	})
 	e.api = otelhttp.NewHandler(e.api, "rides", otelOpts...)
 	spans.Reset()
