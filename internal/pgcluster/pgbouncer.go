@@ -285,7 +285,7 @@ func findBouncer() (string, error) {
 }
 
 // bouncerValue quotes a value of a pgbouncer connection string when it
-// needs it: pgbouncer reads single-quoted values, with '' for a quote.
+// needs it: pgbouncer reads values in single quotes, a quote doubled.
 func bouncerValue(v string) string {
 	if v != "" && !strings.ContainsAny(v, ` '"\=`) {
 		return v
