@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,18 +196,31 @@ const terminateSQL = `
 SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'`
 
+// soakEnv names the environment variable that turns
+// TestTerminatedServerSessionsUnderTrafficConverge into a soak: traffic for
+// that long (a Go duration such as 2m), with a burst every two seconds.
+const soakEnv = "ATOMICPHASE_TEST_SOAK"
+
 // terminatedSessionsUnderTraffic runs keys to their end while every session
 // of the database on the server is terminated, ten times in a second, and
 // checks that each key converged to one order, one charge and one stored
 // response, and that runs only ever failed in ways that are safe to retry.
 func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 	const (
-		keys      = 400
-		workers   = 16
-		burst     = 10
-		killEvery = 100 * time.Millisecond
+		defaultKeys = 400
+		workers     = 16
+		burst       = 10
+		killEvery   = 100 * time.Millisecond
+		burstEvery  = 2 * time.Second
 	)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	var soak time.Duration
+	if v := os.Getenv(soakEnv); v != "" {
+		var err error
+		if soak, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("%s: %v", soakEnv, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), soak+2*time.Minute)
 	defer cancel()
 	e := setupPool(t, db, func(c *phase.Config) {
 		// Leases a killed session failed to free expire within a second.
@@ -221,29 +236,43 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 
 	var (
 		terminated, finished atomic.Int64
+		trafficDone          = make(chan struct{})
 		killerDone           = make(chan struct{})
 	)
 	go func() {
 		defer close(killerDone)
-		// Once the traffic flows, terminate the sessions burst times.
+		// Once the traffic flows, terminate the sessions burst times, and
+		// again every burstEvery in a soak.
 		for finished.Load() < 20 && ctx.Err() == nil {
 			time.Sleep(time.Millisecond)
 		}
-		for range burst {
-			var n int64
-			if err := admin.QueryRow(ctx, terminateSQL, db.Config().ConnConfig.Database).Scan(&n); err != nil {
-				t.Errorf("terminate: %v", err)
+		for {
+			for range burst {
+				var n int64
+				if err := admin.QueryRow(ctx, terminateSQL, db.Config().ConnConfig.Database).Scan(&n); err != nil {
+					t.Errorf("terminate: %v", err)
+					return
+				}
+				terminated.Add(n)
+				time.Sleep(killEvery)
+			}
+			if soak == 0 {
 				return
 			}
-			terminated.Add(n)
-			time.Sleep(killEvery)
+			select {
+			case <-trafficDone:
+				return
+			case <-time.After(burstEvery):
+			}
 		}
 	}()
 
 	var (
 		mu        sync.Mutex
 		responses = map[string][]byte{}
+		took      []time.Duration // from first attempt to response, per key
 		failures  = map[string]int{}
+		failed    int
 		attempts  atomic.Int64
 		work      = make(chan string)
 		wg        sync.WaitGroup
@@ -251,12 +280,14 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 	for range workers {
 		wg.Go(func() {
 			for key := range work {
+				began := time.Now()
 				for ctx.Err() == nil {
 					attempts.Add(1)
 					out, err := e.w.Run(ctx, e.c, "acme", key, order{Item: "lamp", Amount: 2000})
 					if err == nil && out.Response != nil {
 						mu.Lock()
 						responses[key] = out.Response.Body
+						took = append(took, time.Since(began))
 						mu.Unlock()
 						finished.Add(1)
 						break
@@ -264,6 +295,7 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 					if err != nil {
 						mu.Lock()
 						failures[failureKind(err)]++
+						failed++
 						mu.Unlock()
 					}
 					time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
@@ -271,17 +303,25 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 			}
 		})
 	}
-	for i := range keys {
-		work <- fmt.Sprintf("k%03d", i)
+	began := time.Now()
+	keys := 0
+	for ; soak == 0 && keys < defaultKeys || soak > 0 && time.Since(began) < soak; keys++ {
+		work <- fmt.Sprintf("k%06d", keys)
 	}
 	close(work)
 	wg.Wait()
+	close(trafficDone)
 	<-killerDone
-	t.Logf("%d keys in %d runs; %d sessions terminated; failed runs by kind: %v",
-		len(responses), attempts.Load(), terminated.Load(), failures)
+	slices.Sort(took)
+	if len(took) > 0 {
+		t.Logf("%d keys in %d runs over %v; %d sessions terminated; failed runs by kind: %v; "+
+			"first attempt to response: median %v, p99 %v, max %v",
+			len(responses), attempts.Load(), time.Since(began).Round(time.Millisecond), terminated.Load(), failures,
+			took[len(took)/2].Round(time.Millisecond), took[len(took)*99/100].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	}
 
-	if terminated.Load() == 0 || len(failures) == 0 {
-		t.Fatalf("%d sessions terminated, failing %d runs: the burst missed the traffic", terminated.Load(), len(failures))
+	if terminated.Load() == 0 || failed == 0 {
+		t.Fatalf("%d sessions terminated, failing %d runs: the burst missed the traffic", terminated.Load(), failed)
 	}
 	for kind, n := range failures {
 		if kind != "unavailable" && kind != "lease lost" {
