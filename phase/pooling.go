@@ -56,10 +56,17 @@ func checkPool(cfg *pgx.ConnConfig) error {
 // Check verifies that the client can run its statements through its pool,
 // and returns an error saying what to change when it cannot: an error
 // wrapping ErrTransactionPooler when the pool prepares statements on server
-// sessions that a transaction pooler hands from connection to connection
-// (see store.ProbePooling for how it tells; with cache_describe there is
-// nothing to tell), or the error that kept it from finding out. A proxy
-// that the probe cannot tell from a session pooler is logged as a warning.
+// sessions (query exec mode cache_statement or describe_exec) that a
+// transaction pooler hands from connection to connection, or the error that
+// kept it from finding out. In cache_describe it has nothing to find out.
+//
+// It tells a transaction pooler by the server session behind a connection:
+// a direct connection's is the one announced when it logged in (one
+// statement in all); behind a proxy, two connections ask for theirs a few
+// times, and a transaction pooler shows by giving both the same session, or
+// one of them another. A proxy that keeps each connection on its own
+// session (a session pooler, or a transaction pooler that happened not to
+// show) passes, with a warning in the log.
 //
 // Start, Complete, Reap and the first Run check by themselves; a process
 // that only uses the operations (Inspect, List, Counts...) calls Check
