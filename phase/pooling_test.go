@@ -199,7 +199,7 @@ WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backen
 // soakEnv names the environment variable that turns
 // TestTerminatedServerSessionsUnderTrafficConverge into a soak: traffic for
 // that long (a Go duration such as 2m), with a burst every two seconds.
-const soakEnv = "ATOMICPHASE_TEST_SOAK"
+const soakEnv = "ATOMICPHASE_TERMINATE_SOAK"
 
 // terminatedSessionsUnderTraffic runs keys to their end while every session
 // of the database on the server is terminated, ten times in a second, and
