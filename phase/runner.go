@@ -124,11 +124,11 @@ type Outcome struct {
 // Errors: ErrNotRegistered; an error wrapping keyrow.ErrInvalidTenant,
 // keyrow.ErrKeyInvalid or ErrInvalidRequest for a request that can never be
 // stored; ErrStopped; ErrUnavailable (the store is unreachable or was lost:
-// safe to retry); ErrRunTimeout; ErrCrash (an injected crash; the lease is
-// kept); keyrow.ErrLeaseLost (another run took the key over);
-// ErrOutcomeUnknown; a *PanicError; or the error of a failed phase. In every
-// error case the recovery point of the last committed phase is kept and
-// nothing is stored as the response.
+// safe to retry); ErrTransactionPooler (see Client.Check); ErrRunTimeout;
+// ErrCrash (an injected crash; the lease is kept); keyrow.ErrLeaseLost
+// (another run took the key over); ErrOutcomeUnknown; a *PanicError; or the
+// error of a failed phase. In every error case the recovery point of the
+// last committed phase is kept and nothing is stored as the response.
 func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key string, req Req) (*Outcome, error) {
 	if len(c.cfg.Middleware) == 0 {
 		var info RunInfo
@@ -171,6 +171,12 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	defer c.inflight.Done()
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
+	if err := c.ready(ctx); err != nil {
+		if errors.Is(err, ErrTransactionPooler) {
+			return nil, err
+		}
+		return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
+	}
 
 	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
 	var waitUntil time.Time
@@ -243,6 +249,8 @@ func (c *Client) acquireFailed(ctx context.Context, workflow, tenant, key string
 	case storeDown(err) || ctx.Err() != nil:
 		c.cfg.Logger.Warn("idempotency key store unavailable", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case preparedStatementLost(err):
+		err = fmt.Errorf("%w: %w", ErrTransactionPooler, err)
 	}
 	c.cfg.Logger.Error("taking the key's lease failed", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
 	return fmt.Errorf("phase: acquire: %w", err)
@@ -572,6 +580,8 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 		return fmt.Errorf("%w: %w", ErrRunTimeout, err)
 	case storeDown(err) || ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case preparedStatementLost(err):
+		return fmt.Errorf("%w: %w", ErrTransactionPooler, err)
 	}
 	return err
 }
