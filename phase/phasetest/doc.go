@@ -7,17 +7,13 @@
 //	func TestMain(m *testing.M) { phasetest.Main(m) }
 //
 //	func TestOrdersConverge(t *testing.T) {
-//		pool := phasetest.Pool(t) // a new, migrated database
+//		pool := phasetest.Pool(t) // a new, migrated database; see phasetest.EnvDSN
 //		if _, err := pool.Exec(t.Context(), ordersSchema); err != nil {
 //			t.Fatal(err)
 //		}
-//		orders, err := newOrders(pool)
-//		if err != nil {
-//			t.Fatal(err)
-//		}
-//		client, err := phase.NewClient(pool, &phase.Config{
-//			Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}, // take free keys at once
-//		}, orders)
+//		orders := newOrders(pool)
+//		client, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+//			Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, orders) // take free keys at once
 //		if err != nil {
 //			t.Fatal(err)
 //		}
@@ -25,16 +21,20 @@
 //			Client: client, DB: pool, Workflow: orders, WithCompleter: true,
 //			Request: func(string) Order { return Order{Item: "lamp", Amount: 2000} },
 //			Compare: phasetest.IgnoreFields("order_id"), // a new order id for every key
-//			Check: func(t testing.TB, s phasetest.Scenario) {
-//				// s.ID is the key row's id, phase.Run.ID in the phases:
-//				// exactly one order and one charge refer to it.
+//			Check: func(t testing.TB, s phasetest.Scenario) { // one order, one charge
+//				var orders, charges int
+//				err := pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM orders WHERE key_id = $1), (SELECT count(*) FROM charges WHERE key_id = $1)`, s.ID).Scan(&orders, &charges)
+//				if err != nil || orders != 1 || charges != 1 {
+//					t.Fatalf("%d orders and %d charges (%v), want one of each", orders, charges, err)
+//				}
 //			},
 //		}
 //		phasetest.CrashMatrix(t, cfg)
 //		phasetest.PairMatrix(t, cfg)
 //	}
 //
-// The package's example_test.go holds this test in full, with the workflow.
+// The package's example_test.go holds this test with the workflow it
+// tests: an order row, a charge, a response.
 //
 // # Crashes
 //

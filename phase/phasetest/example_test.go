@@ -26,14 +26,9 @@ func TestOrdersConverge(t *testing.T) {
 	if _, err := pool.Exec(t.Context(), ordersSchema); err != nil {
 		t.Fatal(err)
 	}
-	orders, err := newOrders(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := phase.NewClient(pool, &phase.Config{
-		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}, // take free keys at once
-	}, orders)
+	orders := newOrders(pool)
+	client, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, orders) // take free keys at once
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +36,9 @@ func TestOrdersConverge(t *testing.T) {
 		Client: client, DB: pool, Workflow: orders, WithCompleter: true,
 		Request: func(string) Order { return Order{Item: "lamp", Amount: 2000} },
 		Compare: phasetest.IgnoreFields("order_id"), // a new order id for every key
-		Check: func(t testing.TB, s phasetest.Scenario) {
+		Check: func(t testing.TB, s phasetest.Scenario) { // one order, one charge
 			var orders, charges int
-			err := pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM orders WHERE key_id = $1),
-				(SELECT count(*) FROM charges WHERE key_id = $1)`, s.ID).Scan(&orders, &charges)
+			err := pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM orders WHERE key_id = $1), (SELECT count(*) FROM charges WHERE key_id = $1)`, s.ID).Scan(&orders, &charges)
 			if err != nil || orders != 1 || charges != 1 {
 				t.Fatalf("%d orders and %d charges (%v), want one of each", orders, charges, err)
 			}
@@ -85,10 +79,11 @@ CREATE TABLE charges (
 )`
 
 // newOrders declares the service's workflow: the order row; one charge,
-// through a provider that honours idempotency keys; and the response.
-func newOrders(pool *pgxpool.Pool) (*phase.Workflow[Order, OrderState], error) {
+// through a provider that honours idempotency keys; and the response. The
+// declaration is fixed, so an error in it is a bug, found by any test.
+func newOrders(pool *pgxpool.Pool) *phase.Workflow[Order, OrderState] {
 	type run = phase.Run[Order, OrderState]
-	return phase.New("orders",
+	w, err := phase.New("orders",
 		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item, amount) VALUES ($1, $2, $3) RETURNING id`,
 				r.ID, r.Req.Item, r.Req.Amount).Scan(&r.State.OrderID)
@@ -109,6 +104,10 @@ func newOrders(pool *pgxpool.Pool) (*phase.Workflow[Order, OrderState], error) {
 			}), nil
 		}),
 	)
+	if err != nil {
+		panic(err)
+	}
+	return w
 }
 
 // charge stands for the payment provider's API: a second request with the
