@@ -71,6 +71,10 @@ func TestMain(m *testing.M) {
 	}
 	binDir = dir
 	code := m.Run()
+	if err := pgtest.Release(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = max(code, 1)
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -132,7 +136,7 @@ func runChaos(t *testing.T, sc scenario) {
 		sc.traffic = d
 	}
 	began := time.Now()
-	s := setup(t)
+	s := setup(t, sc)
 	ctx := t.Context()
 	s.setFaults(ctx, faultPlan)
 	var times timings
@@ -208,9 +212,10 @@ type check struct {
 	got, want int
 }
 
-// system is one test's cluster, fake Stripe and API processes.
+// system is one test's database, fake Stripe and API processes.
 type system struct {
-	t       *testing.T
+	t *testing.T
+	// cluster is the test's own Postgres, when it restarts it.
 	cluster *pgtest.Cluster
 	dbName  string
 	// pool connects to the rides database; admin to the maintenance
@@ -226,34 +231,46 @@ type system struct {
 	logDir  string
 }
 
-// setup starts a private cluster with a migrated and seeded rides
-// database, the fake Stripe, and the API processes, and kills them all when
-// t ends.
-func setup(t *testing.T) *system {
+// setup starts the rides database, migrated and seeded, the fake Stripe,
+// and the API processes, and kills them all when t ends. A scenario that
+// restarts Postgres gets a cluster of its own from the local server
+// binaries, since restarting a shared server would break other tests; the
+// others use the test server that every test uses (see pgtest).
+func setup(t *testing.T, sc scenario) *system {
 	t.Helper()
 	bin, err := ridesBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	cluster, err := pgtest.StartCluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Error(err)
+	s := &system{t: t, spared: -1}
+	var dsn string
+	if sc.restartPostgres {
+		s.cluster, err = pgtest.StartCluster(ctx)
+		if err != nil {
+			t.Fatalf("this test restarts Postgres, so it needs a cluster of its own from the PostgreSQL server binaries "+
+				"(initdb and postgres), even when %s is set: %v", pgtest.EnvDSN, err)
 		}
-	})
-	s := &system{t: t, cluster: cluster, dbName: "rides"}
-	s.spared = -1
-	s.admin = newPool(t, cluster.DSN("postgres"))
-	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+s.dbName); err != nil {
+		t.Cleanup(func() {
+			if err := s.cluster.Stop(); err != nil {
+				t.Error(err)
+			}
+		})
+		s.admin = newPool(t, s.cluster.DSN("postgres"))
+		if _, err := s.admin.Exec(ctx, "CREATE DATABASE rides"); err != nil {
+			t.Fatal(err)
+		}
+		dsn = s.cluster.DSN("rides")
+	} else {
+		dsn = pgtest.DSN(t)
+		s.admin = newPool(t, pgtest.Server(t).AdminDSN)
+	}
+	s.pool = newPool(t, dsn)
+	if err := s.pool.QueryRow(ctx, "SELECT current_database()").Scan(&s.dbName); err != nil {
 		t.Fatal(err)
 	}
-	s.pool = newPool(t, cluster.DSN(s.dbName))
-	// Migrating here, once, spares the processes racing each other
-	// through River's migrations on their first start.
+	// The processes migrate too, each at its start; the test reads the
+	// tables before they are up.
 	if err := ride.Migrate(ctx, s.pool); err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +294,6 @@ func setup(t *testing.T) *system {
 		os.RemoveAll(s.logDir)
 	})
 
-	dsn := cluster.DSN(s.dbName)
 	stripeAddr := freeAddr(t)
 	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
 	for i := range apiProcesses {
@@ -498,7 +514,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 			}
 			out.deadRetried++
 		}
-		report, err := ride.Verify(ctx, s.pool, sc)
+		report, err := ride.Verify(ctx, s.pool, sc, time.Time{})
 		if err != nil {
 			return out, report, err
 		}
@@ -531,15 +547,18 @@ func summary(c *chaosCounts, st sim.Stats, settled settled, report ride.Report, 
 	}
 	section("riders")
 	row("rides requested", st.Rides)
+	row("  created (201)", st.Created)
+	row("  declined (402)", st.Declined)
+	row("  payment failed (502)", st.PaymentFailed)
+	row("  given up on (left to the completer)", st.Abandoned)
 	row("requests sent", st.Requests)
-	row("created (201, first answer)", st.Created)
-	row("declined (402, first answer)", st.Declined)
-	row("replayed answers", st.Replayed)
-	row("409s (retried)", st.Conflicts)
-	row("503s (retried)", st.Unavailable)
-	row("other 5xx (retried)", st.ServerErrors)
-	row("dropped connections (retried)", st.Dropped)
-	row("given up on (left to the completer)", st.Abandoned)
+	row("  answered by their own run", st.Answered)
+	row("  replayed answers", st.Replayed)
+	row("  409s (retried)", st.Conflicts)
+	row("  503s (retried)", st.Unavailable)
+	row("  other 5xx (retried)", st.ServerErrors)
+	row("  dropped by the rider (retried)", st.Dropped)
+	row("  no answer (retried)", st.Lost)
 	section("settling")
 	row("keys finished by the final completer", settled.completed)
 	row("final completer runs that failed", settled.failed)
@@ -710,13 +729,17 @@ func (p *process) note(format string, args ...any) {
 	fmt.Fprintf(f, "=== %s %s %s\n", time.Now().Format(time.RFC3339Nano), p.name, fmt.Sprintf(format, args...))
 }
 
-// waitListening polls the process's address until it accepts a
-// connection, and reports false if the instance exits or ctx ends first.
+// readyClient asks whether a process serves yet.
+var readyClient = &http.Client{Timeout: 500 * time.Millisecond}
+
+// waitListening polls the process's address until it answers HTTP, and
+// reports false if the instance exits or ctx ends first. A process binds
+// its address before it connects to Postgres, and answers once it serves.
 func (p *process) waitListening(ctx context.Context, in *instance) bool {
 	for {
-		conn, err := net.DialTimeout("tcp", p.addr, 100*time.Millisecond)
+		res, err := readyClient.Get("http://" + p.addr + "/_ready")
 		if err == nil {
-			conn.Close()
+			res.Body.Close()
 			in.listening.Store(true)
 			return true
 		}

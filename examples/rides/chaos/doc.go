@@ -4,8 +4,13 @@
 //
 // # Setup
 //
-// Each test starts a private Postgres cluster, so that restarting it
-// disturbs no other test, one `rides fakestripe` process whose fault plan
+// Each test runs on a database of its own: TestChaosKillsAndTerminatedSessions
+// on the server every test uses (ATOMICPHASE_TEST_DATABASE_URL, Docker or
+// local binaries, see internal/pgtest), TestChaosPostgresRestart on a
+// private cluster, so that restarting it disturbs no other test; that one
+// needs the PostgreSQL server binaries (initdb and postgres) even when
+// ATOMICPHASE_TEST_DATABASE_URL is set. Each starts one `rides fakestripe`
+// process whose fault plan
 // fails some charges before they execute and drops the connection after
 // others, and three `rides serve` processes on one database with a two-second
 // lease and a completer that runs every half second. Riders from

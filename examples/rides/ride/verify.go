@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
@@ -19,6 +20,7 @@ type Report struct {
 	FinishedKeys  int `json:"finished_keys"`
 	Created       int `json:"created"`
 	Declined      int `json:"declined"`
+	PaymentFailed int `json:"payment_failed"`
 	UnfinishedKey int `json:"unfinished_keys"`
 	LockedKeys    int `json:"locked_keys"`
 
@@ -50,38 +52,56 @@ func (r Report) Failures() []string {
 // at most one charge per ride, no charge without a ride, the recorded charge
 // is the one Stripe holds, receipts only for charged rides, and every 201
 // answer has a charge. It also counts keys left unfinished or locked.
-func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (Report, error) {
+//
+// It looks only at the keys created at or after since, and at their rides,
+// receipts and charges, so that a run on a database that earlier runs used
+// reports its own; a ride whose key the reaper has deleted counts by its own
+// creation time. The zero time looks at everything. A charge that names no
+// ride in the database counts whenever it was made.
+func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since time.Time) (Report, error) {
 	var r Report
-	chargesByRide := map[int64][]string{}
-	for ch, err := range sc.V1Charges.List(ctx, &stripe.ChargeListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(100)}}).All(ctx) {
-		if err != nil {
-			return r, fmt.Errorf("list charges: %w", err)
-		}
-		r.Charges++
-		id, err := strconv.ParseInt(ch.Metadata["ride_id"], 10, 64)
-		if err != nil {
-			r.ChargesWithoutRide++
-			continue
-		}
-		chargesByRide[id] = append(chargesByRide[id], ch.ID)
-	}
-	rows, err := pool.Query(ctx, `SELECT id, coalesce(stripe_charge_id, '') FROM rides`)
+	rows, err := pool.Query(ctx, `
+		SELECT r.id, coalesce(r.stripe_charge_id, ''), coalesce(k.created_at, r.created_at) >= $1
+		FROM rides r LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id`, since)
 	if err != nil {
 		return r, err
 	}
-	recorded := map[int64]string{}
+	recorded := map[int64]string{} // the rides looked at, and their charges
+	others := map[int64]bool{}     // the rides created before since
 	for rows.Next() {
 		var id int64
 		var charge string
-		if err := rows.Scan(&id, &charge); err != nil {
+		var looked bool
+		if err := rows.Scan(&id, &charge, &looked); err != nil {
 			return r, err
 		}
-		recorded[id] = charge
+		if looked {
+			recorded[id] = charge
+		} else {
+			others[id] = true
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return r, err
 	}
 	r.Rides = len(recorded)
+	chargesByRide := map[int64][]string{}
+	for ch, err := range sc.V1Charges.List(ctx, &stripe.ChargeListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(100)}}).All(ctx) {
+		if err != nil {
+			return r, fmt.Errorf("list charges: %w", err)
+		}
+		id, err := strconv.ParseInt(ch.Metadata["ride_id"], 10, 64)
+		switch {
+		case err == nil && others[id]:
+			continue
+		case err != nil:
+			r.Charges++
+			r.ChargesWithoutRide++
+		default:
+			r.Charges++
+			chargesByRide[id] = append(chargesByRide[id], ch.ID)
+		}
+	}
 	for id, charges := range chargesByRide {
 		rec, ok := recorded[id]
 		switch {
@@ -103,16 +123,22 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (Report,
 		}
 	}
 	err = pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM receipts),
-		       (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id WHERE r.stripe_charge_id IS NULL),
+		SELECT (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
+		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		        WHERE coalesce(k.created_at, r.created_at) >= $2),
+		       (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
+		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		        WHERE coalesce(k.created_at, r.created_at) >= $2 AND r.stripe_charge_id IS NULL),
 		       count(*) FILTER (WHERE k.recovery_point = 'finished'),
 		       count(*) FILTER (WHERE k.response_status = 201),
 		       count(*) FILTER (WHERE k.response_status = 402),
+		       count(*) FILTER (WHERE k.response_status = 502),
 		       count(*) FILTER (WHERE k.recovery_point <> 'finished'),
 		       count(*) FILTER (WHERE k.lock_token IS NOT NULL),
 		       count(*) FILTER (WHERE k.response_status = 201 AND r.stripe_charge_id IS NULL)
 		FROM idempotency_keys k LEFT JOIN rides r ON r.idempotency_key_id = k.id
-		WHERE k.workflow = $1`, WorkflowName).
-		Scan(&r.Receipts, &r.ReceiptsUncharged, &r.FinishedKeys, &r.Created, &r.Declined, &r.UnfinishedKey, &r.LockedKeys, &r.CreatedUncharged)
+		WHERE k.workflow = $1 AND k.created_at >= $2`, WorkflowName, since).
+		Scan(&r.Receipts, &r.ReceiptsUncharged, &r.FinishedKeys, &r.Created, &r.Declined, &r.PaymentFailed,
+			&r.UnfinishedKey, &r.LockedKeys, &r.CreatedUncharged)
 	return r, err
 }
