@@ -311,13 +311,20 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 	return err
 }
 
-// release frees the lease of a run that ends without finishing, logging a
-// failure to do so (the lease then expires by itself).
-func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) {
-	if err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter); err != nil {
+// release frees the lease of a run that ends without finishing. It reports
+// whether the lease was no longer the run's, because another run took the
+// key over; any other failure to free it is logged (the lease then expires
+// by itself).
+func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) (lost bool) {
+	err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter)
+	if errors.Is(err, keyrow.ErrLeaseLost) {
+		return true
+	}
+	if err != nil {
 		c.cfg.Logger.Error("freeing the lease failed; the key resumes when it expires",
 			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "err", err)
 	}
+	return false
 }
 
 // Complete runs completer passes until one finds nothing due, and returns

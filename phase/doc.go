@@ -105,8 +105,8 @@
 // # Fault injection
 //
 // A run consults an [Injector] at every fault [Point] (before a transaction,
-// before and after a foreign call, before and after commit, before the
-// response). [ErrCrash] stops the run as a killed process would: the
+// before a foreign call, in it once the lease is renewed, after it, before
+// and after commit, before the response). [ErrCrash] stops the run as a killed process would: the
 // transaction rolls back and the lease is kept. [Recorder] discovers a
 // workflow's points, [CrashAt] crashes at one, and package phasetest runs the
 // whole crash matrix in a workflow author's tests.

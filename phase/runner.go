@@ -513,6 +513,9 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 		return nil, x.storeError(ctx, fmt.Errorf("phase %s: renew lease before the call: %w", p.name, err))
 	}
 	defer stop()
+	if err := x.inject(callCtx, Point{p.name, InCall}); err != nil {
+		return nil, err
+	}
 	err = protect("foreign call of phase "+p.name, func() (err error) {
 		rec, err = p.foreign.call(callCtx, x.run)
 		return err
@@ -674,53 +677,68 @@ func (x *execution[Req, State]) restoreState() {
 }
 
 // fail ends a run that met err, freeing the lease unless the run crashed or
-// lost it, and returns err.
+// lost it, and returns err, or an error wrapping keyrow.ErrLeaseLost when
+// freeing the lease showed that the run had been taken over.
 func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 	x.restoreState()
 	ev := Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, RecoveryPoint: x.rp, Phase: x.run.phase, Err: err}
 	log := x.c.cfg.Logger
 	attrs := []any{"workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key, "recovery_point", x.rp, "phase", x.run.phase}
-	var pe *PanicError
-	switch {
-	case errors.Is(err, ErrCrash):
+	if errors.Is(err, ErrCrash) {
 		ev.Kind = EventCrashed
 		x.c.observe(ctx, ev)
 		log.Warn("run crashed by fault injection; lease kept", attrs...)
 		return err
+	}
+	if !errors.Is(err, keyrow.ErrLeaseLost) {
+		hold := keyrow.Hold("")
+		if errors.Is(err, ErrOutcomeUnknown) {
+			hold = keyrow.HoldUnknown
+			if i, ok := x.w.index[x.run.phase]; ok && x.w.phases[i].foreign != nil && x.w.phases[i].foreign.repeatable {
+				hold = ""
+			}
+			attrs = append(attrs, "hold", hold)
+		}
+		err = x.release(ctx, err, hold)
+		ev.Err = err
+	}
+	var pe *PanicError
+	switch {
 	case errors.Is(err, keyrow.ErrLeaseLost):
 		ev.Kind = EventLeaseLost
 		x.c.observe(ctx, ev)
-		log.Warn("lease lost; stopped without committing", attrs...)
-		return err
+		log.Warn("lease lost; stopped without committing", append(attrs, "err", err)...)
 	case errors.Is(err, ErrOutcomeUnknown):
 		ev.Kind = EventUnknown
 		x.c.observe(ctx, ev)
-		hold := keyrow.HoldUnknown
-		if i, ok := x.w.index[x.run.phase]; ok && x.w.phases[i].foreign != nil && x.w.phases[i].foreign.repeatable {
-			hold = ""
-		}
-		log.Warn("foreign call outcome unknown", append(attrs, "hold", hold, "err", err)...)
-		return x.release(ctx, err, hold)
+		log.Warn("foreign call outcome unknown", append(attrs, "err", err)...)
 	case errors.As(err, &pe):
 		ev.Kind = EventFailed
 		x.c.observe(ctx, ev)
 		log.Error("panic in user code; lease freed, recovery point kept", append(attrs, "where", pe.Where, "panic", pe.Value, "stack", string(pe.Stack))...)
-		return x.release(ctx, err, "")
+	default:
+		ev.Kind = EventFailed
+		x.c.observe(ctx, ev)
+		level := slog.LevelError
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
+			level = slog.LevelWarn
+		}
+		log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
 	}
-	ev.Kind = EventFailed
-	x.c.observe(ctx, ev)
-	level := slog.LevelError
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
-		level = slog.LevelWarn
-	}
-	log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
-	return x.release(ctx, err, "")
+	return err
 }
 
 // release frees the lease, keeping the recovery point and putting the key
-// on hold when hold is set, and returns cause.
+// on hold when hold is set, and returns cause. When the lease was no longer
+// the run's, it frees nothing and returns an error wrapping
+// keyrow.ErrLeaseLost instead: whatever the run met once another run had
+// taken the key over (most often the rows that run already wrote) is not
+// the key's failure, and the key is in progress elsewhere.
 func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
-	x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter)
+	if x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter) {
+		x.lease.MarkLost()
+		return fmt.Errorf("%w (the run, taken over, then failed: %v)", keyrow.ErrLeaseLost, cause)
+	}
 	return cause
 }
 
