@@ -72,6 +72,13 @@
 // completer resumes abandoned keys, and its reaper deletes finished keys once
 // their retention is over.
 //
+// Every phase commit waits for the WAL flush, as the server's
+// synchronous_commit says; taking and renewing a lease do not. A lease lost
+// with the last moments of WAL in a server crash is harmless: every phase
+// its holder committed was flushed, and the lease with it; the holder is
+// fenced out of further writes; and the next run takes the key again and
+// sends any foreign call with the same downstream key.
+//
 // # Packages
 //
 //   - phase: workflows and phases, the [phase.Client] that runs them and

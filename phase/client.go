@@ -146,11 +146,13 @@ var ErrStopped = errors.New("phase: client is stopping")
 // Config.Reaper.Interval to -1 (or never calls Start); a process that only
 // completes registers its workflows and calls Start without serving.
 type Client struct {
-	cfg       Config
-	pool      *pgxpool.Pool
-	workflows map[string]Registered
-	completer *maint.Completer
-	reaper    *maint.Reaper
+	cfg  Config
+	pool *pgxpool.Pool
+	// poolConfig is a copy of the pool's configuration, made once.
+	poolConfig *pgxpool.Config
+	workflows  map[string]Registered
+	completer  *maint.Completer
+	reaper     *maint.Reaper
 
 	mu       sync.Mutex
 	stopping bool
@@ -187,7 +189,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, pool: pool, workflows: make(map[string]Registered, len(workflows))}
+	cl := &Client{cfg: c, pool: pool, poolConfig: pool.Config(), workflows: make(map[string]Registered, len(workflows))}
 	for _, w := range workflows {
 		if w == nil {
 			return nil, errors.New("phase: NewClient: nil workflow")

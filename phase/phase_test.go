@@ -439,56 +439,6 @@ func TestStoreUnreachableFailsClosedBeforeAnySideEffect(t *testing.T) {
 	}
 }
 
-func TestLocalPhaseCostsItsStatementsPlusTwoRoundTrips(t *testing.T) {
-	t.Parallel()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
-		cfg.MaxConns = 1 // one connection, so statements are prepared once
-	})
-	if _, err := db.Exec(context.Background(), `CREATE TABLE counts (k text)`); err != nil {
-		t.Fatal(err)
-	}
-	insert := func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO counts VALUES ($1)`, run.Key)
-		return err
-	}
-	w, err := phase.New("count",
-		phase.Local("one", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
-			return phase.Next(), insert(ctx, tx, run)
-		}),
-		phase.Local("two", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
-			return phase.JSON(201, "ok"), insert(ctx, tx, run)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rn, err := phase.NewClient(db, nil, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := w.Run(ctx, rn, "acme", "warm-up", order{}); err != nil {
-		t.Fatal(err)
-	}
-	counter.Reset()
-	if _, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil {
-		t.Fatal(err)
-	}
-	// acquire (1) + per phase: BEGIN, the user's INSERT, the advance or
-	// finish pipelined with COMMIT (3 round trips, 4 statements).
-	if counter.RoundTrips() != 1+2*3 || counter.Statements() != 1+2*4 {
-		t.Fatalf("%d round trips, %d statements; want 7 and 9: %q", counter.RoundTrips(), counter.Statements(), counter.SQL())
-	}
-	counter.Reset()
-	if out, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil || out.Kind != phase.OutcomeReplay {
-		t.Fatalf("replay: %v %v", out, err)
-	}
-	if counter.RoundTrips() != 1 || counter.Statements() != 1 {
-		t.Fatalf("replay cost %d round trips, %d statements; want 1", counter.RoundTrips(), counter.Statements())
-	}
-}
-
 func TestWorkflowDeclarationErrors(t *testing.T) {
 	t.Parallel()
 	noop := func(context.Context, pgx.Tx, *phase.Run[order, struct{}]) (phase.Result, error) {
