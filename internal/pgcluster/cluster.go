@@ -70,6 +70,8 @@ type Cluster struct {
 	dir  string // socket directory; the data directory is dir/data
 	bins binaries
 	cred *syscall.Credential // nil unless running as root
+	// settings are more -c settings for postgres, after SettingArgs.
+	settings []string
 
 	mu      sync.Mutex
 	pm      *process // nil while stopped
@@ -82,6 +84,13 @@ type Cluster struct {
 // also removes the directories of clusters whose owners died without
 // stopping them.
 func Start(ctx context.Context) (*Cluster, error) {
+	return start(ctx, (*Cluster).init)
+}
+
+// start makes a cluster directory, fills its data directory with create,
+// and starts the server with settings, removing the directory if any step
+// fails.
+func start(ctx context.Context, create func(*Cluster, context.Context) error, settings ...string) (*Cluster, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -96,8 +105,12 @@ func Start(ctx context.Context) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
-	c := &Cluster{dir: dir, bins: bins, cred: cred}
-	if err := c.init(ctx); err != nil {
+	c := &Cluster{dir: dir, bins: bins, cred: cred, settings: settings}
+	if err := c.own(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := create(c, ctx); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -155,8 +168,8 @@ func (c *Cluster) Stop() error {
 func (c *Cluster) dataDir() string { return filepath.Join(c.dir, "data") }
 func (c *Cluster) logPath() string { return filepath.Join(c.dir, "postgres.log") }
 
-// init writes the owner file and runs initdb.
-func (c *Cluster) init(ctx context.Context) error {
+// own writes the owner file and hands the directory to the cluster's user.
+func (c *Cluster) own() error {
 	if err := os.WriteFile(filepath.Join(c.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return fmt.Errorf("pgcluster: %w", err)
 	}
@@ -166,7 +179,11 @@ func (c *Cluster) init(ctx context.Context) error {
 			return fmt.Errorf("pgcluster: %w", err)
 		}
 	}
+	return nil
+}
 
+// init runs initdb.
+func (c *Cluster) init(ctx context.Context) error {
 	var out bytes.Buffer
 	cmd := exec.Command(c.bins.initdb,
 		"-D", c.dataDir(),
@@ -220,7 +237,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	defer logFile.Close()
 
 	args := append([]string{"-D", c.dataDir(), "-p", strconv.Itoa(clusterPort)},
-		settingArgs("listen_addresses=", "unix_socket_directories="+c.dir)...)
+		settingArgs(append([]string{"listen_addresses=", "unix_socket_directories=" + c.dir}, c.settings...)...)...)
 	cmd := exec.Command(c.bins.postgres, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	c.prepare(cmd)
