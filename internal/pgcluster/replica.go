@@ -154,8 +154,25 @@ func (c *Cluster) waitStreaming(ctx context.Context) error {
 		`SELECT count(*) > 0 FROM pg_stat_wal_receiver WHERE status = 'streaming'`)
 }
 
+// CatchUp waits until the standby has replayed all the WAL that primary
+// had written when it was called, so that a promotion from then on keeps
+// every commit made so far.
+func (c *Cluster) CatchUp(ctx context.Context, primary *Cluster) error {
+	conn, err := pgx.Connect(ctx, primary.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	var lsn string
+	err = conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
+	conn.Close(ctx)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	return c.poll(ctx, "the standby to replay up to "+lsn, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", lsn)
+}
+
 // poll runs the query, which returns one boolean, until it returns true.
-func (c *Cluster) poll(ctx context.Context, what, query string) error {
+func (c *Cluster) poll(ctx context.Context, what, query string, args ...any) error {
 	ctx, cancel := context.WithTimeout(ctx, replicationTimeout)
 	defer cancel()
 	var last error
@@ -163,7 +180,7 @@ func (c *Cluster) poll(ctx context.Context, what, query string) error {
 		conn, err := pgx.Connect(ctx, c.DSN("postgres"))
 		if err == nil {
 			var done bool
-			err = conn.QueryRow(ctx, query).Scan(&done)
+			err = conn.QueryRow(ctx, query, args...).Scan(&done)
 			conn.Close(ctx)
 			if err == nil && done {
 				return nil

@@ -114,8 +114,7 @@ func TestFailoverToDetachedStandbyLosesLaterCommits(t *testing.T) {
 	execSQL(t, primary.DSN("postgres"), "INSERT INTO rows VALUES (1)")
 	// Sent before the detach, row 1 reaches the standby: promotion replays
 	// all the WAL the standby received.
-	if err := primary.poll(t.Context(), "the standby to catch up",
-		`SELECT bool_and(replay_lsn = pg_current_wal_lsn()) FROM pg_stat_replication`); err != nil {
+	if err := standby.CatchUp(t.Context(), primary); err != nil {
 		t.Fatal(err)
 	}
 	if err := standby.Detach(t.Context()); err != nil {

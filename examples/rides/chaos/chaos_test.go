@@ -71,6 +71,10 @@ func TestMain(m *testing.M) {
 	}
 	binDir = dir
 	code := m.Run()
+	if err := stopStripeServer(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -214,8 +218,9 @@ type system struct {
 	cluster *pgtest.Cluster
 	dbName  string
 	// pool connects to the rides database; admin to the maintenance
-	// database, so that terminating the rides sessions spares it.
-	pool, admin *pgxpool.Pool
+	// database, so that terminating the rides sessions spares it;
+	// stripePool to the fake Stripe's.
+	pool, admin, stripePool *pgxpool.Pool
 	stripe      *process
 	apis        []*process
 	// killing is held by the killer from choosing a process to having it
@@ -252,6 +257,7 @@ func setup(t *testing.T) *system {
 		t.Fatal(err)
 	}
 	s.pool = newPool(t, cluster.DSN(s.dbName))
+	s.stripePool = s.pool
 	// Migrating here, once, spares the processes racing each other
 	// through River's migrations on their first start.
 	if err := ride.Migrate(ctx, s.pool); err != nil {
@@ -586,19 +592,16 @@ func (s *system) evidence(ctx context.Context) {
 	} else {
 		s.t.Logf("listing unfinished keys: %v", err)
 	}
-	rows, err = s.pool.Query(ctx, `
-		SELECT c.metadata->>'ride_id', array_agg(c.id ORDER BY c.seq), array_agg(c.idempotency_key ORDER BY c.seq),
-		       coalesce(k.idempotency_key, '')
-		FROM fakestripe_charges c
-		LEFT JOIN rides r ON r.id = (c.metadata->>'ride_id')::bigint
-		LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
-		GROUP BY 1, 4 HAVING count(*) > 1`)
+	rows, err = s.stripePool.Query(ctx, `
+		SELECT customer, coalesce(metadata->>$1, ''), array_agg(id ORDER BY seq), array_agg(idempotency_key ORDER BY seq)
+		FROM fakestripe_charges
+		GROUP BY 1, 2 HAVING count(*) > 1`, ride.ChargeKeyMetadata)
 	if err == nil {
 		for rows.Next() {
-			var rideID, key string
+			var customer, key string
 			var charges, keys []string
-			if err := rows.Scan(&rideID, &charges, &keys, &key); err == nil {
-				s.t.Logf("ride %s (key %s) charged %d times: charges %v under Stripe keys %v", rideID, key, len(charges), charges, keys)
+			if err := rows.Scan(&customer, &key, &charges, &keys); err == nil {
+				s.t.Logf("ride request %s of %s charged %d times: charges %v under Stripe keys %v", key, customer, len(charges), charges, keys)
 			}
 		}
 		rows.Close()

@@ -3,7 +3,6 @@ package ride
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
@@ -23,11 +22,17 @@ type Report struct {
 	LockedKeys    int `json:"locked_keys"`
 
 	// Violations of invariants; each must be zero.
-	DoubleCharged      int `json:"double_charged_rides"`
+
+	// DoubleCharged counts ride requests (a customer's Idempotency-Key)
+	// with more than one charge at Stripe.
+	DoubleCharged int `json:"double_charged_rides"`
+	// ChargesWithoutRide counts charges no ride records.
 	ChargesWithoutRide int `json:"charges_without_ride"`
-	ChargeMismatches   int `json:"charge_mismatches"`
-	ReceiptsUncharged  int `json:"receipts_for_uncharged_rides"`
-	CreatedUncharged   int `json:"created_without_charge"`
+	// ChargeMismatches counts rides recording a charge Stripe does not
+	// hold, or one that another ride records too.
+	ChargeMismatches  int `json:"charge_mismatches"`
+	ReceiptsUncharged int `json:"receipts_for_uncharged_rides"`
+	CreatedUncharged  int `json:"created_without_charge"`
 }
 
 // Failures lists the invariants the report breaks, empty when all hold.
@@ -38,68 +43,70 @@ func (r Report) Failures() []string {
 			out = append(out, fmt.Sprintf("%d %s", n, what))
 		}
 	}
-	check(r.DoubleCharged, "rides charged more than once")
+	check(r.DoubleCharged, "ride requests charged more than once")
 	check(r.ChargesWithoutRide, "charges without a ride")
-	check(r.ChargeMismatches, "rides whose recorded charge is not the one Stripe holds")
+	check(r.ChargeMismatches, "rides recording a charge Stripe does not hold, or one another ride records")
 	check(r.ReceiptsUncharged, "receipts for rides that were not charged")
 	check(r.CreatedUncharged, "rides answered 201 without a recorded charge")
 	return out
 }
 
-// Verify lists every charge at Stripe and checks it against the rides:
-// at most one charge per ride, no charge without a ride, the recorded charge
-// is the one Stripe holds, receipts only for charged rides, and every 201
-// answer has a charge. It also counts keys left unfinished or locked.
+// Verify lists every charge at Stripe and checks it against the rides: at
+// most one charge per ride request (a rider's Idempotency-Key, which each
+// charge carries in its metadata), every charge recorded by exactly one
+// ride, every recorded charge one that Stripe holds, receipts only for
+// charged rides, and every 201 answer backed by a charge. It also counts
+// keys left unfinished or locked.
 func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (Report, error) {
 	var r Report
-	chargesByRide := map[int64][]string{}
+	type request struct{ customer, key string }
+	byRequest := map[request][]string{}
+	atStripe := map[string]bool{}
 	for ch, err := range sc.V1Charges.List(ctx, &stripe.ChargeListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(100)}}).All(ctx) {
 		if err != nil {
 			return r, fmt.Errorf("list charges: %w", err)
 		}
 		r.Charges++
-		id, err := strconv.ParseInt(ch.Metadata["ride_id"], 10, 64)
-		if err != nil {
-			r.ChargesWithoutRide++
-			continue
+		atStripe[ch.ID] = true
+		req := request{key: ch.Metadata[ChargeKeyMetadata]}
+		if ch.Customer != nil {
+			req.customer = ch.Customer.ID
 		}
-		chargesByRide[id] = append(chargesByRide[id], ch.ID)
+		byRequest[req] = append(byRequest[req], ch.ID)
 	}
-	rows, err := pool.Query(ctx, `SELECT id, coalesce(stripe_charge_id, '') FROM rides`)
+	for _, charges := range byRequest {
+		if len(charges) > 1 {
+			r.DoubleCharged++
+		}
+	}
+	rows, err := pool.Query(ctx, `SELECT coalesce(stripe_charge_id, '') FROM rides`)
 	if err != nil {
 		return r, err
 	}
-	recorded := map[int64]string{}
+	recorded := map[string]int{} // charge ID → rides recording it
 	for rows.Next() {
-		var id int64
 		var charge string
-		if err := rows.Scan(&id, &charge); err != nil {
+		if err := rows.Scan(&charge); err != nil {
 			return r, err
 		}
-		recorded[id] = charge
+		r.Rides++
+		if charge == "" {
+			continue
+		}
+		r.ChargedRides++
+		recorded[charge]++
 	}
 	if err := rows.Err(); err != nil {
 		return r, err
 	}
-	r.Rides = len(recorded)
-	for id, charges := range chargesByRide {
-		rec, ok := recorded[id]
-		switch {
-		case !ok:
-			r.ChargesWithoutRide += len(charges)
-		case len(charges) > 1:
-			r.DoubleCharged++
-		case rec != "" && rec != charges[0]:
-			r.ChargeMismatches++
+	for charge, rides := range recorded {
+		if !atStripe[charge] || rides > 1 {
+			r.ChargeMismatches += rides
 		}
 	}
-	for id, rec := range recorded {
-		if rec == "" {
-			continue
-		}
-		r.ChargedRides++
-		if len(chargesByRide[id]) == 0 {
-			r.ChargeMismatches++
+	for charge := range atStripe {
+		if recorded[charge] == 0 {
+			r.ChargesWithoutRide++
 		}
 	}
 	err = pool.QueryRow(ctx, `

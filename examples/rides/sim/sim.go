@@ -50,6 +50,23 @@ type Config struct {
 	Progress io.Writer
 	// Client sends the requests (default: a client with a 10s timeout).
 	Client *http.Client
+	// Observe, when set, is called with every answer a rider gets, from
+	// the riders' goroutines at once; dropped connections get none.
+	Observe func(Answer)
+}
+
+// Answer is one HTTP answer to a ride request.
+type Answer struct {
+	// Key, Rider and Form are the request: its Idempotency-Key, its
+	// Authorization and its form-encoded body.
+	Key, Rider, Form string
+	// Sent is when the request was sent; Received, when its answer's body
+	// was read.
+	Sent, Received time.Time
+	Status         int
+	Body           string
+	// Replayed is true when the answer carried Idempotent-Replayed: true.
+	Replayed bool
 }
 
 // Stats counts what the riders saw.
@@ -262,6 +279,7 @@ func (s *simulation) send(ctx context.Context, key, rider, body string) (status 
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Authorization", rider)
 	req.Header.Set("Idempotency-Key", key)
+	sent := time.Now()
 	resp, err := s.cfg.Client.Do(req)
 	if err != nil {
 		return 0, "", false, err
@@ -271,7 +289,12 @@ func (s *simulation) send(ctx context.Context, key, rider, body string) (status 
 	if err != nil {
 		return 0, "", false, err
 	}
-	return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true", nil
+	replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(Answer{Key: key, Rider: rider, Form: body, Sent: sent, Received: time.Now(),
+			Status: resp.StatusCode, Body: string(b), Replayed: replayed})
+	}
+	return resp.StatusCode, string(b), replayed, nil
 }
 
 // progress prints a live line every quarter second until stopped.
