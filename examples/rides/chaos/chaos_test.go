@@ -102,14 +102,19 @@ func TestChaosPostgresRestart(t *testing.T) {
 }
 
 // scenario is what one chaos test does besides killing API processes and
-// terminating sessions, which every test does.
+// terminating sessions, which every test without replication does.
 type scenario struct {
 	// traffic is how long riders start new rides while the chaos runs;
-	// soakEnv replaces it.
+	// soakEnv, or failoverSoakEnv with replication, replaces it.
 	traffic time.Duration
 	// restartPostgres restarts the cluster halfway through the traffic, or
 	// once a minute when the traffic lasts longer than two minutes.
 	restartPostgres bool
+	// replication puts the rides database on a primary with a streaming
+	// standby and fails over during the traffic (see failOvers). The API
+	// processes are then neither killed nor cut off: the failover is the
+	// fault under test, and they must live through it.
+	replication replication
 }
 
 // chaosCounts counts what the chaos did.
@@ -128,26 +133,45 @@ type timings struct {
 }
 
 func runChaos(t *testing.T, sc scenario) {
-	if v := os.Getenv(soakEnv); v != "" {
+	env := soakEnv
+	if sc.replication != noReplication {
+		env = failoverSoakEnv
+	}
+	if v := os.Getenv(env); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			t.Fatalf("%s=%q: want a positive duration such as 10m", soakEnv, v)
+			t.Fatalf("%s=%q: want a positive duration such as 10m", env, v)
 		}
 		sc.traffic = d
 	}
 	began := time.Now()
-	s := setup(t)
+	s := setup(t, sc)
 	ctx := t.Context()
 	s.setFaults(ctx, faultPlan)
 	var times timings
 	times.setup = time.Since(began)
 
 	var counts chaosCounts
+	fo := newFailovers(len(s.apis))
 	chaosCtx, stopChaos := context.WithTimeout(ctx, sc.traffic)
 	defer stopChaos()
+	trafficCtx, trafficTime := ctx, sc.traffic
 	var wg sync.WaitGroup
-	wg.Go(func() { s.killAPIs(chaosCtx, &counts) })
-	wg.Go(func() { s.terminateSessions(chaosCtx, &counts) })
+	if sc.replication == noReplication {
+		wg.Go(func() { s.killAPIs(chaosCtx, &counts) })
+		wg.Go(func() { s.terminateSessions(chaosCtx, &counts) })
+	} else {
+		// The failovers end the traffic once they are done, however long
+		// promotions and rebuilds took.
+		var stopTraffic context.CancelFunc
+		trafficCtx, stopTraffic = context.WithCancel(ctx)
+		defer stopTraffic()
+		trafficTime = 4*sc.traffic + 2*time.Minute
+		wg.Go(func() {
+			defer stopTraffic()
+			s.failOvers(trafficCtx, sc, fo)
+		})
+	}
 	if sc.restartPostgres {
 		every := sc.traffic / 2
 		if sc.traffic > 2*time.Minute {
@@ -157,7 +181,7 @@ func runChaos(t *testing.T, sc scenario) {
 	}
 	// Rides still unanswered when the traffic ends are retried to their
 	// answer with the chaos already stopped.
-	st, err := sim.Run(ctx, sim.Config{APIURLs: s.apiURLs(), Duration: sc.traffic, GiveUpAfter: 10 * time.Second})
+	st, err := sim.Run(trafficCtx, sim.Config{APIURLs: s.apiURLs(), Duration: trafficTime, GiveUpAfter: 10 * time.Second, Observe: fo.observe})
 	stopChaos()
 	wg.Wait()
 	if err != nil {
@@ -169,6 +193,13 @@ func runChaos(t *testing.T, sc scenario) {
 	settled, report, err := s.settle(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if sc.replication != noReplication {
+		// Riders whose acknowledged ride a failover lost retry it now, as
+		// a client that learns of the loss would.
+		if report, err = s.retryLost(ctx, fo); err != nil {
+			t.Fatal(err)
+		}
 	}
 	times.settle = time.Since(began) - times.setup - times.traffic
 
@@ -187,9 +218,15 @@ func runChaos(t *testing.T, sc scenario) {
 		{"recorded charge not Stripe's", report.ChargeMismatches, 0},
 		{"201 without a charge", report.CreatedUncharged, 0},
 		{"receipts for uncharged rides", report.ReceiptsUncharged, 0},
-		{"keys answered two final responses", int(st.Inconsistent), 0},
+		// A key whose acknowledged ride a failover lost is answered a new
+		// ride when retried: that second answer is the loss, counted
+		// below, not an inconsistency.
+		{"keys answered two final responses", int(st.Inconsistent) - fo.explained(), 0},
 	}
-	t.Log("\n" + summary(&counts, st, settled, report, checks, times))
+	if sc.replication != noReplication {
+		checks = append(checks, fo.checks(sc.replication)...)
+	}
+	t.Log("\n" + summary(&counts, fo, st, settled, report, checks, times))
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("%s: got %d, want %d", c.name, c.got, c.want)
@@ -203,6 +240,9 @@ func runChaos(t *testing.T, sc scenario) {
 	}
 	if t.Failed() {
 		s.evidence(ctx)
+		for _, u := range fo.unexplained() {
+			t.Log(u)
+		}
 	}
 }
 
@@ -214,15 +254,19 @@ type check struct {
 
 // system is one test's cluster, fake Stripe and API processes.
 type system struct {
-	t       *testing.T
-	cluster *pgtest.Cluster
-	dbName  string
+	t *testing.T
+	// cluster holds the rides database, and the fake Stripe's, unless the
+	// test replicates it: then the rides database is on replicated, and
+	// the fake Stripe's on stripeServer.
+	cluster    *pgtest.Cluster
+	replicated *replicated
+	dbName     string
 	// pool connects to the rides database; admin to the maintenance
 	// database, so that terminating the rides sessions spares it;
 	// stripePool to the fake Stripe's.
 	pool, admin, stripePool *pgxpool.Pool
-	stripe      *process
-	apis        []*process
+	stripe                  *process
+	apis                    []*process
 	// killing is held by the killer from choosing a process to having it
 	// listening again; spared is the index of the API process it leaves
 	// alone, or -1.
@@ -232,42 +276,53 @@ type system struct {
 }
 
 // setup starts a private cluster with a migrated and seeded rides
-// database, the fake Stripe, and the API processes, and kills them all when
-// t ends.
-func setup(t *testing.T) *system {
+// database, or a replicated one for a scenario with replication, the fake
+// Stripe, and the API processes, and kills them all when t ends.
+func setup(t *testing.T, sc scenario) *system {
 	t.Helper()
-	bin, err := ridesBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The processes' binary builds while the clusters start.
+	go ridesBinary()
 	ctx := t.Context()
-	cluster, err := pgtest.StartCluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Error(err)
+	s := &system{t: t, dbName: "rides", spared: -1}
+	var dsn, stripeDSN string
+	var err error
+	if sc.replication != noReplication {
+		// The fake Stripe's cluster starts while the rides database's do.
+		go startStripeServer()
+		s.replicated = startReplicated(t, sc.replication == synchronous)
+		dsn = s.replicated.dsn
+		s.pool = newPool(t, dsn)
+		stripeDSN = stripeDatabase(t)
+		s.stripePool = newPool(t, stripeDSN)
+	} else {
+		s.cluster, err = pgtest.StartCluster(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	s := &system{t: t, cluster: cluster, dbName: "rides"}
-	s.spared = -1
-	s.admin = newPool(t, cluster.DSN("postgres"))
-	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+s.dbName); err != nil {
-		t.Fatal(err)
-	}
-	s.pool = newPool(t, cluster.DSN(s.dbName))
-	s.stripePool = s.pool
-	// Migrating here, once, spares the processes racing each other
-	// through River's migrations on their first start.
-	if err := ride.Migrate(ctx, s.pool); err != nil {
-		t.Fatal(err)
-	}
-	if err := fakestripe.Migrate(ctx, s.pool); err != nil {
-		t.Fatal(err)
-	}
-	if err := ride.Seed(ctx, s.pool); err != nil {
-		t.Fatal(err)
+		t.Cleanup(func() {
+			if err := s.cluster.Stop(); err != nil {
+				t.Error(err)
+			}
+		})
+		s.admin = newPool(t, s.cluster.DSN("postgres"))
+		if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+s.dbName); err != nil {
+			t.Fatal(err)
+		}
+		dsn = s.cluster.DSN(s.dbName)
+		stripeDSN = dsn
+		s.pool = newPool(t, dsn)
+		s.stripePool = s.pool
+		// Migrating here, once, spares the processes racing each other
+		// through River's migrations on their first start.
+		if err := ride.Migrate(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
+		if err := fakestripe.Migrate(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
+		if err := ride.Seed(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The logs of a failed test are kept for the post-mortem.
@@ -283,9 +338,12 @@ func setup(t *testing.T) *system {
 		os.RemoveAll(s.logDir)
 	})
 
-	dsn := cluster.DSN(s.dbName)
+	bin, err := ridesBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
 	stripeAddr := freeAddr(t)
-	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
+	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN)
 	for i := range apiProcesses {
 		addr := freeAddr(t)
 		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, "serve", "-addr", addr,
@@ -430,34 +488,62 @@ func (s *system) restartPostgres(ctx context.Context, every time.Duration, c *ch
 // rideOnce requests a new ride from the API at addr, retrying with its key
 // until it is created or recoverTimeout passes.
 func rideOnce(ctx context.Context, addr string) error {
+	key := fmt.Sprintf("chaos-probe-%d", rand.Int64())
+	status, body, err := postRide(ctx, "http://"+addr, ride.UserEmail, rideForm, key)
+	if err != nil {
+		return err
+	}
+	if status != http.StatusCreated {
+		return fmt.Errorf("answered %d %s", status, body)
+	}
+	return nil
+}
+
+// rideForm is the ride the tests' own requests ask for.
+const rideForm = "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
+
+// postRide sends a ride request to the API at baseURL and retries it with
+// its key, as a client would, until an answer other than 409, 500 or 503,
+// or until recoverTimeout passes.
+func postRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recoverTimeout)
 	defer cancel()
-	key := fmt.Sprintf("chaos-probe-%d", rand.Int64())
-	body := "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
 	var last string
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/rides", strings.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Authorization", ride.UserEmail)
-		req.Header.Set("Idempotency-Key", key)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusCreated {
-				return nil
-			}
-			last = resp.Status + " " + strings.TrimSpace(string(b))
-		} else {
+		status, body, err := sendRide(ctx, baseURL, rider, form, key)
+		switch {
+		case err != nil:
 			last = err.Error()
+		case status == http.StatusConflict, status == http.StatusInternalServerError, status == http.StatusServiceUnavailable:
+			last = strconv.Itoa(status) + " " + body
+		default:
+			return status, body, nil
 		}
 		if !sleep(ctx, 100*time.Millisecond) {
-			return fmt.Errorf("last answer: %s", last)
+			return 0, "", fmt.Errorf("no answer within %v; last: %s", recoverTimeout, last)
 		}
 	}
+}
+
+// sendRide sends a ride request to the API at baseURL once.
+func sendRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/rides", strings.NewReader(form))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", rider)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, "", err
+	}
+	return resp.StatusCode, strings.TrimSpace(string(b)), nil
 }
 
 // settled is what the final completer runs did.
@@ -518,7 +604,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 }
 
 // summary renders what happened in a test as a table.
-func summary(c *chaosCounts, st sim.Stats, settled settled, report ride.Report, checks []check, times timings) string {
+func summary(c *chaosCounts, fo *failovers, st sim.Stats, settled settled, report ride.Report, checks []check, times timings) string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(name string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", name, v) }
@@ -535,6 +621,7 @@ func summary(c *chaosCounts, st sim.Stats, settled settled, report ride.Report, 
 	if c.pgRestarts.Load() > 0 {
 		row("slowest API recovery after a restart", time.Duration(c.slowestRecovery.Load()).Round(10*time.Millisecond))
 	}
+	fo.summary(row)
 	section("riders")
 	row("rides requested", st.Rides)
 	row("requests sent", st.Requests)
@@ -798,6 +885,9 @@ func freeAddr(t *testing.T) string {
 
 // sleep waits for d and reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
 	select {
 	case <-ctx.Done():
 		return false

@@ -4,24 +4,56 @@ package chaos_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"strings"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/examples/rides/sim"
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// failoverSoakEnv names the environment variable that turns the failover
+// tests into a soak: a Go duration (10m) of traffic, during which the
+// primary fails every 30 seconds.
+const failoverSoakEnv = "ATOMICPHASE_FAILOVER_SOAK"
+
+func TestFailoverSynchronous(t *testing.T) {
+	t.Parallel()
+	runChaos(t, scenario{traffic: 20 * time.Second, replication: synchronous})
+}
+
+func TestFailoverAsynchronous(t *testing.T) {
+	t.Parallel()
+	runChaos(t, scenario{traffic: 20 * time.Second, replication: asynchronous})
+}
+
+// replication is how a scenario's rides database is replicated.
+type replication int
+
+const (
+	noReplication replication = iota
+	// synchronous: every commit waits until the standby has flushed it.
+	synchronous
+	// asynchronous: commits return at once, and the standby follows as
+	// fast as it can.
+	asynchronous
 )
 
 // stripeServer is the cluster the fake Stripe keeps its charges and
@@ -36,13 +68,19 @@ var stripeServer struct {
 	n       atomic.Int64
 }
 
+// startStripeServer starts stripeServer unless it is started; it returns
+// once it is.
+func startStripeServer() {
+	stripeServer.once.Do(func() {
+		stripeServer.cluster, stripeServer.err = pgcluster.Start(context.Background())
+	})
+}
+
 // stripeDatabase returns the DSN of a new database, migrated for the fake
 // Stripe, on stripeServer.
 func stripeDatabase(t *testing.T) string {
 	t.Helper()
-	stripeServer.once.Do(func() {
-		stripeServer.cluster, stripeServer.err = pgcluster.Start(context.Background())
-	})
+	startStripeServer()
 	if stripeServer.err != nil {
 		t.Fatal(stripeServer.err)
 	}
@@ -120,16 +158,18 @@ func startReplicated(t *testing.T, sync bool) *replicated {
 }
 
 // failOver kills the primary as a crash of its machine would and promotes
-// the standby; the two then swap roles.
-func (r *replicated) failOver(ctx context.Context) error {
+// the standby; the two then swap roles. It returns when the primary was
+// dead.
+func (r *replicated) failOver(ctx context.Context) (died time.Time, err error) {
 	if err := r.primary.Kill(); err != nil {
-		return err
+		return time.Time{}, err
 	}
+	died = time.Now()
 	if err := r.standby.Promote(ctx); err != nil {
-		return err
+		return died, err
 	}
 	r.primary, r.standby = r.standby, r.primary
-	return nil
+	return died, nil
 }
 
 // TestFailoverRetryAfterLostCommitsChargesOnce fails over to an
@@ -175,13 +215,20 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	api := httptest.NewServer(app.Handler())
+	t.Cleanup(api.Close)
 	post := func(key string) (int, string) {
 		t.Helper()
-		return postUntilFinal(t, app.Handler(), key)
+		status, body, err := postRide(ctx, api.URL, ride.UserEmail, rideForm, key)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		return status, body
 	}
 
 	crash.Store(true)
-	if status, body := postOnce(app.Handler(), "behind"); status == http.StatusCreated {
+	// The crashed run answers nothing, as a killed process would.
+	if status, body, err := sendRide(ctx, api.URL, ride.UserEmail, rideForm, "behind"); err == nil {
 		t.Fatalf("behind: crashed run answered %d %s", status, body)
 	}
 	crash.Store(false)
@@ -199,7 +246,7 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 	}
 	before := chargesByKey(t, sc)
 
-	if err := r.failOver(ctx); err != nil {
+	if _, err := r.failOver(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// The pool's connections died with the primary; the first queries on
@@ -258,46 +305,379 @@ func chargesByKey(t *testing.T, sc *stripe.Client) map[string][]string {
 	return out
 }
 
-// rideForm is the ride every test request asks for.
-const rideForm = "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
+// failoverEvery is the time between failovers in a soak.
+const failoverEvery = 30 * time.Second
 
-// postOnce sends one ride request under key to h and returns its answer,
-// or 0 when the handler aborted as a killed process would.
-func postOnce(h http.Handler, key string) (status int, body string) {
-	defer func() {
-		if p := recover(); p != nil {
-			if p != http.ErrAbortHandler {
-				panic(p)
-			}
-			status, body = 0, "aborted"
+// cutOffBefore is how long before the primary's death every other
+// failover of an asynchronous scenario cuts the standby off its primary
+// (pgcluster.Cluster.Detach), as a standby that falls behind would be, so
+// that the failover loses what was committed meanwhile, for certain. The
+// other failovers find the standby streaming, as close behind as one
+// machine allows.
+const cutOffBefore = time.Second
+
+// failOvers fails the primary over to the standby twice, with a third of
+// the traffic's duration before, between and after the failovers, or
+// every failoverEvery for the traffic's duration when it is longer than
+// two minutes. After each failover it rebuilds the dead primary as the
+// standby of the new one (and makes replication synchronous again in a
+// synchronous scenario), so there is always a standby to fail over to.
+func (s *system) failOvers(ctx context.Context, sc scenario, fo *failovers) {
+	every, n := sc.traffic/3, 2
+	if sc.traffic > 2*time.Minute {
+		every, n = failoverEvery, int(sc.traffic/failoverEvery)-1
+	}
+	for i := 1; i <= n && sleep(ctx, every); i++ {
+		cutOff := sc.replication == asynchronous && i%2 == 0
+		if err := s.failOver(ctx, sc, cutOff, fo); err != nil {
+			s.t.Error(err)
+			return
 		}
-	}()
-	req := httptest.NewRequest(http.MethodPost, "/rides", strings.NewReader(rideForm))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", ride.UserEmail)
-	req.Header.Set("Idempotency-Key", key)
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	b, _ := io.ReadAll(rec.Result().Body)
-	return rec.Code, strings.TrimSpace(string(b))
+	}
+	sleep(ctx, every)
 }
 
-// postUntilFinal sends the ride request under key until it is answered
-// anything but 409, 500 or 503, as a client retries, for up to
+// failOver kills the primary, promotes the standby, counts the
+// acknowledged rides the promoted standby lacks, waits for every API
+// process to serve a ride again, and rebuilds the dead primary as the new
+// standby. With cutOff, it first cuts the standby off and lets the primary
+// commit alone for cutOffBefore.
+func (s *system) failOver(ctx context.Context, sc scenario, cutOff bool, fo *failovers) error {
+	r := s.replicated
+	var rec failover
+	if cutOff {
+		if err := r.standby.Detach(ctx); err != nil {
+			return err
+		}
+		rec.cutOff = cutOffBefore
+		sleep(ctx, cutOffBefore)
+	}
+	served := fo.mark()
+	killed, err := r.failOver(ctx)
+	if err != nil {
+		return err
+	}
+	rec.promoted = time.Since(killed)
+	// The test's own connections died with the primary.
+	s.pool.Reset()
+	if err := fo.countLost(ctx, r.dsn, &rec); err != nil {
+		return err
+	}
+	var waitErr error
+	rec.firstRide, waitErr = fo.waitServed(ctx, served, killed)
+	fo.record(rec)
+	if waitErr != nil {
+		s.t.Error(waitErr)
+	}
+	if err := r.standby.Rebuild(ctx, r.primary); err != nil {
+		return err
+	}
+	if sc.replication == synchronous {
+		if err := r.primary.SetSynchronous(ctx, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// failover is what one failover did.
+type failover struct {
+	// cutOff is how long before the primary's death the standby was cut
+	// off, or zero.
+	cutOff time.Duration
+	// promoted is the time from the primary's death to the promoted
+	// standby accepting writes; firstRide, to the first 201 answered to a
+	// request sent after the death, or zero if none came.
+	promoted, firstRide time.Duration
+	// Of the rides acknowledged (201) before the failover, those the
+	// promoted standby lacks: keyLost with their key row, rideLost with
+	// the key row left at started, and recreated by a copy of the request
+	// still retrying as the standby took over, which created another ride
+	// before the failover was counted. movedBack counts the acknowledged
+	// rides kept without their stored answer: the recovery point moved
+	// back, and the next run or the completer finishes the key again.
+	keyLost, rideLost, recreated, movedBack int
+}
+
+// failovers records what riders were answered and what each failover did
+// to the rides they had been answered.
+type failovers struct {
+	apis int // API processes that must serve again after a failover
+
+	mu sync.Mutex
+	// first holds each key's first answer, for its request; final its
+	// first final answer (201, 402, 502); changed the later final answers
+	// that differed from it.
+	first   map[string]sim.Answer
+	final   map[string]string
+	changed map[string][]string
+	// created lists the 201 answers in the order received; acked holds
+	// the ride ID of each key's first 201.
+	created []sim.Answer
+	acked   map[string]int64
+	// lost holds the keys whose acknowledged ride a failover lost.
+	lost map[string]bool
+	// done lists the failovers; unserved counts those after which some API
+	// process served no ride within recoverTimeout.
+	done     []failover
+	unserved int
+
+	// Written by retryLost: lost rides created again by a copy of the
+	// request still retrying at the failover; retried by their rider
+	// afterwards, those of them answered 201, and those answered the
+	// very answer they had before the failover.
+	recreated, retried, retriedCreated, retriedSame int
+}
+
+func newFailovers(apis int) *failovers {
+	return &failovers{apis: apis, first: map[string]sim.Answer{}, final: map[string]string{},
+		changed: map[string][]string{}, acked: map[string]int64{}, lost: map[string]bool{}}
+}
+
+// observe records an answer a rider got.
+func (f *failovers) observe(a sim.Answer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.first[a.Key]; !ok {
+		f.first[a.Key] = a
+	}
+	switch a.Status {
+	case http.StatusCreated, http.StatusPaymentRequired, http.StatusBadGateway:
+		got := strconv.Itoa(a.Status) + " " + a.Body
+		if first, ok := f.final[a.Key]; !ok {
+			f.final[a.Key] = got
+		} else if got != first {
+			f.changed[a.Key] = append(f.changed[a.Key], got)
+		}
+	}
+	if a.Status == http.StatusCreated {
+		if _, ok := f.acked[a.Key]; !ok {
+			var created ride.Created
+			_ = json.Unmarshal([]byte(a.Body), &created)
+			f.acked[a.Key] = created.RideID
+		}
+		a.Form, a.Body = "", ""
+		f.created = append(f.created, a)
+	}
+}
+
+// explained is how many final answers differed from their key's first
+// because a failover lost the ride of that first answer.
+func (f *failovers) explained() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for key, changed := range f.changed {
+		if f.lost[key] {
+			n += len(changed)
+		}
+	}
+	return n
+}
+
+// unexplained describes the keys answered two different final responses
+// that explained does not account for.
+func (f *failovers) unexplained() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for key, changed := range f.changed {
+		if !f.lost[key] {
+			out = append(out, fmt.Sprintf("key %s: answered %s, then %v", key, f.final[key], changed))
+		}
+	}
+	return out
+}
+
+// mark returns how many 201s riders have been answered so far.
+func (f *failovers) mark() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.created)
+}
+
+func (f *failovers) record(rec failover) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.done = append(f.done, rec)
+	if rec.firstRide == 0 {
+		f.unserved++
+	}
+}
+
+// lostRides is how many acknowledged rides the failovers lost.
+func (f *failovers) lostRides() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.lost)
+}
+
+// countLost checks every ride acknowledged so far against the promoted
+// standby, which dsn now reaches, and counts the losses in rec. A ride is
+// lost when the key it was acknowledged for no longer has it, by its ID:
+// API processes reach the promoted standby before the count does, and a
+// copy of a lost request may have created another ride meanwhile.
+func (f *failovers) countLost(ctx context.Context, dsn string, rec *failover) error {
+	f.mu.Lock()
+	var keys []string
+	for key := range f.acked {
+		if !f.lost[key] {
+			keys = append(keys, key)
+		}
+	}
+	f.mu.Unlock()
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(ctx, `
+		SELECT k.idempotency_key, k.recovery_point, coalesce(r.id, 0)
+		FROM idempotency_keys k LEFT JOIN rides r ON r.idempotency_key_id = k.id
+		WHERE k.idempotency_key = ANY($1)`, keys)
+	if err != nil {
+		return err
+	}
+	type kept struct {
+		recoveryPoint string
+		ride          int64
+	}
+	found := map[string]kept{}
+	for rows.Next() {
+		var key string
+		var k kept
+		if err := rows.Scan(&key, &k.recoveryPoint, &k.ride); err != nil {
+			return err
+		}
+		found[key] = k
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, key := range keys {
+		k, ok := found[key]
+		switch {
+		case !ok:
+			rec.keyLost++
+		case k.ride == 0:
+			rec.rideLost++
+		case k.ride != f.acked[key]:
+			rec.recreated++
+		case k.recoveryPoint != keyrow.Finished:
+			rec.movedBack++
+			continue
+		default:
+			continue
+		}
+		f.lost[key] = true
+	}
+	return nil
+}
+
+// waitServed waits until every API process has answered 201 to a request
+// sent after killed, among the 201s from mark on, and returns how long
+// after killed the first such 201 came, or zero if none came within
 // recoverTimeout.
-func postUntilFinal(t *testing.T, h http.Handler, key string) (int, string) {
-	t.Helper()
+func (f *failovers) waitServed(ctx context.Context, mark int, killed time.Time) (time.Duration, error) {
 	deadline := time.Now().Add(recoverTimeout)
 	for {
-		status, body := postOnce(h, key)
-		switch status {
-		case 0, http.StatusConflict, http.StatusInternalServerError, http.StatusServiceUnavailable:
-		default:
-			return status, body
+		f.mu.Lock()
+		var first time.Time
+		served := map[string]bool{}
+		for _, a := range f.created[mark:] {
+			if a.Sent.Before(killed) {
+				continue
+			}
+			served[a.API] = true
+			if first.IsZero() || a.Received.Before(first) {
+				first = a.Received
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still answered %d %s after %v", key, status, body, recoverTimeout)
+		f.mu.Unlock()
+		if len(served) == f.apis {
+			return first.Sub(killed), nil
 		}
-		time.Sleep(100 * time.Millisecond)
+		if time.Now().After(deadline) || !sleep(ctx, 20*time.Millisecond) {
+			return 0, fmt.Errorf("within %v of a failover, only %d of %d API processes served a ride", recoverTimeout, len(served), f.apis)
+		}
 	}
+}
+
+// retryLost sends again, as its rider would, every acknowledged ride a
+// failover lost and nothing has created again since, and returns the
+// final report.
+func (s *system) retryLost(ctx context.Context, f *failovers) (ride.Report, error) {
+	var keys []string
+	for key := range f.lost {
+		keys = append(keys, key)
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT k.idempotency_key FROM idempotency_keys k JOIN rides r ON r.idempotency_key_id = k.id
+		WHERE k.idempotency_key = ANY($1)`, keys)
+	if err != nil {
+		return ride.Report{}, err
+	}
+	recreated, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return ride.Report{}, err
+	}
+	f.recreated = len(recreated)
+	for _, key := range keys {
+		if slices.Contains(recreated, key) {
+			continue
+		}
+		a := f.first[key]
+		status, body, err := postRide(ctx, "http://"+s.apis[rand.IntN(len(s.apis))].addr, a.Rider, a.Form, key)
+		if err != nil {
+			return ride.Report{}, fmt.Errorf("retrying lost ride %s: %w", key, err)
+		}
+		f.retried++
+		if status == http.StatusCreated {
+			f.retriedCreated++
+		}
+		if strconv.Itoa(status)+" "+body == f.final[key] {
+			f.retriedSame++
+		}
+		if f.retried <= 3 {
+			s.t.Logf("lost ride %s: answered %s before the failover, %d %s when retried", key, f.final[key], status, body)
+		}
+	}
+	return ride.Verify(ctx, s.pool, s.stripeClient())
+}
+
+// checks are the invariants of a scenario with replication.
+func (f *failovers) checks(rep replication) []check {
+	out := []check{
+		{"failovers", min(len(f.done), 2), 2},
+		{"failovers after which an API process served no ride", f.unserved, 0},
+		{"lost rides not created again by their retry", f.retried - f.retriedCreated, 0},
+	}
+	if rep == synchronous {
+		out = append(out, check{"acknowledged rides lost in a failover", len(f.lost), 0})
+	}
+	return out
+}
+
+// summary adds the failover rows to a test's summary.
+func (f *failovers) summary(row func(name string, v any)) {
+	if len(f.done) == 0 {
+		return
+	}
+	for i, rec := range f.done {
+		name := fmt.Sprintf("failover %d", i+1)
+		if rec.cutOff > 0 {
+			name += fmt.Sprintf(", standby cut off %v before", rec.cutOff)
+		}
+		row(name, fmt.Sprintf("promoted %v, first 201 %v after the primary's death; acknowledged rides lost %d "+
+			"(key row gone %d, ride gone %d, already created again %d), answers lost with the ride kept %d",
+			rec.promoted.Round(10*time.Millisecond), rec.firstRide.Round(10*time.Millisecond),
+			rec.keyLost+rec.rideLost+rec.recreated, rec.keyLost, rec.rideLost, rec.recreated, rec.movedBack))
+	}
+	row("lost rides created again by a copy still retrying, by the end", f.recreated)
+	row("lost rides retried afterwards by their rider", f.retried)
+	row("  of which answered 201", f.retriedCreated)
+	row("  of which answered exactly as before", f.retriedSame)
 }

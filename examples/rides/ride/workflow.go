@@ -190,4 +190,3 @@ func queueReceipt(ctx context.Context, tx pgx.Tx, jobs *river.Client[pgx.Tx], ru
 		RideID:  run.State.RideID,
 	}), nil
 }
-

@@ -57,6 +57,8 @@ type Config struct {
 
 // Answer is one HTTP answer to a ride request.
 type Answer struct {
+	// API is the base URL the request went to.
+	API string
 	// Key, Rider and Form are the request: its Idempotency-Key, its
 	// Authorization and its form-encoded body.
 	Key, Rider, Form string
@@ -291,7 +293,7 @@ func (s *simulation) send(ctx context.Context, key, rider, body string) (status 
 	}
 	replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	if s.cfg.Observe != nil {
-		s.cfg.Observe(Answer{Key: key, Rider: rider, Form: body, Sent: sent, Received: time.Now(),
+		s.cfg.Observe(Answer{API: api, Key: key, Rider: rider, Form: body, Sent: sent, Received: time.Now(),
 			Status: resp.StatusCode, Body: string(b), Replayed: replayed})
 	}
 	return resp.StatusCode, string(b), replayed, nil
