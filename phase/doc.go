@@ -20,7 +20,8 @@
 // Send the downstream key as the foreign request's Idempotency-Key header.
 // Go's net/http then resends the request by itself when a reused keep-alive
 // connection drops before the answer; with the key that is harmless, but a
-// test that injects such drops must disable keep-alives to see them.
+// test that injects such drops must disable keep-alives to see them, or
+// drop the connection only after the first byte of the answer.
 //
 // # The client
 //

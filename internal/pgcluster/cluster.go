@@ -38,16 +38,11 @@ const (
 )
 
 // SettingArgs returns the postgres command-line arguments (-c name=value)
-// that every Cluster runs with, for other throwaway servers to run with too.
-// Durability is off because the data is thrown away, and max_connections is
-// high because parallel tests, some of which open more than a hundred
-// connections each, share one server.
-func SettingArgs() []string {
-	return settingArgs()
-}
-
-// settingArgs returns SettingArgs with extra settings after them.
-func settingArgs(extra ...string) []string {
+// that every Cluster runs with, followed by extra settings, for other
+// throwaway servers to run with too. Durability is off because the data is
+// thrown away, and max_connections is high because parallel tests, some of
+// which open more than a hundred connections each, share one server.
+func SettingArgs(extra ...string) []string {
 	settings := append([]string{
 		"fsync=off",
 		"full_page_writes=off",
@@ -237,7 +232,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	defer logFile.Close()
 
 	args := append([]string{"-D", c.dataDir(), "-p", strconv.Itoa(clusterPort)},
-		settingArgs(append([]string{"listen_addresses=", "unix_socket_directories=" + c.dir}, c.settings...)...)...)
+		SettingArgs(append([]string{"listen_addresses=", "unix_socket_directories=" + c.dir}, c.settings...)...)...)
 	cmd := exec.Command(c.bins.postgres, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	c.prepare(cmd)

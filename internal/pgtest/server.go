@@ -171,7 +171,7 @@ func Server(t testing.TB) ServerInfo {
 // test is a leak the package's users would inherit.
 func Main(m *testing.M, ignore ...string) {
 	code := m.Run()
-	if err := stopShared(); err != nil {
+	if err := Release(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
 			code = 1
@@ -189,6 +189,10 @@ func Main(m *testing.M, ignore ...string) {
 	}
 	os.Exit(code)
 }
+
+// Release releases the shared server as Main does, for a TestMain with
+// cleanup of its own; tests that run after it fail.
+func Release() error { return stopShared() }
 
 // shared is the one server of this test binary, started by the first test
 // that needs it. It is package state because tests cannot pass it to each

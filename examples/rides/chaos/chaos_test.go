@@ -71,9 +71,9 @@ func TestMain(m *testing.M) {
 	}
 	binDir = dir
 	code := m.Run()
-	if err := stopStripeServer(); err != nil {
+	if err := pgtest.Release(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		code = 1
+		code = max(code, 1)
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -252,12 +252,11 @@ type check struct {
 	got, want int
 }
 
-// system is one test's cluster, fake Stripe and API processes.
+// system is one test's database, fake Stripe and API processes.
 type system struct {
 	t *testing.T
-	// cluster holds the rides database, and the fake Stripe's, unless the
-	// test replicates it: then the rides database is on replicated, and
-	// the fake Stripe's on stripeServer.
+	// cluster is the test's own Postgres, when it restarts it; replicated
+	// its primary and standby, when it fails over.
 	cluster    *pgtest.Cluster
 	replicated *replicated
 	dbName     string
@@ -275,29 +274,30 @@ type system struct {
 	logDir  string
 }
 
-// setup starts a private cluster with a migrated and seeded rides
-// database, or a replicated one for a scenario with replication, the fake
-// Stripe, and the API processes, and kills them all when t ends.
+// setup starts the rides database, migrated and seeded, the fake Stripe,
+// and the API processes, and kills them all when t ends. A scenario that
+// restarts Postgres gets a cluster of its own from the local server
+// binaries, since restarting a shared server would break other tests, and
+// one that fails over a primary and a standby of its own (see
+// startReplicated); the others use the test server that every test uses
+// (see pgtest).
 func setup(t *testing.T, sc scenario) *system {
 	t.Helper()
-	// The processes' binary builds while the clusters start.
+	// The processes' binary builds while the databases start.
 	go ridesBinary()
 	ctx := t.Context()
-	s := &system{t: t, dbName: "rides", spared: -1}
-	var dsn, stripeDSN string
+	s := &system{t: t, spared: -1}
+	var dsn string
 	var err error
-	if sc.replication != noReplication {
-		// The fake Stripe's cluster starts while the rides database's do.
-		go startStripeServer()
+	switch {
+	case sc.replication != noReplication:
 		s.replicated = startReplicated(t, sc.replication == synchronous)
 		dsn = s.replicated.dsn
-		s.pool = newPool(t, dsn)
-		stripeDSN = stripeDatabase(t)
-		s.stripePool = newPool(t, stripeDSN)
-	} else {
+	case sc.restartPostgres:
 		s.cluster, err = pgtest.StartCluster(ctx)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("this test restarts Postgres, so it needs a cluster of its own from the PostgreSQL server binaries "+
+				"(initdb and postgres), even when %s is set: %v", pgtest.EnvDSN, err)
 		}
 		t.Cleanup(func() {
 			if err := s.cluster.Stop(); err != nil {
@@ -305,24 +305,36 @@ func setup(t *testing.T, sc scenario) *system {
 			}
 		})
 		s.admin = newPool(t, s.cluster.DSN("postgres"))
-		if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+s.dbName); err != nil {
+		if _, err := s.admin.Exec(ctx, "CREATE DATABASE rides"); err != nil {
 			t.Fatal(err)
 		}
-		dsn = s.cluster.DSN(s.dbName)
-		stripeDSN = dsn
-		s.pool = newPool(t, dsn)
-		s.stripePool = s.pool
-		// Migrating here, once, spares the processes racing each other
-		// through River's migrations on their first start.
-		if err := ride.Migrate(ctx, s.pool); err != nil {
-			t.Fatal(err)
-		}
-		if err := fakestripe.Migrate(ctx, s.pool); err != nil {
-			t.Fatal(err)
-		}
-		if err := ride.Seed(ctx, s.pool); err != nil {
-			t.Fatal(err)
-		}
+		dsn = s.cluster.DSN("rides")
+	default:
+		dsn = pgtest.DSN(t)
+		s.admin = newPool(t, pgtest.Server(t).AdminDSN)
+	}
+	s.pool = newPool(t, dsn)
+	if err := s.pool.QueryRow(ctx, "SELECT current_database()").Scan(&s.dbName); err != nil {
+		t.Fatal(err)
+	}
+	stripeDSN := dsn
+	s.stripePool = s.pool
+	if sc.replication != noReplication {
+		// The fake Stripe plays another company's system: its memory of
+		// idempotency keys does not fail over with our database.
+		stripeDSN = pgtest.DSN(t)
+		s.stripePool = newPool(t, stripeDSN)
+	}
+	// The processes migrate too, each at its start; the test reads the
+	// tables before they are up.
+	if err := ride.Migrate(ctx, s.pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := fakestripe.Migrate(ctx, s.stripePool); err != nil {
+		t.Fatal(err)
+	}
+	if err := ride.Seed(ctx, s.pool); err != nil {
+		t.Fatal(err)
 	}
 
 	// The logs of a failed test are kept for the post-mortem.
@@ -590,7 +602,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 			}
 			out.deadRetried++
 		}
-		report, err := ride.Verify(ctx, s.pool, sc)
+		report, err := ride.Verify(ctx, s.pool, sc, time.Time{})
 		if err != nil {
 			return out, report, err
 		}
@@ -624,15 +636,18 @@ func summary(c *chaosCounts, fo *failovers, st sim.Stats, settled settled, repor
 	fo.summary(row)
 	section("riders")
 	row("rides requested", st.Rides)
+	row("  created (201)", st.Created)
+	row("  declined (402)", st.Declined)
+	row("  payment failed (502)", st.PaymentFailed)
+	row("  given up on (left to the completer)", st.Abandoned)
 	row("requests sent", st.Requests)
-	row("created (201, first answer)", st.Created)
-	row("declined (402, first answer)", st.Declined)
-	row("replayed answers", st.Replayed)
-	row("409s (retried)", st.Conflicts)
-	row("503s (retried)", st.Unavailable)
-	row("other 5xx (retried)", st.ServerErrors)
-	row("dropped connections (retried)", st.Dropped)
-	row("given up on (left to the completer)", st.Abandoned)
+	row("  answered by their own run", st.Answered)
+	row("  replayed answers", st.Replayed)
+	row("  409s (retried)", st.Conflicts)
+	row("  503s (retried)", st.Unavailable)
+	row("  other 5xx (retried)", st.ServerErrors)
+	row("  dropped by the rider (retried)", st.Dropped)
+	row("  no answer (retried)", st.Lost)
 	section("settling")
 	row("keys finished by the final completer", settled.completed)
 	row("final completer runs that failed", settled.failed)
@@ -800,13 +815,17 @@ func (p *process) note(format string, args ...any) {
 	fmt.Fprintf(f, "=== %s %s %s\n", time.Now().Format(time.RFC3339Nano), p.name, fmt.Sprintf(format, args...))
 }
 
-// waitListening polls the process's address until it accepts a
-// connection, and reports false if the instance exits or ctx ends first.
+// readyClient asks whether a process serves yet.
+var readyClient = &http.Client{Timeout: 500 * time.Millisecond}
+
+// waitListening polls the process's address until it answers HTTP, and
+// reports false if the instance exits or ctx ends first. A process binds
+// its address before it connects to Postgres, and answers once it serves.
 func (p *process) waitListening(ctx context.Context, in *instance) bool {
 	for {
-		conn, err := net.DialTimeout("tcp", p.addr, 100*time.Millisecond)
+		res, err := readyClient.Get("http://" + p.addr + "/_ready")
 		if err == nil {
-			conn.Close()
+			res.Body.Close()
 			in.listening.Store(true)
 			return true
 		}

@@ -5,12 +5,17 @@
 //
 // # Setup
 //
-// Each test starts a private Postgres cluster (two, with replication), so
-// that restarting it disturbs no other test, one `rides fakestripe` process
-// whose fault plan fails some charges before they execute and drops the
-// connection after others, and three `rides serve` processes on one
-// database with a two-second lease and a completer that runs every half
-// second. Riders from
+// Each test runs on a database of its own: TestChaosKillsAndTerminatedSessions
+// on the server every test uses (ATOMICPHASE_TEST_DATABASE_URL, Docker or
+// local binaries, see internal/pgtest), TestChaosPostgresRestart on a
+// private cluster, so that restarting it disturbs no other test, and the
+// failover tests on a private primary and standby (see Failover); these
+// need the PostgreSQL server binaries (initdb, postgres, pg_basebackup and
+// pg_ctl) even when ATOMICPHASE_TEST_DATABASE_URL is set. Each starts one
+// `rides fakestripe` process whose fault plan fails some charges before
+// they execute and drops the connection after others, and three `rides
+// serve` processes on one database with a two-second lease and a
+// completer that runs every half second. Riders from
 // examples/rides/sim send each ride, sometimes as several concurrent copies,
 // to API processes picked at random per attempt, and retry with the same
 // Idempotency-Key after a dropped connection, a 409, a 503 or another 5xx,
@@ -57,9 +62,9 @@
 // database on a primary and a streaming standby (internal/pgcluster: a base
 // backup with pg_basebackup, through a replication slot), which the API
 // processes reach through one multi-host connection string with
-// target_session_attrs=read-write. The fake Stripe keeps its data on a
-// cluster of its own that never fails over: it plays another company's
-// system, whose memory of idempotency keys outlives our failover.
+// target_session_attrs=read-write. The fake Stripe keeps its data on the
+// server every test uses, which never fails over: it plays another
+// company's system, whose memory of idempotency keys outlives our failover.
 //
 // Twice during the traffic the primary is killed as a crash of its machine
 // would kill it (SIGKILL of the postmaster and every backend at once) and

@@ -24,6 +24,7 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -55,55 +56,6 @@ const (
 	// fast as it can.
 	asynchronous
 )
-
-// stripeServer is the cluster the fake Stripe keeps its charges and
-// idempotency keys on in the failover tests: apart from the rides
-// database's primary and standby, because Stripe is another company's
-// system, and its memory of idempotency keys outlives a failover of ours.
-// Each test has a database of its own on it. TestMain stops it.
-var stripeServer struct {
-	once    sync.Once
-	cluster *pgcluster.Cluster
-	err     error
-	n       atomic.Int64
-}
-
-// startStripeServer starts stripeServer unless it is started; it returns
-// once it is.
-func startStripeServer() {
-	stripeServer.once.Do(func() {
-		stripeServer.cluster, stripeServer.err = pgcluster.Start(context.Background())
-	})
-}
-
-// stripeDatabase returns the DSN of a new database, migrated for the fake
-// Stripe, on stripeServer.
-func stripeDatabase(t *testing.T) string {
-	t.Helper()
-	startStripeServer()
-	if stripeServer.err != nil {
-		t.Fatal(stripeServer.err)
-	}
-	c := stripeServer.cluster
-	name := fmt.Sprintf("stripe_%d", stripeServer.n.Add(1))
-	admin := newPool(t, c.DSN("postgres"))
-	if _, err := admin.Exec(t.Context(), "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	dsn := c.DSN(name)
-	if err := fakestripe.Migrate(t.Context(), newPool(t, dsn)); err != nil {
-		t.Fatal(err)
-	}
-	return dsn
-}
-
-// stopStripeServer stops stripeServer if a test started it.
-func stopStripeServer() error {
-	if stripeServer.cluster == nil {
-		return nil
-	}
-	return stripeServer.cluster.Stop()
-}
 
 // replicated is a rides database on a primary with one streaming standby.
 type replicated struct {
@@ -190,7 +142,11 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	r := startReplicated(t, false)
-	stripePool := newPool(t, stripeDatabase(t))
+	// The fake Stripe's database does not fail over with ours.
+	stripePool := newPool(t, pgtest.DSN(t))
+	if err := fakestripe.Migrate(ctx, stripePool); err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewServer(fakestripe.New(stripePool, fakestripe.Config{Logger: quiet}))
 	t.Cleanup(srv.Close)
 	sc := ride.NewStripeClient(srv.URL, stripeKey, nil)
@@ -281,7 +237,7 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 			t.Errorf("%s: ride records charge %q (%v), Stripe holds %v", key, recorded, err, after[key])
 		}
 	}
-	report, err := ride.Verify(ctx, pool, sc)
+	report, err := ride.Verify(ctx, pool, sc, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -648,7 +604,7 @@ func (s *system) retryLost(ctx context.Context, f *failovers) (ride.Report, erro
 			s.t.Logf("lost ride %s: answered %s before the failover, %d %s when retried", key, f.final[key], status, body)
 		}
 	}
-	return ride.Verify(ctx, s.pool, s.stripeClient())
+	return ride.Verify(ctx, s.pool, s.stripeClient(), time.Time{})
 }
 
 // checks are the invariants of a scenario with replication.

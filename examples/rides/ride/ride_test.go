@@ -75,10 +75,9 @@ func setup(t testing.TB, maxConns int32) *env {
 	fs := fakestripe.New(stripePool, fakestripe.Config{Logger: quiet})
 	srv := httptest.NewServer(fs)
 	t.Cleanup(srv.Close)
-	// No keep-alives: a dropped connection must reach the client as an
-	// error, not be retried silently by net/http.
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", hc)
+	// The client the service uses in production, keep-alives included:
+	// the fake Stripe's drops reach it all the same.
+	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", nil)
 	app, err := ride.New(ride.Config{
 		Pool: pool, Stripe: sc, Logger: quiet,
 		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
@@ -129,7 +128,7 @@ func (e *env) chargesForKey(t testing.TB, key string) (rideID int64, charges int
 
 func (e *env) verify(t testing.TB) ride.Report {
 	t.Helper()
-	r, err := ride.Verify(context.Background(), e.pool, e.sc)
+	r, err := ride.Verify(context.Background(), e.pool, e.sc, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,6 +310,34 @@ func TestStripeTimeoutAfterChargingIsResumedWithOneCharge(t *testing.T) {
 	}
 	again := e.post("timeout-1", ride.UserEmail, ridePayload)
 	if again.Code != http.StatusCreated {
+		t.Fatalf("retry: %d %s", again.Code, again.Body.String())
+	}
+	if _, charges := e.chargesForKey(t, "timeout-1"); charges != 1 {
+		t.Fatalf("%d charges, want 1", charges)
+	}
+	e.verify(t)
+}
+
+// On a kept-alive connection, net/http resends a request with an
+// Idempotency-Key by itself when the connection closes before any byte of
+// the answer. A timeout after the charge must still reach the workflow,
+// which then leaves the key resumable, rather than be papered over by a
+// resend that the workflow never sees.
+func TestStripeTimeoutOnAReusedConnectionReachesTheWorkflow(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 5)
+	if warm := e.post("warm-up", ride.UserEmail, ridePayload); warm.Code != http.StatusCreated {
+		t.Fatalf("first ride: %d %s", warm.Code, warm.Body.String())
+	}
+	e.stripe.TimeoutAfterCharge(1)
+	first := e.post("timeout-1", ride.UserEmail, ridePayload)
+	if first.Code != http.StatusServiceUnavailable {
+		t.Fatalf("timeout after charge on a reused connection: %d %s, want 503 (outcome unknown, not stored)", first.Code, first.Body.String())
+	}
+	if s := e.stripe.Stats(); s.Requests != 2 || s.Replays != 0 {
+		t.Fatalf("Stripe stats %+v: want 2 requests and no replay, nothing resent behind the workflow", s)
+	}
+	if again := e.post("timeout-1", ride.UserEmail, ridePayload); again.Code != http.StatusCreated {
 		t.Fatalf("retry: %d %s", again.Code, again.Body.String())
 	}
 	if _, charges := e.chargesForKey(t, "timeout-1"); charges != 1 {

@@ -3,6 +3,7 @@ package ride
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
@@ -18,6 +19,7 @@ type Report struct {
 	FinishedKeys  int `json:"finished_keys"`
 	Created       int `json:"created"`
 	Declined      int `json:"declined"`
+	PaymentFailed int `json:"payment_failed"`
 	UnfinishedKey int `json:"unfinished_keys"`
 	LockedKeys    int `json:"locked_keys"`
 
@@ -57,14 +59,51 @@ func (r Report) Failures() []string {
 // ride, every recorded charge one that Stripe holds, receipts only for
 // charged rides, and every 201 answer backed by a charge. It also counts
 // keys left unfinished or locked.
-func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (Report, error) {
+//
+// It looks only at the keys created at or after since, and at their rides,
+// receipts and charges, so that a run on a database that earlier runs used
+// reports its own; a ride whose key the reaper has deleted counts by its own
+// creation time. The zero time looks at everything. A charge that no ride in
+// the database records counts whenever it was made.
+func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since time.Time) (Report, error) {
 	var r Report
+	rows, err := pool.Query(ctx, `
+		SELECT coalesce(r.stripe_charge_id, ''), coalesce(k.created_at, r.created_at) >= $1
+		FROM rides r LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id`, since)
+	if err != nil {
+		return r, err
+	}
+	recorded := map[string]int{} // charge ID → rides looked at recording it
+	others := map[string]bool{}  // charges of the rides created before since
+	for rows.Next() {
+		var charge string
+		var looked bool
+		if err := rows.Scan(&charge, &looked); err != nil {
+			return r, err
+		}
+		switch {
+		case !looked:
+			others[charge] = true
+		case charge == "":
+			r.Rides++
+		default:
+			r.Rides++
+			r.ChargedRides++
+			recorded[charge]++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return r, err
+	}
 	type request struct{ customer, key string }
 	byRequest := map[request][]string{}
 	atStripe := map[string]bool{}
 	for ch, err := range sc.V1Charges.List(ctx, &stripe.ChargeListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(100)}}).All(ctx) {
 		if err != nil {
 			return r, fmt.Errorf("list charges: %w", err)
+		}
+		if others[ch.ID] {
+			continue
 		}
 		r.Charges++
 		atStripe[ch.ID] = true
@@ -79,26 +118,6 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (Report,
 			r.DoubleCharged++
 		}
 	}
-	rows, err := pool.Query(ctx, `SELECT coalesce(stripe_charge_id, '') FROM rides`)
-	if err != nil {
-		return r, err
-	}
-	recorded := map[string]int{} // charge ID → rides recording it
-	for rows.Next() {
-		var charge string
-		if err := rows.Scan(&charge); err != nil {
-			return r, err
-		}
-		r.Rides++
-		if charge == "" {
-			continue
-		}
-		r.ChargedRides++
-		recorded[charge]++
-	}
-	if err := rows.Err(); err != nil {
-		return r, err
-	}
 	for charge, rides := range recorded {
 		if !atStripe[charge] || rides > 1 {
 			r.ChargeMismatches += rides
@@ -110,16 +129,22 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (Report,
 		}
 	}
 	err = pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM receipts),
-		       (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id WHERE r.stripe_charge_id IS NULL),
+		SELECT (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
+		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		        WHERE coalesce(k.created_at, r.created_at) >= $2),
+		       (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
+		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		        WHERE coalesce(k.created_at, r.created_at) >= $2 AND r.stripe_charge_id IS NULL),
 		       count(*) FILTER (WHERE k.recovery_point = 'finished'),
 		       count(*) FILTER (WHERE k.response_status = 201),
 		       count(*) FILTER (WHERE k.response_status = 402),
+		       count(*) FILTER (WHERE k.response_status = 502),
 		       count(*) FILTER (WHERE k.recovery_point <> 'finished'),
 		       count(*) FILTER (WHERE k.lock_token IS NOT NULL),
 		       count(*) FILTER (WHERE k.response_status = 201 AND r.stripe_charge_id IS NULL)
 		FROM idempotency_keys k LEFT JOIN rides r ON r.idempotency_key_id = k.id
-		WHERE k.workflow = $1`, WorkflowName).
-		Scan(&r.Receipts, &r.ReceiptsUncharged, &r.FinishedKeys, &r.Created, &r.Declined, &r.UnfinishedKey, &r.LockedKeys, &r.CreatedUncharged)
+		WHERE k.workflow = $1 AND k.created_at >= $2`, WorkflowName, since).
+		Scan(&r.Receipts, &r.ReceiptsUncharged, &r.FinishedKeys, &r.Created, &r.Declined, &r.PaymentFailed,
+			&r.UnfinishedKey, &r.LockedKeys, &r.CreatedUncharged)
 	return r, err
 }

@@ -480,3 +480,39 @@ func TestVerifyCatchesABrokenLedger(t *testing.T) {
 	}
 	e.verify(t)
 }
+
+func TestOtherPathsMethodsAndCallersAreAnsweredAsProblems(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	for _, tc := range []struct {
+		method, path, auth string
+		status             int
+		allow              string
+	}{
+		{http.MethodGet, "/transfers", "Bearer alice", http.StatusMethodNotAllowed, "POST"},
+		{http.MethodDelete, "/accounts", "Bearer alice", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodGet, "/accounts", "", http.StatusUnauthorized, ""},
+		{http.MethodGet, "/transfers/1", "Bearer alice", http.StatusNotFound, ""},
+		{http.MethodGet, "/", "Bearer alice", http.StatusNotFound, ""},
+	} {
+		req, err := http.NewRequest(tc.method, e.api.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		res, err := noKeepAlive.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p ledger.Problem
+		err = json.NewDecoder(res.Body).Decode(&p)
+		res.Body.Close()
+		if res.StatusCode != tc.status || res.Header.Get("Content-Type") != "application/problem+json" || err != nil ||
+			p.Status != tc.status || res.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d %s %+v (Allow %q), want a %d problem (Allow %q)", tc.method, tc.path,
+				res.StatusCode, res.Header.Get("Content-Type"), p, res.Header.Get("Allow"), tc.status, tc.allow)
+		}
+	}
+}
