@@ -28,6 +28,31 @@
 // socket in its own temporary directory, and opens a few server connections
 // per database ([DefaultBouncerPoolSize]), so clients share them.
 //
+// # Replication
+//
+// [StartPrimary] starts a cluster that streams its WAL to standbys, and
+// [StartStandby] starts a hot standby of it from a base backup
+// (pg_basebackup, through a replication slot). Replication is asynchronous
+// until [Cluster.SetSynchronous] makes every commit wait for a standby.
+// Clients reach whichever cluster accepts writes through [MultiHostDSN],
+// which lists every cluster's socket with target_session_attrs=read-write.
+//
+// A failover is [Cluster.Kill] on the primary, which kills its postmaster
+// and backends at once as a crash of its machine would, and
+// [Cluster.Promote] on a standby (pg_ctl promote). [Cluster.Rebuild] then
+// turns the dead primary into a standby of the promoted one, in the same
+// directory, so that the multi-host DSN keeps working for the next
+// failover. [Cluster.Detach] cuts a standby off its primary, for tests that
+// need a failover to lose commits for certain.
+//
+//	primary, _ := pgcluster.StartPrimary(ctx)
+//	standby, _ := pgcluster.StartStandby(ctx, primary)
+//	dsn := pgcluster.MultiHostDSN("postgres", primary, standby)
+//	// ... traffic on dsn ...
+//	_ = primary.Kill()
+//	_ = standby.Promote(ctx) // dsn now reaches the standby
+//	_ = primary.Rebuild(ctx, standby)
+//
 // # Cleanup
 //
 // [Cluster.Stop] and [Bouncer.Stop] shut the server or bouncer down and

@@ -152,7 +152,7 @@ func (e *env) chargesForKey(t testing.TB, key string) (rideID int64, charges int
 		t.Fatal(err)
 	}
 	for _, c := range all {
-		if c.Metadata["ride_id"] == fmt.Sprint(rideID) {
+		if c.Metadata[ride.ChargeKeyMetadata] == key {
 			charges++
 		}
 	}

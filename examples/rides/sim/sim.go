@@ -52,6 +52,25 @@ type Config struct {
 	Progress io.Writer
 	// Client sends the requests (default: a client with a 10s timeout).
 	Client *http.Client
+	// Observe, when set, is called with every answer a rider gets, from
+	// the riders' goroutines at once; dropped connections get none.
+	Observe func(Answer)
+}
+
+// Answer is one HTTP answer to a ride request.
+type Answer struct {
+	// API is the base URL the request went to.
+	API string
+	// Key, Rider and Form are the request: its Idempotency-Key, its
+	// Authorization and its form-encoded body.
+	Key, Rider, Form string
+	// Sent is when the request was sent; Received, when its answer's body
+	// was read.
+	Sent, Received time.Time
+	Status         int
+	Body           string
+	// Replayed is true when the answer carried Idempotent-Replayed: true.
+	Replayed bool
 }
 
 // Stats counts what the riders saw. Every ride ends in exactly one of
@@ -329,12 +348,18 @@ func (s *simulation) send(ctx context.Context, key, rider, body string) (status 
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Authorization", rider)
 	req.Header.Set("Idempotency-Key", key)
+	sent := time.Now()
 	resp, err := s.cfg.Client.Do(req)
 	if err == nil {
 		defer resp.Body.Close()
 		var b []byte
 		if b, err = io.ReadAll(resp.Body); err == nil {
-			return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true", false, nil
+			replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+			if s.cfg.Observe != nil {
+				s.cfg.Observe(Answer{API: api, Key: key, Rider: rider, Form: body, Sent: sent, Received: time.Now(),
+					Status: resp.StatusCode, Body: string(b), Replayed: replayed})
+			}
+			return resp.StatusCode, string(b), replayed, false, nil
 		}
 	}
 	// The rider dropped it when the drop's deadline, not the ride's, ended
