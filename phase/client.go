@@ -74,6 +74,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer, when set, receives every Event of every run.
 	Observer Observer
+	// Middleware wraps every run, phase, foreign call and completer pass,
+	// the first outermost: the place for tracing (see Middleware).
+	Middleware []Middleware
 	// Injector, when set, is consulted at every fault point (see Point).
 	// A context from WithInjector overrides it for one run.
 	Injector Injector
@@ -93,6 +96,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LockTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 || c.MaxPhaseRetries < -1 {
 		return c, errors.New("phase: Config.LockTTL, RetryBackoff, WaitForInFlight and MaxPhaseRetries must not be negative")
+	}
+	if slices.Contains(c.Middleware, nil) {
+		return c, errors.New("phase: Config.Middleware holds a nil Middleware")
 	}
 	c.LockTTL = cmp.Or(c.LockTTL, lockttl.DefaultTTL)
 	if err := lockttl.Check(c.LockTTL); err != nil {
@@ -120,7 +126,7 @@ func (c Config) withDefaults() (Config, error) {
 // Every *Workflow is one.
 type Registered interface {
 	Name() string
-	resume(ctx context.Context, c *Client, row *store.Row) error
+	resume(ctx context.Context, c *Client, row *store.Row) (*keyrow.Response, error)
 }
 
 // ErrNotRegistered is returned when running or serving a workflow that was
@@ -200,6 +206,9 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	})
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
 	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, c.LockTTL, c.Logger)
+	if len(c.Middleware) > 0 {
+		cl.completer.Around = cl.throughPass
+	}
 	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger)
 	return cl, nil
 }
@@ -282,15 +291,24 @@ func (c *Client) registered(w Registered) error {
 // resume continues a key the completer claimed, with its registered
 // workflow.
 func (c *Client) resume(ctx context.Context, row *store.Row) error {
-	w, ok := c.workflows[row.Workflow]
-	if !ok {
-		// Claims select registered workflows only; a miss is a bug, and the
-		// key is handed back for a process that knows it.
-		err := fmt.Errorf("%w: %q", ErrNotRegistered, row.Workflow)
-		c.release(ctx, row, err.Error(), row.Hold, true)
-		return err
-	}
-	return w.resume(ctx, c, row)
+	info := &RunInfo{Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key, ByCompleter: true,
+		RecoveryPoint: row.RecoveryPoint, Attempt: row.Attempts}
+	_, err := c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) {
+		w, ok := c.workflows[row.Workflow]
+		if !ok {
+			// Claims select registered workflows only; a miss is a bug, and
+			// the key is handed back for a process that knows it.
+			err := fmt.Errorf("%w: %q", ErrNotRegistered, row.Workflow)
+			c.release(ctx, row, err.Error(), row.Hold, true)
+			return nil, err
+		}
+		resp, err := w.resume(ctx, c, row)
+		if err != nil {
+			return nil, err
+		}
+		return &Outcome{Kind: OutcomeResumed, Response: resp}, nil
+	})
+	return err
 }
 
 // release frees the lease of a run that ends without finishing, logging a

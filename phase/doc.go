@@ -116,4 +116,11 @@
 // [Config.Logger] receives structured logs with workflow, tenant, key and
 // recovery_point attributes; [Config.Observer] receives an [Event], with the
 // run's context, for everything that happens to a key.
+//
+// [Config.Middleware] wraps each run, phase, foreign call and completer
+// pass in a function that takes and returns its context, as River's
+// middleware and pgx's tracers do: a span a [Middleware] starts there is the
+// parent of everything the step does, the phase's own SQL and the foreign
+// call's HTTP request included. Package otelphase is the OpenTelemetry
+// one; this package does not depend on OpenTelemetry.
 package phase

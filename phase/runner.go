@@ -130,6 +130,18 @@ type Outcome struct {
 // error of a failed phase. In every error case the recovery point of the
 // last committed phase is kept and nothing is stored as the response.
 func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key string, req Req) (*Outcome, error) {
+	if len(c.cfg.Middleware) == 0 {
+		var info RunInfo
+		info.Tenant, info.Key = tenant, key
+		return w.run(ctx, c, &info, req)
+	}
+	info := &RunInfo{Workflow: w.name, Tenant: tenant, Key: key}
+	return c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) { return w.run(ctx, c, info, req) })
+}
+
+// run is Run inside the client's middleware; it fills in info.
+func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo, req Req) (*Outcome, error) {
+	tenant, key := info.Tenant, info.Key
 	if err := c.registered(w); err != nil {
 		return nil, err
 	}
@@ -177,6 +189,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 		if err != nil {
 			return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
 		}
+		info.RecoveryPoint = row.RecoveryPoint
 		ev := Event{Workflow: w.name, Tenant: tenant, Key: key, RecoveryPoint: row.RecoveryPoint}
 		switch kind {
 		case store.Replay:
@@ -208,6 +221,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 			return &Outcome{Kind: OutcomeInProgress, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}, nil
 		}
 		row.Params = params
+		info.Attempt = row.Attempts
 		run := &Run[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
 			Resumed: kind == store.Resumed, downstream: c.downstreamBase(row)}
 		ev.Kind = EventAcquired
@@ -263,7 +277,7 @@ func (c *Client) downstreamBase(row *store.Row) string {
 }
 
 // resume continues a key claimed by the completer.
-func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row) error {
+func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row) (*keyrow.Response, error) {
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
 	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
@@ -271,11 +285,10 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		err = fmt.Errorf("phase: decode stored request: %w", err)
 		c.release(ctx, row, err.Error(), row.Hold, true)
-		return err
+		return nil, err
 	}
 	c.observe(ctx, Event{Kind: EventResumed, Workflow: w.name, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
-	_, err := w.execute(ctx, c, run, row, true)
-	return err
+	return w.execute(ctx, c, run, row, true)
 }
 
 // execute runs the phases after row's recovery point while holding its lease.
@@ -332,7 +345,7 @@ func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Re
 		if i == len(x.w.phases) {
 			return nil, x.fail(ctx, ErrNoResponse)
 		}
-		resp, err := x.phase(ctx, i, rec)
+		resp, err := x.throughPhase(ctx, i, rec)
 		if err != nil || resp != nil {
 			return resp, err
 		}
@@ -379,9 +392,11 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 		rec recordFn[Req, State]
 		res Resolution
 	)
-	err = protect("reconcile of phase "+p.name, func() (err error) {
-		rec, res, err = p.foreign.reconcile(ctx, x.run)
-		return err
+	err = x.c.through(ctx, x.phaseInfo(i, true), true, func(ctx context.Context) error {
+		return protect("reconcile of phase "+p.name, func() (err error) {
+			rec, res, err = p.foreign.reconcile(ctx, x.run)
+			return err
+		})
 	})
 	var pe *PanicError
 	switch {
@@ -403,6 +418,46 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	return x.from(ctx, i, rec)
 }
 
+// throughPhase runs the phase at index i through the client's middleware.
+func (x *execution[Req, State]) throughPhase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
+	if len(x.c.cfg.Middleware) == 0 {
+		return x.phase(ctx, i, rec)
+	}
+	var resp *keyrow.Response
+	err := x.c.through(ctx, x.phaseInfo(i, false), false, func(ctx context.Context) (err error) {
+		resp, err = x.phase(ctx, i, rec)
+		return err
+	})
+	return resp, err
+}
+
+// throughCall makes the call of the foreign phase at index i through the
+// client's middleware.
+func (x *execution[Req, State]) throughCall(ctx context.Context, i int) (recordFn[Req, State], error) {
+	p := &x.w.phases[i]
+	if len(x.c.cfg.Middleware) == 0 {
+		return x.call(ctx, p)
+	}
+	// Declared here, not as named results, so that only runs with
+	// middleware pay for the closure's captures.
+	var rec recordFn[Req, State]
+	err := x.c.through(ctx, x.phaseInfo(i, false), true, func(ctx context.Context) (err error) {
+		rec, err = x.call(ctx, p)
+		return err
+	})
+	return rec, err
+}
+
+// phaseInfo describes the phase at index i to the client's middleware.
+func (x *execution[Req, State]) phaseInfo(i int, reconcile bool) *PhaseInfo {
+	p := &x.w.phases[i]
+	info := &PhaseInfo{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Reconcile: reconcile}
+	if p.foreign != nil {
+		info.DownstreamKey = x.run.downstream + p.name
+	}
+	return info
+}
+
 // phase runs the phase at index i. For a foreign phase, a non-nil rec is the
 // reconciled outcome to record instead of making the call.
 func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
@@ -413,7 +468,7 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	if p.foreign != nil {
 		if rec == nil {
 			var err error
-			if rec, err = x.call(ctx, p); err != nil {
+			if rec, err = x.throughCall(ctx, i); err != nil {
 				return nil, x.fail(ctx, err)
 			}
 		}
@@ -448,14 +503,9 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	if err := x.inject(ctx, Point{p.name, BeforeCall}); err != nil {
 		return nil, err
 	}
-	callCtx, cancel := ctx, context.CancelFunc(func() {})
-	if d := x.c.cfg.CallTimeout; d > 0 {
-		callCtx, cancel = context.WithTimeout(ctx, d)
-	}
-	defer cancel()
-	// The renewals stop with callCtx: a call that outlives its limit no
+	// The renewals stop with the call's limit: a call that outlives it no
 	// longer keeps the key, which expires and resumes elsewhere.
-	keepCtx, stop, err := x.lease.Keep(callCtx, x.c.pool)
+	callCtx, stop, err := x.lease.Keep(ctx, x.c.pool, x.c.cfg.CallTimeout)
 	if err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			return nil, err
@@ -464,9 +514,12 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	}
 	defer stop()
 	err = protect("foreign call of phase "+p.name, func() (err error) {
-		rec, err = p.foreign.call(keepCtx, x.run)
+		rec, err = p.foreign.call(callCtx, x.run)
 		return err
 	})
+	// Whether the call was cut short must be read before stop cancels
+	// callCtx.
+	cut := callCtx.Err() != nil
 	stop()
 	if lost := x.lease.Err(); lost != nil {
 		return nil, lost
@@ -476,10 +529,10 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	case err == nil:
 	case errors.As(err, &pe):
 		return nil, err
-	case callCtx.Err() != nil && !errors.Is(err, ErrOutcomeUnknown):
+	case cut && !errors.Is(err, ErrOutcomeUnknown):
 		// The call was cut short by its limit, the run's, or shutdown: it
 		// may have reached the provider.
-		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped after %v: %w", p.name, x.c.cfg.CallTimeout, err))
+		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped: %w", p.name, err))
 	default:
 		return nil, fmt.Errorf("phase %s: %w", p.name, err)
 	}
