@@ -314,9 +314,9 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 	<-killerDone
 	slices.Sort(took)
 	if len(took) > 0 {
-		t.Logf("%d keys in %d runs over %v; %d sessions terminated; failed runs by kind: %v; "+
+		t.Logf("%s: %d keys in %d runs over %v; %d sessions terminated; failed runs by kind: %v; "+
 			"first attempt to response: median %v, p99 %v, max %v",
-			len(responses), attempts.Load(), time.Since(began).Round(time.Millisecond), terminated.Load(), failures,
+			t.Name(), len(responses), attempts.Load(), time.Since(began).Round(time.Millisecond), terminated.Load(), failures,
 			took[len(took)/2].Round(time.Millisecond), took[len(took)*99/100].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 	}
 
