@@ -215,9 +215,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	return cl, nil
 }
 
-// Start checks the pool (see Check) and runs the completer and the reaper
-// in the background, each unless its Interval is -1, until Stop or ctx
-// ends.
+// Start runs the completer and the reaper in the background, each unless
+// its Interval is -1, until Stop or ctx ends. It first checks the pool (see
+// Check) and returns the error wrapping ErrTransactionPooler when the
+// client cannot run through it; when the database cannot be reached, it
+// logs a warning and starts anyway, and the first run checks again.
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	stopping := c.stopping
@@ -225,8 +227,10 @@ func (c *Client) Start(ctx context.Context) error {
 	if stopping {
 		return ErrStopped
 	}
-	if err := c.Check(ctx); err != nil {
+	if err := c.Check(ctx); errors.Is(err, ErrTransactionPooler) {
 		return err
+	} else if err != nil {
+		c.cfg.Logger.Warn("could not check the pool; starting anyway", "err", err)
 	}
 	if c.cfg.Completer.Interval > 0 {
 		if err := c.completer.Start(ctx); err != nil {

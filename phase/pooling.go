@@ -15,13 +15,22 @@ import (
 // ErrTransactionPooler is returned, wrapped, by Client.Check (and so by
 // Start, Complete, Reap and the first Run) when the pool reaches Postgres
 // through a transaction pooler, such as PgBouncer with
-// pool_mode = transaction, while pgx prepares statements on server
-// sessions: its default query exec mode, cache_statement, or describe_exec.
-// A transaction pooler runs each transaction on whichever server session is
-// free, so a statement prepared in one is missing, or another one, in the
-// next. Set default_query_exec_mode=cache_describe in the database URL (or
+// pool_mode = transaction, in a query exec mode that needs each connection
+// to keep its server session. A transaction pooler runs each transaction on
+// whichever server session is free, so:
+//
+//   - cache_statement, pgx's default, fails unless the pooler prepares a
+//     connection's named statements again on every session that runs them
+//     (PgBouncer 1.21 and later with max_prepared_statements > 0, the
+//     default since 1.24); before that, a statement prepared in one
+//     transaction is missing, or another one, in the next;
+//   - describe_exec sends each statement in two round trips, which the
+//     pooler may hand to two sessions: the second may run another client's
+//     statement.
+//
+// Set default_query_exec_mode=cache_describe in the database URL (or
 // pgxpool.Config.ConnConfig.DefaultQueryExecMode to
-// pgx.QueryExecModeCacheDescribe), which prepares nothing.
+// pgx.QueryExecModeCacheDescribe), which prepares nothing a session keeps.
 //
 // It also wraps the errors of statements that met a missing or duplicate
 // prepared statement at run time, in case Check did not catch the pooler.
@@ -55,8 +64,8 @@ func checkPool(cfg *pgx.ConnConfig) error {
 
 // Check verifies that the client can run its statements through its pool,
 // and returns an error saying what to change when it cannot: an error
-// wrapping ErrTransactionPooler when the pool prepares statements on server
-// sessions (query exec mode cache_statement or describe_exec) that a
+// wrapping ErrTransactionPooler when the pool's query exec mode
+// (cache_statement or describe_exec) needs server sessions that a
 // transaction pooler hands from connection to connection, or the error that
 // kept it from finding out. In cache_describe it has nothing to find out.
 //
@@ -64,9 +73,11 @@ func checkPool(cfg *pgx.ConnConfig) error {
 // a direct connection's is the one announced when it logged in (one
 // statement in all); behind a proxy, two connections ask for theirs a few
 // times, and a transaction pooler shows by giving both the same session, or
-// one of them another. A proxy that keeps each connection on its own
-// session (a session pooler, or a transaction pooler that happened not to
-// show) passes, with a warning in the log.
+// one of them another. It then prepares a statement on one session and runs
+// it on another: a pooler that prepares it there too can run
+// cache_statement. A proxy that keeps each connection on its own session (a
+// session pooler, or a transaction pooler that happened not to show) passes,
+// with a warning in the log.
 //
 // Start, Complete, Reap and the first Run check by themselves; a process
 // that only uses the operations (Inspect, List, Counts...) calls Check
@@ -105,12 +116,13 @@ func (c *Client) checkPooling(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("phase: check: %w", err)
 	}
-	switch pooling {
-	case store.TransactionPooled:
+	switch {
+	case pooling == store.TransactionPooled,
+		pooling == store.PreparedCarried && mode == pgx.QueryExecModeDescribeExec:
 		err := fmt.Errorf("%w (the pool's query exec mode is %q)", ErrTransactionPooler, mode)
 		c.cfg.Logger.Error("the pool cannot run the client's statements", "query_exec_mode", mode.String(), "err", err)
 		return err
-	case store.Proxied:
+	case pooling == store.Proxied:
 		c.cfg.Logger.Warn("the pool reaches Postgres through a proxy; if it pools transactions (PgBouncer pool_mode = transaction), "+
 			"set default_query_exec_mode=cache_describe in the database URL", "query_exec_mode", mode.String())
 	}

@@ -314,9 +314,9 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 	<-killerDone
 	slices.Sort(took)
 	if len(took) > 0 {
-		t.Logf("%d keys in %d runs over %v; %d sessions terminated; failed runs by kind: %v; "+
+		t.Logf("%s: %d keys in %d runs over %v; %d sessions terminated; failed runs by kind: %v; "+
 			"first attempt to response: median %v, p99 %v, max %v",
-			len(responses), attempts.Load(), time.Since(began).Round(time.Millisecond), terminated.Load(), failures,
+			t.Name(), len(responses), attempts.Load(), time.Since(began).Round(time.Millisecond), terminated.Load(), failures,
 			took[len(took)/2].Round(time.Millisecond), took[len(took)*99/100].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 	}
 
@@ -357,4 +357,32 @@ func failureKind(err error) string {
 		return "lease lost"
 	}
 	return fmt.Sprintf("%q", err)
+}
+
+func TestStartWithTheDatabaseDownStartsAndChecksLater(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var logs syncBuffer
+	w := ordersWorkflow(t, newPayments())
+	c, err := phase.NewClient(db, &phase.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("Start with the database down: %v, want it to start and check later", err)
+	}
+	if !strings.Contains(logs.String(), "could not check the pool") {
+		t.Errorf("no warning that the check was put off:\n%s", logs.String())
+	}
+	if _, err := w.Run(ctx, c, "acme", "k1", order{Item: "lamp", Amount: 1}); !errors.Is(err, phase.ErrUnavailable) {
+		t.Errorf("run with the database down: %v, want ErrUnavailable", err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -38,13 +38,18 @@ type BouncerConfig struct {
 	// PoolSize is how many server connections the bouncer opens at most for
 	// each database. Defaults to DefaultBouncerPoolSize.
 	PoolSize int
+	// SessionPooling makes the bouncer give each client a server session of
+	// its own for as long as it stays connected (pool_mode = session),
+	// instead of for each transaction.
+	SessionPooling bool
 }
 
-// Bouncer is a private PgBouncer in transaction pooling mode: each
-// transaction of a client, and each statement outside a transaction, runs
-// on whichever server connection of the database's pool is free, so nothing
-// a client leaves on a server session (a prepared statement, a SET, a
-// LISTEN) follows it to its next transaction.
+// Bouncer is a private PgBouncer, in transaction pooling mode unless
+// configured otherwise: each transaction of a client, and each statement
+// outside a transaction, runs on whichever server connection of the
+// database's pool is free, so nothing a client leaves on a server session
+// (a prepared statement, a SET, a LISTEN) follows it to its next
+// transaction.
 //
 // It listens only on a Unix socket in its own temporary directory and lets
 // every local client in under any user name, logging in to the server as
@@ -85,7 +90,7 @@ func StartBouncer(ctx context.Context, cfg BouncerConfig) (*Bouncer, error) {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
 	b := &Bouncer{dir: dir, bin: bin, cred: cred}
-	if err := b.configure(server, cfg.PoolSize); err != nil {
+	if err := b.configure(server, cfg); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -140,9 +145,14 @@ func (b *Bouncer) iniPath() string { return filepath.Join(b.dir, "pgbouncer.ini"
 func (b *Bouncer) logPath() string { return filepath.Join(b.dir, "pgbouncer.log") }
 
 // configure writes the owner file and the bouncer's configuration.
-func (b *Bouncer) configure(server *pgconn.Config, poolSize int) error {
+func (b *Bouncer) configure(server *pgconn.Config, cfg BouncerConfig) error {
+	poolSize := cfg.PoolSize
 	if poolSize <= 0 {
 		poolSize = DefaultBouncerPoolSize
+	}
+	poolMode := "transaction"
+	if cfg.SessionPooling {
+		poolMode = "session"
 	}
 	if err := os.WriteFile(filepath.Join(b.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return fmt.Errorf("pgcluster: %w", err)
@@ -170,7 +180,7 @@ func (b *Bouncer) configure(server *pgconn.Config, poolSize int) error {
 [pgbouncer]
 unix_socket_dir = %s
 listen_port = %d
-pool_mode = transaction
+pool_mode = %s
 default_pool_size = %d
 max_client_conn = 5000
 auth_type = any
@@ -178,7 +188,7 @@ server_tls_sslmode = %s
 server_login_retry = 1
 log_connections = 0
 log_disconnections = 0
-`, strings.Join(conn, " "), b.dir, bouncerPort, poolSize, tlsMode)
+`, strings.Join(conn, " "), b.dir, bouncerPort, poolMode, poolSize, tlsMode)
 	// 0600: it may hold the server's password.
 	if err := os.WriteFile(b.iniPath(), []byte(ini), 0o600); err != nil {
 		return fmt.Errorf("pgcluster: %w", err)

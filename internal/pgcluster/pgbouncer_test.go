@@ -129,7 +129,7 @@ func TestBouncerLogsInWithTheServersCredentials(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := &Bouncer{dir: t.TempDir()}
-		if err := b.configure(server, 0); err != nil {
+		if err := b.configure(server, BouncerConfig{}); err != nil {
 			t.Fatal(err)
 		}
 		ini, err := os.ReadFile(b.iniPath())

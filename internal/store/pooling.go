@@ -2,9 +2,13 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -23,8 +27,14 @@ const (
 	Proxied
 	// TransactionPooled: the server sessions behind two connections changed
 	// hands between statements, which only a transaction (or statement)
-	// pooler does.
+	// pooler does, and a statement prepared on one session was missing on
+	// the next (PgBouncer before 1.21, or with max_prepared_statements = 0).
 	TransactionPooled
+	// PreparedCarried: a transaction pooler that prepares a connection's
+	// named statements again on whichever session runs them (PgBouncer
+	// 1.21 and later with max_prepared_statements > 0, the default since
+	// 1.24).
+	PreparedCarried
 )
 
 func (p Pooling) String() string {
@@ -35,6 +45,8 @@ func (p Pooling) String() string {
 		return "proxied"
 	case TransactionPooled:
 		return "transaction pooled"
+	case PreparedCarried:
+		return "transaction pooled, prepared statements carried"
 	}
 	return fmt.Sprintf("Pooling(%d)", int(p))
 }
@@ -89,10 +101,8 @@ func ProbePooling(ctx context.Context, pool *pgxpool.Pool) (Pooling, error) {
 	if err != nil {
 		return 0, err
 	}
-	if firstA == firstB {
-		return TransactionPooled, nil
-	}
-	for range probeRounds {
+	pooled := firstA == firstB
+	for i := 0; i < probeRounds && !pooled; i++ {
 		pa, err := backendPID(ctx, a.Conn().PgConn())
 		if err != nil {
 			return 0, err
@@ -101,11 +111,98 @@ func ProbePooling(ctx context.Context, pool *pgxpool.Pool) (Pooling, error) {
 		if err != nil {
 			return 0, err
 		}
-		if pa == pb || pa != firstA || pb != firstB {
-			return TransactionPooled, nil
+		pooled = pa == pb || pa != firstA || pb != firstB
+	}
+	if !pooled {
+		return Proxied, nil
+	}
+	carried, err := preparedCarried(ctx, a.Conn().PgConn(), b.Conn().PgConn())
+	if err != nil {
+		return 0, err
+	}
+	if carried {
+		return PreparedCarried, nil
+	}
+	return TransactionPooled, nil
+}
+
+// preparedCarried finds out whether a transaction pooler carries a named
+// prepared statement of connection a to the server sessions that run a's
+// later statements. It prepares one inside a transaction that also names
+// its session, then runs it while b holds a session in a transaction of its
+// own (the one just freed, under PgBouncer), so that a runs on another
+// session. The pooler carries it when it runs there, and does not when
+// Postgres finds no such statement; running on the same session again tells
+// nothing, and is tried again.
+//
+// A pooler that does not carry it leaves it on the session it was prepared
+// on, under a name no one else uses, until the pooler closes that session.
+func preparedCarried(ctx context.Context, a, b *pgconn.PgConn) (bool, error) {
+	var random [8]byte
+	_, _ = rand.Read(random[:])
+	name := "atomicphase_probe_" + hex.EncodeToString(random[:])
+	prepared, err := func() (uint32, error) {
+		if err := exec(ctx, a, "BEGIN"); err != nil {
+			return 0, err
+		}
+		defer exec(context.WithoutCancel(ctx), a, "COMMIT") //nolint:errcheck // the statement stays prepared either way
+		if _, err := a.Prepare(ctx, name, backendPIDSQL, nil); err != nil {
+			return 0, fmt.Errorf("store: probe pooling: %w", err)
+		}
+		return backendPID(ctx, a)
+	}()
+	if err != nil {
+		return false, err
+	}
+	defer a.Deallocate(context.WithoutCancel(ctx), name) //nolint:errcheck // see the doc comment
+	for range probeRounds {
+		ran, found, err := runHeld(ctx, a, b, name)
+		switch {
+		case err != nil:
+			return false, err
+		case !found:
+			return false, nil
+		case ran != prepared:
+			return true, nil
 		}
 	}
-	return Proxied, nil
+	return false, nil
+}
+
+// runHeld runs the statement a prepared as name while b holds a server
+// session in a transaction, and returns the session it ran on, or found
+// false when Postgres had no such statement there.
+func runHeld(ctx context.Context, a, b *pgconn.PgConn, name string) (ran uint32, found bool, err error) {
+	if err := exec(ctx, b, "BEGIN"); err != nil {
+		return 0, false, err
+	}
+	defer exec(context.WithoutCancel(ctx), b, "ROLLBACK") //nolint:errcheck // ends a transaction that changed nothing
+	if _, err := backendPID(ctx, b); err != nil {
+		return 0, false, err
+	}
+	result := a.ExecPrepared(ctx, name, nil, nil, nil).Read()
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(result.Err, &pgErr) && pgErr.Code == pgerrcode.InvalidSQLStatementName:
+		return 0, false, nil
+	case result.Err != nil:
+		return 0, false, fmt.Errorf("store: probe pooling: %w", result.Err)
+	case len(result.Rows) != 1 || len(result.Rows[0]) != 1:
+		return 0, false, fmt.Errorf("store: probe pooling: %s returned no single value", backendPIDSQL)
+	}
+	pid, err := strconv.ParseUint(string(result.Rows[0][0]), 10, 32)
+	if err != nil {
+		return 0, false, fmt.Errorf("store: probe pooling: %w", err)
+	}
+	return uint32(pid), true, nil
+}
+
+// exec runs sql, which returns no rows, on conn.
+func exec(ctx context.Context, conn *pgconn.PgConn, sql string) error {
+	if _, err := conn.Exec(ctx, sql).ReadAll(); err != nil {
+		return fmt.Errorf("store: probe pooling: %w", err)
+	}
+	return nil
 }
 
 // backendPID returns the process ID of the server session that runs a
