@@ -72,6 +72,13 @@
 // completer resumes abandoned keys, and its reaper deletes finished keys once
 // their retention is over.
 //
+// Every phase commit waits for the WAL flush, as the server's
+// synchronous_commit says; taking and renewing a lease do not. A lease lost
+// with the last moments of WAL in a server crash is harmless: every phase
+// its holder committed was flushed, and the lease with it; the holder is
+// fenced out of further writes; and the next run takes the key again and
+// sends any foreign call with the same downstream key.
+//
 // # Packages
 //
 //   - phase: workflows and phases, the [phase.Client] that runs them and
@@ -85,6 +92,12 @@
 //   - keyrow: the key's model ([keyrow.Row], its states and holds), header
 //     parsing, request fingerprints and downstream keys.
 //   - lockttl: the lease's rules: TTL, renewal, Retry-After.
+//   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
+//     calls and completer passes, as a phase.Middleware; only programs that
+//     import it depend on OpenTelemetry.
+//   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
+//     calls and completer passes, as a [phase.Middleware]. Only programs
+//     that import it depend on OpenTelemetry.
 //   - cmd/atomicphase: inspect, list, unlock, retry and reap keys; migrate.
 //   - examples/quickstart: the README's complete program;
 //     examples/rides: the Stripe rides example; examples/transfers: a ledger

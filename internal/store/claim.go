@@ -159,11 +159,14 @@ const abandonedWhere = `finished_at IS NULL
 // whole retention) a terminal response, so a client retrying after the
 // retention gets an answer instead of a fresh run, and the reaper then
 // removes them like any finished key. Keys awaiting reconciliation are left
-// alone: their outcome is not known. Rows are locked FOR NO KEY UPDATE, as
-// claimSQL locks them, so a transaction referencing a key does not hide it.
+// alone: their outcome is not known. It clears the expired lease with the
+// rest, so that no holder's token matches a finished key. Rows are locked
+// FOR NO KEY UPDATE, as claimSQL locks them, so a transaction referencing a
+// key does not hide it.
 const expireSQL = `
 UPDATE idempotency_keys
 SET recovery_point = 'finished', finished_at = now(), hold = NULL,
+    locked_at = NULL, lock_expires_at = NULL, lock_token = NULL,
     response_status = 500, response_headers = '{"Content-Type":["application/problem+json"]}',
     response_body = convert_to(json_build_object(
         'type', 'urn:atomicphase:problem:request-abandoned',

@@ -42,12 +42,26 @@ type env struct {
 // tests drive the completer themselves and start the worker when needed.
 func setup(t testing.TB, maxConns int32) *env {
 	t.Helper()
+	return setupWith(t, maxConns, nil)
+}
+
+// setupWith is setup with configure applied, when not nil, to the pool's
+// config, the Stripe client's transport and the service's config before
+// they are used, and to the fake Stripe's handler.
+func setupWith(t testing.TB, maxConns int32, configure *configurer) *env {
+	t.Helper()
+	if configure == nil {
+		configure = &configurer{}
+	}
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
+	if configure.pool != nil {
+		configure.pool(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -72,19 +86,39 @@ func setup(t testing.TB, maxConns int32) *env {
 	}
 	t.Cleanup(stripePool.Close)
 	fs := fakestripe.New(stripePool, fakestripe.Config{Logger: quiet})
-	srv := httptest.NewServer(fs)
+	var stripeHandler http.Handler = fs
+	if configure.stripe != nil {
+		stripeHandler = configure.stripe(fs)
+	}
+	srv := httptest.NewServer(stripeHandler)
 	t.Cleanup(srv.Close)
 	// The client the service uses in production, keep-alives included:
 	// the fake Stripe's drops reach it all the same.
-	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", nil)
-	app, err := ride.New(ride.Config{
+	var hc *http.Client
+	if configure.transport != nil {
+		hc = &http.Client{Timeout: 10 * time.Second, Transport: configure.transport(http.DefaultTransport)}
+	}
+	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", hc)
+	appCfg := ride.Config{
 		Pool: pool, Stripe: sc, Logger: quiet,
 		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
-	})
+	}
+	if configure.app != nil {
+		configure.app(&appCfg)
+	}
+	app, err := ride.New(appCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &env{pool: pool, stripe: fs, sc: sc, app: app, api: app.Handler()}
+}
+
+// configurer adjusts what setupWith builds; nil functions change nothing.
+type configurer struct {
+	pool      func(*pgxpool.Config)
+	transport func(http.RoundTripper) http.RoundTripper
+	app       func(*ride.Config)
+	stripe    func(http.Handler) http.Handler
 }
 
 var ridePayload = url.Values{"origin_lat": {"37.7749"}, "origin_lon": {"-122.4194"}, "target_lat": {"37.3382"}, "target_lon": {"-121.8863"}}.Encode()
