@@ -45,15 +45,16 @@ const waitTimeout = time.Minute
 //     the key alone. Then the first run crashes at P, or goes on.
 //   - retry-takes-over, completer-takes-over: the first run's lease runs out
 //     while it is paused (Client.Unlock, what expiry would do) and a retry,
-//     or the completer, takes the key over. The taker is itself paused at
-//     a point Q while the first run goes on, as a stalled holder that wakes
-//     up does, and is fenced out; then the taker finishes. A pause at P's
-//     stage in_call stands for a call in flight when the lease ran out.
+//     or the completer, takes the key over and is itself paused at a point
+//     Q. The first run then wakes up, as a stalled holder does, and must be
+//     fenced out; then the taker goes on and finishes the key. A first run
+//     paused at a foreign phase's in_call point stands for a call still in
+//     flight when its lease ran out: the taker may send the same call first.
 //
-// Without a pause point in the taker's name, the taker runs to its end
-// before the first run goes on. By default Q is P itself when the taker
-// passes it (both runs at the same step), or else the taker's first point;
-// with EnvPairs set to "all", Q is every point the taker passes.
+// When the taker's name has no pause point, it runs to its end before the
+// first run wakes up. By default Q is P itself when the taker passes it
+// (both runs at the same step), or else the taker's first point; with
+// EnvPairs set to "all", Q is every point the taker passes.
 //
 // Each scenario then converges as production would (a crashed run's lease
 // is freed and the client retries) and is checked as CrashMatrix checks
@@ -67,7 +68,9 @@ const waitTimeout = time.Minute
 // Config.DB, and the paused run is released. PairMatrix therefore needs
 // the workflow's database to itself while it runs, and real Postgres:
 // testing/synctest cannot tell a run waiting on the database from one that
-// is working.
+// is working. A paused run's time limits keep running; pauses last
+// milliseconds, far inside the default LockTTL and CallTimeout, but a client
+// built with limits of a second or two may see a paused run cut short.
 func PairMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 	t.Helper()
 	if cfg.DB == nil {
