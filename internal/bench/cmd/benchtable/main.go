@@ -76,12 +76,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	round := fs.Duration("round", 2*time.Second, "length of one round of one kind")
 	configList := fs.String("configs", "fast,durable", "server configurations to start, in order: fast, durable")
 	large := fs.Bool("large", false, "also measure acquire with 10 million keys and the reaper under traffic")
+	compare := fs.Bool("compare", true, "compare the library with the baseline (-compare=false with -large measures only the large tables)")
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "scratch Postgres database to use instead of starting servers (default $DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *dbURL != "" {
-		return measure(ctx, "the given database", *dbURL, 0, *rounds, *round, *large, stdout, stderr)
+		return measure(ctx, "the given database", *dbURL, 0, *rounds, *round, *compare, *large, stdout, stderr)
 	}
 	for i, name := range strings.Split(*configList, ",") {
 		settings, ok := configs[name]
@@ -93,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%w\n(or set DATABASE_URL to a scratch database)", err)
 		}
-		err = measure(ctx, name, cluster.DSN("postgres"), cluster.PID(), *rounds, *round, *large && i == 0, stdout, stderr)
+		err = measure(ctx, name, cluster.DSN("postgres"), cluster.PID(), *rounds, *round, *compare, *large && i == 0, stdout, stderr)
 		if stopErr := cluster.Stop(); err == nil {
 			err = stopErr
 		}
@@ -107,7 +108,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // measure runs the comparison, and with large the large-table measurements,
 // on the database at dsn, whose postmaster is postmaster when it is a local
 // server benchtable started (0 otherwise).
-func measure(ctx context.Context, name, dsn string, postmaster, rounds int, round time.Duration, large bool, w, progress io.Writer) error {
+func measure(ctx context.Context, name, dsn string, postmaster, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) error {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
@@ -126,14 +127,16 @@ func measure(ctx context.Context, name, dsn string, postmaster, rounds int, roun
 	if err := describeServer(ctx, env, w); err != nil {
 		return err
 	}
-	results, err := compare(ctx, env, rounds, round, progress)
-	if err != nil {
-		return err
-	}
-	printComparison(w, results, env.Stats(), env.CPU != nil)
-	if env.Stats() {
-		printStatements(w, results, bench.LibraryRun, bench.BaselineRun)
-		printStatements(w, results, bench.LibraryRides, bench.BaselineRides)
+	if compare {
+		results, err := compareAll(ctx, env, rounds, round, progress)
+		if err != nil {
+			return err
+		}
+		printComparison(w, results, env.Stats(), env.CPU != nil)
+		if env.Stats() {
+			printStatements(w, results, bench.LibraryRun, bench.BaselineRun)
+			printStatements(w, results, bench.LibraryRides, bench.BaselineRides)
+		}
 	}
 	if !large {
 		return nil
@@ -184,7 +187,7 @@ type measured struct {
 	rounds      []bench.Result
 }
 
-func compare(ctx context.Context, env *bench.Env, rounds int, round time.Duration, progress io.Writer) ([]*measured, error) {
+func compareAll(ctx context.Context, env *bench.Env, rounds int, round time.Duration, progress io.Writer) ([]*measured, error) {
 	var all []*measured
 	for _, c := range bench.Concurrencies {
 		for _, pair := range pairs {
@@ -432,7 +435,7 @@ func openSchema(ctx context.Context, cfg *pgxpool.Config, schema string) (*bench
 		return nil, err
 	}
 	cfg = cfg.Copy()
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema + ", public"
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	return bench.Open(ctx, cfg)
 }
 
