@@ -86,6 +86,9 @@
 //   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
 //     calls and completer passes, as a phase.Middleware; only programs that
 //     import it depend on OpenTelemetry.
+//   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
+//     calls and completer passes, as a [phase.Middleware]. Only programs
+//     that import it depend on OpenTelemetry.
 //   - cmd/atomicphase: inspect, list, unlock, retry and reap keys; migrate.
 //   - examples/quickstart: the README's complete program;
 //     examples/rides: the Stripe rides example; examples/transfers: a ledger

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -158,6 +159,13 @@ type Client struct {
 	// stop and free their leases.
 	halt     context.Context
 	haltRuns context.CancelFunc
+
+	// Check's answer, once it has one; checkPassed lets runs skip the
+	// mutex.
+	checkMu     sync.Mutex
+	checked     bool
+	checkErr    error
+	checkPassed atomic.Bool
 }
 
 // NewClient returns a client over pool, which must hold the migrated
@@ -167,6 +175,9 @@ type Client struct {
 func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("phase: NewClient needs a pool")
+	}
+	if err := checkPool(pool.Config().ConnConfig); err != nil {
+		return nil, err
 	}
 	var c Config
 	if cfg != nil {
@@ -202,14 +213,18 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	return cl, nil
 }
 
-// Start runs the completer and the reaper in the background, each unless
-// its Interval is -1, until Stop or ctx ends.
+// Start checks the pool (see Check) and runs the completer and the reaper
+// in the background, each unless its Interval is -1, until Stop or ctx
+// ends.
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	stopping := c.stopping
 	c.mu.Unlock()
 	if stopping {
 		return ErrStopped
+	}
+	if err := c.Check(ctx); err != nil {
+		return err
 	}
 	if c.cfg.Completer.Interval > 0 {
 		if err := c.completer.Start(ctx); err != nil {
@@ -310,11 +325,17 @@ func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, ho
 // job, whether or not Start runs the completer, and also after Stop (a
 // final drain). Keys are due under the completer's MinIdle and backoff.
 func (c *Client) Complete(ctx context.Context) (recovery.PassResult, error) {
+	if err := c.ready(ctx); err != nil {
+		return recovery.PassResult{}, err
+	}
 	return c.completer.Drain(ctx)
 }
 
 // Reap runs the reaper once, now, whether or not Start runs it.
 func (c *Client) Reap(ctx context.Context) (recovery.ReapResult, error) {
+	if err := c.ready(ctx); err != nil {
+		return recovery.ReapResult{}, err
+	}
 	return c.reaper.RunOnce(ctx)
 }
 

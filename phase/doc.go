@@ -37,6 +37,18 @@
 // [Client.Inspect], [Client.List], [Client.Counts], [Client.Unlock],
 // [Client.Retry], [Client.Reap]; the atomicphase command wraps them.
 //
+// # Connection poolers
+//
+// The client takes only transaction-scoped locks and sets nothing on a
+// session, so it runs through a transaction pooler such as PgBouncer with
+// pool_mode = transaction, as long as pgx does not prepare statements on
+// server sessions: the pool needs default_query_exec_mode=cache_describe in
+// its URL (or pgx.QueryExecModeCacheDescribe in its config). [NewClient]
+// refuses query exec modes that cannot send the client's parameters at all
+// (exec, simple_protocol) and disabled pgx caches; [Client.Check], which
+// Start and the first run call, finds a transaction pooler in front of a
+// pool that prepares statements and returns [ErrTransactionPooler].
+//
 // # Running
 //
 // [Workflow.Run] takes the key's lease in one statement and then replays the

@@ -23,40 +23,48 @@ import (
 
 func TestCrashAtEveryFaultPointConvergesToOneChargePerKey(t *testing.T) {
 	t.Parallel()
-	for _, express := range []bool{false, true} {
-		name := "standard"
-		if express {
-			name = "express"
+	for _, route := range pgtest.Routes() {
+		for _, express := range []bool{false, true} {
+			name := "standard"
+			if express {
+				name = "express"
+			}
+			t.Run(route.Name+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				crashMatrix(t, route.PoolWith(t, nil), express)
+			})
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, func(c *phase.Config) {
-				c.Completer = recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
-			})
-			phasetest.CrashMatrix(t, phasetest.Config[order, orderState]{
-				Client:        e.c,
-				Workflow:      e.w,
-				WithCompleter: true,
-				Request:       func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
-				Check: func(t testing.TB, key string, resp *keyrow.Response) {
-					orders, orderID := e.orderCount(t, key)
-					if orders != 1 {
-						t.Fatalf("%s: %d orders, want 1", key, orders)
-					}
-					if n := e.pay.chargesFor(orderID); n != 1 {
-						t.Fatalf("%s: %d charges, want 1", key, n)
-					}
-					var packed, receipt bool
-					if err := e.db.QueryRow(context.Background(), `SELECT packed, receipt FROM orders WHERE id = $1`, orderID).Scan(&packed, &receipt); err != nil {
-						t.Fatal(err)
-					}
-					if packed == express || !receipt {
-						t.Fatalf("%s: packed=%v receipt=%v for express=%v", key, packed, receipt, express)
-					}
-				},
-			})
-		})
 	}
+}
+
+// crashMatrix crashes the orders workflow at every fault point and checks
+// that each key converges to one order, one charge and the right phases.
+func crashMatrix(t *testing.T, db *pgxpool.Pool, express bool) {
+	e := setupPool(t, db, func(c *phase.Config) {
+		c.Completer = recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
+	})
+	phasetest.CrashMatrix(t, phasetest.Config[order, orderState]{
+		Client:        e.c,
+		Workflow:      e.w,
+		WithCompleter: true,
+		Request:       func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
+		Check: func(t testing.TB, key string, resp *keyrow.Response) {
+			orders, orderID := e.orderCount(t, key)
+			if orders != 1 {
+				t.Fatalf("%s: %d orders, want 1", key, orders)
+			}
+			if n := e.pay.chargesFor(orderID); n != 1 {
+				t.Fatalf("%s: %d charges, want 1", key, n)
+			}
+			var packed, receipt bool
+			if err := e.db.QueryRow(context.Background(), `SELECT packed, receipt FROM orders WHERE id = $1`, orderID).Scan(&packed, &receipt); err != nil {
+				t.Fatal(err)
+			}
+			if packed == express || !receipt {
+				t.Fatalf("%s: packed=%v receipt=%v for express=%v", key, packed, receipt, express)
+			}
+		},
+	})
 }
 
 func TestFaultPointsCoverEveryStage(t *testing.T) {
@@ -81,9 +89,20 @@ func TestFaultPointsCoverEveryStage(t *testing.T) {
 
 func Test100ConcurrentIdenticalRequestsExecuteOnce(t *testing.T) {
 	t.Parallel()
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.MaxConns = 40
-	})
+	for _, route := range pgtest.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			concurrentIdenticalRequests(t, route.PoolWith(t, func(cfg *pgxpool.Config) {
+				cfg.MaxConns = 40
+			}))
+		})
+	}
+}
+
+// concurrentIdenticalRequests sends 100 identical requests at once and
+// checks that one ran, the others got 409 or its replay, and one charge was
+// made.
+func concurrentIdenticalRequests(t *testing.T, db *pgxpool.Pool) {
 	e := setupPool(t, db)
 	e.pay.delay = 50 * time.Millisecond
 	h := e.handler(t)

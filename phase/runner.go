@@ -124,11 +124,11 @@ type Outcome struct {
 // Errors: ErrNotRegistered; an error wrapping keyrow.ErrInvalidTenant,
 // keyrow.ErrKeyInvalid or ErrInvalidRequest for a request that can never be
 // stored; ErrStopped; ErrUnavailable (the store is unreachable or was lost:
-// safe to retry); ErrRunTimeout; ErrCrash (an injected crash; the lease is
-// kept); keyrow.ErrLeaseLost (another run took the key over);
-// ErrOutcomeUnknown; a *PanicError; or the error of a failed phase. In every
-// error case the recovery point of the last committed phase is kept and
-// nothing is stored as the response.
+// safe to retry); ErrTransactionPooler (see Client.Check); ErrRunTimeout;
+// ErrCrash (an injected crash; the lease is kept); keyrow.ErrLeaseLost
+// (another run took the key over); ErrOutcomeUnknown; a *PanicError; or the
+// error of a failed phase. In every error case the recovery point of the
+// last committed phase is kept and nothing is stored as the response.
 func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key string, req Req) (*Outcome, error) {
 	if len(c.cfg.Middleware) == 0 {
 		var info RunInfo
@@ -171,6 +171,12 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	defer c.inflight.Done()
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
+	if err := c.ready(ctx); err != nil {
+		if errors.Is(err, ErrTransactionPooler) {
+			return nil, err
+		}
+		return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
+	}
 
 	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
 	var waitUntil time.Time
@@ -243,6 +249,8 @@ func (c *Client) acquireFailed(ctx context.Context, workflow, tenant, key string
 	case storeDown(err) || ctx.Err() != nil:
 		c.cfg.Logger.Warn("idempotency key store unavailable", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case preparedStatementLost(err):
+		err = fmt.Errorf("%w: %w", ErrTransactionPooler, err)
 	}
 	c.cfg.Logger.Error("taking the key's lease failed", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
 	return fmt.Errorf("phase: acquire: %w", err)
@@ -495,14 +503,9 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	if err := x.inject(ctx, Point{p.name, BeforeCall}); err != nil {
 		return nil, err
 	}
-	callCtx, cancel := ctx, context.CancelFunc(func() {})
-	if d := x.c.cfg.CallTimeout; d > 0 {
-		callCtx, cancel = context.WithTimeout(ctx, d)
-	}
-	defer cancel()
-	// The renewals stop with callCtx: a call that outlives its limit no
+	// The renewals stop with the call's limit: a call that outlives it no
 	// longer keeps the key, which expires and resumes elsewhere.
-	keepCtx, stop, err := x.lease.Keep(callCtx, x.c.pool)
+	callCtx, stop, err := x.lease.Keep(ctx, x.c.pool, x.c.cfg.CallTimeout)
 	if err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			return nil, err
@@ -511,9 +514,12 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	}
 	defer stop()
 	err = protect("foreign call of phase "+p.name, func() (err error) {
-		rec, err = p.foreign.call(keepCtx, x.run)
+		rec, err = p.foreign.call(callCtx, x.run)
 		return err
 	})
+	// Whether the call was cut short must be read before stop cancels
+	// callCtx.
+	cut := callCtx.Err() != nil
 	stop()
 	if lost := x.lease.Err(); lost != nil {
 		return nil, lost
@@ -523,10 +529,10 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	case err == nil:
 	case errors.As(err, &pe):
 		return nil, err
-	case callCtx.Err() != nil && !errors.Is(err, ErrOutcomeUnknown):
+	case cut && !errors.Is(err, ErrOutcomeUnknown):
 		// The call was cut short by its limit, the run's, or shutdown: it
 		// may have reached the provider.
-		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped after %v: %w", p.name, x.c.cfg.CallTimeout, err))
+		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped: %w", p.name, err))
 	default:
 		return nil, fmt.Errorf("phase %s: %w", p.name, err)
 	}
@@ -574,6 +580,8 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 		return fmt.Errorf("%w: %w", ErrRunTimeout, err)
 	case storeDown(err) || ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case preparedStatementLost(err):
+		return fmt.Errorf("%w: %w", ErrTransactionPooler, err)
 	}
 	return err
 }

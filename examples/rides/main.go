@@ -126,6 +126,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	completerMinIdle := fs.Duration("completer-min-idle", 0, "how long a key must sit idle before the completer takes it (default 1m)")
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
+	pollOnly := fs.Bool("poll-only", false, "River polls instead of using LISTEN/NOTIFY: needed behind PgBouncer in transaction pooling mode\n(whose URL also needs default_query_exec_mode=cache_describe)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
@@ -157,6 +158,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 			Middleware: tel.middleware(),
 		},
 		WithoutWorker: *noWorker,
+		PollOnly:      *pollOnly,
 	}
 	if *noCompleter {
 		cfg.Client.Completer.Interval = -1
