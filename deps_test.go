@@ -8,10 +8,11 @@ import (
 	"testing"
 )
 
-// TestCorePackagesDoNotDependOnOpenTelemetry keeps OpenTelemetry, and the
-// rest of what otelphase and the examples pull in, out of the packages a
-// program imports to run workflows.
-func TestCorePackagesDoNotDependOnOpenTelemetry(t *testing.T) {
+// TestCorePackagesImportNeitherTestToolingNorIntegrations keeps what
+// otelphase, phasetest, the test harness and the examples pull in
+// (OpenTelemetry, testcontainers, goleak, River, stripe-go) out of the
+// packages a program imports to run workflows.
+func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 	t.Parallel()
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
 	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl").CombinedOutput()
@@ -23,8 +24,13 @@ func TestCorePackagesDoNotDependOnOpenTelemetry(t *testing.T) {
 		t.Fatalf("go list listed only %q", deps)
 	}
 	for _, p := range deps {
+		if p == "testing" {
+			t.Errorf("a core package imports testing")
+		}
 		for _, banned := range []string{"go.opentelemetry.io/", "github.com/atomicphase/atomicphase/otelphase",
-			"github.com/testcontainers/", "github.com/riverqueue/", "github.com/stripe/"} {
+			"github.com/testcontainers/", "github.com/riverqueue/", "github.com/stripe/", "go.uber.org/goleak",
+			"github.com/atomicphase/atomicphase/internal/pgtest", "github.com/atomicphase/atomicphase/internal/pgcluster",
+			"github.com/atomicphase/atomicphase/phase/phasetest"} {
 			if strings.HasPrefix(p, banned) {
 				t.Errorf("a core package depends on %s", p)
 			}

@@ -487,4 +487,5 @@ func ExampleMigrations() {
 	// Output:
 	// 001_create_idempotency_keys
 	// 002_add_failures
+	// 003_drop_row_checks
 }

@@ -146,11 +146,13 @@ var ErrStopped = errors.New("phase: client is stopping")
 // Config.Reaper.Interval to -1 (or never calls Start); a process that only
 // completes registers its workflows and calls Start without serving.
 type Client struct {
-	cfg       Config
-	pool      *pgxpool.Pool
-	workflows map[string]Registered
-	completer *maint.Completer
-	reaper    *maint.Reaper
+	cfg  Config
+	pool *pgxpool.Pool
+	// poolConfig is a copy of the pool's configuration, made once.
+	poolConfig *pgxpool.Config
+	workflows  map[string]Registered
+	completer  *maint.Completer
+	reaper     *maint.Reaper
 
 	mu       sync.Mutex
 	stopping bool
@@ -187,7 +189,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, pool: pool, workflows: make(map[string]Registered, len(workflows))}
+	cl := &Client{cfg: c, pool: pool, poolConfig: pool.Config(), workflows: make(map[string]Registered, len(workflows))}
 	for _, w := range workflows {
 		if w == nil {
 			return nil, errors.New("phase: NewClient: nil workflow")
@@ -311,13 +313,20 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 	return err
 }
 
-// release frees the lease of a run that ends without finishing, logging a
-// failure to do so (the lease then expires by itself).
-func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) {
-	if err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter); err != nil {
+// release frees the lease of a run that ends without finishing. It reports
+// whether the lease was no longer the run's, because another run took the
+// key over; any other failure to free it is logged (the lease then expires
+// by itself).
+func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) (lost bool) {
+	err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter)
+	if errors.Is(err, keyrow.ErrLeaseLost) {
+		return true
+	}
+	if err != nil {
 		c.cfg.Logger.Error("freeing the lease failed; the key resumes when it expires",
 			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "err", err)
 	}
+	return false
 }
 
 // Complete runs completer passes until one finds nothing due, and returns

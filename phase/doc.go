@@ -102,11 +102,20 @@
 // once; with one that does not, keep LockTTL well above the longest pause a
 // process can suffer, and prefer providers that honour keys.
 //
+// A local phase costs its own statements plus one round trip: its
+// transaction's BEGIN is sent in one batch with its first statement, and
+// the fenced advance in one batch with COMMIT; a phase that sends nothing
+// costs the advance alone. The phase still sees a plain pgx.Tx at its
+// isolation level. Its first call pays a round trip of its own for BEGIN
+// when it is CopyFrom, Begin (a savepoint), LargeObjects or Conn, or a
+// statement with a pgx.QueryExecMode argument; River's InsertTx asks for
+// Conn first, so a phase that starts with it pays that round trip too.
+//
 // # Fault injection
 //
 // A run consults an [Injector] at every fault [Point] (before a transaction,
-// before and after a foreign call, before and after commit, before the
-// response). [ErrCrash] stops the run as a killed process would: the
+// before a foreign call, in it once the lease is renewed, after it, before
+// and after commit, before the response). [ErrCrash] stops the run as a killed process would: the
 // transaction rolls back and the lease is kept. [Recorder] discovers a
 // workflow's points, [CrashAt] crashes at one, and package phasetest runs the
 // whole crash matrix in a workflow author's tests.

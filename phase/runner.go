@@ -55,10 +55,16 @@ type PanicError struct {
 
 func (e *PanicError) Error() string { return fmt.Sprintf("phase: panic in %s: %v", e.Where, e.Value) }
 
-// protect calls f and turns a panic in it into a *PanicError.
-func protect(where string, f func() error) (err error) {
+// protect calls f and turns a panic in it into a *PanicError whose Where is
+// what, followed by the phase's name when there is one. (The name is joined
+// only on a panic, so that a run allocates nothing for it.)
+func protect(what, phase string, f func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
+			where := what
+			if phase != "" {
+				where += " " + phase
+			}
 			err = &PanicError{Where: where, Value: v, Stack: debug.Stack()}
 		}
 	}()
@@ -152,7 +158,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 		return nil, err
 	}
 	var params []byte
-	if err := protect("encoding the request", func() (err error) {
+	if err := protect("encoding the request", "", func() (err error) {
 		params, err = json.Marshal(req)
 		return err
 	}); err != nil {
@@ -300,7 +306,7 @@ func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[
 			return nil, x.fail(ctx, fmt.Errorf("phase: decode stored state: %w", err))
 		}
 		x.committed = row.State
-	} else if err := protect("encoding the state", func() (err error) {
+	} else if err := protect("encoding the state", "", func() (err error) {
 		x.committed, err = json.Marshal(run.State)
 		return err
 	}); err != nil {
@@ -362,7 +368,7 @@ func (x *execution[Req, State]) applicable(i int) (int, error) {
 			return i, nil
 		}
 		var ok bool
-		if err := protect("When of phase "+p.name, func() error {
+		if err := protect("When of phase", p.name, func() error {
 			ok = p.when(x.run)
 			return nil
 		}); err != nil {
@@ -393,7 +399,7 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 		res Resolution
 	)
 	err = x.c.through(ctx, x.phaseInfo(i, true), true, func(ctx context.Context) error {
-		return protect("reconcile of phase "+p.name, func() (err error) {
+		return protect("reconcile of phase", p.name, func() (err error) {
 			rec, res, err = p.foreign.reconcile(ctx, x.run)
 			return err
 		})
@@ -513,7 +519,10 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 		return nil, x.storeError(ctx, fmt.Errorf("phase %s: renew lease before the call: %w", p.name, err))
 	}
 	defer stop()
-	err = protect("foreign call of phase "+p.name, func() (err error) {
+	if err := x.inject(callCtx, Point{p.name, InCall}); err != nil {
+		return nil, err
+	}
+	err = protect("foreign call of phase", p.name, func() (err error) {
 		rec, err = p.foreign.call(callCtx, x.run)
 		return err
 	})
@@ -586,9 +595,11 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 	return err
 }
 
-// commitOnce costs the phase's own statements plus two round trips: BEGIN,
-// and the fenced advance pipelined with COMMIT. If the lease was lost, the
-// advance raises and the COMMIT is skipped, so nothing of the phase persists.
+// commitOnce costs the phase's own statements plus one round trip: BEGIN
+// travels with the phase's first statement, and the fenced advance (or
+// finish) with COMMIT; a phase that sends nothing costs the fenced write
+// alone (see phaseTx). If the lease was lost, the fenced write raises and
+// the COMMIT is skipped, so nothing of the phase persists.
 func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body LocalFunc[Req, State]) (res Result, err error) {
 	p := &x.w.phases[i]
 	if err := x.inject(ctx, Point{p.name, BeforeTx}); err != nil {
@@ -599,18 +610,15 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
 	defer conn.Release()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: p.isolation})
-	if err != nil {
-		return Result{}, fmt.Errorf("phase %s: begin: %w", p.name, err)
-	}
+	tx := &phaseTx{ctx: ctx, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: p.isolation}, config: x.c.poolConfig}
 	defer func() {
 		// A successful pipelined COMMIT leaves the connection idle; only a
 		// failed or unfinished transaction needs the rollback round trip.
-		if conn.Conn().PgConn().TxStatus() != 'I' {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+		if tx.tx != nil && conn.Conn().PgConn().TxStatus() != 'I' {
+			_ = tx.tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	err = protect("phase "+p.name, func() (err error) {
+	err = protect("phase", p.name, func() (err error) {
 		res, err = body(ctx, tx, x.run)
 		return err
 	})
@@ -630,7 +638,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		}
 	}
 	var state []byte
-	if err := protect("encoding the state", func() (err error) {
+	if err := protect("encoding the state", "", func() (err error) {
 		state, err = json.Marshal(x.run.State)
 		return err
 	}); err != nil {
@@ -642,17 +650,16 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if err := x.inject(ctx, Point{p.name, BeforeCommit}); err != nil {
 		return Result{}, err
 	}
-	b := &pgx.Batch{}
+	var w store.Write
 	if res.response != nil {
-		if err := store.QueueFinish(b, x.run.ID, x.lease.Token, state, *res.response); err != nil {
-			return Result{}, err
-		}
+		w, err = x.lease.Finish(state, *res.response)
 	} else {
-		store.QueueAdvance(b, x.run.ID, x.lease.Token, p.name, state, x.lease.TTL)
+		w, err = x.lease.Advance(p.name, state)
 	}
-	b.Queue("COMMIT")
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		err = store.AsLeaseLost(err)
+	if err != nil {
+		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
+	}
+	if err := tx.commit(ctx, w); err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			x.lease.MarkLost()
 			return Result{}, err
@@ -674,53 +681,68 @@ func (x *execution[Req, State]) restoreState() {
 }
 
 // fail ends a run that met err, freeing the lease unless the run crashed or
-// lost it, and returns err.
+// lost it, and returns err, or an error wrapping keyrow.ErrLeaseLost when
+// freeing the lease showed that the run had been taken over.
 func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 	x.restoreState()
 	ev := Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, RecoveryPoint: x.rp, Phase: x.run.phase, Err: err}
 	log := x.c.cfg.Logger
 	attrs := []any{"workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key, "recovery_point", x.rp, "phase", x.run.phase}
-	var pe *PanicError
-	switch {
-	case errors.Is(err, ErrCrash):
+	if errors.Is(err, ErrCrash) {
 		ev.Kind = EventCrashed
 		x.c.observe(ctx, ev)
 		log.Warn("run crashed by fault injection; lease kept", attrs...)
 		return err
+	}
+	if !errors.Is(err, keyrow.ErrLeaseLost) {
+		hold := keyrow.Hold("")
+		if errors.Is(err, ErrOutcomeUnknown) {
+			hold = keyrow.HoldUnknown
+			if i, ok := x.w.index[x.run.phase]; ok && x.w.phases[i].foreign != nil && x.w.phases[i].foreign.repeatable {
+				hold = ""
+			}
+			attrs = append(attrs, "hold", hold)
+		}
+		err = x.release(ctx, err, hold)
+		ev.Err = err
+	}
+	var pe *PanicError
+	switch {
 	case errors.Is(err, keyrow.ErrLeaseLost):
 		ev.Kind = EventLeaseLost
 		x.c.observe(ctx, ev)
-		log.Warn("lease lost; stopped without committing", attrs...)
-		return err
+		log.Warn("lease lost; stopped without committing", append(attrs, "err", err)...)
 	case errors.Is(err, ErrOutcomeUnknown):
 		ev.Kind = EventUnknown
 		x.c.observe(ctx, ev)
-		hold := keyrow.HoldUnknown
-		if i, ok := x.w.index[x.run.phase]; ok && x.w.phases[i].foreign != nil && x.w.phases[i].foreign.repeatable {
-			hold = ""
-		}
-		log.Warn("foreign call outcome unknown", append(attrs, "hold", hold, "err", err)...)
-		return x.release(ctx, err, hold)
+		log.Warn("foreign call outcome unknown", append(attrs, "err", err)...)
 	case errors.As(err, &pe):
 		ev.Kind = EventFailed
 		x.c.observe(ctx, ev)
 		log.Error("panic in user code; lease freed, recovery point kept", append(attrs, "where", pe.Where, "panic", pe.Value, "stack", string(pe.Stack))...)
-		return x.release(ctx, err, "")
+	default:
+		ev.Kind = EventFailed
+		x.c.observe(ctx, ev)
+		level := slog.LevelError
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
+			level = slog.LevelWarn
+		}
+		log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
 	}
-	ev.Kind = EventFailed
-	x.c.observe(ctx, ev)
-	level := slog.LevelError
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
-		level = slog.LevelWarn
-	}
-	log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
-	return x.release(ctx, err, "")
+	return err
 }
 
 // release frees the lease, keeping the recovery point and putting the key
-// on hold when hold is set, and returns cause.
+// on hold when hold is set, and returns cause. When the lease was no longer
+// the run's, it frees nothing and returns an error wrapping
+// keyrow.ErrLeaseLost instead: whatever the run met once another run had
+// taken the key over (most often the rows that run already wrote) is not
+// the key's failure, and the key is in progress elsewhere.
 func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
-	x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter)
+	if x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter) {
+		x.lease.MarkLost()
+		return fmt.Errorf("%w (the run, taken over, then failed: %v)", keyrow.ErrLeaseLost, cause)
+	}
 	return cause
 }
 

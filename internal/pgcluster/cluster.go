@@ -62,9 +62,10 @@ func SettingArgs(extra ...string) []string {
 // local connection as the superuser postgres, and is killed by the kernel
 // when the process that started it exits, even by SIGKILL.
 type Cluster struct {
-	dir  string // socket directory; the data directory is dir/data
-	bins binaries
-	cred *syscall.Credential // nil unless running as root
+	dir      string // socket directory; the data directory is dir/data
+	bins     binaries
+	cred     *syscall.Credential // nil unless running as root
+	settings []string            // extra -c settings
 
 	mu      sync.Mutex
 	pm      *process // nil while stopped
@@ -76,7 +77,12 @@ type Cluster struct {
 // postgres as the OS user postgres, because both refuse to run as root. It
 // also removes the directories of clusters whose owners died without
 // stopping them.
-func Start(ctx context.Context) (*Cluster, error) {
+//
+// settings are postgres settings ("name=value") applied after the
+// package's own (durability off, see SettingArgs), which they override: a
+// benchmark that measures durable commits passes "fsync=on",
+// "synchronous_commit=on" and "full_page_writes=on".
+func Start(ctx context.Context, settings ...string) (*Cluster, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -91,7 +97,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
-	c := &Cluster{dir: dir, bins: bins, cred: cred}
+	c := &Cluster{dir: dir, bins: bins, cred: cred, settings: slices.Clone(settings)}
 	if err := c.init(ctx); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -215,7 +221,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	defer logFile.Close()
 
 	args := append([]string{"-D", c.dataDir(), "-p", strconv.Itoa(clusterPort)},
-		SettingArgs("listen_addresses=", "unix_socket_directories="+c.dir)...)
+		SettingArgs(append([]string{"listen_addresses=", "unix_socket_directories=" + c.dir}, c.settings...)...)...)
 	cmd := exec.Command(c.bins.postgres, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	c.prepare(cmd)

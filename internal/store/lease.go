@@ -18,6 +18,9 @@ type Lease struct {
 	Token uuid.UUID
 	TTL   time.Duration
 
+	// id and token as statement arguments, made once for every write.
+	idArg, tokenArg any
+
 	mu      sync.Mutex
 	lost    chan struct{}
 	lostErr error
@@ -26,7 +29,19 @@ type Lease struct {
 // NewLease returns the lease identified by a row id and its fencing token.
 // A TTL below lockttl.MinTTL is raised to it.
 func NewLease(id, token uuid.UUID, ttl time.Duration) *Lease {
-	return &Lease{ID: id, Token: token, TTL: max(ttl, lockttl.MinTTL), lost: make(chan struct{})}
+	return &Lease{ID: id, Token: token, TTL: max(ttl, lockttl.MinTTL), lost: make(chan struct{}),
+		idArg: [16]byte(id), tokenArg: [16]byte(token)}
+}
+
+// Advance is AdvanceWrite for this lease: it commits point and state and
+// renews the lease for its TTL.
+func (l *Lease) Advance(point string, state []byte) (Write, error) {
+	return advanceWrite(l.idArg, l.tokenArg, point, state, l.TTL)
+}
+
+// Finish is FinishWrite for this lease.
+func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
+	return finishWrite(l.idArg, l.tokenArg, state, resp)
 }
 
 // Renew extends the lease to TTL from now by the database clock. When the

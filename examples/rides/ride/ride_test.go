@@ -20,7 +20,6 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -172,35 +171,35 @@ func (e *env) verify(t testing.TB) ride.Report {
 	return r
 }
 
-func TestCrashAtEveryFaultPointChargesEachRideOnce(t *testing.T) {
+func TestCrashesAndPairedFaultsAtEveryPointChargeEachRideOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 10)
-	phasetest.CrashMatrix(t, phasetest.Config[ride.Request, ride.State]{
+	cfg := phasetest.Config[ride.Request, ride.State]{
 		Client:   e.app.Client,
+		DB:       e.pool,
 		Workflow: e.app.Workflow,
 		Tenant:   ride.UserEmail,
 		Request: func(string) ride.Request {
 			return ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4}
 		},
 		WithCompleter: true,
-		// Ride ids differ per key; the rest of the answer must not.
-		Equal: func(crashFree, recovered *keyrow.Response) bool {
-			var a, b ride.Created
-			return crashFree.Status == recovered.Status &&
-				json.Unmarshal(crashFree.Body, &a) == nil && json.Unmarshal(recovered.Body, &b) == nil &&
-				a.Message == b.Message && b.RideID > 0
-		},
-		Check: func(t testing.TB, key string, resp *keyrow.Response) {
-			rideID, charges := e.chargesForKey(t, key)
+		Compare:       phasetest.IgnoreFields("ride_id"),
+		Check: func(t testing.TB, s phasetest.Scenario) {
+			var rideID int64
+			if err := e.pool.QueryRow(context.Background(), `SELECT id FROM rides WHERE idempotency_key_id = $1`, s.ID).Scan(&rideID); err != nil {
+				t.Fatalf("ride of %s: %v", s.Key, err)
+			}
 			var created ride.Created
-			if err := json.Unmarshal(resp.Body, &created); err != nil || created.RideID != rideID {
-				t.Fatalf("%s: response %s names ride %d, want %d", key, resp.Body, created.RideID, rideID)
+			if err := json.Unmarshal(s.Response.Body, &created); err != nil || created.RideID != rideID {
+				t.Fatalf("%s: response %s names ride %d, want %d", s.Key, s.Response.Body, created.RideID, rideID)
 			}
-			if charges != 1 {
-				t.Fatalf("%s: %d charges for ride %d, want 1", key, charges, rideID)
+			if _, charges := e.chargesForKey(t, s.Key); charges != 1 {
+				t.Fatalf("%s: %d charges for ride %d, want 1", s.Key, charges, rideID)
 			}
 		},
-	})
+	}
+	t.Run("crashes", func(t *testing.T) { phasetest.CrashMatrix(t, cfg) })
+	t.Run("pairs", func(t *testing.T) { phasetest.PairMatrix(t, cfg) })
 	e.verify(t)
 }
 
