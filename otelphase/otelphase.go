@@ -278,8 +278,10 @@ func errorType(err error) string {
 
 // ObserveKeys registers the atomicphase.keys gauge: how many of c's keys
 // are in each keyrow.State (finished, in_flight, waiting, stuck, unknown,
-// dead), read with c.Counts at most once per Config.CountsInterval. Call
-// Unregister on the result when c is stopped.
+// dead), read with c.Counts at most once per Config.CountsInterval. The
+// counts are the database's, not the process's: register the gauge in one
+// process per database, once. Call Unregister on the result when c is
+// stopped.
 func (m *Middleware) ObserveKeys(c *phase.Client) (metric.Registration, error) {
 	gauge, err := m.meter.Int64ObservableGauge("atomicphase.keys", metric.WithUnit("{key}"),
 		metric.WithDescription("Idempotency keys by state; stuck keys are idle past the completer's MinIdle."))
