@@ -5,6 +5,7 @@ package chaos_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -17,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
@@ -246,7 +246,7 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 	if row, err := app.Client.Inspect(ctx, ride.UserEmail, "behind"); err != nil || row.RecoveryPoint != "ride_created" {
 		t.Fatalf("behind on the promoted standby: %+v, %v; want recovery point ride_created", row, err)
 	}
-	if _, err := app.Client.Inspect(ctx, ride.UserEmail, "lost"); err != keyrow.ErrNotFound {
+	if _, err := app.Client.Inspect(ctx, ride.UserEmail, "lost"); !errors.Is(err, keyrow.ErrNotFound) {
 		t.Fatalf("lost on the promoted standby: %v, want keyrow.ErrNotFound", err)
 	}
 
