@@ -169,7 +169,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		return
 	}
 	var tenant string
-	if err := protect("Tenant", func() (err error) {
+	if err := protect("Tenant", "", func() (err error) {
 		tenant, err = h.cfg.Tenant(r)
 		return err
 	}); err != nil {
@@ -178,7 +178,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 	}
 	r.Body = http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes)
 	var req Req
-	if err := protect("Decode", func() (err error) {
+	if err := protect("Decode", "", func() (err error) {
 		req, err = h.cfg.Decode(r)
 		return err
 	}); err != nil {

@@ -141,7 +141,8 @@ func JSON(status int, v any) Result {
 	if err != nil {
 		return Result{err: fmt.Errorf("phase: encode response: %w", err)}
 	}
-	return Respond(status, http.Header{"Content-Type": {"application/json"}}, append(body, '\n'))
+	return Result{response: &keyrow.Response{Status: status,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: append(body, '\n')}}
 }
 
 // LocalFunc is the body of a local phase: database work in tx only.

@@ -101,8 +101,10 @@ type ReaperConfig struct {
 	// Interval between runs. Defaults to DefaultReapInterval; -1 disables
 	// the reaper in Start (the client's Reap still runs it on demand).
 	Interval time.Duration
-	// Pause between two batches of one run. Defaults to DefaultReapPause;
-	// -1 means none.
+	// Pause between two batches of one run: this long, or as long as the
+	// batch before it took when that was longer, so that deleting takes at
+	// most half the reaper's time however slow load makes its batches.
+	// Defaults to DefaultReapPause; -1 means none.
 	Pause time.Duration
 	// Observer, when set, receives EventReaped and EventExpired.
 	Observer Observer

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -27,7 +28,7 @@ twice. Its flags:`
 
 // demo runs everything in one process against one database and prints what
 // happened and whether the invariants held.
-func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := exampleprog.Flags("rides", demoDoc, stderr)
 	duration := fs.Duration("duration", 20*time.Second, "how long the riders send requests")
 	concurrency := fs.Int("concurrency", 8, "riders acting at once")
@@ -44,6 +45,13 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeDB()
+	// Telemetry shuts down before the database closes: its last export
+	// reads the key counts.
+	tel, err := startTelemetry(ctx, "rides-demo")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, tel.shutdown()) }()
 	// The run's rows are those created from now on, by the database's
 	// clock: a database that earlier runs used keeps theirs.
 	var since time.Time
@@ -65,7 +73,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer stopStripe()
 
-	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", nil)
+	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", tel.httpClient())
 	m, observe := metrics()
 	var crashing atomic.Bool
 	crashing.Store(true)
@@ -79,11 +87,15 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			Observer: observe,
 			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
 				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second, Observer: m.Observe},
-			Reaper: recovery.ReaperConfig{Observer: m.Observe},
+			Reaper:     recovery.ReaperConfig{Observer: m.Observe},
+			Middleware: tel.middleware(),
 		},
 		Logger: silence,
 	})
 	if err != nil {
+		return err
+	}
+	if err := tel.observeKeys(app.Client); err != nil {
 		return err
 	}
 	if err := app.Start(ctx); err != nil {
@@ -94,7 +106,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		_ = app.Stop(stopCtx)
 	}()
-	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", exampleprog.Problems(app.Handler()))
+	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", tel.handler(exampleprog.Problems(app.Handler())))
 	if err != nil {
 		return err
 	}

@@ -113,7 +113,7 @@ tables) and seeds user@example.com and declined@example.com.
 Give it a database that outlives it (DATABASE_URL): the idempotency keys in it are
 what make a retry after a restart replay its answer instead of charging again.`
 
-func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
+func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
 	fs := exampleprog.Flags("rides serve", serveDoc, stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
@@ -126,6 +126,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	completerMinIdle := fs.Duration("completer-min-idle", 0, "how long a key must sit idle before the completer takes it (default 1m)")
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
+	pollOnly := fs.Bool("poll-only", false, "River polls instead of using LISTEN/NOTIFY: needed behind PgBouncer in transaction pooling mode\n(whose URL also needs default_query_exec_mode=cache_describe)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
@@ -139,16 +140,25 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	defer closeDB()
+	// Telemetry shuts down before the database closes: its last export
+	// reads the key counts.
+	tel, err := startTelemetry(ctx, "rides")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, tel.shutdown()) }()
 	var enabled atomic.Bool
 	enabled.Store(true)
 	cfg := ride.Config{
 		Pool:   pool,
-		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, nil),
+		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, tel.httpClient()),
 		Client: phase.Config{
-			LockTTL:   *lockTTL,
-			Completer: recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			LockTTL:    *lockTTL,
+			Completer:  recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			Middleware: tel.middleware(),
 		},
 		WithoutWorker: *noWorker,
+		PollOnly:      *pollOnly,
 	}
 	if *noCompleter {
 		cfg.Client.Completer.Interval = -1
@@ -163,10 +173,13 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := tel.observeKeys(app.Client); err != nil {
+		return err
+	}
 	if err := app.Start(ctx); err != nil {
 		return err
 	}
-	if err := exampleprog.Serve(ctx, ln, exampleprog.Problems(app.Handler()), "rides API listening", "stripe", *stripeURL); err != nil {
+	if err := exampleprog.Serve(ctx, ln, tel.handler(exampleprog.Problems(app.Handler())), "rides API listening", "stripe", *stripeURL); err != nil {
 		return err
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

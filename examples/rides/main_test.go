@@ -348,3 +348,72 @@ func TestServeFailsAtOnceOnAnAddressInUse(t *testing.T) {
 		t.Errorf("exited %d with %q, want 1 with %q", code, out.String(), want)
 	}
 }
+
+// Behind PgBouncer in transaction pooling mode, serve refuses pgx's default
+// query exec mode and, with cache_describe and -poll-only, serves rides,
+// replays them and sends their receipts through River.
+func TestServeThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bouncer := pgtest.BouncerDSN(t)
+	var refused bytes.Buffer
+	code := program.Run(ctx, []string{"serve", "-addr", freeAddr(t), "-database-url", bouncer, "-poll-only"}, &refused, &refused)
+	if code != 1 || !strings.Contains(refused.String(), "default_query_exec_mode=cache_describe") {
+		t.Fatalf("serve through the bouncer in pgx's default mode exited %d, want 1 saying which mode to set:\n%s", code, refused.String())
+	}
+
+	dsn := bouncer + " default_query_exec_mode=cache_describe"
+	db, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	stripeAddr, apiAddr := freeAddr(t), freeAddr(t)
+	stripe := start(t, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
+	stripe.waitListening(t, stripeAddr)
+	api := start(t, "serve", "-addr", apiAddr, "-database-url", dsn, "-stripe-url", "http://"+stripeAddr,
+		"-poll-only", "-completer-interval", "100ms")
+	api.waitListening(t, apiAddr)
+
+	const rides = 5
+	first := map[string]string{}
+	for i := range rides {
+		key := fmt.Sprintf("ride-%d", i)
+		res, body := rideOnce(t, apiAddr, key)
+		if res.StatusCode != http.StatusCreated {
+			t.Fatalf("POST %s: %d %s", key, res.StatusCode, body)
+		}
+		first[key] = body
+	}
+	for key, body := range first {
+		if res, again := rideOnce(t, apiAddr, key); res.StatusCode != http.StatusCreated || again != body ||
+			res.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry of %s: %d %s, want a replay of %s", key, res.StatusCode, again, body)
+		}
+	}
+	// River, polling through the bouncer, sends each ride's receipt once.
+	sc := ride.NewStripeClient("http://"+stripeAddr, "sk_test_rides", nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		report, err := ride.Verify(ctx, db, sc, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(report.Failures()) > 0 {
+			t.Fatalf("invariants broken: %v", report.Failures())
+		}
+		if report.Receipts == rides {
+			if report.Charges != rides || report.Rides != rides {
+				t.Fatalf("%d rides and %d charges for %d keys", report.Rides, report.Charges, rides)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d receipts sent after 30s:\n%s", report.Receipts, rides, api)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code := api.stop(t); code != 0 {
+		t.Errorf("serve exited %d:\n%s", code, api)
+	}
+}

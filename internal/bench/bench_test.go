@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -42,7 +44,8 @@ func large(b *testing.B) {
 
 // TestEachPathCostsWhatTheCostModelSays pins the statements and round trips
 // behind the benchmark figures: a local phase costs its own statements plus
-// two round trips (BEGIN, and the advance pipelined with COMMIT), acquire,
+// one round trip (BEGIN travels with its first statement, the advance with
+// COMMIT), a foreign call one more (the lease renewal before it), acquire,
 // replay and 409 one statement each, and the baseline one round trip per
 // statement.
 func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
@@ -53,8 +56,11 @@ func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
 		kind              Kind
 		statements, trips int
 	}{
-		{LibraryRun, 1 + phases*(1+userStatements+2), 1 + phases*(2+userStatements)},
+		{LibraryRun, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements)},
 		{BaselineRun, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
+		// The foreign phase adds the lease renewal before its call.
+		{LibraryRides, 1 + phases*(1+userStatements+2) + 1, 1 + phases*(1+userStatements) + 1},
+		{BaselineRides, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
 		{LibraryReplay, 1, 1},
 		{BaselineReplay, 2, 2},
 		{LibraryConflict, 1, 1},
@@ -86,12 +92,12 @@ func TestReaperDeletesEveryExpiredKeyUnderTraffic(t *testing.T) {
 	if err := env.LoadFinished(ctx, expired, 25*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	res, err := env.ReapUnderTraffic(ctx, 2, 200*time.Millisecond)
+	res, err := env.ReapUnderTraffic(ctx, 2, 200*time.Millisecond, recovery.ReaperConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Deleted != expired || len(res.Batches) != 3 {
-		t.Errorf("reaper deleted %d keys in %d batches; want %d in 3", res.Deleted, len(res.Batches), expired)
+	if batches := (expired + res.BatchSize) / res.BatchSize; res.Deleted != expired || len(res.Batches) != batches {
+		t.Errorf("reaper deleted %d keys in %d batches; want %d in %d", res.Deleted, len(res.Batches), expired, batches)
 	}
 	if res.Before.Requests() == 0 || res.AcquireBefore.Requests() == 0 {
 		t.Errorf("traffic before the reaper: %d requests, %d acquires timed; want some",
@@ -106,15 +112,16 @@ func TestReaperDeletesEveryExpiredKeyUnderTraffic(t *testing.T) {
 	}
 }
 
-// BenchmarkRequests compares the library's three-phase workflow, replay and
-// 409 with the same statements written by hand after the reference, at each
-// concurrency, on one database and pool. ns/op is wall time over requests
-// (the inverse of throughput); mean-us, p50-us and p99-us are the time a
-// request took.
+// BenchmarkRequests compares the library's three-phase workflow, the
+// rides-shaped one, replay and 409 with the same statements written by hand
+// after the reference, at each concurrency, on one database and pool. ns/op
+// is wall time over requests (the inverse of throughput); mean-us, p50-us
+// and p99-us are the time a request took; server-us and wal-B the server
+// time and WAL per request, when the server has pg_stat_statements loaded.
 func BenchmarkRequests(b *testing.B) {
 	env := setup(b)
 	for _, c := range Concurrencies {
-		for _, k := range []Kind{LibraryRun, BaselineRun, LibraryReplay, BaselineReplay, LibraryConflict, BaselineConflict} {
+		for _, k := range []Kind{LibraryRun, BaselineRun, LibraryRides, BaselineRides, LibraryReplay, BaselineReplay, LibraryConflict, BaselineConflict} {
 			b.Run(fmt.Sprintf("c=%d/%s", c, name(k)), func(b *testing.B) {
 				measure(b, env, k, c)
 			})
@@ -124,12 +131,12 @@ func BenchmarkRequests(b *testing.B) {
 
 // BenchmarkAcquire measures the acquire statement alone, on new keys and on
 // finished ones picked at random, with 10 thousand and, when
-// ATOMICPHASE_BENCH_LARGE is set, a million finished keys in the table. The
+// ATOMICPHASE_BENCH_LARGE is set, 10 million finished keys in the table. The
 // two tables are loaded first so that their benchmarks can run side by side.
 func BenchmarkAcquire(b *testing.B) {
 	sizes := []int{10_000}
 	if os.Getenv(envLarge) != "" {
-		sizes = append(sizes, 1_000_000)
+		sizes = append(sizes, 10_000_000)
 	}
 	envs := make([]*Env, len(sizes))
 	for i, rows := range sizes {
@@ -151,8 +158,8 @@ func BenchmarkAcquire(b *testing.B) {
 
 // BenchmarkReaperUnderTraffic loads a million expired keys and runs the
 // three-phase workflow from 8 clients, alone for five seconds and then
-// while the reaper deletes them all. It runs once whatever b.N; run it with
-// -benchtime 1x.
+// while a reaper with the default batch size and pause deletes them all. It
+// runs once whatever b.N; run it with -benchtime 1x.
 func BenchmarkReaperUnderTraffic(b *testing.B) {
 	large(b)
 	ctx := context.Background()
@@ -165,7 +172,7 @@ func BenchmarkReaperUnderTraffic(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
-	res, err := env.ReapUnderTraffic(ctx, 8, 5*time.Second)
+	res, err := env.ReapUnderTraffic(ctx, 8, 5*time.Second, recovery.ReaperConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -205,9 +212,37 @@ func measure(b *testing.B, env *Env, k Kind, c int) {
 	b.ReportMetric(us(res.Quantile(0.99)), "p99-us")
 	b.ReportMetric(res.StatementsPerRequest(), "stmts/op")
 	b.ReportMetric(res.RoundTripsPerRequest(), "roundtrips/op")
+	if env.Stats() {
+		b.ReportMetric(us(res.ServerPerRequest()), "server-us")
+		b.ReportMetric(res.WALPerRequest(), "wal-B")
+	}
 }
 
 func name(k Kind) string { return strings.ReplaceAll(k.String(), " ", "-") }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkCounts measures the statement behind Client.Counts and the keys
+// gauges, which scans the keys table, with 10 thousand and, when
+// ATOMICPHASE_BENCH_LARGE is set, a million finished keys in the table.
+func BenchmarkCounts(b *testing.B) {
+	sizes := []int{10_000}
+	if os.Getenv(envLarge) != "" {
+		sizes = append(sizes, 1_000_000)
+	}
+	for _, rows := range sizes {
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			env := setup(b)
+			ctx := context.Background()
+			if err := env.LoadFinished(ctx, rows, 0); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := store.Count(ctx, env.Pool, time.Minute); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -11,8 +11,8 @@
 // The phases run the same statements in both, one each.
 //
 // The library runs them as a phase.Workflow: acquire (one statement), then
-// per phase BEGIN, the phase's statement, and the fenced advance (or finish)
-// pipelined with COMMIT.
+// per phase BEGIN pipelined with the phase's statement, and the fenced
+// advance (or finish) pipelined with COMMIT.
 //
 // The baseline follows rocket-rides-atomic: its own keys table
 // (baseline_keys, shaped like the reference's), one upsert that inserts or
@@ -31,7 +31,7 @@
 // # Cost model
 //
 // TestEachPathCostsWhatTheCostModelSays pins the counts: the three-phase
-// request costs the library 1 + 3×(2 + 1) = 10 round trips (13 statements)
+// request costs the library 1 + 3×(1 + 1) = 7 round trips (13 statements)
 // and the baseline 13; replay and 409 cost the library one statement and the
 // baseline two.
 //

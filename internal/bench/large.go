@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/store"
@@ -17,23 +19,26 @@ import (
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
-// loadSQL inserts finished keys numbered $6 to $7, as library runs of the
-// benchmark's order would have left them, finished one after the other over
-// the 24 hours before now() - $5, so that, as in a real table, rows finished
-// at about the same time sit in the same pages. Keys are UUID-shaped but
-// derived from their number, so loadedKey can name any of them without
-// reading the table, and they arrive in random index order like real
-// clients' keys.
+// loadSQL inserts finished keys numbered $6 to $7 of a load numbered $10 to
+// $11, as library runs of the benchmark's order would have left them, the
+// load finished one after the other over the 24 hours before now() - $5, so
+// that, as in a real table, rows finished at about the same time sit in the
+// same pages, with UUIDv7 ids of their time as this release gives them.
+// Keys are UUID-shaped but derived from their number, so loadedKey can name
+// any of them without reading the table, and they arrive in random index
+// order like real clients' keys.
 const loadSQL = `
 INSERT INTO idempotency_keys
-    (created_at, last_run_at, finished_at, tenant, idempotency_key, workflow,
+    (id, created_at, last_run_at, finished_at, tenant, idempotency_key, workflow,
      request_fingerprint, request_params, recovery_point, phase_state,
      response_status, response_headers, response_body, attempts)
-SELECT t - interval '2 milliseconds', t, t, $1, md5('loaded-' || i)::uuid::text, $2,
+SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7' || substr(md5(i::text), 1, 3)
+        || '8' || substr(md5(i::text), 4, 15))::uuid,
+       t - interval '2 milliseconds', t, t, $1, md5('loaded-' || i)::uuid::text, $2,
        $3, $4, 'finished', jsonb_build_object('order_id', i),
        201, '{"Content-Type": ["application/json"]}',
        convert_to(json_build_object('order_id', i, 'item', $8::text, 'amount', $9::int)::text || E'\n', 'UTF8'), 1
-FROM (SELECT i, now() - $5::interval - ($7 - i) * (interval '24 hours' / ($7 - $6 + 1)) AS t
+FROM (SELECT i, now() - $5::interval - ($11 - i) * (interval '24 hours' / ($11 - $10 + 1)) AS t
       FROM generate_series($6::int, $7::int) AS i) AS s`
 
 // loadedKey is the key of the i-th row LoadFinished inserted.
@@ -58,10 +63,16 @@ func (e *Env) LoadFinished(ctx context.Context, n int, age time.Duration) error 
 	if err != nil {
 		return err
 	}
-	_, err = e.Pool.Exec(ctx, loadSQL, tenant, req.Workflow, req.Fingerprint[:], req.Params, age,
-		e.loaded+1, e.loaded+n, order.Item, order.Amount)
-	if err != nil {
-		return fmt.Errorf("bench: load keys: %w", err)
+	// In chunks, so that no statement runs for minutes. Each chunk spreads
+	// its keys over the 24 hours as the whole load would.
+	const chunk = 1_000_000
+	for from := 0; from < n; from += chunk {
+		to := min(from+chunk, n)
+		_, err = e.Pool.Exec(ctx, loadSQL, tenant, req.Workflow, req.Fingerprint[:], req.Params, age,
+			e.loaded+from+1, e.loaded+to, order.Item, order.Amount, e.loaded+1, e.loaded+n)
+		if err != nil {
+			return fmt.Errorf("bench: load keys: %w", err)
+		}
 	}
 	e.loaded += n
 	if _, err := e.Pool.Exec(ctx, `VACUUM (ANALYZE) idempotency_keys`); err != nil {
@@ -117,38 +128,38 @@ type ReapResult struct {
 	// Deleted counts the keys the reaper deleted, in Reap.
 	Deleted int
 	Reap    time.Duration
-	// Batches is the time each delete batch took, in order; the first
-	// includes the reaper's scan for abandoned keys.
+	// Batches is the time each delete statement took, in order.
 	Batches []time.Duration
+	// BatchSize and Pause are the reaper's.
+	BatchSize int
+	Pause     time.Duration
 }
 
 // ReapUnderTraffic runs library requests on new keys from concurrency
-// clients, first alone for before, then while a reaper with the default
-// retention and batch size deletes every expired key, batch after batch
-// with no pause between them (ReaperConfig.Pause -1), so that each batch
-// time is the delete alone and the traffic meets the reaper at its
-// busiest. The reaper runs in a client of its own over a connection of its
-// own. Load the expired keys first with LoadFinished.
-func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time.Duration) (ReapResult, error) {
+// clients, first alone for before, then while a reaper configured by rc
+// (zero values: the defaults, as a client's reaper runs) deletes every
+// expired key. The reaper runs in a client of its own over a connection of
+// its own, whose delete statements are timed. Load the expired keys first
+// with LoadFinished.
+func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time.Duration, rc recovery.ReaperConfig) (ReapResult, error) {
 	var res ReapResult
+	rc.Interval = -1
+	rc, err := rc.WithDefaults()
+	if err != nil {
+		return res, err
+	}
+	res.BatchSize, res.Pause = rc.BatchSize, rc.Pause
 	cfg := e.Pool.Config()
-	cfg.ConnConfig.Tracer = nil
+	cfg.ConnConfig.Tracer = &deleteClock{batches: &res.Batches}
 	cfg.MaxConns = 1
 	reaperPool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return res, err
 	}
 	defer reaperPool.Close()
-	var last time.Time
 	reaper, err := phase.NewClient(reaperPool, &phase.Config{
 		Completer: recovery.CompleterConfig{Interval: -1},
-		Reaper: recovery.ReaperConfig{Interval: -1, Pause: -1, Observer: func(_ context.Context, ev recovery.Event) {
-			if ev.Kind == recovery.EventReaped {
-				now := time.Now()
-				res.Batches = append(res.Batches, now.Sub(last))
-				last = now
-			}
-		}},
+		Reaper:    rc,
 	})
 	if err != nil {
 		return res, err
@@ -174,7 +185,6 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 		traffic <- err
 	}()
 	start := time.Now()
-	last = start
 	reaped, reapErr := reaper.Reap(ctx)
 	res.Reap, res.Deleted = time.Since(start), reaped.Deleted
 	close(stop)
@@ -186,6 +196,27 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 	}
 	res.AcquireDuring = acquireResult(res.During, clock.take())
 	return res, nil
+}
+
+// deleteClock is a pgx tracer that times the DELETE statements of a
+// connection used by one goroutine at a time.
+type deleteClock struct {
+	batches *[]time.Duration
+	start   time.Time
+}
+
+func (c *deleteClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	c.start = time.Time{}
+	if strings.HasPrefix(strings.TrimSpace(data.SQL), "DELETE") {
+		c.start = time.Now()
+	}
+	return ctx
+}
+
+func (c *deleteClock) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {
+	if !c.start.IsZero() {
+		*c.batches = append(*c.batches, time.Since(c.start))
+	}
 }
 
 // BatchTimes returns the mean time of the first n and of the last n delete

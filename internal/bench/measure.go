@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -43,6 +46,18 @@ type Env struct {
 
 	client   *phase.Client
 	workflow *phase.Workflow[Order, orderState]
+	rides    *phase.Workflow[Order, orderState]
+	// stub is the provider the rides-shaped workflow calls over http.
+	stub *httptest.Server
+	http *http.Client
+	// stats is set when pg_stat_statements can be read: Results then
+	// hold the server time and WAL of their statements.
+	stats bool
+	// CPU, when set, returns the CPU time used so far by this process and
+	// the database server together; Results then hold the CPU time their
+	// requests took, which noise on a shared machine does not inflate as it
+	// does wall time.
+	CPU func() (time.Duration, error)
 
 	// loaded counts the keys LoadFinished inserted.
 	loaded int
@@ -52,7 +67,8 @@ type Env struct {
 
 // Open connects with a copy of cfg made into a pool of MaxConns counted
 // connections, and creates the tables (in the first schema of the
-// search_path, so that two Envs can share a database).
+// search_path, so that two Envs can share a database). It starts the charge
+// stub the rides-shaped requests call.
 func Open(ctx context.Context, cfg *pgxpool.Config) (*Env, error) {
 	e := &Env{Counter: &pgtest.StatementCounter{}}
 	cfg = cfg.Copy()
@@ -62,22 +78,41 @@ func Open(ctx context.Context, cfg *pgxpool.Config) (*Env, error) {
 	if e.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	if err := e.migrate(ctx); err != nil {
-		e.Pool.Close()
-		return nil, err
-	}
-	if e.workflow, err = newWorkflow(); err != nil {
-		e.Pool.Close()
-		return nil, err
-	}
-	// The client is never started: the completer and the reaper do not run
-	// beside the requests measured.
-	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Observer: e.observe}, e.workflow)
-	if err != nil {
-		e.Pool.Close()
+	e.stub = chargeStub()
+	e.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: MaxConns}}
+	if err := e.open(ctx); err != nil {
+		e.Close()
 		return nil, err
 	}
 	return e, nil
+}
+
+func (e *Env) open(ctx context.Context) error {
+	if err := e.migrate(ctx); err != nil {
+		return err
+	}
+	var err error
+	if e.workflow, err = newWorkflow(); err != nil {
+		return err
+	}
+	if e.rides, err = e.newRidesWorkflow(); err != nil {
+		return err
+	}
+	// The client is never started: the completer and the reaper do not run
+	// beside the requests measured. Nothing logs below Info, as in
+	// production.
+	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Observer: e.observe}, e.workflow, e.rides)
+	if err != nil {
+		return err
+	}
+	// Statement statistics need the extension preloaded; without them the
+	// server columns stay empty.
+	_, err = e.Pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements WITH SCHEMA public`)
+	if err == nil {
+		err = e.Pool.QueryRow(ctx, `SELECT true FROM public.pg_stat_statements LIMIT 1`).Scan(&e.stats)
+	}
+	e.stats = err == nil
+	return nil
 }
 
 func (e *Env) migrate(ctx context.Context) error {
@@ -90,8 +125,16 @@ func (e *Env) migrate(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the pool.
-func (e *Env) Close() { e.Pool.Close() }
+// Close closes the pool and stops the charge stub.
+func (e *Env) Close() {
+	e.Pool.Close()
+	e.stub.Close()
+	e.http.CloseIdleConnections()
+}
+
+// Stats reports whether Results hold server time and WAL bytes, which come
+// from pg_stat_statements.
+func (e *Env) Stats() bool { return e.stats }
 
 func (e *Env) observe(_ context.Context, ev phase.Event) {
 	if ev.Kind != phase.EventAcquired {
@@ -125,6 +168,12 @@ const (
 	// AcquireFinished runs the acquire statement alone on a random key of those
 	// loaded by LoadFinished: the replay lookup.
 	AcquireFinished
+	// LibraryRides runs the rides-shaped workflow (a local phase, a foreign
+	// call to the charge stub, a local phase) on a new key.
+	LibraryRides
+	// BaselineRides runs the same by hand, the call inside the phase's
+	// transaction as the reference makes it.
+	BaselineRides
 )
 
 func (k Kind) String() string {
@@ -145,6 +194,10 @@ func (k Kind) String() string {
 		return "acquire new key"
 	case AcquireFinished:
 		return "acquire finished key"
+	case LibraryRides:
+		return "library rides"
+	case BaselineRides:
+		return "baseline rides"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -153,7 +206,7 @@ func (k Kind) String() string {
 // kinds without one.
 func (k Kind) Baseline() (Kind, bool) {
 	switch k {
-	case LibraryRun, LibraryReplay, LibraryConflict:
+	case LibraryRun, LibraryReplay, LibraryConflict, LibraryRides:
 		return k + 1, true
 	}
 	return 0, false
@@ -197,11 +250,19 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			if c := e.clock.Load(); c != nil {
 				c.start(key)
 			}
-			return e.runLibrary(ctx, key, phase.OutcomeNew)
+			return e.runLibrary(ctx, e.workflow, key, phase.OutcomeNew)
 		}, nil
 	case BaselineRun:
 		return func(ctx context.Context, _ int) error {
-			return e.expectBaseline(ctx, uuid.NewString(), 201)
+			return e.expectBaseline(ctx, uuid.NewString(), 201, false)
+		}, nil
+	case LibraryRides:
+		return func(ctx context.Context, _ int) error {
+			return e.runLibrary(ctx, e.rides, uuid.NewString(), phase.OutcomeNew)
+		}, nil
+	case BaselineRides:
+		return func(ctx context.Context, _ int) error {
+			return e.expectBaseline(ctx, uuid.NewString(), 201, true)
 		}, nil
 	case LibraryReplay, LibraryConflict:
 		keys := make([]string, clients)
@@ -216,7 +277,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			want = phase.OutcomeInProgress
 		}
 		return func(ctx context.Context, client int) error {
-			return e.runLibrary(ctx, keys[client], want)
+			return e.runLibrary(ctx, e.workflow, keys[client], want)
 		}, nil
 	case BaselineReplay, BaselineConflict:
 		keys := make([]string, clients)
@@ -231,7 +292,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			want = 409
 		}
 		return func(ctx context.Context, client int) error {
-			return e.expectBaseline(ctx, keys[client], want)
+			return e.expectBaseline(ctx, keys[client], want, false)
 		}, nil
 	case AcquireNew:
 		return func(ctx context.Context, _ int) error {
@@ -252,7 +313,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 // that outlives the benchmark.
 func (e *Env) holdOrFinish(ctx context.Context, key string, finish bool) error {
 	if finish {
-		return e.runLibrary(ctx, key, phase.OutcomeNew)
+		return e.runLibrary(ctx, e.workflow, key, phase.OutcomeNew)
 	}
 	req, err := e.keyRequest(key, time.Hour)
 	if err != nil {
@@ -266,7 +327,7 @@ func (e *Env) holdOrFinish(ctx context.Context, key string, finish bool) error {
 // request still running.
 func (e *Env) holdOrFinishBaseline(ctx context.Context, key string, finish bool) error {
 	if finish {
-		return e.expectBaseline(ctx, key, 201)
+		return e.expectBaseline(ctx, key, 201, false)
 	}
 	params, err := json.Marshal(order)
 	if err != nil {
@@ -276,8 +337,8 @@ func (e *Env) holdOrFinishBaseline(ctx context.Context, key string, finish bool)
 	return err
 }
 
-func (e *Env) expectBaseline(ctx context.Context, key string, want int) error {
-	status, err := e.runBaseline(ctx, key)
+func (e *Env) expectBaseline(ctx context.Context, key string, want int, rides bool) error {
+	status, err := e.runBaseline(ctx, key, rides)
 	if err != nil {
 		return err
 	}
@@ -349,6 +410,19 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 			}
 		}()
 	}
+	if err := l.env.resetStats(ctx); err != nil {
+		return Result{}, err
+	}
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	allocs := mem.Mallocs
+	var cpu time.Duration
+	if l.env.CPU != nil {
+		var err error
+		if cpu, err = l.env.CPU(); err != nil {
+			return Result{}, err
+		}
+	}
 	l.env.Counter.Reset()
 	start := time.Now()
 	for c := range l.Concurrency {
@@ -375,9 +449,86 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 		RoundTrips:  l.env.Counter.RoundTrips(),
 		Latencies:   slices.Concat(latencies...),
 	}
+	runtime.ReadMemStats(&mem)
+	r.Allocs = mem.Mallocs - allocs
+	if l.env.CPU != nil {
+		now, err := l.env.CPU()
+		if err != nil {
+			return r, err
+		}
+		r.CPU = now - cpu
+	}
 	l.env.Counter.Reset()
+	if runErr == nil {
+		runErr = l.env.readStats(ctx, &r)
+	}
 	slices.Sort(r.Latencies)
 	return r, runErr
+}
+
+// resetStats forgets the statement statistics gathered so far.
+func (e *Env) resetStats(ctx context.Context) error {
+	if !e.stats {
+		return nil
+	}
+	if _, err := e.Pool.Exec(ctx, `SELECT public.pg_stat_statements_reset()`); err != nil {
+		return fmt.Errorf("bench: reset statement statistics: %w", err)
+	}
+	return nil
+}
+
+// readStats reads the server time (planning and execution) and the WAL of
+// each statement run in this database since resetStats, and adds them up.
+//
+// BEGIN and COMMIT are left out: pg_stat_statements does not see them when
+// they are pipelined with other statements, as the library sends them, and
+// a COMMIT's time is mostly its wait for the WAL flush, which shows in the
+// requests' latency instead.
+func (e *Env) readStats(ctx context.Context, r *Result) error {
+	if !e.stats {
+		return nil
+	}
+	rows, err := e.Pool.Query(ctx, `
+SELECT query, calls, total_plan_time + total_exec_time, wal_bytes::bigint
+FROM public.pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND query NOT LIKE '%pg_stat_statements_reset%'
+  AND lower(query) NOT SIMILAR TO '(begin|commit|rollback)%'`)
+	if err != nil {
+		return fmt.Errorf("bench: read statement statistics: %w", err)
+	}
+	defer rows.Close()
+	r.PerStatement = map[string]StatementCost{}
+	for rows.Next() {
+		var (
+			query string
+			cost  StatementCost
+			ms    float64
+		)
+		if err := rows.Scan(&query, &cost.Calls, &ms, &cost.WALBytes); err != nil {
+			return fmt.Errorf("bench: read statement statistics: %w", err)
+		}
+		cost.Time = time.Duration(ms * float64(time.Millisecond))
+		r.PerStatement[query] = r.PerStatement[query].add(cost)
+		r.ServerTime += cost.Time
+		r.WALBytes += cost.WALBytes
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("bench: read statement statistics: %w", err)
+	}
+	return nil
+}
+
+// StatementCost is what the server spent on one statement, as
+// pg_stat_statements counts it.
+type StatementCost struct {
+	Calls    int64
+	Time     time.Duration
+	WALBytes int64
+}
+
+func (c StatementCost) add(o StatementCost) StatementCost {
+	return StatementCost{c.Calls + o.Calls, c.Time + o.Time, c.WALBytes + o.WALBytes}
 }
 
 // Result is what a Load measured.
@@ -389,6 +540,21 @@ type Result struct {
 	Elapsed time.Duration
 	// Statements and RoundTrips count everything the pool sent meanwhile.
 	Statements, RoundTrips int
+	// ServerTime is the time the server spent planning and running the
+	// statements of the database meanwhile, BEGIN and COMMIT aside, and
+	// WALBytes the WAL they wrote, by pg_stat_statements; both zero without
+	// it.
+	ServerTime time.Duration
+	WALBytes   int64
+	// PerStatement holds the same by statement text, as pg_stat_statements
+	// normalises it.
+	PerStatement map[string]StatementCost
+	// Allocs counts the heap allocations of the whole process meanwhile:
+	// the requests', the load generator's and the charge stub's.
+	Allocs uint64
+	// CPU is the CPU time this process and the server used meanwhile, when
+	// Env.CPU is set.
+	CPU time.Duration
 	// Latencies holds the time of every request, sorted.
 	Latencies []time.Duration
 }
@@ -427,6 +593,22 @@ func (r Result) StatementsPerRequest() float64 { return float64(r.Statements) / 
 // RoundTripsPerRequest is the round trips made per request answered.
 func (r Result) RoundTripsPerRequest() float64 { return float64(r.RoundTrips) / float64(r.Requests()) }
 
+// ServerPerRequest is the server time per request answered.
+func (r Result) ServerPerRequest() time.Duration {
+	return r.ServerTime / time.Duration(max(r.Requests(), 1))
+}
+
+// WALPerRequest is the WAL bytes written per request answered.
+func (r Result) WALPerRequest() float64 { return float64(r.WALBytes) / float64(r.Requests()) }
+
+// CPUPerRequest is the CPU time per request answered.
+func (r Result) CPUPerRequest() time.Duration {
+	return r.CPU / time.Duration(max(r.Requests(), 1))
+}
+
+// AllocsPerRequest is the heap allocations per request answered.
+func (r Result) AllocsPerRequest() float64 { return float64(r.Allocs) / float64(r.Requests()) }
+
 // Merge adds up results of the same kind and concurrency measured at
 // different times, as one longer measurement.
 func Merge(rs ...Result) Result {
@@ -436,6 +618,16 @@ func Merge(rs ...Result) Result {
 		m.Elapsed += r.Elapsed
 		m.Statements += r.Statements
 		m.RoundTrips += r.RoundTrips
+		m.ServerTime += r.ServerTime
+		m.WALBytes += r.WALBytes
+		m.Allocs += r.Allocs
+		m.CPU += r.CPU
+		for q, c := range r.PerStatement {
+			if m.PerStatement == nil {
+				m.PerStatement = map[string]StatementCost{}
+			}
+			m.PerStatement[q] = m.PerStatement[q].add(c)
+		}
 		m.Latencies = append(m.Latencies, r.Latencies...)
 	}
 	slices.Sort(m.Latencies)

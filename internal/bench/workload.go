@@ -5,7 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,7 +25,8 @@ type Order struct {
 
 // orderState is what the library commits with each phase.
 type orderState struct {
-	OrderID int64 `json:"order_id"`
+	OrderID  int64  `json:"order_id"`
+	ChargeID string `json:"charge_id,omitempty"`
 }
 
 // receipt is the 201 response body.
@@ -53,7 +58,8 @@ CREATE TABLE IF NOT EXISTS orders (
     item         text        NOT NULL,
     amount       integer     NOT NULL,
     status       text        NOT NULL DEFAULT 'created',
-    confirmed_at timestamptz
+    confirmed_at timestamptz,
+    charge_id    text
 );
 
 CREATE TABLE IF NOT EXISTS audit_records (
@@ -107,10 +113,54 @@ func auditOrder(ctx context.Context, tx pgx.Tx, id int64, req Order) error {
 	return err
 }
 
+// chargeOrder makes the rides-shaped workflow's foreign call: a POST to the
+// charge stub under key, the downstream idempotency key. It returns the
+// charge id.
+func (e *Env) chargeOrder(ctx context.Context, key string, id int64) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.stub.URL+"/charges",
+		strings.NewReader(`{"amount":`+strconv.Itoa(order.Amount)+`,"order":`+strconv.FormatInt(id, 10)+`}`))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := e.http.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var c struct {
+		ID string `json:"id"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK || c.ID == "" {
+		return "", fmt.Errorf("bench: charge stub answered %s", resp.Status)
+	}
+	return c.ID, nil
+}
+
+func recordCharge(ctx context.Context, tx pgx.Tx, id int64, chargeID string) error {
+	_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, id, chargeID)
+	return err
+}
+
+// chargeStub is the provider the rides-shaped workflow calls: it answers
+// every charge with an id derived from its idempotency key, as a provider
+// that honours the key would.
+func chargeStub() *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"ch_`+strconv.Itoa(len(r.Header.Get("Idempotency-Key")))+`","status":"succeeded"}`)
+	}))
+}
+
 // userStatements is how many statements of its own each phase runs.
 const userStatements = 1
 
-// phases is how many phases the workflow has.
+// phases is how many phases the workflows have.
 const phases = 3
 
 // newWorkflow declares the library's three local phases: create the order,
@@ -134,10 +184,38 @@ func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 	)
 }
 
+// newRidesWorkflow declares the rides-shaped workflow, as the rides example
+// is shaped: create the order; charge it with one foreign call to the stub,
+// outside any transaction, and record the charge; write the audit record and
+// answer 201.
+func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
+	return phase.New("rides",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+			id, err := createOrder(ctx, tx, run.Key, run.Req)
+			run.State.OrderID = id
+			return phase.Next(), err
+		}),
+		phase.Foreign("charged",
+			func(ctx context.Context, run *phase.Run[Order, orderState]) (string, error) {
+				return e.chargeOrder(ctx, run.DownstreamKey(), run.State.OrderID)
+			},
+			func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState], chargeID string) (phase.Result, error) {
+				run.State.ChargeID = chargeID
+				return phase.Next(), recordCharge(ctx, tx, run.State.OrderID, chargeID)
+			}).Repeatable(),
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
+				return phase.Result{}, err
+			}
+			return phase.JSON(http.StatusCreated, receipt{run.State.OrderID, run.Req.Item, run.Req.Amount}), nil
+		}),
+	)
+}
+
 // runLibrary sends one request through the library and checks that it
 // ended as want.
-func (e *Env) runLibrary(ctx context.Context, key string, want phase.OutcomeKind) error {
-	out, err := e.workflow.Run(ctx, e.client, tenant, key, order)
+func (e *Env) runLibrary(ctx context.Context, w *phase.Workflow[Order, orderState], key string, want phase.OutcomeKind) error {
+	out, err := w.Run(ctx, e.client, tenant, key, order)
 	if err != nil {
 		return err
 	}
@@ -188,8 +266,9 @@ WHERE id = $1`
 )
 
 // runBaseline serves one request with hand-written pgx following the
-// reference, and returns its status.
-func (e *Env) runBaseline(ctx context.Context, key string) (int, error) {
+// reference, and returns its status. rides selects the rides-shaped
+// request, whose second phase charges the order.
+func (e *Env) runBaseline(ctx context.Context, key string, rides bool) (int, error) {
 	params, err := json.Marshal(order)
 	if err != nil {
 		return 0, err
@@ -220,7 +299,7 @@ func (e *Env) runBaseline(ctx context.Context, key string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	status, err := e.baselinePhases(ctx, id, key, point)
+	status, err := e.baselinePhases(ctx, id, key, point, rides)
 	if err != nil {
 		// As the reference does: free the key at once for the next retry.
 		_, _ = e.Pool.Exec(context.WithoutCancel(ctx), baselineUnlockSQL, id)
@@ -230,8 +309,10 @@ func (e *Env) runBaseline(ctx context.Context, key string) (int, error) {
 }
 
 // baselinePhases runs the phases after point, as the reference's loop over
-// recovery points does.
-func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string) (int, error) {
+// recovery points does. In the rides-shaped request the second phase makes
+// the charge inside its transaction, as the reference does, with the
+// reference's downstream key (its prefix and the key row's id).
+func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, rides bool) (int, error) {
 	var orderID int64
 	for {
 		switch point {
@@ -251,7 +332,14 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string) (
 				}
 			}
 			err := e.baselinePhase(ctx, func(tx pgx.Tx) error {
-				return confirmOrder(ctx, tx, orderID)
+				if !rides {
+					return confirmOrder(ctx, tx, orderID)
+				}
+				chargeID, err := e.chargeOrder(ctx, "rocket-rides-atomic-"+strconv.FormatInt(id, 10), orderID)
+				if err != nil {
+					return err
+				}
+				return recordCharge(ctx, tx, orderID, chargeID)
 			}, baselineAdvanceSQL, id, "order_confirmed")
 			if err != nil {
 				return 0, err

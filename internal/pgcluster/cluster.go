@@ -62,11 +62,10 @@ func SettingArgs(extra ...string) []string {
 // local connection as the superuser postgres, and is killed by the kernel
 // when the process that started it exits, even by SIGKILL.
 type Cluster struct {
-	dir  string // socket directory; the data directory is dir/data
-	bins binaries
-	cred *syscall.Credential // nil unless running as root
-	// settings are more -c settings for postgres, after SettingArgs.
-	settings []string
+	dir      string // socket directory; the data directory is dir/data
+	bins     binaries
+	cred     *syscall.Credential // nil unless running as root
+	settings []string            // extra -c settings
 
 	mu      sync.Mutex
 	pm      *process // nil while stopped
@@ -78,14 +77,19 @@ type Cluster struct {
 // postgres as the OS user postgres, because both refuse to run as root. It
 // also removes the directories of clusters whose owners died without
 // stopping them.
-func Start(ctx context.Context) (*Cluster, error) {
-	return start(ctx, (*Cluster).init)
+//
+// settings are postgres settings ("name=value") applied after the
+// package's own (durability off, see SettingArgs), which they override: a
+// benchmark that measures durable commits passes "fsync=on",
+// "synchronous_commit=on" and "full_page_writes=on".
+func Start(ctx context.Context, settings ...string) (*Cluster, error) {
+	return start(ctx, (*Cluster).init, settings)
 }
 
 // start makes a cluster directory, fills its data directory with create,
 // and starts the server with settings, removing the directory if any step
 // fails.
-func start(ctx context.Context, create func(*Cluster, context.Context) error, settings ...string) (*Cluster, error) {
+func start(ctx context.Context, create func(*Cluster, context.Context) error, settings []string) (*Cluster, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -100,7 +104,7 @@ func start(ctx context.Context, create func(*Cluster, context.Context) error, se
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
-	c := &Cluster{dir: dir, bins: bins, cred: cred, settings: settings}
+	c := &Cluster{dir: dir, bins: bins, cred: cred, settings: slices.Clone(settings)}
 	if err := c.own(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err

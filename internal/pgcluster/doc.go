@@ -20,6 +20,14 @@
 // trusts every local connection as the superuser postgres, and runs with
 // durability turned off ([SettingArgs]): its data is not meant to survive.
 //
+// # PgBouncer
+//
+// [StartBouncer] starts a private PgBouncer in transaction pooling mode in
+// front of any server, a Cluster or another, from the pgbouncer program
+// (Debian and Ubuntu: apt-get install pgbouncer). It listens only on a Unix
+// socket in its own temporary directory, and opens a few server connections
+// per database ([DefaultBouncerPoolSize]), so clients share them.
+//
 // # Replication
 //
 // [StartPrimary] starts a cluster that streams its WAL to standbys, and
@@ -47,13 +55,15 @@
 //
 // # Cleanup
 //
-// [Cluster.Stop] shuts the server down and removes its directory. A cluster
-// never outlives its owner for long even without it:
+// [Cluster.Stop] and [Bouncer.Stop] shut the server or bouncer down and
+// remove its directory. Neither outlives its owner for long even without
+// them:
 //
 //   - The postmaster is started with a parent-death signal, so the kernel
 //     kills it when the process that started it exits for any reason,
 //     SIGKILL included, and its backends follow it. This needs Linux; on
 //     other systems Start fails rather than leave servers running.
-//   - The directory of a cluster whose owner died is removed by the next
-//     call to Start on the machine.
+//     A bouncer gets the same signal.
+//   - The directory of a cluster or bouncer whose owner died is removed by
+//     the next call to Start or StartBouncer on the machine.
 package pgcluster

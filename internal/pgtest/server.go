@@ -128,7 +128,14 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // its size or a tracer.
 func PoolWith(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(DSN(t))
+	return poolOn(t, DSN(t), configure)
+}
+
+// poolOn returns a pool on dsn, a database DSN or BouncerDSN created for t,
+// with configure applied to its config, and closes it when t finishes.
+func poolOn(t testing.TB, dsn string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
@@ -239,12 +246,14 @@ func stopShared() error {
 	defer shared.mu.Unlock()
 	srv := shared.srv
 	shared.srv, shared.err = nil, errors.New("pgtest: shared server used after Main stopped it")
+	// The bouncer goes first: it holds connections to the server.
+	bouncerErr := stopBouncer()
 	if srv == nil {
-		return nil
+		return bouncerErr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
-	return srv.close(ctx)
+	return errors.Join(bouncerErr, srv.close(ctx))
 }
 
 // server is a PostgreSQL server holding a migrated template database, from

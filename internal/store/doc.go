@@ -8,7 +8,9 @@
 // the key or takes over its lease when the lease is free or expired by the
 // database clock, and otherwise reads the row to say why not: Replay,
 // Held (with the lease time left), Mismatch or Parked. Replays and
-// conflicts cost one round trip and write nothing.
+// conflicts cost one round trip and write nothing. Acquire and Renew write
+// only the lease, and commit without waiting for the WAL flush; every write
+// of a phase waits for it.
 //
 // # Fencing
 //
@@ -17,11 +19,22 @@
 // expired and another run took the key over, the write changes nothing and
 // returns keyrow.ErrLeaseLost. Advance and Finish raise inside the
 // transaction rather than report zero rows, so that a COMMIT pipelined after
-// them (see QueueAdvance) turns into a rollback of the whole phase.
+// them (see Write) turns into a rollback of the whole phase.
+//
+// # The row's rules
+//
+// The table has no CHECK constraints: Postgres re-reads and re-plans each
+// one on every INSERT and UPDATE, which on this hot row cost more than the
+// statements. The rules they stated hold by construction instead: every
+// value is checked before it is sent (tenant, key and names by length, hold
+// and status by value, the fingerprint by its type), a statement that sets
+// a lease token sets its expiry, a statement that finishes a key sets its
+// recovery point, finish time and response together and clears its lease,
+// and a holder's writes match unfinished rows only.
 //
 // # Keys without a client
 //
-// Claim takes due keys for the completer with FOR UPDATE SKIP LOCKED; Bury,
+// Claim takes due keys for the completer with FOR NO KEY UPDATE SKIP LOCKED; Bury,
 // Expire and Reap move keys to dead, close abandoned ones and delete expired
 // ones in small batches; Count, Inspect, List, Unlock and Retry serve
 // operators.

@@ -18,6 +18,9 @@ type Lease struct {
 	Token uuid.UUID
 	TTL   time.Duration
 
+	// id and token as statement arguments, made once for every write.
+	idArg, tokenArg any
+
 	mu      sync.Mutex
 	lost    chan struct{}
 	lostErr error
@@ -26,7 +29,19 @@ type Lease struct {
 // NewLease returns the lease identified by a row id and its fencing token.
 // A TTL below lockttl.MinTTL is raised to it.
 func NewLease(id, token uuid.UUID, ttl time.Duration) *Lease {
-	return &Lease{ID: id, Token: token, TTL: max(ttl, lockttl.MinTTL), lost: make(chan struct{})}
+	return &Lease{ID: id, Token: token, TTL: max(ttl, lockttl.MinTTL), lost: make(chan struct{}),
+		idArg: [16]byte(id), tokenArg: [16]byte(token)}
+}
+
+// Advance is AdvanceWrite for this lease: it commits point and state and
+// renews the lease for its TTL.
+func (l *Lease) Advance(point string, state []byte) (Write, error) {
+	return advanceWrite(l.idArg, l.tokenArg, point, state, l.TTL)
+}
+
+// Finish is FinishWrite for this lease.
+func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
+	return finishWrite(l.idArg, l.tokenArg, state, resp)
 }
 
 // Renew extends the lease to TTL from now by the database clock. When the
@@ -69,16 +84,24 @@ func (l *Lease) MarkLost() {
 // work. Any other error of that renewal is returned too: the holder cannot
 // tell whether it still holds the key.
 //
-// The returned context is cancelled when the lease is found lost or when
-// stop is called. Later renewal errors other than a lost lease (a store
+// The returned context is cancelled when the lease is found lost, when
+// limit (if positive) has passed, or when stop is called; the renewals end
+// with it, so work that outlives its limit no longer keeps the key, which
+// then expires and resumes elsewhere. The first renewal is bounded by ctx
+// alone. Later renewal errors other than a lost lease (a store
 // hiccup) are retried at the next tick; the lease is still bounded by its
 // TTL. stop waits for the renewing goroutine to end, so a caller that defers
 // it leaves nothing running, even when the work panics.
-func (l *Lease) Keep(ctx context.Context, q Querier) (workCtx context.Context, stop func(), err error) {
+func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workCtx context.Context, stop func(), err error) {
 	if err := l.Renew(ctx, q); err != nil {
 		return nil, nil, err
 	}
-	workCtx, cancel := context.WithCancel(ctx)
+	var cancel context.CancelFunc
+	if limit > 0 {
+		workCtx, cancel = context.WithTimeout(ctx, limit)
+	} else {
+		workCtx, cancel = context.WithCancel(ctx)
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	every := lockttl.RenewInterval(l.TTL)

@@ -1,10 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -120,6 +122,17 @@ type Request struct {
 // the found branch then reports the row as the statement's snapshot saw it.
 //
 // xmax = 0 on the returned row means it was inserted, otherwise updated.
+//
+// A new key's id ($8) is a UUIDv7, ordered by time, so that new rows go to
+// the right edge of the primary key's index instead of a random page.
+//
+// The statement's transaction commits without waiting for the WAL flush
+// (synchronous_commit off for it alone). The lease is the library's own
+// bookkeeping, and nothing depends on it surviving a crash before the run's
+// first phase commits: that commit waits for the flush, which covers all WAL
+// before it, this statement's included. A lease lost in a crash before then
+// is a run that never started; its holder is fenced (its token matches no
+// row), and a retry takes the key anew, with the same downstream keys.
 const acquireSQL = `
 WITH found AS (
     SELECT id, workflow, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
@@ -128,9 +141,10 @@ WITH found AS (
     WHERE tenant = $1 AND idempotency_key = $2
 ), taken AS (
     INSERT INTO idempotency_keys AS k
-        (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+        (id, tenant, idempotency_key, workflow, request_fingerprint, request_params,
          locked_at, lock_expires_at, lock_token, attempts)
-    SELECT $1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1
+    SELECT $8, $1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1
+    FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
     WHERE NOT EXISTS (
         SELECT FROM found
         WHERE finished_at IS NOT NULL OR hold IS NOT NULL
@@ -162,18 +176,38 @@ WHERE NOT EXISTS (SELECT FROM taken)`
 // which case it met. When the outcome is New or Resumed, the caller holds the
 // lease and Row.LockToken is its fencing token.
 //
-// Lease expiry is judged by the database clock, never the caller's.
+// Lease expiry is judged by the database clock, never the caller's. The
+// tenant, key and workflow name are checked before anything is sent: the
+// table has no CHECK constraints, so this is what keeps a malformed key row
+// out of it.
+//
+// Acquire commits without waiting for the WAL flush (see acquireSQL), so q
+// should not be a transaction: that transaction's commit would not wait
+// either.
 func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error) {
 	if req.TTL <= 0 {
 		return 0, nil, errors.New("store: acquire: lease TTL must be positive")
+	}
+	if err := keyrow.CheckTenant(req.Tenant); err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: %w", err)
+	}
+	if err := keyrow.CheckKey(req.Key); err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: %w", err)
+	}
+	if err := keyrow.CheckName(req.Workflow); err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: workflow name %w", err)
 	}
 	if len(req.Params) == 0 {
 		req.Params = []byte("null")
 	}
 	token := uuid.New()
+	id, err := uuid.NewV7()
+	if err != nil {
+		return 0, nil, fmt.Errorf("store: acquire: %w", err)
+	}
 	for attempt := 0; ; attempt++ {
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
-			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token)))
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id)))
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
 			// The upsert met a row committed by a concurrent transaction after
 			// this statement's snapshot was taken: ON CONFLICT sees the latest
@@ -246,7 +280,10 @@ func decodeResponse(status *int32, headers, body []byte) (*keyrow.Response, erro
 		return nil, errors.New("finished key has no stored response")
 	}
 	resp := &keyrow.Response{Status: int(*status), Body: body}
-	if len(headers) > 0 {
+	switch {
+	case bytes.Equal(headers, storedJSONContentType):
+		resp.Header = http.Header{"Content-Type": {"application/json"}}
+	case len(headers) > 0:
 		if err := json.Unmarshal(headers, &resp.Header); err != nil {
 			return nil, fmt.Errorf("decode stored headers: %w", err)
 		}
@@ -262,6 +299,11 @@ func decodeResponse(status *int32, headers, body []byte) (*keyrow.Response, erro
 // reporting zero rows, matters when the statement is pipelined with COMMIT:
 // the error aborts the transaction, so the COMMIT cannot persist the phase's
 // other work after the lease was lost.
+//
+// Every fenced statement matches only an unfinished row (finished_at IS
+// NULL) holding the caller's token, so a holder never writes to a finished
+// key, even one that an earlier release closed as abandoned without
+// clearing its lease.
 func fenced(modify string) string {
 	return "WITH fenced AS (" + modify + ") SELECT atomicphase_lease_lost() WHERE NOT EXISTS (SELECT FROM fenced)"
 }
@@ -275,21 +317,28 @@ func fenced(modify string) string {
 // is why it leaves last_run_at alone, and why the partial indexes test
 // finished_at rather than recovery_point), so Postgres can update the row
 // in place as a HOT update, without new index entries.
+//
+// It keeps the row's rules by construction: the lease it renews has a token
+// (the one it matched), and the recovery point it sets is a phase name,
+// never keyrow.Finished (checked by AdvanceArgs).
 var advanceSQL = fenced(`
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0,
     lock_expires_at = now() + $5::interval
-WHERE id = $1 AND lock_token = $2
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
 
 // finishSQL stores the response, marks the key finished and frees the lease.
+// It sets the recovery point, the finish time and the response status (never
+// NULL: checked by finishArgs) together, and clears the token and its expiry
+// together.
 var finishSQL = fenced(`
 UPDATE idempotency_keys
 SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0
-WHERE id = $1 AND lock_token = $2
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
@@ -300,71 +349,124 @@ var releaseSQL = fenced(`
 UPDATE idempotency_keys
 SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
     last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int
-WHERE id = $1 AND lock_token = $2
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
 
 // renewSQL extends a live lease by ttl from now and reports the new time
 // left. It is fenced like every other write.
+//
+// Like acquireSQL, it commits without waiting for the WAL flush. A crash can
+// lose only the renewals of its last moments (the WAL writer flushes
+// asynchronous commits within three wal_writer_delay), which leaves the
+// lease as the holder's previous write set it, under the same token; the
+// proof a renewal gave, that the holder still held the key when it ran,
+// stands.
 const renewSQL = `
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval
-WHERE id = $1 AND lock_token = $2
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING lock_expires_at - now()`
 
-// Advance commits the recovery point and state of the holder identified by
-// token, and renews its lease for ttl. It returns ErrLeaseLost, and changes
-// nothing, when the token no longer matches.
+// Write is one fenced write of a holder, ready to be sent on its own (Exec)
+// or queued in a batch, where it is pipelined with COMMIT (Queue). When the
+// holder's token no longer matches it raises an error that AsLeaseLost maps
+// to keyrow.ErrLeaseLost, and changes nothing.
+type Write struct {
+	sql  string
+	args []any
+}
+
+// Exec sends w on its own.
+func (w Write) Exec(ctx context.Context, q Querier) error { return execFenced(ctx, q, w.sql, w.args) }
+
+// Queue adds w to a batch.
+func (w Write) Queue(b *pgx.Batch) { b.Queue(w.sql, w.args...) }
+
+// AdvanceWrite is the write that commits the recovery point and state of the
+// holder identified by token, and renews its lease for ttl. point must be a
+// phase name: neither keyrow.Started nor keyrow.Finished.
+func AdvanceWrite(id, token uuid.UUID, point string, state []byte, ttl time.Duration) (Write, error) {
+	return advanceWrite([16]byte(id), [16]byte(token), point, state, ttl)
+}
+
+// id and token are [16]byte values, passed as they are to pgx.
+func advanceWrite(id, token any, point string, state []byte, ttl time.Duration) (Write, error) {
+	if err := keyrow.CheckName(point); err != nil {
+		return Write{}, fmt.Errorf("store: advance: recovery point %w", err)
+	}
+	if point == keyrow.Started || point == keyrow.Finished {
+		return Write{}, fmt.Errorf("store: advance: %q is not a phase's recovery point", point)
+	}
+	if ttl <= 0 {
+		return Write{}, errors.New("store: advance: lease TTL must be positive")
+	}
+	return Write{advanceSQL, []any{id, token, point, jsonOrNull(state), ttl}}, nil
+}
+
+// Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
+// changes nothing, when the token no longer matches.
 func Advance(ctx context.Context, q Querier, id, token uuid.UUID, point string, state []byte, ttl time.Duration) error {
-	return execFenced(ctx, q, advanceSQL, advanceArgs(id, token, point, state, ttl))
-}
-
-// QueueAdvance adds Advance to a batch, so it can be pipelined with COMMIT.
-// The batch's result for it reports ErrLeaseLost through AsLeaseLost.
-func QueueAdvance(b *pgx.Batch, id, token uuid.UUID, point string, state []byte, ttl time.Duration) {
-	b.Queue(advanceSQL, advanceArgs(id, token, point, state, ttl)...)
-}
-
-func advanceArgs(id, token uuid.UUID, point string, state []byte, ttl time.Duration) []any {
-	return []any{[16]byte(id), [16]byte(token), point, jsonOrNull(state), ttl}
-}
-
-// Finish stores resp as the key's final response, marks it finished and
-// frees the lease. It returns ErrLeaseLost, and changes nothing, when the
-// token no longer matches.
-func Finish(ctx context.Context, q Querier, id, token uuid.UUID, state []byte, resp keyrow.Response) error {
-	args, err := finishArgs(id, token, state, resp)
+	w, err := AdvanceWrite(id, token, point, state, ttl)
 	if err != nil {
 		return err
 	}
-	return execFenced(ctx, q, finishSQL, args)
+	return w.Exec(ctx, q)
 }
 
-// QueueFinish adds Finish to a batch, so it can be pipelined with COMMIT.
-func QueueFinish(b *pgx.Batch, id, token uuid.UUID, state []byte, resp keyrow.Response) error {
-	args, err := finishArgs(id, token, state, resp)
-	if err != nil {
-		return err
-	}
-	b.Queue(finishSQL, args...)
-	return nil
+// FinishWrite is the write that stores resp as the key's final response,
+// marks the key finished and frees the lease of the holder identified by
+// token. resp.Status must be a valid HTTP status (100 to 599).
+func FinishWrite(id, token uuid.UUID, state []byte, resp keyrow.Response) (Write, error) {
+	return finishWrite([16]byte(id), [16]byte(token), state, resp)
 }
 
-func finishArgs(id, token uuid.UUID, state []byte, resp keyrow.Response) ([]any, error) {
+func finishWrite(id, token any, state []byte, resp keyrow.Response) (Write, error) {
 	if resp.Status < 100 || resp.Status > 599 {
-		return nil, fmt.Errorf("store: finish: invalid status %d", resp.Status)
+		return Write{}, fmt.Errorf("store: finish: invalid status %d", resp.Status)
 	}
-	var headers []byte
-	if len(resp.Header) > 0 {
-		var err error
-		if headers, err = json.Marshal(resp.Header); err != nil {
-			return nil, fmt.Errorf("store: finish: encode headers: %w", err)
-		}
+	headers, err := encodeHeader(resp.Header)
+	if err != nil {
+		return Write{}, err
 	}
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	return []any{[16]byte(id), [16]byte(token), jsonOrNull(state), resp.Status, headers, body}, nil
+	return Write{finishSQL, []any{id, token, jsonOrNull(state), resp.Status, headers, body}}, nil
+}
+
+// Finish sends FinishWrite on its own. It returns ErrLeaseLost, and changes
+// nothing, when the token no longer matches.
+func Finish(ctx context.Context, q Querier, id, token uuid.UUID, state []byte, resp keyrow.Response) error {
+	w, err := FinishWrite(id, token, state, resp)
+	if err != nil {
+		return err
+	}
+	return w.Exec(ctx, q)
+}
+
+// jsonContentType is the encoding of the header most responses carry alone,
+// kept encoded once, and storedJSONContentType the same as jsonb gives it
+// back, so that a replay need not decode it.
+var (
+	jsonContentType       = []byte(`{"Content-Type":["application/json"]}`)
+	storedJSONContentType = []byte(`{"Content-Type": ["application/json"]}`)
+)
+
+// encodeHeader returns the JSON stored for a response header, nil for none.
+func encodeHeader(h http.Header) ([]byte, error) {
+	switch {
+	case len(h) == 0:
+		return nil, nil
+	case len(h) == 1 && len(h["Content-Type"]) == 1 && h["Content-Type"][0] == "application/json":
+		return jsonContentType, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("store: finish: encode headers: %w", err)
+	}
+	return b, nil
 }
 
 // Release frees the lease and keeps the recovery point, recording lastErr
@@ -374,6 +476,11 @@ func finishArgs(id, token uuid.UUID, state []byte, resp keyrow.Response) ([]any,
 // keyrow.ErrLeaseLost, and changes nothing, when the token no longer
 // matches.
 func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter bool) error {
+	switch hold {
+	case "", keyrow.HoldUnknown, keyrow.HoldDead:
+	default:
+		return fmt.Errorf("store: release: unknown hold %q", hold)
+	}
 	failed := 0
 	if byCompleter {
 		failed = 1
@@ -387,23 +494,22 @@ const releaseTimeout = 5 * time.Second
 // ReleaseDetached is Release for a run that is ending, whatever ended it: it
 // runs even when ctx is cancelled (a client hung up, a deadline passed,
 // shutdown), bounded by its own short timeout. A lease it fails to free is
-// not lost work: it expires by itself and the key resumes then. It returns
-// the error for logging, with keyrow.ErrLeaseLost (someone else already
-// holds the key) reported as nil.
+// not lost work: it expires by itself and the key resumes then. Like
+// Release, it returns keyrow.ErrLeaseLost, having changed nothing, when
+// another run took the key over.
 func ReleaseDetached(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter bool) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	err := Release(rctx, q, id, token, lastErr, hold, byCompleter)
-	if errors.Is(err, keyrow.ErrLeaseLost) {
-		return nil
-	}
-	return err
+	return Release(rctx, q, id, token, lastErr, hold, byCompleter)
 }
 
 // Renew extends the holder's lease to ttl from now, by the database clock,
 // and returns the time left. It returns ErrLeaseLost when the token no
 // longer matches.
 func Renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration) (time.Duration, error) {
+	if ttl <= 0 {
+		return 0, errors.New("store: renew: lease TTL must be positive")
+	}
 	var left time.Duration
 	err := q.QueryRow(ctx, renewSQL, [16]byte(id), [16]byte(token), ttl).Scan(&left)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -1,9 +1,12 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -172,8 +175,12 @@ func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
 	if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ('should not persist')`); err != nil {
 		t.Fatal(err)
 	}
+	w, err := store.AdvanceWrite(old.ID, old.LockToken, "next", nil, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := &pgx.Batch{}
-	store.QueueAdvance(b, old.ID, old.LockToken, "next", nil, ttl)
+	w.Queue(b)
 	b.Queue("COMMIT")
 	if err := store.AsLeaseLost(tx.SendBatch(ctx, b).Close()); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("pipelined advance = %v, want ErrLeaseLost", err)
@@ -363,5 +370,70 @@ func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
 	}
 	if acquires != 2 {
 		t.Fatalf("the acquire statement ran %d times, want 2 (the miss, then the retry)", acquires)
+	}
+}
+
+// TestNewKeysGetTimeOrderedIDs checks that new rows get UUIDv7 ids, in the
+// order they were created, so that they land at the right edge of the
+// primary key's index.
+func TestNewKeysGetTimeOrderedIDs(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	var last uuid.UUID
+	for i := range 20 {
+		_, row := acquire(t, db, request(t, "acme", fmt.Sprintf("k%d", i), `{}`))
+		if row.ID.Version() != 7 || (i > 0 && bytes.Compare(row.ID[:], last[:]) <= 0) {
+			t.Fatalf("key %d got id %v after %v; want increasing version 7 ids", i, row.ID, last)
+		}
+		last = row.ID
+	}
+}
+
+// TestLeaseWritesDoNotWaitForTheFlushOfAnythingElse checks that acquire and
+// renew make only their own transaction's commit asynchronous: the session
+// that ran them keeps its synchronous_commit.
+func TestLeaseWritesDoNotWaitForTheFlushOfAnythingElse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "remote_apply"
+	})
+	setting := func(after string) {
+		t.Helper()
+		var got string
+		if err := db.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&got); err != nil || got != "remote_apply" {
+			t.Fatalf("synchronous_commit after %s = %q (%v), want the session's remote_apply", after, got, err)
+		}
+	}
+	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
+	setting("acquire")
+	if _, err := store.Renew(ctx, db, row.ID, row.LockToken, ttl); err != nil {
+		t.Fatal(err)
+	}
+	setting("renew")
+}
+
+// TestReplayedHeadersAreTheStoredOnes replays responses with the common
+// JSON header, another header and none.
+func TestReplayedHeadersAreTheStoredOnes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for i, hdr := range []http.Header{
+		{"Content-Type": {"application/json"}},
+		{"Content-Type": {"application/json; charset=utf-8"}},
+		{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
+		nil,
+	} {
+		req := request(t, "acme", fmt.Sprintf("k%d", i), `{}`)
+		_, row := acquire(t, db, req)
+		if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 201, Header: hdr, Body: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+		out, got := acquire(t, db, req)
+		if out != store.Replay || !reflect.DeepEqual(got.Response.Header, hdr) {
+			t.Errorf("replayed header %v, want %v", got.Response.Header, hdr)
+		}
 	}
 }

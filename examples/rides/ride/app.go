@@ -154,6 +154,11 @@ type Config struct {
 	// WithoutWorker leaves River's receipt worker out of Start; receipts
 	// are still queued, for a worker in another process.
 	WithoutWorker bool
+	// PollOnly makes River poll for jobs and leadership instead of
+	// listening for notifications, which a transaction pooler such as
+	// PgBouncer in transaction mode cannot carry: LISTEN holds a server
+	// session that the pooler hands to other clients.
+	PollOnly bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -187,6 +192,7 @@ func New(cfg Config) (*App, error) {
 		// rescued within seconds rather than River's default hour.
 		JobTimeout:           10 * time.Second,
 		RescueStuckJobsAfter: 15 * time.Second,
+		PollOnly:             cfg.PollOnly,
 	}
 	if !cfg.WithoutWorker {
 		riverCfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}}

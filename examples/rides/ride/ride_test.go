@@ -20,7 +20,6 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -43,12 +42,26 @@ type env struct {
 // tests drive the completer themselves and start the worker when needed.
 func setup(t testing.TB, maxConns int32) *env {
 	t.Helper()
+	return setupWith(t, maxConns, nil)
+}
+
+// setupWith is setup with configure applied, when not nil, to the pool's
+// config, the Stripe client's transport and the service's config before
+// they are used, and to the fake Stripe's handler.
+func setupWith(t testing.TB, maxConns int32, configure *configurer) *env {
+	t.Helper()
+	if configure == nil {
+		configure = &configurer{}
+	}
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
+	if configure.pool != nil {
+		configure.pool(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -73,19 +86,39 @@ func setup(t testing.TB, maxConns int32) *env {
 	}
 	t.Cleanup(stripePool.Close)
 	fs := fakestripe.New(stripePool, fakestripe.Config{Logger: quiet})
-	srv := httptest.NewServer(fs)
+	var stripeHandler http.Handler = fs
+	if configure.stripe != nil {
+		stripeHandler = configure.stripe(fs)
+	}
+	srv := httptest.NewServer(stripeHandler)
 	t.Cleanup(srv.Close)
 	// The client the service uses in production, keep-alives included:
 	// the fake Stripe's drops reach it all the same.
-	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", nil)
-	app, err := ride.New(ride.Config{
+	var hc *http.Client
+	if configure.transport != nil {
+		hc = &http.Client{Timeout: 10 * time.Second, Transport: configure.transport(http.DefaultTransport)}
+	}
+	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", hc)
+	appCfg := ride.Config{
 		Pool: pool, Stripe: sc, Logger: quiet,
 		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
-	})
+	}
+	if configure.app != nil {
+		configure.app(&appCfg)
+	}
+	app, err := ride.New(appCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &env{pool: pool, stripe: fs, sc: sc, app: app, api: app.Handler()}
+}
+
+// configurer adjusts what setupWith builds; nil functions change nothing.
+type configurer struct {
+	pool      func(*pgxpool.Config)
+	transport func(http.RoundTripper) http.RoundTripper
+	app       func(*ride.Config)
+	stripe    func(http.Handler) http.Handler
 }
 
 var ridePayload = url.Values{"origin_lat": {"37.7749"}, "origin_lon": {"-122.4194"}, "target_lat": {"37.3382"}, "target_lon": {"-121.8863"}}.Encode()
@@ -138,35 +171,35 @@ func (e *env) verify(t testing.TB) ride.Report {
 	return r
 }
 
-func TestCrashAtEveryFaultPointChargesEachRideOnce(t *testing.T) {
+func TestCrashesAndPairedFaultsAtEveryPointChargeEachRideOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 10)
-	phasetest.CrashMatrix(t, phasetest.Config[ride.Request, ride.State]{
+	cfg := phasetest.Config[ride.Request, ride.State]{
 		Client:   e.app.Client,
+		DB:       e.pool,
 		Workflow: e.app.Workflow,
 		Tenant:   ride.UserEmail,
 		Request: func(string) ride.Request {
 			return ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4}
 		},
 		WithCompleter: true,
-		// Ride ids differ per key; the rest of the answer must not.
-		Equal: func(crashFree, recovered *keyrow.Response) bool {
-			var a, b ride.Created
-			return crashFree.Status == recovered.Status &&
-				json.Unmarshal(crashFree.Body, &a) == nil && json.Unmarshal(recovered.Body, &b) == nil &&
-				a.Message == b.Message && b.RideID > 0
-		},
-		Check: func(t testing.TB, key string, resp *keyrow.Response) {
-			rideID, charges := e.chargesForKey(t, key)
+		Compare:       phasetest.IgnoreFields("ride_id"),
+		Check: func(t testing.TB, s phasetest.Scenario) {
+			var rideID int64
+			if err := e.pool.QueryRow(context.Background(), `SELECT id FROM rides WHERE idempotency_key_id = $1`, s.ID).Scan(&rideID); err != nil {
+				t.Fatalf("ride of %s: %v", s.Key, err)
+			}
 			var created ride.Created
-			if err := json.Unmarshal(resp.Body, &created); err != nil || created.RideID != rideID {
-				t.Fatalf("%s: response %s names ride %d, want %d", key, resp.Body, created.RideID, rideID)
+			if err := json.Unmarshal(s.Response.Body, &created); err != nil || created.RideID != rideID {
+				t.Fatalf("%s: response %s names ride %d, want %d", s.Key, s.Response.Body, created.RideID, rideID)
 			}
-			if charges != 1 {
-				t.Fatalf("%s: %d charges for ride %d, want 1", key, charges, rideID)
+			if _, charges := e.chargesForKey(t, s.Key); charges != 1 {
+				t.Fatalf("%s: %d charges for ride %d, want 1", s.Key, charges, rideID)
 			}
 		},
-	})
+	}
+	t.Run("crashes", func(t *testing.T) { phasetest.CrashMatrix(t, cfg) })
+	t.Run("pairs", func(t *testing.T) { phasetest.PairMatrix(t, cfg) })
 	e.verify(t)
 }
 

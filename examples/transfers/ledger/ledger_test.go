@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -16,12 +15,11 @@ import (
 
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 )
 
-func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
+func TestCrashesAndPairedFaultsAtEveryPointSettleOncePerPath(t *testing.T) {
 	t.Parallel()
 	for _, external := range []bool{false, true} {
 		name := "internal"
@@ -35,8 +33,9 @@ func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
 			to := e.open(t, "bob", "EUR", 0)
 			const amount = 100
 			settled := 0
-			phasetest.CrashMatrix(t, phasetest.Config[ledger.Transfer, ledger.State]{
+			cfg := phasetest.Config[ledger.Transfer, ledger.State]{
 				Client:   e.client,
+				DB:       e.db,
 				Workflow: e.wf,
 				Tenant:   "alice",
 				Request: func(string) ledger.Transfer {
@@ -49,46 +48,34 @@ func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
 					return tr
 				},
 				WithCompleter: true,
-				Equal:         sameReceiptButIDs,
-				Check: func(t testing.TB, key string, resp *keyrow.Response) {
+				// The ledger and the provider make the ids; the rest of the
+				// receipt must not change.
+				Compare: phasetest.IgnoreFields("transfer_id", "payout_id"),
+				Check: func(t testing.TB, s phasetest.Scenario) {
 					settled++
-					id, status, payoutID, found := e.transfer(t, "alice", key)
+					id, status, payoutID, found := e.transfer(t, "alice", s.Key)
 					if !found || status != "settled" {
-						t.Fatalf("%s: transfer %d is %q (found %v), want settled", key, id, status, found)
+						t.Fatalf("%s: transfer %d is %q (found %v), want settled", s.Key, id, status, found)
 					}
 					payouts := e.payoutsFor(t, id)
 					switch {
 					case !external && len(payouts) != 0:
-						t.Fatalf("%s: internal transfer %d has %d payouts, want none", key, id, len(payouts))
+						t.Fatalf("%s: internal transfer %d has %d payouts, want none", s.Key, id, len(payouts))
 					case external && (len(payouts) != 1 || payouts[0].ID != payoutID || payouts[0].Status != payoutprovider.StatusPaid):
-						t.Fatalf("%s: transfer %d (payout %q) has payouts %+v, want exactly that one, paid", key, id, payoutID, payouts)
+						t.Fatalf("%s: transfer %d (payout %q) has payouts %+v, want exactly that one, paid", s.Key, id, payoutID, payouts)
 					}
 					e.verify(t)
 					// Every scenario so far moved its amount once, and no more.
 					a := e.account(t, "alice", from.ID)
 					if moved := int64(settled * amount); a.Balance != 1_000_000-moved || a.Held != 0 {
-						t.Fatalf("%s: alice has %d (held %d) after %d transfers of %d", key, a.Balance, a.Held, settled, amount)
+						t.Fatalf("%s: alice has %d (held %d) after %d transfers of %d", s.Key, a.Balance, a.Held, settled, amount)
 					}
 				},
-			})
+			}
+			t.Run("crashes", func(t *testing.T) { phasetest.CrashMatrix(t, cfg) })
+			t.Run("pairs", func(t *testing.T) { phasetest.PairMatrix(t, cfg) })
 		})
 	}
-}
-
-// sameReceiptButIDs compares two answers of the same transfer under
-// different keys: equal but for the ids the ledger and the provider made.
-func sameReceiptButIDs(a, b *keyrow.Response) bool {
-	strip := func(body []byte) map[string]any {
-		var m map[string]any
-		if json.Unmarshal(body, &m) != nil {
-			return nil
-		}
-		delete(m, "transfer_id")
-		delete(m, "payout_id")
-		return m
-	}
-	return a.Status == b.Status && reflect.DeepEqual(a.Header, b.Header) &&
-		strip(a.Body) != nil && reflect.DeepEqual(strip(a.Body), strip(b.Body))
 }
 
 func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) {

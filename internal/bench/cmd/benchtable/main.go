@@ -4,19 +4,27 @@
 //
 // Usage:
 //
-//	go run ./internal/bench/cmd/benchtable [-rounds 5] [-round 2s] [-large]
+//	go run ./internal/bench/cmd/benchtable [-rounds 5] [-round 2s] [-configs fast,durable] [-large]
 //
 // Each kind of request is measured in rounds, library and baseline
 // alternating (and swapping which goes first every round), so that drift in
-// a noisy machine's load falls on both alike. -large adds the acquire
-// latency with 10 thousand and with a million keys in the table, again
-// alternating, and the reaper deleting a million expired keys under
-// traffic; it takes several minutes more.
+// a noisy machine's load falls on both alike.
 //
-// The database is DATABASE_URL, which must name a scratch database: the
-// command creates its tables there (for -large also in the schemas
-// bench_10000_keys and bench_1000000_keys) and empties them. Without it, a
-// throwaway Postgres is started for the run.
+// Each configuration is a throwaway Postgres started from local binaries
+// with pg_stat_statements loaded, so that the tables show the server time
+// and WAL of each request: "fast" with durability off (fsync,
+// synchronous_commit and full_page_writes off, as the tests run), "durable"
+// with it on, as production runs.
+//
+// -large adds, on the first configuration, the acquire latency with 10
+// thousand and with 10 million keys in the table, again alternating, and
+// the reaper deleting a million expired keys under traffic with its default
+// batch size and pause; it takes many minutes more and about 10 GB of disk.
+//
+// With -database-url (default $DATABASE_URL), the one configuration is that
+// database, which must be a scratch database: the command creates its
+// tables there (for -large also in the schemas bench_10000_keys and
+// bench_10000000_keys) and empties them.
 package main
 
 import (
@@ -35,7 +43,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/bench"
-	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 func main() {
@@ -51,26 +60,55 @@ func main() {
 	}
 }
 
+// configs are the server configurations benchtable can start.
+var configs = map[string][]string{
+	"fast":    nil,
+	"durable": {"fsync=on", "synchronous_commit=on", "full_page_writes=on"},
+}
+
+// statsSettings load pg_stat_statements in every server benchtable starts.
+var statsSettings = []string{"shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_planning=on"}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rounds := fs.Int("rounds", 5, "rounds per kind of request; library and baseline alternate within each")
 	round := fs.Duration("round", 2*time.Second, "length of one round of one kind")
-	large := fs.Bool("large", false, "also measure acquire with a million keys and the reaper under traffic")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "scratch Postgres database (default $DATABASE_URL; a throwaway server when empty)")
+	configList := fs.String("configs", "fast,durable", "server configurations to start, in order: fast, durable")
+	large := fs.Bool("large", false, "also measure acquire with 10 million keys and the reaper under traffic")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "scratch Postgres database to use instead of starting servers (default $DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		fmt.Fprintln(stderr, "DATABASE_URL not set: starting a throwaway Postgres...")
-		dsn, stopPG, err := pgtest.Embedded(ctx)
+	if *dbURL != "" {
+		return measure(ctx, "the given database", *dbURL, 0, *rounds, *round, *large, stdout, stderr)
+	}
+	for i, name := range strings.Split(*configList, ",") {
+		settings, ok := configs[name]
+		if !ok {
+			return fmt.Errorf("unknown configuration %q; use fast or durable", name)
+		}
+		fmt.Fprintf(stderr, "starting a throwaway Postgres (%s)...\n", name)
+		cluster, err := pgcluster.Start(ctx, append(slices.Clone(statsSettings), settings...)...)
+		if err != nil {
+			return fmt.Errorf("%w\n(or set DATABASE_URL to a scratch database)", err)
+		}
+		err = measure(ctx, name, cluster.DSN("postgres"), cluster.PID(), *rounds, *round, *large && i == 0, stdout, stderr)
+		if stopErr := cluster.Stop(); err == nil {
+			err = stopErr
+		}
 		if err != nil {
 			return err
 		}
-		defer stopPG()
-		*dbURL = dsn
 	}
-	cfg, err := pgxpool.ParseConfig(*dbURL)
+	return nil
+}
+
+// measure runs the comparison, and with large the large-table measurements,
+// on the database at dsn, whose postmaster is postmaster when it is a local
+// server benchtable started (0 otherwise).
+func measure(ctx context.Context, name, dsn string, postmaster, rounds int, round time.Duration, large bool, w, progress io.Writer) error {
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
 	}
@@ -79,21 +117,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer env.Close()
-	if err := describeServer(ctx, env, stdout); err != nil {
+	if postmaster != 0 {
+		if env.CPU, err = cpuClock(postmaster); err != nil {
+			fmt.Fprintln(progress, err)
+		}
+	}
+	fmt.Fprintf(w, "### Configuration: %s\n\n", name)
+	if err := describeServer(ctx, env, w); err != nil {
 		return err
 	}
-	results, err := compare(ctx, env, *rounds, *round, stderr)
+	results, err := compare(ctx, env, rounds, round, progress)
 	if err != nil {
 		return err
 	}
-	printComparison(stdout, results)
-	if !*large {
+	printComparison(w, results, env.Stats(), env.CPU != nil)
+	if env.Stats() {
+		printStatements(w, results, bench.LibraryRun, bench.BaselineRun)
+		printStatements(w, results, bench.LibraryRides, bench.BaselineRides)
+	}
+	if !large {
 		return nil
 	}
-	if err := acquireLatency(ctx, cfg, *rounds, *round, stdout, stderr); err != nil {
+	if err := acquireLatency(ctx, cfg, rounds, round, w, progress); err != nil {
 		return err
 	}
-	return reaperUnderTraffic(ctx, env, stdout, stderr)
+	return reaperUnderTraffic(ctx, env, w, progress)
 }
 
 // describeServer prints what the figures were measured on.
@@ -104,20 +152,17 @@ func describeServer(ctx context.Context, env *bench.Env, w io.Writer) error {
 	}
 	rows, err := env.Pool.Query(ctx, `
 SELECT name, current_setting(name) FROM pg_settings
-WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers', 'max_connections')
+WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers', 'wal_level', 'max_connections')
 ORDER BY name`)
 	if err != nil {
 		return err
 	}
-	var settings []string
-	for rows.Next() {
+	settings, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
 		var name, value string
-		if err := rows.Scan(&name, &value); err != nil {
-			return err
-		}
-		settings = append(settings, name+"="+value)
-	}
-	if err := rows.Err(); err != nil {
+		err := row.Scan(&name, &value)
+		return name + "=" + value, err
+	})
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "Server: %s\nSettings: %s\nPool: %d connections\n\n", version, strings.Join(settings, ", "), bench.MaxConns)
@@ -127,6 +172,7 @@ ORDER BY name`)
 // pairs are the kinds compared, each library kind then its baseline.
 var pairs = [][2]bench.Kind{
 	{bench.LibraryRun, bench.BaselineRun},
+	{bench.LibraryRides, bench.BaselineRides},
 	{bench.LibraryReplay, bench.BaselineReplay},
 	{bench.LibraryConflict, bench.BaselineConflict},
 }
@@ -180,9 +226,9 @@ func alternate(ctx context.Context, loads [2]*bench.Load, rounds int, d time.Dur
 	return res, nil
 }
 
-func printComparison(w io.Writer, all []*measured) {
-	fmt.Fprintln(w, "| request | clients | mean µs/req | p99 µs | req/s | statements/req | round trips/req | throughput vs baseline (rounds: min–max) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+func printComparison(w io.Writer, all []*measured, stats, cpu bool) {
+	fmt.Fprintln(w, "| request | clients | req/s | mean µs | p99 µs | statements/req | round trips/req | server µs/req | WAL B/req | CPU µs/req | Go allocs/req | throughput vs baseline: all rounds (median; min–max) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	find := func(k bench.Kind, c int) *measured {
 		for _, m := range all {
 			if m.kind == k && m.concurrency == c {
@@ -199,30 +245,133 @@ func printComparison(w io.Writer, all []*measured) {
 				ratio = ratioCell(m.rounds, b.rounds)
 			}
 		}
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s |\n", m.kind, m.concurrency,
-			us(r.Mean()), us(r.Quantile(0.99)), r.PerSecond(), r.StatementsPerRequest(), r.RoundTripsPerRequest(), ratio)
+		server, wal, cpuTime := "—", "—", "—"
+		if stats {
+			server, wal = fmt.Sprintf("%.0f", us(r.ServerPerRequest())), fmt.Sprintf("%.0f", r.WALPerRequest())
+		}
+		if cpu {
+			cpuTime = fmt.Sprintf("%.0f", us(r.CPUPerRequest()))
+		}
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s | %s | %.0f | %s |\n", m.kind, m.concurrency,
+			r.PerSecond(), us(r.Mean()), us(r.Quantile(0.99)), r.StatementsPerRequest(), r.RoundTripsPerRequest(),
+			server, wal, cpuTime, r.AllocsPerRequest(), ratio)
 	}
 	fmt.Fprintln(w)
 }
 
+// roles name the statements of both implementations by what they do, in
+// the order a request sends them; a statement's role is the first whose
+// fragment its text (as pg_stat_statements normalises it) contains.
+var roles = []struct{ name, fragment string }{
+	{"take the key: acquire / upsert", "WITH found AS"},
+	{"take the key: acquire / upsert", "INSERT INTO baseline_keys"},
+	{"replay or 409: lookup", "SELECT recovery_point, request_params"},
+	{"user: insert order", "INSERT INTO orders"},
+	{"user: confirm order", "SET status"},
+	{"renew the lease before the call", "set_config"},
+	{"user: record charge", "SET charge_id"},
+	{"user: insert audit record", "INSERT INTO audit_records"},
+	{"advance: fenced / plain", "phase_state = $4, hold = NULL"},
+	{"advance: fenced / plain", "UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1"},
+	{"finish: fenced / plain", "finished_at = now()"},
+	{"finish: fenced / plain", "response_code"},
+}
+
+func role(query string) string {
+	q := strings.ToLower(query)
+	for _, r := range roles {
+		if strings.Contains(q, strings.ToLower(r.fragment)) {
+			return r.name
+		}
+	}
+	return "other: " + strings.Join(strings.Fields(query), " ")
+}
+
+// printStatements prints what the server spent on each statement of a
+// library kind and its baseline at one client, by role.
+func printStatements(w io.Writer, all []*measured, lib, base bench.Kind) {
+	var results [2]bench.Result
+	for _, m := range all {
+		for i, k := range []bench.Kind{lib, base} {
+			if m.kind == k && m.concurrency == 1 {
+				results[i] = bench.Merge(m.rounds...)
+			}
+		}
+	}
+	type cell struct{ calls, us, wal float64 }
+	byRole := map[string]*[2]cell{}
+	var order []string
+	for _, r := range roles {
+		if !slices.Contains(order, r.name) {
+			order = append(order, r.name)
+		}
+	}
+	for i, r := range results {
+		for q, c := range r.PerStatement {
+			name := role(q)
+			if byRole[name] == nil {
+				byRole[name] = &[2]cell{}
+				if !slices.Contains(order, name) {
+					order = append(order, name)
+				}
+			}
+			n := float64(r.Requests())
+			byRole[name][i].calls += float64(c.Calls) / n
+			byRole[name][i].us += us(c.Time) / n
+			byRole[name][i].wal += float64(c.WALBytes) / n
+		}
+	}
+	fmt.Fprintf(w, "Server time by statement, %s vs %s, 1 client (pg_stat_statements: planning and execution; BEGIN and COMMIT aside):\n\n", lib, base)
+	fmt.Fprintln(w, "| statement | library calls/req | library µs/call | library WAL B/call | baseline calls/req | baseline µs/call | baseline WAL B/call |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	perCall := func(c cell) string {
+		if c.calls == 0 {
+			return "— | — | —"
+		}
+		return fmt.Sprintf("%.2f | %.1f | %.0f", c.calls, c.us/c.calls, c.wal/c.calls)
+	}
+	var total [2]cell
+	for _, name := range order {
+		cells := byRole[name]
+		if cells == nil {
+			continue
+		}
+		for i := range cells {
+			total[i].calls += cells[i].calls
+			total[i].us += cells[i].us
+			total[i].wal += cells[i].wal
+		}
+		fmt.Fprintf(w, "| %s | %s | %s |\n", name, perCall(cells[0]), perCall(cells[1]))
+	}
+	fmt.Fprintf(w, "| **whole request** | %.2f | **%.1f** | **%.0f** | %.2f | **%.1f** | **%.0f** |\n\n",
+		total[0].calls, total[0].us, total[0].wal, total[1].calls, total[1].us, total[1].wal)
+}
+
 // ratioCell is the library's throughput over the baseline's for all rounds
-// together, and the range of the per-round ratios.
+// together, and the median and range of the per-round ratios.
 func ratioCell(lib, base []bench.Result) string {
 	total := bench.Merge(lib...).PerSecond() / bench.Merge(base...).PerSecond()
 	var each []float64
 	for i := range min(len(lib), len(base)) {
 		each = append(each, lib[i].PerSecond()/base[i].PerSecond())
 	}
-	return fmt.Sprintf("%.2f (%.2f–%.2f)", total, slices.Min(each), slices.Max(each))
+	slices.Sort(each)
+	median := each[len(each)/2]
+	if len(each)%2 == 0 {
+		median = (each[len(each)/2-1] + each[len(each)/2]) / 2
+	}
+	return fmt.Sprintf("**%.2f** (%.2f; %.2f–%.2f)", total, median, each[0], each[len(each)-1])
 }
 
+// largeSizes are the table sizes acquire is compared at.
+var largeSizes = [2]int{10_000, 10_000_000}
+
 // acquireLatency measures acquire on new and finished keys with 10
-// thousand and with a million finished keys in the table, each table in a
+// thousand and with 10 million finished keys in the table, each table in a
 // schema of its own, alternating between them round by round.
 func acquireLatency(ctx context.Context, cfg *pgxpool.Config, rounds int, d time.Duration, w, progress io.Writer) error {
-	sizes := [2]int{10_000, 1_000_000}
 	var envs [2]*bench.Env
-	for i, rows := range sizes {
+	for i, rows := range largeSizes {
 		env, err := openSchema(ctx, cfg, fmt.Sprintf("bench_%d_keys", rows))
 		if err != nil {
 			return err
@@ -232,9 +381,11 @@ func acquireLatency(ctx context.Context, cfg *pgxpool.Config, rounds int, d time
 			return err
 		}
 		fmt.Fprintf(progress, "loading %d finished keys\n", rows)
+		start := time.Now()
 		if err := env.LoadFinished(ctx, rows, 0); err != nil {
 			return err
 		}
+		fmt.Fprintf(progress, "loaded in %v\n", time.Since(start).Round(time.Second))
 		envs[i] = env
 	}
 	fmt.Fprintln(w, "| acquire | clients | finished keys in table | p50 µs | p99 µs | mean µs | req/s | statements/req |")
@@ -253,7 +404,7 @@ func acquireLatency(ctx context.Context, cfg *pgxpool.Config, rounds int, d time
 			if err != nil {
 				return err
 			}
-			for i, rows := range sizes {
+			for i, rows := range largeSizes {
 				r := bench.Merge(res[i]...)
 				fmt.Fprintf(w, "| %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f |\n", strings.TrimPrefix(k.String(), "acquire "), c, rows,
 					us(r.Quantile(0.5)), us(r.Quantile(0.99)), us(r.Mean()), r.PerSecond(), r.StatementsPerRequest())
@@ -261,6 +412,11 @@ func acquireLatency(ctx context.Context, cfg *pgxpool.Config, rounds int, d time
 		}
 	}
 	fmt.Fprintln(w)
+	for _, env := range envs {
+		if err := env.Empty(ctx); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -276,7 +432,7 @@ func openSchema(ctx context.Context, cfg *pgxpool.Config, schema string) (*bench
 		return nil, err
 	}
 	cfg = cfg.Copy()
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema + ", public"
 	return bench.Open(ctx, cfg)
 }
 
@@ -295,7 +451,7 @@ func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writ
 		return err
 	}
 	fmt.Fprintln(progress, "reaping under traffic")
-	res, err := env.ReapUnderTraffic(ctx, 8, 5*time.Second)
+	res, err := env.ReapUnderTraffic(ctx, 8, 5*time.Second, recovery.ReaperConfig{})
 	if err != nil {
 		return err
 	}
@@ -311,8 +467,9 @@ func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writ
 	}
 	fmt.Fprintln(w)
 	first, last := res.BatchTimes(10)
-	fmt.Fprintf(w, "Reaper: deleted %d keys in %.1f s (%d batches; first 10 batches %.1f ms each, last 10 %.1f ms each). One search for abandoned keys: %.1f ms.\n",
-		res.Deleted, res.Reap.Seconds(), len(res.Batches), ms(first), ms(last), ms(scan))
+	fmt.Fprintf(w, "Reaper (batch %d, pause %v): deleted %d keys in %.1f s (%d batches; first 10 batches %.1f ms each, last 10 %.1f ms each). One search for abandoned keys: %.1f ms. Acquire p99 while it ran: %.1f× the p99 before.\n\n",
+		res.BatchSize, res.Pause, res.Deleted, res.Reap.Seconds(), len(res.Batches), ms(first), ms(last), ms(scan),
+		float64(res.AcquireDuring.Quantile(0.99))/float64(res.AcquireBefore.Quantile(0.99)))
 	return nil
 }
 
