@@ -84,13 +84,13 @@ type Cluster struct {
 // benchmark that measures durable commits passes "fsync=on",
 // "synchronous_commit=on" and "full_page_writes=on".
 func Start(ctx context.Context, settings ...string) (*Cluster, error) {
-	return start(ctx, (*Cluster).init, settings...)
+	return start(ctx, (*Cluster).init, settings)
 }
 
 // start makes a cluster directory, fills its data directory with create,
 // and starts the server with settings, removing the directory if any step
 // fails.
-func start(ctx context.Context, create func(*Cluster, context.Context) error, settings ...string) (*Cluster, error) {
+func start(ctx context.Context, create func(*Cluster, context.Context) error, settings []string) (*Cluster, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err

@@ -43,7 +43,7 @@ const replicationTimeout = time.Minute
 // StartStandby can replicate from. It replicates asynchronously until
 // SetSynchronous says otherwise.
 func StartPrimary(ctx context.Context) (*Cluster, error) {
-	return start(ctx, (*Cluster).init, replicationSettings...)
+	return start(ctx, (*Cluster).init, replicationSettings)
 }
 
 // StartStandby starts a new cluster as a streaming standby of primary: a
@@ -51,7 +51,7 @@ func StartPrimary(ctx context.Context) (*Cluster, error) {
 // primary, and started in hot standby, so it accepts read-only sessions. It
 // returns once the standby streams from primary. Promote makes it a primary.
 func StartStandby(ctx context.Context, primary *Cluster) (*Cluster, error) {
-	c, err := start(ctx, func(c *Cluster, ctx context.Context) error { return c.baseBackup(ctx, primary) }, replicationSettings...)
+	c, err := start(ctx, func(c *Cluster, ctx context.Context) error { return c.baseBackup(ctx, primary) }, replicationSettings)
 	if err != nil {
 		return nil, err
 	}

@@ -289,8 +289,12 @@ func setup(t *testing.T, sc scenario) *system {
 	s := &system{t: t, spared: -1}
 	var dsn string
 	var err error
+	var stripeDSN func() string
 	switch {
 	case sc.replication != noReplication:
+		// The fake Stripe plays another company's system: its memory of
+		// idempotency keys does not fail over with our database.
+		stripeDSN = stripeDatabase(t)
 		s.replicated = startReplicated(t, sc.replication == synchronous)
 		dsn = s.replicated.dsn
 	case sc.restartPostgres:
@@ -317,24 +321,24 @@ func setup(t *testing.T, sc scenario) *system {
 	if err := s.pool.QueryRow(ctx, "SELECT current_database()").Scan(&s.dbName); err != nil {
 		t.Fatal(err)
 	}
-	stripeDSN := dsn
-	s.stripePool = s.pool
-	if sc.replication != noReplication {
-		// The fake Stripe plays another company's system: its memory of
-		// idempotency keys does not fail over with our database.
-		stripeDSN = pgtest.DSN(t)
-		s.stripePool = newPool(t, stripeDSN)
-	}
-	// The processes migrate too, each at its start; the test reads the
-	// tables before they are up.
-	if err := ride.Migrate(ctx, s.pool); err != nil {
-		t.Fatal(err)
-	}
-	if err := fakestripe.Migrate(ctx, s.stripePool); err != nil {
-		t.Fatal(err)
-	}
-	if err := ride.Seed(ctx, s.pool); err != nil {
-		t.Fatal(err)
+	if stripeDSN != nil {
+		// startReplicated migrated the rides database, before the base
+		// backup.
+		s.stripePool = newPool(t, stripeDSN())
+	} else {
+		stripeDSN = func() string { return dsn }
+		s.stripePool = s.pool
+		// The processes migrate too, each at its start; the test reads
+		// the tables before they are up.
+		if err := ride.Migrate(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
+		if err := fakestripe.Migrate(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
+		if err := ride.Seed(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The logs of a failed test are kept for the post-mortem.
@@ -355,7 +359,7 @@ func setup(t *testing.T, sc scenario) *system {
 		t.Fatal(err)
 	}
 	stripeAddr := freeAddr(t)
-	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN)
+	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN())
 	for i := range apiProcesses {
 		addr := freeAddr(t)
 		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, "serve", "-addr", addr,

@@ -5,6 +5,7 @@ package chaos_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -17,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
@@ -56,6 +56,44 @@ const (
 	// fast as it can.
 	asynchronous
 )
+
+// stripeDatabase starts creating a database for the fake Stripe, on the
+// server every test uses, which never fails over, while the caller starts
+// its primary and standby. The function it returns waits for the database,
+// migrates it, and returns its DSN; the database is dropped when t ends.
+func stripeDatabase(t *testing.T) func() string {
+	type result struct {
+		dsn  string
+		drop func() error
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		dsn, drop, err := pgtest.NewDatabase(ctx, t.Name())
+		ch <- result{dsn, drop, err}
+	}()
+	created := sync.OnceValue(func() result { return <-ch })
+	t.Cleanup(func() {
+		if r := created(); r.err == nil {
+			if err := r.drop(); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	return func() string {
+		t.Helper()
+		r := created()
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if err := fakestripe.Migrate(t.Context(), newPool(t, r.dsn)); err != nil {
+			t.Fatal(err)
+		}
+		return r.dsn
+	}
+}
 
 // replicated is a rides database on a primary with one streaming standby.
 type replicated struct {
@@ -141,12 +179,9 @@ func (r *replicated) failOver(ctx context.Context) (died time.Time, err error) {
 func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
+	stripeDSN := stripeDatabase(t)
 	r := startReplicated(t, false)
-	// The fake Stripe's database does not fail over with ours.
-	stripePool := newPool(t, pgtest.DSN(t))
-	if err := fakestripe.Migrate(ctx, stripePool); err != nil {
-		t.Fatal(err)
-	}
+	stripePool := newPool(t, stripeDSN())
 	srv := httptest.NewServer(fakestripe.New(stripePool, fakestripe.Config{Logger: quiet}))
 	t.Cleanup(srv.Close)
 	sc := ride.NewStripeClient(srv.URL, stripeKey, nil)
@@ -211,7 +246,7 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 	if row, err := app.Client.Inspect(ctx, ride.UserEmail, "behind"); err != nil || row.RecoveryPoint != "ride_created" {
 		t.Fatalf("behind on the promoted standby: %+v, %v; want recovery point ride_created", row, err)
 	}
-	if _, err := app.Client.Inspect(ctx, ride.UserEmail, "lost"); err != keyrow.ErrNotFound {
+	if _, err := app.Client.Inspect(ctx, ride.UserEmail, "lost"); !errors.Is(err, keyrow.ErrNotFound) {
 		t.Fatalf("lost on the promoted standby: %v, want keyrow.ErrNotFound", err)
 	}
 
