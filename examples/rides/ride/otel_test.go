@@ -21,14 +21,20 @@ import (
 )
 
 // sqlTracer is a pgx tracer that makes every statement a span named by its
-// first words, as an OpenTelemetry pgx tracer would.
+// first words, as an OpenTelemetry pgx tracer would, batched statements
+// included: the runner sends a phase's first statement in one batch with
+// its BEGIN.
 type sqlTracer struct{ tracer trace.Tracer }
 
 type sqlSpanKey struct{}
 
+func spanName(sql string) string {
+	words := strings.Fields(sql)
+	return "sql " + strings.Join(words[:min(3, len(words))], " ")
+}
+
 func (s sqlTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	words := strings.Fields(data.SQL)
-	ctx, span := s.tracer.Start(ctx, "sql "+strings.Join(words[:min(3, len(words))], " "))
+	ctx, span := s.tracer.Start(ctx, spanName(data.SQL))
 	return context.WithValue(ctx, sqlSpanKey{}, span)
 }
 
@@ -37,6 +43,17 @@ func (s sqlTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQu
 		span.End()
 	}
 }
+
+func (s sqlTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (s sqlTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	_, span := s.tracer.Start(ctx, spanName(data.SQL))
+	span.End()
+}
+
+func (s sqlTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func TestOneRideIsOneTraceFromRequestToStripe(t *testing.T) {
 	t.Parallel()
