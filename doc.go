@@ -83,13 +83,21 @@
 //
 //   - phase: workflows and phases, the [phase.Client] that runs them and
 //     owns the completer and the reaper, the HTTP handler, fault injection.
-//     phase/phasetest crashes a workflow at every fault point in your own
-//     tests and proves it converges.
+//     phase/phasetest proves in your own tests that a workflow converges
+//     after a crash at every fault point and under every pair of faults
+//     (a crash with a duplicate, a takeover mid-call, the completer with a
+//     retry), on a throwaway database it provides.
 //   - recovery: how keys without a client are completed, reconciled, given
 //     up on and reaped, and the configuration of those services.
 //   - keyrow: the key's model ([keyrow.Row], its states and holds), header
 //     parsing, request fingerprints and downstream keys.
 //   - lockttl: the lease's rules: TTL, renewal, Retry-After.
+//   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
+//     calls and completer passes, as a phase.Middleware; only programs that
+//     import it depend on OpenTelemetry.
+//   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
+//     calls and completer passes, as a [phase.Middleware]. Only programs
+//     that import it depend on OpenTelemetry.
 //   - cmd/atomicphase: inspect, list, unlock, retry and reap keys; migrate.
 //   - examples/quickstart: the README's complete program;
 //     examples/rides: the Stripe rides example; examples/transfers: a ledger

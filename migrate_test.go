@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
@@ -243,8 +244,30 @@ func assertCatalog(t *testing.T, got, want []string) {
 
 func TestMigrateIsSafeTwiceAndFromManyConnectionsAtOnce(t *testing.T) {
 	t.Parallel()
+	for _, route := range []string{"direct", "pgbouncer"} {
+		t.Run(route, func(t *testing.T) {
+			t.Parallel()
+			dsn := emptyDatabase(t)
+			if route == "pgbouncer" {
+				// The advisory lock that serialises Migrate is taken per
+				// transaction, which a transaction pooler keeps on one
+				// server session.
+				cfg, err := pgconn.ParseConfig(dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dsn = pgtest.SharedBouncer(t).DSN(cfg.Database) + " default_query_exec_mode=cache_describe"
+			}
+			migrateConcurrently(t, dsn)
+		})
+	}
+}
+
+// migrateConcurrently migrates the empty database at dsn from eight
+// connections at once, and once more, and checks that each migration was
+// applied once.
+func migrateConcurrently(t *testing.T, dsn string) {
 	ctx := context.Background()
-	dsn := emptyDatabase(t)
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {

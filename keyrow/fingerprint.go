@@ -445,6 +445,11 @@ func isSpace(c byte) bool {
 // still remembers its key (Stripe keeps keys for 24 hours), where a row-based
 // key would have made a second call. Reusing a key for a different request
 // derives a different downstream key.
+//
+// A provider that checks a call's parameters against its key, as Stripe
+// does, replays only a call with the same parameters: for a retry after the
+// loss of the row to find the first call's result, the parameters must come
+// from the request too, not from rows the run wrote, such as a generated ID.
 func DownstreamKey(prefix, tenant, key string, fingerprint []byte, phase string) string {
 	h := sha256.New()
 	for _, s := range []string{tenant, key} {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -73,6 +74,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer, when set, receives every Event of every run.
 	Observer Observer
+	// Middleware wraps every run, phase, foreign call and completer pass,
+	// the first outermost: the place for tracing (see Middleware).
+	Middleware []Middleware
 	// Injector, when set, is consulted at every fault point (see Point).
 	// A context from WithInjector overrides it for one run.
 	Injector Injector
@@ -92,6 +96,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LockTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 || c.MaxPhaseRetries < -1 {
 		return c, errors.New("phase: Config.LockTTL, RetryBackoff, WaitForInFlight and MaxPhaseRetries must not be negative")
+	}
+	if slices.Contains(c.Middleware, nil) {
+		return c, errors.New("phase: Config.Middleware holds a nil Middleware")
 	}
 	c.LockTTL = cmp.Or(c.LockTTL, lockttl.DefaultTTL)
 	if err := lockttl.Check(c.LockTTL); err != nil {
@@ -119,7 +126,7 @@ func (c Config) withDefaults() (Config, error) {
 // Every *Workflow is one.
 type Registered interface {
 	Name() string
-	resume(ctx context.Context, c *Client, row *store.Row) error
+	resume(ctx context.Context, c *Client, row *store.Row) (*keyrow.Response, error)
 }
 
 // ErrNotRegistered is returned when running or serving a workflow that was
@@ -154,6 +161,13 @@ type Client struct {
 	// stop and free their leases.
 	halt     context.Context
 	haltRuns context.CancelFunc
+
+	// Check's answer, once it has one; checkPassed lets runs skip the
+	// mutex.
+	checkMu     sync.Mutex
+	checked     bool
+	checkErr    error
+	checkPassed atomic.Bool
 }
 
 // NewClient returns a client over pool, which must hold the migrated
@@ -163,6 +177,9 @@ type Client struct {
 func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("phase: NewClient needs a pool")
+	}
+	if err := checkPool(pool.Config().ConnConfig); err != nil {
+		return nil, err
 	}
 	var c Config
 	if cfg != nil {
@@ -191,18 +208,29 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	})
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
 	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, c.LockTTL, c.Logger)
+	if len(c.Middleware) > 0 {
+		cl.completer.Around = cl.throughPass
+	}
 	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger)
 	return cl, nil
 }
 
 // Start runs the completer and the reaper in the background, each unless
-// its Interval is -1, until Stop or ctx ends.
+// its Interval is -1, until Stop or ctx ends. It first checks the pool (see
+// Check) and returns the error wrapping ErrTransactionPooler when the
+// client cannot run through it; when the database cannot be reached, it
+// logs a warning and starts anyway, and the first run checks again.
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	stopping := c.stopping
 	c.mu.Unlock()
 	if stopping {
 		return ErrStopped
+	}
+	if err := c.Check(ctx); errors.Is(err, ErrTransactionPooler) {
+		return err
+	} else if err != nil {
+		c.cfg.Logger.Warn("could not check the pool; starting anyway", "err", err)
 	}
 	if c.cfg.Completer.Interval > 0 {
 		if err := c.completer.Start(ctx); err != nil {
@@ -269,24 +297,40 @@ func (c *Client) registered(w Registered) error {
 // resume continues a key the completer claimed, with its registered
 // workflow.
 func (c *Client) resume(ctx context.Context, row *store.Row) error {
-	w, ok := c.workflows[row.Workflow]
-	if !ok {
-		// Claims select registered workflows only; a miss is a bug, and the
-		// key is handed back for a process that knows it.
-		err := fmt.Errorf("%w: %q", ErrNotRegistered, row.Workflow)
-		c.release(ctx, row, err.Error(), row.Hold, true)
-		return err
-	}
-	return w.resume(ctx, c, row)
+	info := &RunInfo{Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key, ByCompleter: true,
+		RecoveryPoint: row.RecoveryPoint, Attempt: row.Attempts}
+	_, err := c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) {
+		w, ok := c.workflows[row.Workflow]
+		if !ok {
+			// Claims select registered workflows only; a miss is a bug, and
+			// the key is handed back for a process that knows it.
+			err := fmt.Errorf("%w: %q", ErrNotRegistered, row.Workflow)
+			c.release(ctx, row, err.Error(), row.Hold, true)
+			return nil, err
+		}
+		resp, err := w.resume(ctx, c, row)
+		if err != nil {
+			return nil, err
+		}
+		return &Outcome{Kind: OutcomeResumed, Response: resp}, nil
+	})
+	return err
 }
 
-// release frees the lease of a run that ends without finishing, logging a
-// failure to do so (the lease then expires by itself).
-func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) {
-	if err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter); err != nil {
+// release frees the lease of a run that ends without finishing. It reports
+// whether the lease was no longer the run's, because another run took the
+// key over; any other failure to free it is logged (the lease then expires
+// by itself).
+func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) (lost bool) {
+	err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter)
+	if errors.Is(err, keyrow.ErrLeaseLost) {
+		return true
+	}
+	if err != nil {
 		c.cfg.Logger.Error("freeing the lease failed; the key resumes when it expires",
 			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "err", err)
 	}
+	return false
 }
 
 // Complete runs completer passes until one finds nothing due, and returns
@@ -294,11 +338,17 @@ func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, ho
 // job, whether or not Start runs the completer, and also after Stop (a
 // final drain). Keys are due under the completer's MinIdle and backoff.
 func (c *Client) Complete(ctx context.Context) (recovery.PassResult, error) {
+	if err := c.ready(ctx); err != nil {
+		return recovery.PassResult{}, err
+	}
 	return c.completer.Drain(ctx)
 }
 
 // Reap runs the reaper once, now, whether or not Start runs it.
 func (c *Client) Reap(ctx context.Context) (recovery.ReapResult, error) {
+	if err := c.ready(ctx); err != nil {
+		return recovery.ReapResult{}, err
+	}
 	return c.reaper.RunOnce(ctx)
 }
 

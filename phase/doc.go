@@ -20,7 +20,8 @@
 // Send the downstream key as the foreign request's Idempotency-Key header.
 // Go's net/http then resends the request by itself when a reused keep-alive
 // connection drops before the answer; with the key that is harmless, but a
-// test that injects such drops must disable keep-alives to see them.
+// test that injects such drops must disable keep-alives to see them, or
+// drop the connection only after the first byte of the answer.
 //
 // # The client
 //
@@ -35,6 +36,18 @@
 // then freeing its lease. Operators act through the client too:
 // [Client.Inspect], [Client.List], [Client.Counts], [Client.Unlock],
 // [Client.Retry], [Client.Reap]; the atomicphase command wraps them.
+//
+// # Connection poolers
+//
+// The client takes only transaction-scoped locks and sets nothing on a
+// session, so it runs through a transaction pooler such as PgBouncer with
+// pool_mode = transaction, as long as pgx does not prepare statements on
+// server sessions: the pool needs default_query_exec_mode=cache_describe in
+// its URL (or pgx.QueryExecModeCacheDescribe in its config). [NewClient]
+// refuses query exec modes that cannot send the client's parameters at all
+// (exec, simple_protocol) and disabled pgx caches; [Client.Check], which
+// Start and the first run call, finds a transaction pooler in front of a
+// pool that prepares statements and returns [ErrTransactionPooler].
 //
 // # Running
 //
@@ -101,8 +114,8 @@
 // # Fault injection
 //
 // A run consults an [Injector] at every fault [Point] (before a transaction,
-// before and after a foreign call, before and after commit, before the
-// response). [ErrCrash] stops the run as a killed process would: the
+// before a foreign call, in it once the lease is renewed, after it, before
+// and after commit, before the response). [ErrCrash] stops the run as a killed process would: the
 // transaction rolls back and the lease is kept. [Recorder] discovers a
 // workflow's points, [CrashAt] crashes at one, and package phasetest runs the
 // whole crash matrix in a workflow author's tests.
@@ -112,4 +125,11 @@
 // [Config.Logger] receives structured logs with workflow, tenant, key and
 // recovery_point attributes; [Config.Observer] receives an [Event], with the
 // run's context, for everything that happens to a key.
+//
+// [Config.Middleware] wraps each run, phase, foreign call and completer
+// pass in a function that takes and returns its context, as River's
+// middleware and pgx's tracers do: a span a [Middleware] starts there is the
+// parent of everything the step does, the phase's own SQL and the foreign
+// call's HTTP request included. Package otelphase is the OpenTelemetry
+// one; this package does not depend on OpenTelemetry.
 package phase

@@ -13,8 +13,14 @@ type Stage string
 const (
 	// BeforeTx: before the phase's transaction begins.
 	BeforeTx Stage = "before_tx"
-	// BeforeCall: before a foreign call is sent.
+	// BeforeCall: before a foreign call, and before the lease renewal that
+	// proves the key is still the run's own.
 	BeforeCall Stage = "before_call"
+	// InCall: the lease was just renewed for a foreign call, which is about
+	// to be sent. A run paused here stands for a call in flight when its
+	// lease runs out: another run may take the key over and send the same
+	// call first.
+	InCall Stage = "in_call"
 	// AfterCall: after a foreign call returned, before its outcome is recorded.
 	AfterCall Stage = "after_call"
 	// BeforeCommit: the phase's work is done in its transaction, not committed.

@@ -333,6 +333,66 @@ func TestPausedHolderDoesNotSendItsCallAfterATakeover(t *testing.T) {
 	}
 }
 
+// TestTakenOverHolderThatMeetsTheNewHoldersRowsIsToldItLostTheKey: request
+// A stalls before its first phase; its lease runs out and a retry, B, runs
+// the key to its end. When A wakes, its phase meets the order B inserted
+// (a unique violation). That is not the key's failure: A must answer 409
+// "in progress" as any run that lost its lease does, not 500, and must not
+// record B's key as failed.
+func TestTakenOverHolderThatMeetsTheNewHoldersRowsIsToldItLostTheKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	paused, resume := make(chan struct{}), make(chan struct{})
+	h := e.handler(t)
+	stall := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pause := phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
+			if at == (phase.Point{Phase: "order_created", Stage: phase.BeforeTx}) {
+				close(paused)
+				<-resume
+			}
+			return nil
+		})
+		h.ServeHTTP(w, r.WithContext(phase.WithInjector(r.Context(), pause)))
+	})
+	var a *httptest.ResponseRecorder
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a = post(stall, "k1", `{"item":"lamp","amount":300}`)
+	}()
+	<-paused
+	// A's lease runs out while it is stalled; B takes the key over.
+	if _, err := e.c.Unlock(ctx, "acme", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	b := post(h, "k1", `{"item":"lamp","amount":300}`)
+	if b.Code != http.StatusCreated {
+		t.Fatalf("B: %d %s, want 201", b.Code, b.Body.String())
+	}
+	close(resume)
+	<-done
+	if a.Code != http.StatusConflict || problemType(t, a) != "request-in-progress" {
+		t.Fatalf("A after waking: %d %s, want 409 request-in-progress", a.Code, a.Body.String())
+	}
+	if n := e.events.Count(phase.EventFailed); n != 0 {
+		t.Fatalf("%d runs reported failed, want none: A lost its lease", n)
+	}
+	if n := e.events.Count(phase.EventLeaseLost); n != 1 {
+		t.Fatalf("%d lease-lost events, want A's", n)
+	}
+	row, err := e.c.Inspect(ctx, "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.FinishedAt == nil || row.LastError != "" {
+		t.Fatalf("key after both: finished %v, last error %q; want B's finish untouched", row.FinishedAt, row.LastError)
+	}
+	if orders, _ := e.orderCount(t, "k1"); orders != 1 || e.pay.total() != 1 {
+		t.Fatalf("%d orders, %d charges; want one of each", orders, e.pay.total())
+	}
+}
+
 // TestClientRetryingThroughAnOutageIsNeverBuried: the provider is down and
 // the client keeps retrying, more times than the completer's MaxAttempts;
 // the key must stay the client's, and converge once the provider is back.

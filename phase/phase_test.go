@@ -21,42 +21,55 @@ import (
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
-func TestCrashAtEveryFaultPointConvergesToOneChargePerKey(t *testing.T) {
+func TestCrashesAndPairedFaultsAtEveryPointConvergeToOneChargePerKey(t *testing.T) {
 	t.Parallel()
-	for _, express := range []bool{false, true} {
-		name := "standard"
-		if express {
-			name = "express"
+	for _, route := range pgtest.Routes() {
+		for _, express := range []bool{false, true} {
+			name := "standard"
+			if express {
+				name = "express"
+			}
+			t.Run(route.Name+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				crashMatrix(t, route.PoolWith(t, nil), express)
+			})
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, func(c *phase.Config) {
-				c.Completer = recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
-			})
-			phasetest.CrashMatrix(t, phasetest.Config[order, orderState]{
-				Client:        e.c,
-				Workflow:      e.w,
-				WithCompleter: true,
-				Request:       func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
-				Check: func(t testing.TB, key string, resp *keyrow.Response) {
-					orders, orderID := e.orderCount(t, key)
-					if orders != 1 {
-						t.Fatalf("%s: %d orders, want 1", key, orders)
-					}
-					if n := e.pay.chargesFor(orderID); n != 1 {
-						t.Fatalf("%s: %d charges, want 1", key, n)
-					}
-					var packed, receipt bool
-					if err := e.db.QueryRow(context.Background(), `SELECT packed, receipt FROM orders WHERE id = $1`, orderID).Scan(&packed, &receipt); err != nil {
-						t.Fatal(err)
-					}
-					if packed == express || !receipt {
-						t.Fatalf("%s: packed=%v receipt=%v for express=%v", key, packed, receipt, express)
-					}
-				},
-			})
-		})
 	}
+}
+
+// crashMatrix crashes the orders workflow at every fault point, and pairs
+// each point with a concurrent duplicate, a takeover and a completer pass,
+// and checks that each key converges to one order, one charge and the right
+// phases.
+func crashMatrix(t *testing.T, db *pgxpool.Pool, express bool) {
+	e := setupPool(t, db, func(c *phase.Config) {
+		c.Completer = recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
+	})
+	cfg := phasetest.Config[order, orderState]{
+		Client:        e.c,
+		DB:            e.db,
+		Workflow:      e.w,
+		WithCompleter: true,
+		Request:       func(string) order { return order{Item: "lamp", Amount: 2000, Express: express} },
+		Check: func(t testing.TB, s phasetest.Scenario) {
+			orders, orderID := e.orderCount(t, s.Key)
+			if orders != 1 {
+				t.Fatalf("%s: %d orders, want 1", s.Key, orders)
+			}
+			if n := e.pay.chargesFor(orderID); n != 1 {
+				t.Fatalf("%s: %d charges, want 1", s.Key, n)
+			}
+			var packed, receipt bool
+			if err := e.db.QueryRow(context.Background(), `SELECT packed, receipt FROM orders WHERE id = $1`, orderID).Scan(&packed, &receipt); err != nil {
+				t.Fatal(err)
+			}
+			if packed == express || !receipt {
+				t.Fatalf("%s: packed=%v receipt=%v for express=%v", s.Key, packed, receipt, express)
+			}
+		},
+	}
+	t.Run("crashes", func(t *testing.T) { phasetest.CrashMatrix(t, cfg) })
+	t.Run("pairs", func(t *testing.T) { phasetest.PairMatrix(t, cfg) })
 }
 
 func TestFaultPointsCoverEveryStage(t *testing.T) {
@@ -69,7 +82,7 @@ func TestFaultPointsCoverEveryStage(t *testing.T) {
 	for _, p := range points {
 		seen[p.Stage] = true
 	}
-	for _, s := range []phase.Stage{phase.BeforeTx, phase.BeforeCall, phase.AfterCall, phase.BeforeCommit, phase.AfterCommit, phase.BeforeResponse} {
+	for _, s := range []phase.Stage{phase.BeforeTx, phase.BeforeCall, phase.InCall, phase.AfterCall, phase.BeforeCommit, phase.AfterCommit, phase.BeforeResponse} {
 		if !seen[s] {
 			t.Errorf("no fault point at stage %s in %v", s, points)
 		}
@@ -81,9 +94,20 @@ func TestFaultPointsCoverEveryStage(t *testing.T) {
 
 func Test100ConcurrentIdenticalRequestsExecuteOnce(t *testing.T) {
 	t.Parallel()
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.MaxConns = 40
-	})
+	for _, route := range pgtest.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			concurrentIdenticalRequests(t, route.PoolWith(t, func(cfg *pgxpool.Config) {
+				cfg.MaxConns = 40
+			}))
+		})
+	}
+}
+
+// concurrentIdenticalRequests sends 100 identical requests at once and
+// checks that one ran, the others got 409 or its replay, and one charge was
+// made.
+func concurrentIdenticalRequests(t *testing.T, db *pgxpool.Pool) {
 	e := setupPool(t, db)
 	e.pay.delay = 50 * time.Millisecond
 	h := e.handler(t)

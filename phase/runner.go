@@ -130,12 +130,24 @@ type Outcome struct {
 // Errors: ErrNotRegistered; an error wrapping keyrow.ErrInvalidTenant,
 // keyrow.ErrKeyInvalid or ErrInvalidRequest for a request that can never be
 // stored; ErrStopped; ErrUnavailable (the store is unreachable or was lost:
-// safe to retry); ErrRunTimeout; ErrCrash (an injected crash; the lease is
-// kept); keyrow.ErrLeaseLost (another run took the key over);
-// ErrOutcomeUnknown; a *PanicError; or the error of a failed phase. In every
-// error case the recovery point of the last committed phase is kept and
-// nothing is stored as the response.
+// safe to retry); ErrTransactionPooler (see Client.Check); ErrRunTimeout;
+// ErrCrash (an injected crash; the lease is kept); keyrow.ErrLeaseLost
+// (another run took the key over); ErrOutcomeUnknown; a *PanicError; or the
+// error of a failed phase. In every error case the recovery point of the
+// last committed phase is kept and nothing is stored as the response.
 func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key string, req Req) (*Outcome, error) {
+	if len(c.cfg.Middleware) == 0 {
+		var info RunInfo
+		info.Tenant, info.Key = tenant, key
+		return w.run(ctx, c, &info, req)
+	}
+	info := &RunInfo{Workflow: w.name, Tenant: tenant, Key: key}
+	return c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) { return w.run(ctx, c, info, req) })
+}
+
+// run is Run inside the client's middleware; it fills in info.
+func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo, req Req) (*Outcome, error) {
+	tenant, key := info.Tenant, info.Key
 	if err := c.registered(w); err != nil {
 		return nil, err
 	}
@@ -165,6 +177,12 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 	defer c.inflight.Done()
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
+	if err := c.ready(ctx); err != nil {
+		if errors.Is(err, ErrTransactionPooler) {
+			return nil, err
+		}
+		return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
+	}
 
 	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
 	var waitUntil time.Time
@@ -177,6 +195,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 		if err != nil {
 			return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
 		}
+		info.RecoveryPoint = row.RecoveryPoint
 		ev := Event{Workflow: w.name, Tenant: tenant, Key: key, RecoveryPoint: row.RecoveryPoint}
 		switch kind {
 		case store.Replay:
@@ -208,6 +227,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 			return &Outcome{Kind: OutcomeInProgress, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}, nil
 		}
 		row.Params = params
+		info.Attempt = row.Attempts
 		run := &Run[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
 			Resumed: kind == store.Resumed, downstream: c.downstreamBase(row)}
 		ev.Kind = EventAcquired
@@ -235,6 +255,8 @@ func (c *Client) acquireFailed(ctx context.Context, workflow, tenant, key string
 	case storeDown(err) || ctx.Err() != nil:
 		c.cfg.Logger.Warn("idempotency key store unavailable", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case preparedStatementLost(err):
+		err = fmt.Errorf("%w: %w", ErrTransactionPooler, err)
 	}
 	c.cfg.Logger.Error("taking the key's lease failed", "workflow", workflow, "tenant", tenant, "key", key, "err", err)
 	return fmt.Errorf("phase: acquire: %w", err)
@@ -261,7 +283,7 @@ func (c *Client) downstreamBase(row *store.Row) string {
 }
 
 // resume continues a key claimed by the completer.
-func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row) error {
+func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row) (*keyrow.Response, error) {
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
 	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
@@ -269,11 +291,10 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		err = fmt.Errorf("phase: decode stored request: %w", err)
 		c.release(ctx, row, err.Error(), row.Hold, true)
-		return err
+		return nil, err
 	}
 	c.observe(ctx, Event{Kind: EventResumed, Workflow: w.name, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
-	_, err := w.execute(ctx, c, run, row, true)
-	return err
+	return w.execute(ctx, c, run, row, true)
 }
 
 // execute runs the phases after row's recovery point while holding its lease.
@@ -330,7 +351,7 @@ func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Re
 		if i == len(x.w.phases) {
 			return nil, x.fail(ctx, ErrNoResponse)
 		}
-		resp, err := x.phase(ctx, i, rec)
+		resp, err := x.throughPhase(ctx, i, rec)
 		if err != nil || resp != nil {
 			return resp, err
 		}
@@ -377,9 +398,11 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 		rec recordFn[Req, State]
 		res Resolution
 	)
-	err = protect("reconcile of phase", p.name, func() (err error) {
-		rec, res, err = p.foreign.reconcile(ctx, x.run)
-		return err
+	err = x.c.through(ctx, x.phaseInfo(i, true), true, func(ctx context.Context) error {
+		return protect("reconcile of phase", p.name, func() (err error) {
+			rec, res, err = p.foreign.reconcile(ctx, x.run)
+			return err
+		})
 	})
 	var pe *PanicError
 	switch {
@@ -401,6 +424,46 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	return x.from(ctx, i, rec)
 }
 
+// throughPhase runs the phase at index i through the client's middleware.
+func (x *execution[Req, State]) throughPhase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
+	if len(x.c.cfg.Middleware) == 0 {
+		return x.phase(ctx, i, rec)
+	}
+	var resp *keyrow.Response
+	err := x.c.through(ctx, x.phaseInfo(i, false), false, func(ctx context.Context) (err error) {
+		resp, err = x.phase(ctx, i, rec)
+		return err
+	})
+	return resp, err
+}
+
+// throughCall makes the call of the foreign phase at index i through the
+// client's middleware.
+func (x *execution[Req, State]) throughCall(ctx context.Context, i int) (recordFn[Req, State], error) {
+	p := &x.w.phases[i]
+	if len(x.c.cfg.Middleware) == 0 {
+		return x.call(ctx, p)
+	}
+	// Declared here, not as named results, so that only runs with
+	// middleware pay for the closure's captures.
+	var rec recordFn[Req, State]
+	err := x.c.through(ctx, x.phaseInfo(i, false), true, func(ctx context.Context) (err error) {
+		rec, err = x.call(ctx, p)
+		return err
+	})
+	return rec, err
+}
+
+// phaseInfo describes the phase at index i to the client's middleware.
+func (x *execution[Req, State]) phaseInfo(i int, reconcile bool) *PhaseInfo {
+	p := &x.w.phases[i]
+	info := &PhaseInfo{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Reconcile: reconcile}
+	if p.foreign != nil {
+		info.DownstreamKey = x.run.downstream + p.name
+	}
+	return info
+}
+
 // phase runs the phase at index i. For a foreign phase, a non-nil rec is the
 // reconciled outcome to record instead of making the call.
 func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
@@ -411,7 +474,7 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	if p.foreign != nil {
 		if rec == nil {
 			var err error
-			if rec, err = x.call(ctx, p); err != nil {
+			if rec, err = x.throughCall(ctx, i); err != nil {
 				return nil, x.fail(ctx, err)
 			}
 		}
@@ -446,14 +509,9 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	if err := x.inject(ctx, Point{p.name, BeforeCall}); err != nil {
 		return nil, err
 	}
-	callCtx, cancel := ctx, context.CancelFunc(func() {})
-	if d := x.c.cfg.CallTimeout; d > 0 {
-		callCtx, cancel = context.WithTimeout(ctx, d)
-	}
-	defer cancel()
-	// The renewals stop with callCtx: a call that outlives its limit no
+	// The renewals stop with the call's limit: a call that outlives it no
 	// longer keeps the key, which expires and resumes elsewhere.
-	keepCtx, stop, err := x.lease.Keep(callCtx, x.c.pool)
+	callCtx, stop, err := x.lease.Keep(ctx, x.c.pool, x.c.cfg.CallTimeout)
 	if err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			return nil, err
@@ -461,10 +519,16 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 		return nil, x.storeError(ctx, fmt.Errorf("phase %s: renew lease before the call: %w", p.name, err))
 	}
 	defer stop()
+	if err := x.inject(callCtx, Point{p.name, InCall}); err != nil {
+		return nil, err
+	}
 	err = protect("foreign call of phase", p.name, func() (err error) {
-		rec, err = p.foreign.call(keepCtx, x.run)
+		rec, err = p.foreign.call(callCtx, x.run)
 		return err
 	})
+	// Whether the call was cut short must be read before stop cancels
+	// callCtx.
+	cut := callCtx.Err() != nil
 	stop()
 	if lost := x.lease.Err(); lost != nil {
 		return nil, lost
@@ -474,10 +538,10 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	case err == nil:
 	case errors.As(err, &pe):
 		return nil, err
-	case callCtx.Err() != nil && !errors.Is(err, ErrOutcomeUnknown):
+	case cut && !errors.Is(err, ErrOutcomeUnknown):
 		// The call was cut short by its limit, the run's, or shutdown: it
 		// may have reached the provider.
-		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped after %v: %w", p.name, x.c.cfg.CallTimeout, err))
+		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped: %w", p.name, err))
 	default:
 		return nil, fmt.Errorf("phase %s: %w", p.name, err)
 	}
@@ -525,6 +589,8 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 		return fmt.Errorf("%w: %w", ErrRunTimeout, err)
 	case storeDown(err) || ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case preparedStatementLost(err):
+		return fmt.Errorf("%w: %w", ErrTransactionPooler, err)
 	}
 	return err
 }
@@ -615,53 +681,68 @@ func (x *execution[Req, State]) restoreState() {
 }
 
 // fail ends a run that met err, freeing the lease unless the run crashed or
-// lost it, and returns err.
+// lost it, and returns err, or an error wrapping keyrow.ErrLeaseLost when
+// freeing the lease showed that the run had been taken over.
 func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 	x.restoreState()
 	ev := Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, RecoveryPoint: x.rp, Phase: x.run.phase, Err: err}
 	log := x.c.cfg.Logger
 	attrs := []any{"workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key, "recovery_point", x.rp, "phase", x.run.phase}
-	var pe *PanicError
-	switch {
-	case errors.Is(err, ErrCrash):
+	if errors.Is(err, ErrCrash) {
 		ev.Kind = EventCrashed
 		x.c.observe(ctx, ev)
 		log.Warn("run crashed by fault injection; lease kept", attrs...)
 		return err
+	}
+	if !errors.Is(err, keyrow.ErrLeaseLost) {
+		hold := keyrow.Hold("")
+		if errors.Is(err, ErrOutcomeUnknown) {
+			hold = keyrow.HoldUnknown
+			if i, ok := x.w.index[x.run.phase]; ok && x.w.phases[i].foreign != nil && x.w.phases[i].foreign.repeatable {
+				hold = ""
+			}
+			attrs = append(attrs, "hold", hold)
+		}
+		err = x.release(ctx, err, hold)
+		ev.Err = err
+	}
+	var pe *PanicError
+	switch {
 	case errors.Is(err, keyrow.ErrLeaseLost):
 		ev.Kind = EventLeaseLost
 		x.c.observe(ctx, ev)
-		log.Warn("lease lost; stopped without committing", attrs...)
-		return err
+		log.Warn("lease lost; stopped without committing", append(attrs, "err", err)...)
 	case errors.Is(err, ErrOutcomeUnknown):
 		ev.Kind = EventUnknown
 		x.c.observe(ctx, ev)
-		hold := keyrow.HoldUnknown
-		if i, ok := x.w.index[x.run.phase]; ok && x.w.phases[i].foreign != nil && x.w.phases[i].foreign.repeatable {
-			hold = ""
-		}
-		log.Warn("foreign call outcome unknown", append(attrs, "hold", hold, "err", err)...)
-		return x.release(ctx, err, hold)
+		log.Warn("foreign call outcome unknown", append(attrs, "err", err)...)
 	case errors.As(err, &pe):
 		ev.Kind = EventFailed
 		x.c.observe(ctx, ev)
 		log.Error("panic in user code; lease freed, recovery point kept", append(attrs, "where", pe.Where, "panic", pe.Value, "stack", string(pe.Stack))...)
-		return x.release(ctx, err, "")
+	default:
+		ev.Kind = EventFailed
+		x.c.observe(ctx, ev)
+		level := slog.LevelError
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
+			level = slog.LevelWarn
+		}
+		log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
 	}
-	ev.Kind = EventFailed
-	x.c.observe(ctx, ev)
-	level := slog.LevelError
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
-		level = slog.LevelWarn
-	}
-	log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
-	return x.release(ctx, err, "")
+	return err
 }
 
 // release frees the lease, keeping the recovery point and putting the key
-// on hold when hold is set, and returns cause.
+// on hold when hold is set, and returns cause. When the lease was no longer
+// the run's, it frees nothing and returns an error wrapping
+// keyrow.ErrLeaseLost instead: whatever the run met once another run had
+// taken the key over (most often the rows that run already wrote) is not
+// the key's failure, and the key is in progress elsewhere.
 func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
-	x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter)
+	if x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter) {
+		x.lease.MarkLost()
+		return fmt.Errorf("%w (the run, taken over, then failed: %v)", keyrow.ErrLeaseLost, cause)
+	}
 	return cause
 }
 

@@ -9,8 +9,8 @@
 // foreign call failed. Its key keeps the recovery point of the last
 // committed phase, and a client retry resumes it. When no client comes
 // back, the completer does: it claims unfinished keys whose lease is free or
-// stale and whose last run is older than [CompleterConfig.MinIdle], with
-// FOR UPDATE SKIP LOCKED and the same lease a request takes, rebuilds the
+// stale and whose last run is older than [CompleterConfig.MinIdle], with FOR
+// NO KEY UPDATE SKIP LOCKED and the same lease a request takes, rebuilds the
 // typed request from the stored params, and runs the remaining phases.
 // Several completers in several processes share the work without a leader.
 // A process claims only keys of the workflows registered with its client,

@@ -86,10 +86,20 @@ func abandon(t testing.TB, db *pgxpool.Pool, workflow, key string, req string) {
 
 func TestTwoCompletersRacingOver1000AbandonedKeysFinishEachOnce(t *testing.T) {
 	t.Parallel()
+	for _, route := range pgtest.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			twoCompletersRacing(t, route.PoolWith(t, func(cfg *pgxpool.Config) {
+				cfg.MaxConns = 20
+			}))
+		})
+	}
+}
+
+// twoCompletersRacing abandons 1000 keys and checks that two completers
+// draining them at once run each exactly once.
+func twoCompletersRacing(t *testing.T, db *pgxpool.Pool) {
 	ctx := context.Background()
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.MaxConns = 20
-	})
 	w := effectsWorkflow(t, db)
 	const keys = 1000
 	// One statement per key would take a while; store them in bulk with

@@ -68,7 +68,8 @@ const usageFlags = `
 Every command takes these flags, and documents its own with -h:
   -database-url URL   PostgreSQL URL or DSN; overrides $DATABASE_URL.
                       Connecting gives up after 10s unless the URL sets
-                      connect_timeout.
+                      connect_timeout. Through PgBouncer in transaction
+                      pooling mode, add default_query_exec_mode=cache_describe.
   -json               print JSON for scripts instead of aligned text
 
 Flags follow the command and come before its arguments, as with Go's flag
@@ -250,10 +251,12 @@ func (s *session) db(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 // client connects and returns a client with no workflows, for its operator
-// methods. cfg sets what the command configures (when a key counts as
-// stuck, the reaper's retention); the completer and the reaper never run in
-// the background, and their logs are dropped because the command's output
-// and errors say all they would.
+// methods, once it has checked that the pool can run them (a URL through
+// PgBouncer in transaction pooling mode needs
+// default_query_exec_mode=cache_describe). cfg sets what the command
+// configures (when a key counts as stuck, the reaper's retention); the
+// completer and the reaper never run in the background, and their logs are
+// dropped because the command's output and errors say all they would.
 func (s *session) client(ctx context.Context, cfg phase.Config) (*phase.Client, error) {
 	db, err := s.db(ctx)
 	if err != nil {
@@ -262,7 +265,14 @@ func (s *session) client(ctx context.Context, cfg phase.Config) (*phase.Client, 
 	cfg.Completer.Interval = -1
 	cfg.Reaper.Interval = -1
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	return phase.NewClient(db, &cfg)
+	c, err := phase.NewClient(db, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Check(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 func (s *session) close() {

@@ -635,3 +635,38 @@ func withSearchPath(t *testing.T, dsn, schema string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+func TestStatsListAndUnlockThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	db := pgtest.BouncerPool(t)
+	for key, state := range map[string]string{"paid": "finished", "paying": "leased", "stuck": "runnable", "dead": "dead"} {
+		keyIn(t, db, "acme", key, state)
+	}
+	age(t, db, "acme", "stuck", "last_run_at = now() - interval '10 minutes'")
+	bouncer := db.Config().ConnConfig.ConnString()
+
+	// pgx's default query exec mode prepares statements on server sessions,
+	// which the bouncer hands from transaction to transaction.
+	r := runCLI(t, bouncer, "stats")
+	if r.code != exitError || !strings.Contains(r.stderr, "default_query_exec_mode=cache_describe") {
+		t.Fatalf("stats through the bouncer in the default mode = %d, stderr:\n%s\nwant 1 saying which mode to set", r.code, r.stderr)
+	}
+
+	dsn := bouncer + " default_query_exec_mode=cache_describe"
+	got := decode[statsReport](t, ok(t, dsn, "stats", "-json"))
+	if want := (keyrow.Counts{Finished: 1, InFlight: 1, Stuck: 1, Dead: 1}); got.Counts != want {
+		t.Errorf("stats -json = %+v, want %+v", got.Counts, want)
+	}
+	for _, tc := range []struct{ flag, key string }{{"-stuck", "stuck"}, {"-dead", "dead"}} {
+		keys := decode[[]keyrow.Row](t, ok(t, dsn, "list", "-json", tc.flag))
+		if len(keys) != 1 || keys[0].Key != tc.key {
+			t.Errorf("list %s = %+v, want key %s alone", tc.flag, keys, tc.key)
+		}
+	}
+	if out := ok(t, dsn, "unlock", "acme", "paying"); !strings.Contains(out, "freed the lease") {
+		t.Fatalf("unlock output:\n%s", out)
+	}
+	if out, row := acquire(t, db, "acme", "paying"); out != store.Resumed {
+		t.Fatalf("acquire after unlock through the bouncer = %v at %q, want resumed", out, row.RecoveryPoint)
+	}
+}

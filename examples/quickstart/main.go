@@ -53,7 +53,9 @@ func main() {
 }
 
 // charge stands in for a payment provider that honours idempotency keys.
-func charge(ctx context.Context, idempotencyKey string) (string, error) { return "ch_" + idempotencyKey[12:20], nil }
+func charge(ctx context.Context, idempotencyKey string) (string, error) {
+	return "ch_" + idempotencyKey[12:20], nil
+}
 
 func check(err error) {
 	if err != nil {

@@ -2,10 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,10 +20,16 @@ import (
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
+// demoDoc is rides -h: the program's commands, then the demo's flags.
+const demoDoc = usage + `
+The demo runs the API, fake Stripe, completer, reaper and receipt worker in one
+process, drives them with simulated riders, then checks that no ride was charged
+twice. Its flags:`
+
 // demo runs everything in one process against one database and prints what
 // happened and whether the invariants held.
-func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := exampleprog.Flags("rides", "rides (demo): run the API, fake Stripe, completer, reaper and receipt worker in one process,\ndrive them with simulated riders, then check that no ride was charged twice.", stderr)
+func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	fs := exampleprog.Flags("rides", demoDoc, stderr)
 	duration := fs.Duration("duration", 20*time.Second, "how long the riders send requests")
 	concurrency := fs.Int("concurrency", 8, "riders acting at once")
 	crashRate := fs.Float64("crash-rate", 0.01, "probability of a server crash at each fault point")
@@ -33,11 +40,28 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	start := time.Now()
-	pool, closeDB, err := database(ctx, *dbURL, stderr)
+	pool, closeDB, err := database(ctx, *dbURL, migrateAll, stderr)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
+	// Telemetry shuts down before the database closes: its last export
+	// reads the key counts.
+	tel, err := startTelemetry(ctx, "rides-demo")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, tel.shutdown()) }()
+	// The run's rows are those created from now on, by the database's
+	// clock: a database that earlier runs used keeps theirs.
+	var since time.Time
+	var earlier int
+	if err := pool.QueryRow(ctx, `SELECT now(), (SELECT count(*) FROM rides)`).Scan(&since, &earlier); err != nil {
+		return err
+	}
+	if earlier > 0 {
+		fmt.Fprintf(stderr, "the database holds %d rides of earlier runs; the summary counts this run's only\n", earlier)
+	}
 
 	stripeSrv := fakestripe.New(pool, fakestripe.Config{Logger: silence})
 	if err := stripeSrv.SetRates(*stripeFailures, *stripeTimeouts); err != nil {
@@ -49,7 +73,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer stopStripe()
 
-	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", nil)
+	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", tel.httpClient())
 	m, observe := metrics()
 	var crashing atomic.Bool
 	crashing.Store(true)
@@ -63,11 +87,15 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			Observer: observe,
 			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
 				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second, Observer: m.Observe},
-			Reaper: recovery.ReaperConfig{Observer: m.Observe},
+			Reaper:     recovery.ReaperConfig{Observer: m.Observe},
+			Middleware: tel.middleware(),
 		},
 		Logger: silence,
 	})
 	if err != nil {
+		return err
+	}
+	if err := tel.observeKeys(app.Client); err != nil {
 		return err
 	}
 	if err := app.Start(ctx); err != nil {
@@ -78,7 +106,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		_ = app.Stop(stopCtx)
 	}()
-	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", app.Handler())
+	apiURL, stopAPI, err := exampleprog.Listen("127.0.0.1:0", tel.handler(exampleprog.Problems(app.Handler())))
 	if err != nil {
 		return err
 	}
@@ -97,64 +125,66 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(stderr, "riders done; waiting for the completer and the receipt worker...")
-	report, err := settle(ctx, pool, sc)
+	report, err := settle(ctx, pool, sc, since)
+	if err != nil {
+		return err
+	}
+	completed, err := finalStatuses(ctx, pool, st.AbandonedKeys)
 	if err != nil {
 		return err
 	}
 	counts := m.Snapshot()
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\t\t")
-	for _, row := range []struct {
-		name string
-		v    int64
-	}{
-		{"rides requested", st.Rides},
-		{"requests sent", st.Requests},
-		{"created (201)", int64(report.Created)},
-		{"replayed", st.Replayed},
-		{"409s", st.Conflicts},
-		{"503s (retried)", st.Unavailable},
-		{"dropped connections", st.Dropped},
-		{"server crashes", counts[string(phase.EventCrashed)]},
-		{"resumed", counts[string(phase.EventResumed)]},
-		{"finished by the completer", counts[string(recovery.EventCompleted)]},
-		{"declined (402)", int64(report.Declined)},
-		{"charges at Stripe", int64(report.Charges)},
-		{"rides", int64(report.Rides)},
-		{"receipts", int64(report.Receipts)},
-		{"unfinished keys", int64(report.UnfinishedKey)},
-		{"double charges", int64(report.DoubleCharged)},
-		{"charges without a ride", int64(report.ChargesWithoutRide)},
-		{"inconsistent answers", st.Inconsistent},
-	} {
-		fmt.Fprintf(tw, "%s\t%d\t\n", row.name, row.v)
-	}
-	tw.Flush()
+	keys := report.FinishedKeys + report.UnfinishedKey
+	fmt.Fprintln(stdout, "\nWhat the riders saw:")
+	writeRiders(stdout, st)
+	fmt.Fprintln(stdout, "\nWhat the database holds for this run, and what the server did:")
+	writeRows(stdout, []row{
+		{"keys", int64(keys), "one per ride that reached the API"},
+		{"  created (201)", int64(report.Created), fmt.Sprintf("%d seen by riders + %d of abandoned rides",
+			st.Created, completed[http.StatusCreated])},
+		{"  declined (402)", int64(report.Declined), fmt.Sprintf("%d seen by riders + %d of abandoned rides",
+			st.Declined, completed[http.StatusPaymentRequired])},
+		{"  payment failed (502)", int64(report.PaymentFailed), fmt.Sprintf("%d seen by riders + %d of abandoned rides",
+			st.PaymentFailed, completed[http.StatusBadGateway])},
+		{"  unfinished", int64(report.UnfinishedKey), "must be 0"},
+		{"rides", int64(report.Rides), "one per key: the ride is the first phase"},
+		{"charges at Stripe", int64(report.Charges), "one per created ride"},
+		{"receipts", int64(report.Receipts), "one per created ride"},
+		{"server crashes", counts[string(phase.EventCrashed)], "runs stopped at a random fault point"},
+		{"resumed", counts[string(phase.EventResumed)], "runs that took over an unfinished key"},
+		{"finished by the completer", counts[string(recovery.EventCompleted)], "keys it finished before any retry did"},
+		{"Stripe faults", stripeSrv.Stats().FaultsInjected, "failures before a charge, drops after"},
+		{"double charges", int64(report.DoubleCharged), "must be 0"},
+		{"charges without a ride", int64(report.ChargesWithoutRide), "must be 0"},
+	})
 	fmt.Fprintf(stdout, "\ntook %v\n", time.Since(start).Round(100*time.Millisecond))
 
 	failures := report.Failures()
 	if report.UnfinishedKey > 0 {
 		failures = append(failures, fmt.Sprintf("%d keys still unfinished", report.UnfinishedKey))
 	}
+	if report.Charges != report.Created {
+		failures = append(failures, fmt.Sprintf("%d charges for %d created rides", report.Charges, report.Created))
+	}
 	if report.Receipts != report.Created {
 		failures = append(failures, fmt.Sprintf("%d receipts for %d created rides", report.Receipts, report.Created))
 	}
 	if st.Inconsistent > 0 {
-		failures = append(failures, fmt.Sprintf("%d keys answered two different final responses", st.Inconsistent))
+		failures = append(failures, fmt.Sprintf("%d keys answered two different final responses, or rides refused", st.Inconsistent))
 	}
 	if len(failures) > 0 {
 		return fmt.Errorf("%w: %v", errInvariant, failures)
 	}
-	fmt.Fprintln(stdout, "OK: every ride charged at most once, every charge has its ride, every key finished.")
+	fmt.Fprintln(stdout, "OK: no ride charged twice, every charge has its ride, every key finished.")
 	return nil
 }
 
-// settle waits until no key is unfinished and every created ride has its
-// receipt, or 30 seconds pass, and returns the final report.
-func settle(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (ride.Report, error) {
+// settle waits until no key of the run is unfinished and every created ride
+// has its receipt, or 30 seconds pass, and returns the final report.
+func settle(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since time.Time) (ride.Report, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		report, err := ride.Verify(ctx, pool, sc)
+		report, err := ride.Verify(ctx, pool, sc, since)
 		if err != nil {
 			return report, err
 		}
@@ -167,4 +197,25 @@ func settle(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (ride.Re
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// finalStatuses counts the stored statuses of the rides keys among keys.
+func finalStatuses(ctx context.Context, pool *pgxpool.Pool, keys []string) (map[int]int64, error) {
+	rows, err := pool.Query(ctx, `
+		SELECT response_status, count(*) FROM idempotency_keys
+		WHERE workflow = $1 AND idempotency_key = ANY($2) AND response_status IS NOT NULL
+		GROUP BY response_status`, ride.WorkflowName, keys)
+	if err != nil {
+		return nil, err
+	}
+	counts := map[int]int64{}
+	for rows.Next() {
+		var status int
+		var n int64
+		if err := rows.Scan(&status, &n); err != nil {
+			return nil, err
+		}
+		counts[status] = n
+	}
+	return counts, rows.Err()
 }

@@ -18,9 +18,11 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"os"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,13 +43,15 @@ Usage:
   rides [demo flags]     run the demo: API, fake Stripe, completer, reaper and
                          receipt worker in one process, driven by simulated riders
                          with duplicates, dropped connections, server crashes and
-                         Stripe timeouts; prints a summary and exits non-zero if an
+                         Stripe timeouts; prints a summary and exits 1 if an
                          invariant fails. Uses DATABASE_URL, or an embedded
                          throwaway Postgres when it is not set.
   rides serve            run the rides API
   rides fakestripe       run the fake Stripe API
   rides simulate         drive a running API with simulated riders
   rides <command> -h     document a command's flags
+
+Exit status: 0 success, 1 error or failed invariant, 2 usage error.
 `
 
 var program = exampleprog.Program{
@@ -64,22 +68,30 @@ var program = exampleprog.Program{
 var errInvariant = errors.New("invariant violated")
 
 // dbURLUsage documents -database-url.
-const dbURLUsage = "Postgres URL (default $DATABASE_URL; embedded throwaway Postgres when empty)"
+const dbURLUsage = "Postgres `URL` (default $DATABASE_URL; an embedded throwaway Postgres, deleted on exit, when empty)"
 
 // database connects to url, or to an embedded throwaway Postgres when url
-// is empty, and applies the schemas.
-func database(ctx context.Context, url string, log io.Writer) (*pgxpool.Pool, func(), error) {
+// is empty, and applies migrate, which migrates what the command owns.
+func database(ctx context.Context, url string, migrate func(context.Context, *pgxpool.Pool) error, log io.Writer) (*pgxpool.Pool, func(), error) {
 	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: 40, Migrate: migrate, Progress: log})
 }
 
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// migrateRides applies what the API owns: the atomicphase schema, River's,
+// the rides tables, and the demo riders.
+func migrateRides(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := ride.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	if err := fakestripe.Migrate(ctx, pool); err != nil {
+	return ride.Seed(ctx, pool)
+}
+
+// migrateAll applies the schemas of the API and of the fake Stripe, for the
+// demo, which runs both on one database.
+func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := migrateRides(ctx, pool); err != nil {
 		return err
 	}
-	return ride.Seed(ctx, pool)
+	return fakestripe.Migrate(ctx, pool)
 }
 
 // crashes returns an injector that crashes a run at a random fault point
@@ -93,12 +105,20 @@ func crashes(rate float64, enabled *atomic.Bool) phase.Injector {
 	})
 }
 
-func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := exampleprog.Flags("rides serve", "rides serve: run the rides API (POST /rides) with its completer, reaper and River receipt worker.\nMigrates the database and seeds user@example.com and declined@example.com.", stderr)
+// serveDoc is rides serve -h.
+const serveDoc = `rides serve: run the rides API (POST /rides) with its completer, reaper and River
+receipt worker. Migrates what it owns (the atomicphase schema, River's, the rides
+tables) and seeds user@example.com and declined@example.com.
+
+Give it a database that outlives it (DATABASE_URL): the idempotency keys in it are
+what make a retry after a restart replay its answer instead of charging again.`
+
+func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
+	fs := exampleprog.Flags("rides serve", serveDoc, stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
 	stripeURL := fs.String("stripe-url", ride.DefaultStripeURL, "Stripe API base URL (the fake Stripe, stripe-mock, or Stripe)")
-	stripeKey := fs.String("stripe-key", envOr("STRIPE_API_KEY", "sk_test_rides"), "Stripe secret key (default $STRIPE_API_KEY)")
+	stripeKey := exampleprog.SecretString(fs, "stripe-key", "STRIPE_API_KEY", "sk_test_rides", "Stripe secret `key` (default $STRIPE_API_KEY, or sk_test_rides when it is empty)")
 	lockTTL := fs.Duration("lock-ttl", 0, "idempotency key lease (default 90s)")
 	crashRate := fs.Float64("crash-rate", 0, "probability of a simulated crash at each fault point (for chaos testing)")
 	noCompleter := fs.Bool("no-completer", false, "do not run the completer")
@@ -106,24 +126,39 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	completerMinIdle := fs.Duration("completer-min-idle", 0, "how long a key must sit idle before the completer takes it (default 1m)")
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
+	pollOnly := fs.Bool("poll-only", false, "River polls instead of using LISTEN/NOTIFY: needed behind PgBouncer in transaction pooling mode\n(whose URL also needs default_query_exec_mode=cache_describe)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
-	pool, closeDB, err := database(ctx, *dbURL, stderr)
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	pool, closeDB, err := database(ctx, *dbURL, migrateRides, stderr)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
+	// Telemetry shuts down before the database closes: its last export
+	// reads the key counts.
+	tel, err := startTelemetry(ctx, "rides")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, tel.shutdown()) }()
 	var enabled atomic.Bool
 	enabled.Store(true)
 	cfg := ride.Config{
 		Pool:   pool,
-		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, nil),
+		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, tel.httpClient()),
 		Client: phase.Config{
-			LockTTL:   *lockTTL,
-			Completer: recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			LockTTL:    *lockTTL,
+			Completer:  recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			Middleware: tel.middleware(),
 		},
 		WithoutWorker: *noWorker,
+		PollOnly:      *pollOnly,
 	}
 	if *noCompleter {
 		cfg.Client.Completer.Interval = -1
@@ -138,10 +173,13 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := tel.observeKeys(app.Client); err != nil {
+		return err
+	}
 	if err := app.Start(ctx); err != nil {
 		return err
 	}
-	if err := exampleprog.Serve(ctx, *addr, app.Handler(), "rides API listening", "stripe", *stripeURL); err != nil {
+	if err := exampleprog.Serve(ctx, ln, tel.handler(exampleprog.Problems(app.Handler())), "rides API listening", "stripe", *stripeURL); err != nil {
 		return err
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -149,54 +187,140 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return app.Stop(stopCtx)
 }
 
+// fakeStripeDoc is rides fakestripe -h.
+const fakeStripeDoc = `rides fakestripe: run the fake Stripe API: charges created, retrieved and listed
+over HTTP with any sk_test_ key, kept in Postgres, with Idempotency-Key honoured as
+Stripe does; customer cus_declined is declined (402 card_error).
+
+  POST /v1/charges  GET /v1/charges  GET /v1/charges/{id}
+  GET  /_stats      requests, charges, declined, replays, conflicts, faults_injected
+  GET  /_faults     the faults still planned
+  POST /_faults     plan faults, as JSON; fields left out keep their value, 0 clears:
+    fail_before_charge N         the next N charges answer 500 without charging;
+                                 a retry with the same key charges
+    timeout_after_charge N       the next N charges are made, then the connection
+                                 drops mid-answer; a retry with the key replays the charge
+    fail_before_charge_rate P    probability (0 to 1) of a failure before any other charge
+    timeout_after_charge_rate P  probability of a drop after any other charge
+    delay_ms MS                  added to every API request (the key is held meanwhile)
+
+  curl -d '{"timeout_after_charge": 1}' http://127.0.0.1:12111/_faults
+
+Migrates only its own tables (fakestripe_*); it may share the API's database.`
+
 func fakeStripe(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := exampleprog.Flags("rides fakestripe", "rides fakestripe: run the fake Stripe API (charges create, retrieve, list; Idempotency-Key as Stripe;\ncustomer cus_declined is declined; faults via POST /_faults).", stderr)
+	fs := exampleprog.Flags("rides fakestripe", fakeStripeDoc, stderr)
 	addr := fs.String("addr", "127.0.0.1:12111", "address to listen on")
 	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
-	pool, closeDB, err := database(ctx, *dbURL, stderr)
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	pool, closeDB, err := database(ctx, *dbURL, fakestripe.Migrate, stderr)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	return exampleprog.Serve(ctx, *addr, fakestripe.New(pool, fakestripe.Config{}), "fake Stripe listening")
+	return exampleprog.Serve(ctx, ln, fakestripe.New(pool, fakestripe.Config{}), "fake Stripe listening")
 }
 
 func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := exampleprog.Flags("rides simulate", "rides simulate: drive a running rides API with simulated riders who send duplicates,\ndrop connections and retry with the same Idempotency-Key.", stderr)
+	fs := exampleprog.Flags("rides simulate", "rides simulate: drive a running rides API with simulated riders who send duplicates,\ndrop connections and retry with the same Idempotency-Key; print what they saw.", stderr)
 	apiURL := fs.String("api-url", "http://127.0.0.1:8080", "rides API base URL")
 	n := fs.Int("n", 200, "rides to request")
 	concurrency := fs.Int("concurrency", 8, "riders acting at once")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
+	fmt.Fprintf(stderr, "riding against the rides API at %s...\n", *apiURL)
+	if err := probe(ctx, *apiURL); err != nil {
+		return err
+	}
 	st, err := sim.Run(ctx, sim.Config{APIURL: *apiURL, Rides: *n, Concurrency: *concurrency, Progress: stderr})
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	for _, row := range []struct {
-		name string
-		v    int64
-	}{{"rides", st.Rides}, {"requests", st.Requests}, {"created", st.Created}, {"replayed", st.Replayed},
-		{"409s", st.Conflicts}, {"declined", st.Declined}, {"503s", st.Unavailable}, {"dropped", st.Dropped},
-		{"abandoned", st.Abandoned}, {"inconsistent answers", st.Inconsistent}} {
-		fmt.Fprintf(tw, "%s\t%d\t\n", row.name, row.v)
-	}
-	tw.Flush()
+	writeRiders(stdout, st)
 	if st.Inconsistent > 0 {
-		return fmt.Errorf("%w: %d keys answered two different final responses", errInvariant, st.Inconsistent)
+		return fmt.Errorf("%w: %d keys answered two different final responses, or rides refused", errInvariant, st.Inconsistent)
 	}
 	return nil
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
+// probeTimeout bounds the check that the API answers at all.
+const probeTimeout = 10 * time.Second
+
+// probe checks that a rides API answers at url, so that riders do not spend
+// minutes retrying against nothing: a GET /rides is answered 405.
+func probe(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+"/rides", nil)
+	if err != nil {
+		return fmt.Errorf("-api-url: %w", err)
 	}
-	return def
+	res, err := http.DefaultClient.Do(req)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no rides API answers at %s: nothing within %v", url, probeTimeout)
+	}
+	if err != nil {
+		return fmt.Errorf("no rides API answers at %s: %w", url, err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusMethodNotAllowed {
+		return fmt.Errorf("%s does not look like the rides API: GET /rides answered %s, want 405", url, res.Status)
+	}
+	return nil
+}
+
+// writeRiders prints what the riders saw, each total followed by the
+// counts it is the sum of.
+func writeRiders(w io.Writer, st sim.Stats) {
+	rows := []row{
+		{"rides requested", st.Rides, "one Idempotency-Key each"},
+		{"  created (201)", st.Created, ""},
+		{"  declined (402)", st.Declined, "declined@example.com's card"},
+		{"  payment failed (502)", st.PaymentFailed, ""},
+		{"  abandoned", st.Abandoned, "the rider gave up; the completer finishes it"},
+		{"  refused (other 4xx)", st.Rejected, "must be 0"},
+		{"requests sent", st.Requests, "copies and retries included"},
+		{"  answered", st.Answered, "final answer from the request's own run"},
+		{"  replayed", st.Replayed, "the key's stored answer, replayed"},
+		{"  409s", st.Conflicts, "the key was in use; retried"},
+		{"  503s", st.Unavailable, "retried"},
+		{"  other 5xx", st.ServerErrors, "retried"},
+		{"  dropped by the rider", st.Dropped, "hung up before the answer; retried"},
+		{"  no answer", st.Lost, "crash or timeout; retried (see below)"},
+		{"  other 4xx", st.Unexpected, "must be 0"},
+		{"inconsistent answers", st.Inconsistent, "must be 0"},
+	}
+	writeRows(w, rows)
+	fmt.Fprintln(w, "A crashed request's connection closes unanswered. Go's HTTP client resends such\n"+
+		"a request by itself, same key, when the connection was a kept-alive one, so\n"+
+		"riders count few crashes as \"no answer\".")
+}
+
+// row is a line of a summary: a count and what it means.
+type row struct {
+	name string
+	n    int64
+	note string
+}
+
+// writeRows prints rows as a table: names left, counts right, notes left.
+func writeRows(w io.Writer, rows []row) {
+	var names, digits int
+	for _, r := range rows {
+		names = max(names, len(r.name))
+		digits = max(digits, len(strconv.FormatInt(r.n, 10)))
+	}
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.TrimRight(fmt.Sprintf("%-*s  %*d  %s", names, r.name, digits, r.n, r.note), " "))
+	}
 }
 
 // silence is a logger for the demo, whose output is the progress line and

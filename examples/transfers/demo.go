@@ -47,16 +47,17 @@ var demoFaults = payoutprovider.Faults{
 }
 
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := exampleprog.Flags("transfers", `transfers [-database-url URL] [-duration D] [-concurrency N]: run the demo.
-
-Opens five accounts (three owners, two currencies) and runs the ledger API, the
+	fs := exampleprog.Flags("transfers", usage+`
+The demo opens five accounts (three owners, two currencies) and runs the ledger API, the
 fake payout provider and the completer in one process. Concurrent clients send
 random transfers (internal, paid out, some refused) for the given duration,
 some twice at once and some again after their answer, while the API crashes at
 random fault points (lease 2s), the payout provider fails before paying or
 drops its answer after paying, and transfers between the same accounts
 contend. Then the faults stop, every transfer is brought to its end, and the
-ledger's invariants are checked and printed; the exit status is 1 if one fails.`, stderr)
+ledger's invariants are checked and printed; the exit status is 1 if one fails.
+Its database is throwaway unless -database-url or DATABASE_URL names one, which
+'transfers verify' can check again afterwards.`, stderr)
 	dbURL := databaseFlag(fs, true)
 	duration := fs.Duration("duration", 10*time.Second, "how long the clients start new transfers")
 	concurrency := fs.Int("concurrency", 8, "how many clients send transfers at once")
@@ -67,7 +68,7 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 		fmt.Fprintln(stderr, "-duration and -concurrency must be positive")
 		return exampleprog.ErrUsage
 	}
-	db, closeDB, err := database(ctx, *dbURL, stdout)
+	db, closeDB, err := database(ctx, *dbURL, migrateAll, stderr)
 	if err != nil {
 		return err
 	}
@@ -76,11 +77,13 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	var events tally
 
-	// One connection per request, for the clients and the payout calls
-	// alike: Go's transport resends a request carrying an Idempotency-Key
-	// by itself when a reused connection drops before the answer. That is
-	// safe, but it would hide most of the injected crashes and dropped
-	// answers from the workflow and from the counts.
+	// One connection per request for the clients: Go's transport resends a
+	// request carrying an Idempotency-Key by itself when a reused
+	// connection closes before any byte of the answer, as a crashed
+	// request's does. That is safe, but it would hide most of the injected
+	// crashes from the counts. The payout calls keep their connections: the
+	// provider's drops come after the answer's first line, which the
+	// transport never resends.
 	oneConnPerRequest := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
 
 	provider := payoutprovider.New(db, payoutprovider.Config{Logger: logger})
@@ -93,7 +96,7 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	}
 	defer stopProvider()
 
-	transfers, err := ledger.Transfers(payoutprovider.NewClient(providerURL, oneConnPerRequest))
+	transfers, err := ledger.Transfers(payoutprovider.NewClient(providerURL, nil))
 	if err != nil {
 		return err
 	}
@@ -139,7 +142,9 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 
 	t := &traffic{api: apiURL, http: oneConnPerRequest, accounts: accounts, prefix: "demo-" + strings.ToLower(rand.Text()[:8]),
 		outcomes: map[string]int{}}
+	stopProgress := exampleprog.Progress(stderr, t.progressLine)
 	t.run(ctx, *duration, *concurrency)
+	stopProgress()
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -172,6 +177,12 @@ ledger's invariants are checked and printed; the exit status is 1 if one fails.`
 	fmt.Fprintf(stdout, "accounts: %s\n\n", describe(after))
 	if err := report.Write(stdout); err != nil {
 		return err
+	}
+	if *dbURL == "" {
+		fmt.Fprintln(stdout, "\nThe ledger was in a throwaway Postgres, gone with the demo. To check a ledger again with\n"+
+			"'transfers verify', run the demo with -database-url URL (or DATABASE_URL), then verify with the same URL.")
+	} else {
+		fmt.Fprintln(stdout, "\nThe ledger stays in the database: 'transfers verify' with the same URL checks it again.")
 	}
 	if !report.OK() {
 		return errInvariant
@@ -425,6 +436,14 @@ func (t *traffic) post(ctx context.Context, owner, key string, body []byte) (ans
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return answer{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+// progressLine is the demo's live line while the clients send.
+func (t *traffic) progressLine() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return fmt.Sprintf("transfers %d answered, %d abandoned | requests %d: %d 409s, %d 5xx, %d dropped",
+		t.transfers, t.gaveUp, t.requests, t.conflicts, t.retryable, t.dropped)
 }
 
 func (t *traffic) count(f func()) {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,6 +44,8 @@ Usage:
   transfers payouts        run the fake payout provider alone
   transfers verify         check the invariants of a ledger's database
   transfers <command> -h   document a command's flags
+
+Exit status: 0 success, 1 error or failed invariant, 2 usage error.
 `
 
 var program = exampleprog.Program{
@@ -64,23 +67,27 @@ var errInvariant = errors.New("an invariant failed")
 
 func databaseFlag(fs *flag.FlagSet, embedded bool) *string {
 	if embedded {
-		return exampleprog.DatabaseURL(fs, "Postgres URL (default $DATABASE_URL; an embedded throwaway Postgres when empty)")
+		return exampleprog.DatabaseURL(fs, "Postgres `URL` (default $DATABASE_URL; an embedded throwaway Postgres, deleted on exit, when empty)")
 	}
-	return exampleprog.DatabaseURL(fs, "Postgres URL (default $DATABASE_URL)")
+	return exampleprog.DatabaseURL(fs, "Postgres `URL` (default $DATABASE_URL)")
 }
 
 // database connects to url, or to an embedded throwaway Postgres when url
-// is empty, and applies the ledger's and the payout provider's schemas.
-func database(ctx context.Context, url string, log io.Writer) (*pgxpool.Pool, func(), error) {
+// is empty, and applies migrate, which migrates what the command owns.
+func database(ctx context.Context, url string, migrate func(context.Context, *pgxpool.Pool) error, log io.Writer) (*pgxpool.Pool, func(), error) {
 	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: 32, Migrate: migrate, Progress: log})
 }
 
-func migrate(ctx context.Context, db *pgxpool.Pool) error {
-	if err := ledger.Migrate(ctx, db); err != nil {
+// migrateAll applies the ledger's and the payout provider's schemas, for a
+// command that runs both on one database.
+func migrateAll(ctx context.Context, db *pgxpool.Pool) error {
+	if err := migrateLedger(ctx, db); err != nil {
 		return err
 	}
 	return payoutprovider.Migrate(ctx, db)
 }
+
+func migrateLedger(ctx context.Context, db *pgxpool.Pool) error { return ledger.Migrate(ctx, db) }
 
 // demoAccounts are the accounts serve opens on an empty ledger and the demo
 // opens on every run: five accounts of three owners, one in another
@@ -124,7 +131,16 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
-	db, closeDB, err := database(ctx, *dbURL, stderr)
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	migrate := migrateLedger
+	if *payoutsURL == "" {
+		migrate = migrateAll
+	}
+	db, closeDB, err := database(ctx, *dbURL, migrate, stderr)
 	if err != nil {
 		return err
 	}
@@ -164,7 +180,7 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 	if err := client.Start(ctx); err != nil {
 		return err
 	}
-	if err := exampleprog.Serve(ctx, *addr, h, "ledger API listening", "payouts", *payoutsURL); err != nil {
+	if err := exampleprog.Serve(ctx, ln, exampleprog.Problems(h), "ledger API listening", "payouts", *payoutsURL); err != nil {
 		return err
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -178,22 +194,35 @@ func payouts(ctx context.Context, args []string, _, stderr io.Writer) error {
   POST /v1/payouts       {"amount":1250,"currency":"EUR","destination":"dest_x","reference":"42"}
                          with an Idempotency-Key header; destination dest_closed fails
   GET  /v1/payouts/{id}
-  GET  /_faults, POST /_faults   {"fail_before_payout":1,"timeout_after_payout":1,
-                                  "fail_before_payout_rate":0.1,"timeout_after_payout_rate":0.1,"delay_ms":50}
-  GET  /_stats
+  GET  /_stats     requests, paid, failed, replays, conflicts, faults_injected
+  GET  /_faults    the faults still planned
+  POST /_faults    plan faults, as JSON; fields left out keep their value, 0 clears:
+    fail_before_payout N         the next N payouts answer 500 without paying;
+                                 a retry with the same key pays
+    timeout_after_payout N       the next N payouts are made, then the connection
+                                 drops mid-answer; a retry with the key replays the payout
+    fail_before_payout_rate P    probability (0 to 1) of a failure before any other payout
+    timeout_after_payout_rate P  probability of a drop after any other payout
+    delay_ms MS                  added to every API request (the key is held meanwhile)
 
-Run it on the ledger's database so that verify can compare payouts with transfers.`, stderr)
+Migrates only its own tables (payoutprovider_*). Run it on the ledger's
+database so that verify can compare payouts with transfers.`, stderr)
 	addr := fs.String("addr", "127.0.0.1:8081", "address to listen on")
 	dbURL := databaseFlag(fs, true)
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
-	db, closeDB, err := database(ctx, *dbURL, stderr)
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	db, closeDB, err := database(ctx, *dbURL, payoutprovider.Migrate, stderr)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	return exampleprog.Serve(ctx, *addr, payoutprovider.New(db, payoutprovider.Config{}), "fake payout provider listening")
+	return exampleprog.Serve(ctx, ln, payoutprovider.New(db, payoutprovider.Config{}), "fake payout provider listening")
 }
 
 func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -210,11 +239,11 @@ Safe to run while the API serves traffic.`, stderr)
 	}
 	// Connect without migrating: verify reads, and a URL pointing at the
 	// wrong database should fail rather than get the ledger's tables.
-	db, err := pgxpool.New(ctx, *dbURL)
+	db, closeDB, err := exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: *dbURL, Progress: stderr})
 	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
+		return err
 	}
-	defer db.Close()
+	defer closeDB()
 	report, err := ledger.Verify(ctx, db)
 	if err != nil {
 		return err

@@ -31,7 +31,7 @@ func TestVerifyExitsNonZeroWhenAnInvariantFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
-	db, closeDB, err := database(ctx, dsn, &bytes.Buffer{})
+	db, closeDB, err := database(ctx, dsn, migrateAll, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}

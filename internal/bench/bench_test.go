@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -221,3 +222,27 @@ func name(k Kind) string { return strings.ReplaceAll(k.String(), " ", "-") }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkCounts measures the statement behind Client.Counts and the keys
+// gauges, which scans the keys table, with 10 thousand and, when
+// ATOMICPHASE_BENCH_LARGE is set, a million finished keys in the table.
+func BenchmarkCounts(b *testing.B) {
+	sizes := []int{10_000}
+	if os.Getenv(envLarge) != "" {
+		sizes = append(sizes, 1_000_000)
+	}
+	for _, rows := range sizes {
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			env := setup(b)
+			ctx := context.Background()
+			if err := env.LoadFinished(ctx, rows, 0); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := store.Count(ctx, env.Pool, time.Minute); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

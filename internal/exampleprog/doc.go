@@ -8,17 +8,28 @@
 // status its outcome calls for: 0 for success or -h, 2 for ErrUsage (a bad
 // flag, an unknown command, a stray argument), 1 for any other error, which
 // it prints. Commands build their flags with Flags, whose -h prints the
-// command's doc and flags, and parse them with Parse.
+// command's doc and flags, and parse them with Parse. A flag whose value may
+// be a secret (a database URL, an API key) is a SecretString: its default
+// comes from the environment, and -h never prints it.
 //
 // # Database
 //
 // OpenDatabase connects to the -database-url flag's URL (DatabaseURL), or
 // starts an embedded throwaway Postgres from the local server binaries when
-// it is empty, and applies the program's schemas.
+// it is empty, and applies the program's schemas. It says where the data
+// lives before it connects (a throwaway Postgres says it is one), and gives
+// up on a server that does not answer after DefaultConnectTimeout.
 //
 // # Serving
 //
 // Listen serves a handler in the background, for a demo that runs its
-// servers and their clients in one process; Serve serves one until the
-// program is told to stop. Both shut down gracefully.
+// servers and their clients in one process; Serve serves one on a listener
+// the program opened first, until it is told to stop. Both shut down
+// gracefully. A handler wrapped with Problems gets the errors that net/http
+// answers before any handler runs (431, 400, 501, 505) as problem+json too.
+//
+// # Progress
+//
+// Progress shows a status line while a long step runs: redrawn in place on
+// a terminal, a whole line every few seconds in a log.
 package exampleprog

@@ -1,6 +1,7 @@
 package exampleprog
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -69,7 +70,13 @@ func (p Program) Run(ctx context.Context, args []string, stdout, stderr io.Write
 	case errors.Is(err, ErrUsage):
 		return 2
 	}
-	fmt.Fprintln(stderr, p.Name+":", err)
+	// The example's packages start their errors with the program's name
+	// too (rides: river migrate: ...); say it once.
+	msg := err.Error()
+	if !strings.HasPrefix(msg, p.Name+": ") {
+		msg = p.Name + ": " + msg
+	}
+	fmt.Fprintln(stderr, msg)
 	return 1
 }
 
@@ -83,6 +90,15 @@ func Flags(name, doc string, stderr io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// SecretString defines a string flag whose default is the environment
+// variable env, or fallback when env is empty. -h never prints the value,
+// which may be a password or an API key: usage should name env instead.
+func SecretString(fs *flag.FlagSet, name, env, fallback, usage string) *string {
+	v := cmp.Or(os.Getenv(env), fallback)
+	fs.Func(name, usage, func(s string) error { v = s; return nil })
+	return &v
 }
 
 // Parse parses args into fs. It returns flag.ErrHelp for -h, and ErrUsage

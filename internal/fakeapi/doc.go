@@ -48,8 +48,10 @@
 // rejected by validation, refused with 409 or answered from a stored result
 // never consume a fault. A failure before execution answers 500 api_error
 // and stores nothing, so a retry executes; a drop after execution commits
-// the change and its stored response and then closes the connection
-// unanswered, so the client sees a network error and a retry with the key
+// the change and its stored response and then closes the connection after
+// the answer's status line, so the client sees a network error (even on a
+// reused keep-alive connection, where Go's net/http would silently resend a
+// request that got no byte of an answer) and a retry with the key
 // replays the response. The fields of /_faults are named for Config.Action:
 // with "charge",
 //

@@ -25,8 +25,9 @@ type Faults struct {
 	FailBefore int
 	// TimeoutAfter is how many of the next requests execute in full,
 	// committing their change and its stored answer, and then lose their
-	// connection without an answer, so the client sees a network error. A
-	// retry with the key replays the stored answer.
+	// connection after the answer's status line, so the client sees a
+	// network error, whether or not its connection was a reused keep-alive
+	// one (see drop). A retry with the key replays the stored answer.
 	TimeoutAfter int
 	// FailBeforeRate is the probability, from 0 to 1, that a request no
 	// count claims fails as FailBefore describes.
@@ -241,14 +242,22 @@ func (s *Server) setWireFields(f *Faults, in map[string]json.RawMessage) error {
 	return nil
 }
 
-// drop closes the client's connection without an answer, as a network
-// failure after execution would.
-func drop(w http.ResponseWriter) {
-	conn, _, err := http.NewResponseController(w).Hijack()
+// drop sends the status line of res and closes the client's connection,
+// as a network failure while the answer was on its way would: the client
+// sees a network error. The status line makes the failure reach the caller
+// every time. Go's net/http client resends a request that carries an
+// Idempotency-Key by itself, without telling its caller, when a reused
+// keep-alive connection closes before any byte of the answer arrives; a
+// drop with no answer at all would then be seen by the server twice and by
+// the caller never.
+func drop(w http.ResponseWriter, res Response) {
+	conn, buf, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		// HTTP/2 connections cannot be hijacked; aborting the handler
 		// resets the stream, which the client sees the same way.
 		panic(http.ErrAbortHandler)
 	}
+	fmt.Fprintf(buf, "HTTP/1.1 %03d %s\r\n", res.Status, http.StatusText(res.Status))
+	_ = buf.Flush()
 	_ = conn.Close()
 }

@@ -129,7 +129,7 @@ func (s *Server) Execute(w http.ResponseWriter, r *http.Request, c Call, e Execu
 	if f == dropAfter {
 		s.counts.faults.Add(1)
 		log.Info(s.cfg.Name+": injected connection drop after "+s.cfg.Action, slog.Int("status", res.Status))
-		drop(w)
+		drop(w, res)
 		return
 	}
 	Write(w, res)

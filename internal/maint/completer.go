@@ -29,6 +29,8 @@ type Completer struct {
 	ttl       time.Duration
 	log       *slog.Logger
 	bg        Background
+	// Around, when set, wraps every pass (the client's middleware).
+	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
 }
 
 // NewCompleter returns a completer for the keys of workflows, run by r.
@@ -40,6 +42,13 @@ func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, w
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
 // to BatchSize due keys, and resumes them.
 func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
+	if c.Around != nil {
+		return c.Around(ctx, c.pass)
+	}
+	return c.pass(ctx)
+}
+
+func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	var res recovery.PassResult
 	buried, err := store.Bury(ctx, c.pool, c.workflows, c.cfg.MaxAttempts, c.cfg.MinIdle)
 	if err != nil {

@@ -62,10 +62,11 @@ func SettingArgs(extra ...string) []string {
 // local connection as the superuser postgres, and is killed by the kernel
 // when the process that started it exits, even by SIGKILL.
 type Cluster struct {
-	dir      string // socket directory; the data directory is dir/data
-	bins     binaries
-	cred     *syscall.Credential // nil unless running as root
-	settings []string            // extra -c settings
+	dir  string // socket directory; the data directory is dir/data
+	bins binaries
+	cred *syscall.Credential // nil unless running as root
+	// settings are more -c settings for postgres, after SettingArgs.
+	settings []string
 
 	mu      sync.Mutex
 	pm      *process // nil while stopped
@@ -83,6 +84,13 @@ type Cluster struct {
 // benchmark that measures durable commits passes "fsync=on",
 // "synchronous_commit=on" and "full_page_writes=on".
 func Start(ctx context.Context, settings ...string) (*Cluster, error) {
+	return start(ctx, (*Cluster).init, settings)
+}
+
+// start makes a cluster directory, fills its data directory with create,
+// and starts the server with settings, removing the directory if any step
+// fails.
+func start(ctx context.Context, create func(*Cluster, context.Context) error, settings []string) (*Cluster, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -98,7 +106,11 @@ func Start(ctx context.Context, settings ...string) (*Cluster, error) {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
 	c := &Cluster{dir: dir, bins: bins, cred: cred, settings: slices.Clone(settings)}
-	if err := c.init(ctx); err != nil {
+	if err := c.own(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := create(c, ctx); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -156,8 +168,8 @@ func (c *Cluster) Stop() error {
 func (c *Cluster) dataDir() string { return filepath.Join(c.dir, "data") }
 func (c *Cluster) logPath() string { return filepath.Join(c.dir, "postgres.log") }
 
-// init writes the owner file and runs initdb.
-func (c *Cluster) init(ctx context.Context) error {
+// own writes the owner file and hands the directory to the cluster's user.
+func (c *Cluster) own() error {
 	if err := os.WriteFile(filepath.Join(c.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return fmt.Errorf("pgcluster: %w", err)
 	}
@@ -167,7 +179,11 @@ func (c *Cluster) init(ctx context.Context) error {
 			return fmt.Errorf("pgcluster: %w", err)
 		}
 	}
+	return nil
+}
 
+// init runs initdb.
+func (c *Cluster) init(ctx context.Context) error {
 	var out bytes.Buffer
 	cmd := exec.Command(c.bins.initdb,
 		"-D", c.dataDir(),

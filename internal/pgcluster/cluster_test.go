@@ -108,12 +108,18 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println("ERROR", err)
 		os.Exit(1)
 	}
+	b, err := StartBouncer(context.Background(), BouncerConfig{Server: c.DSN("postgres")})
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
 	fmt.Println("CLUSTER", c.PID(), c.dir)
+	fmt.Println("BOUNCER", b.PID(), b.dir)
 	time.Sleep(time.Minute)
 	os.Exit(1)
 }
 
-func TestClusterDiesWithKilledOwner(t *testing.T) {
+func TestClusterAndBouncerDieWithKilledOwner(t *testing.T) {
 	t.Parallel()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
@@ -135,28 +141,30 @@ func TestClusterDiesWithKilledOwner(t *testing.T) {
 		}
 		close(lines)
 	}()
-	var pid int
-	var dir string
-	for pid == 0 {
+	// The postmaster and the bouncer, by the word the helper prints.
+	pids, dirs := map[string]int{}, map[string]string{}
+	for len(pids) < 2 {
 		select {
 		case line, ok := <-lines:
 			if !ok {
-				t.Fatal("helper exited without starting a cluster")
+				t.Fatal("helper exited without starting a cluster and a bouncer")
 			}
 			if rest, ok := strings.CutPrefix(line, "ERROR "); ok {
 				t.Fatalf("helper: %s", rest)
 			}
 			fields := strings.Fields(line)
-			if len(fields) == 3 && fields[0] == "CLUSTER" {
-				pid, _ = strconv.Atoi(fields[1])
-				dir = fields[2]
+			if len(fields) == 3 && (fields[0] == "CLUSTER" || fields[0] == "BOUNCER") {
+				pids[fields[0]], _ = strconv.Atoi(fields[1])
+				dirs[fields[0]] = fields[2]
 			}
 		case <-time.After(time.Minute):
-			t.Fatal("helper did not start a cluster within a minute")
+			t.Fatal("helper did not start a cluster and a bouncer within a minute")
 		}
 	}
-	if !processAlive(pid) {
-		t.Fatalf("postmaster %d is not running before its owner is killed", pid)
+	for what, pid := range pids {
+		if !processAlive(pid) {
+			t.Fatalf("%s %d is not running before its owner is killed", what, pid)
+		}
 	}
 
 	if err := cmd.Process.Kill(); err != nil {
@@ -164,18 +172,22 @@ func TestClusterDiesWithKilledOwner(t *testing.T) {
 	}
 	_ = cmd.Wait()
 	deadline := time.Now().Add(5 * time.Second)
-	for processAlive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("postmaster %d still runs 5s after its owner was killed", pid)
+	for what, pid := range pids {
+		for processAlive(pid) {
+			if time.Now().After(deadline) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("%s %d still runs 5s after its owner was killed", what, pid)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 
 	sweepStaleClusters()
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Errorf("sweep left the killed owner's cluster directory %s (stat: %v)", dir, err)
-		os.RemoveAll(dir)
+	for what, dir := range dirs {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("sweep left the killed owner's %s directory %s (stat: %v)", what, dir, err)
+			os.RemoveAll(dir)
+		}
 	}
 }
 

@@ -20,15 +20,50 @@
 // trusts every local connection as the superuser postgres, and runs with
 // durability turned off ([SettingArgs]): its data is not meant to survive.
 //
+// # PgBouncer
+//
+// [StartBouncer] starts a private PgBouncer in transaction pooling mode in
+// front of any server, a Cluster or another, from the pgbouncer program
+// (Debian and Ubuntu: apt-get install pgbouncer). It listens only on a Unix
+// socket in its own temporary directory, and opens a few server connections
+// per database ([DefaultBouncerPoolSize]), so clients share them.
+//
+// # Replication
+//
+// [StartPrimary] starts a cluster that streams its WAL to standbys, and
+// [StartStandby] starts a hot standby of it from a base backup
+// (pg_basebackup, through a replication slot). Replication is asynchronous
+// until [Cluster.SetSynchronous] makes every commit wait for a standby.
+// Clients reach whichever cluster accepts writes through [MultiHostDSN],
+// which lists every cluster's socket with target_session_attrs=read-write.
+//
+// A failover is [Cluster.Kill] on the primary, which kills its postmaster
+// and backends at once as a crash of its machine would, and
+// [Cluster.Promote] on a standby (pg_ctl promote). [Cluster.Rebuild] then
+// turns the dead primary into a standby of the promoted one, in the same
+// directory, so that the multi-host DSN keeps working for the next
+// failover. [Cluster.Detach] cuts a standby off its primary, for tests that
+// need a failover to lose commits for certain.
+//
+//	primary, _ := pgcluster.StartPrimary(ctx)
+//	standby, _ := pgcluster.StartStandby(ctx, primary)
+//	dsn := pgcluster.MultiHostDSN("postgres", primary, standby)
+//	// ... traffic on dsn ...
+//	_ = primary.Kill()
+//	_ = standby.Promote(ctx) // dsn now reaches the standby
+//	_ = primary.Rebuild(ctx, standby)
+//
 // # Cleanup
 //
-// [Cluster.Stop] shuts the server down and removes its directory. A cluster
-// never outlives its owner for long even without it:
+// [Cluster.Stop] and [Bouncer.Stop] shut the server or bouncer down and
+// remove its directory. Neither outlives its owner for long even without
+// them:
 //
 //   - The postmaster is started with a parent-death signal, so the kernel
 //     kills it when the process that started it exits for any reason,
 //     SIGKILL included, and its backends follow it. This needs Linux; on
 //     other systems Start fails rather than leave servers running.
-//   - The directory of a cluster whose owner died is removed by the next
-//     call to Start on the machine.
+//     A bouncer gets the same signal.
+//   - The directory of a cluster or bouncer whose owner died is removed by
+//     the next call to Start or StartBouncer on the machine.
 package pgcluster

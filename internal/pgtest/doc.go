@@ -35,6 +35,17 @@
 // [DSN] or [Pool] clones it with CREATE DATABASE ... TEMPLATE, which costs a
 // file copy instead of a migration. Tests can therefore call t.Parallel freely.
 //
+// # PgBouncer
+//
+// [BouncerDSN] and [BouncerPool] give a test its own database as [DSN] and
+// [Pool] do, reached through a PgBouncer in transaction pooling mode that
+// the tests of the binary share: each transaction runs on whichever of the
+// database's few server sessions is free. It is started in front of the
+// shared server, whichever source that came from (an external server from
+// EnvDSN included, with the login EnvDSN names), from the pgbouncer program
+// (Debian and Ubuntu: apt-get install pgbouncer); without it those tests
+// fail saying so. [Routes] runs a test both ways.
+//
 // # Cleanup
 //
 // Each test's database is dropped in t.Cleanup. The server itself outlives the

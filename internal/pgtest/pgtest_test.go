@@ -183,3 +183,31 @@ func TestEmbeddedServerIsGoneAfterStop(t *testing.T) {
 		t.Error("connected to the embedded server after stop")
 	}
 }
+
+func TestBouncerPoolReachesTheTestsOwnDatabaseThroughTheBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.BouncerPool(t)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var (
+		keys     int
+		database string
+		pid      uint32
+	)
+	if err := conn.QueryRow(ctx, "SELECT count(*), current_database(), pg_backend_pid() FROM idempotency_keys").Scan(&keys, &database, &pid); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 0 || database != pool.Config().ConnConfig.Database {
+		t.Errorf("reached database %s holding %d keys; want the test's own %s, empty", database, keys, pool.Config().ConnConfig.Database)
+	}
+	if pid == conn.Conn().PgConn().PID() {
+		t.Errorf("the server session %d is the one the login announced: the pool does not go through the bouncer", pid)
+	}
+	if mode := pool.Config().ConnConfig.DefaultQueryExecMode; mode != pgx.QueryExecModeCacheDescribe {
+		t.Errorf("query exec mode %v, want cache_describe", mode)
+	}
+}

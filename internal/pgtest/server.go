@@ -128,7 +128,14 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // its size or a tracer.
 func PoolWith(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(DSN(t))
+	return poolOn(t, DSN(t), configure)
+}
+
+// poolOn returns a pool on dsn, a database DSN or BouncerDSN created for t,
+// with configure applied to its config, and closes it when t finishes.
+func poolOn(t testing.TB, dsn string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
@@ -171,7 +178,7 @@ func Server(t testing.TB) ServerInfo {
 // test is a leak the package's users would inherit.
 func Main(m *testing.M, ignore ...string) {
 	code := m.Run()
-	if err := stopShared(); err != nil {
+	if err := Release(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
 			code = 1
@@ -189,6 +196,10 @@ func Main(m *testing.M, ignore ...string) {
 	}
 	os.Exit(code)
 }
+
+// Release releases the shared server as Main does, for a TestMain with
+// cleanup of its own; tests that run after it fail.
+func Release() error { return stopShared() }
 
 // shared is the one server of this test binary, started by the first test
 // that needs it. It is package state because tests cannot pass it to each
@@ -235,12 +246,14 @@ func stopShared() error {
 	defer shared.mu.Unlock()
 	srv := shared.srv
 	shared.srv, shared.err = nil, errors.New("pgtest: shared server used after Main stopped it")
+	// The bouncer goes first: it holds connections to the server.
+	bouncerErr := stopBouncer()
 	if srv == nil {
-		return nil
+		return bouncerErr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
-	return srv.close(ctx)
+	return errors.Join(bouncerErr, srv.close(ctx))
 }
 
 // server is a PostgreSQL server holding a migrated template database, from

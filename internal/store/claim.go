@@ -29,12 +29,20 @@ type ClaimParams struct {
 	TTL time.Duration
 }
 
-// claimSQL takes the lease on due keys in one statement. FOR UPDATE SKIP
-// LOCKED lets any number of completers in any number of processes scan at
-// once: each row is locked by at most one of them, the others skip it rather
-// than wait, and the lease set here then keeps requests and other completers
-// off it for the TTL. The lease condition is re-checked on the locked row, so
-// a key a request took between the scan and the lock is not stolen.
+// claimSQL takes the lease on due keys in one statement. FOR NO KEY UPDATE
+// SKIP LOCKED lets any number of completers in any number of processes scan
+// at once: each row is locked by at most one of them, the others skip it
+// rather than wait, and the lease set here then keeps requests and other
+// completers off it for the TTL. The lease condition is re-checked on the
+// locked row, so a key a request took between the scan and the lock is not
+// stolen.
+//
+// NO KEY UPDATE is the lock the UPDATE takes anyway (it changes no key
+// column). FOR UPDATE would also conflict with the KEY SHARE lock that a
+// foreign key to the row takes: a holder stalled inside a phase that
+// inserted a row referencing its key would hide the key from every
+// completer, even after its lease ran out, for as long as its transaction
+// stays open.
 //
 // Keys on hold for an unknown outcome are claimed for reconciliation besides
 // runnable ones. The scan is served by idempotency_keys_unfinished and
@@ -54,7 +62,7 @@ WITH due AS (
       AND (lock_expires_at IS NULL OR lock_expires_at <= now())
     ORDER BY last_run_at
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_random_uuid(),
@@ -152,7 +160,9 @@ const abandonedWhere = `finished_at IS NULL
 // retention gets an answer instead of a fresh run, and the reaper then
 // removes them like any finished key. Keys awaiting reconciliation are left
 // alone: their outcome is not known. It clears the expired lease with the
-// rest, so that no holder's token matches a finished key.
+// rest, so that no holder's token matches a finished key. Rows are locked
+// FOR NO KEY UPDATE, as claimSQL locks them, so a transaction referencing a
+// key does not hide it.
 const expireSQL = `
 UPDATE idempotency_keys
 SET recovery_point = 'finished', finished_at = now(), hold = NULL,
@@ -168,7 +178,7 @@ WHERE id IN (
     SELECT id FROM idempotency_keys
     WHERE ` + abandonedWhere + `
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )`
 
 // Expire stores a terminal "abandoned" response on up to limit keys that

@@ -288,3 +288,36 @@ func TestCountPutsEveryKeyInExactlyOneState(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimTakesAKeyReferencedByAStalledHoldersOpenTransaction: the
+// workflow's table references the key row (as the reference design's
+// rides.idempotency_key_id does), and a holder that stalled inside its
+// phase transaction, after inserting such a row, keeps a KEY SHARE lock on
+// the key. Once its lease has run out the completer must take the key over,
+// as a client retry can, rather than skip it while the stalled transaction
+// lasts (for a dead process behind a half-open connection, hours).
+func TestClaimTakesAKeyReferencedByAStalledHoldersOpenTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	if _, err := db.Exec(ctx, `CREATE TABLE orders (key_id uuid UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	_, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`))
+	stalled, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Rollback(ctx)
+	if _, err := stalled.Exec(ctx, `INSERT INTO orders (key_id) VALUES ($1)`, row.ID); err != nil {
+		t.Fatal(err)
+	}
+	expire(t, db, "acme", "k1")
+	rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 10, TTL: ttl})
+	if err != nil || len(rows) != 1 || rows[0].ID != row.ID {
+		t.Fatalf("claim = %+v, %v; want the expired key although a stalled transaction references it", rows, err)
+	}
+	if rows[0].LockToken == row.LockToken {
+		t.Fatal("the claim kept the stalled holder's token")
+	}
+}

@@ -34,7 +34,7 @@
 //
 // # Keys without a client
 //
-// Claim takes due keys for the completer with FOR UPDATE SKIP LOCKED; Bury,
+// Claim takes due keys for the completer with FOR NO KEY UPDATE SKIP LOCKED; Bury,
 // Expire and Reap move keys to dead, close abandoned ones and delete expired
 // ones in small batches; Count, Inspect, List, Unlock and Retry serve
 // operators.

@@ -84,16 +84,24 @@ func (l *Lease) MarkLost() {
 // work. Any other error of that renewal is returned too: the holder cannot
 // tell whether it still holds the key.
 //
-// The returned context is cancelled when the lease is found lost or when
-// stop is called. Later renewal errors other than a lost lease (a store
+// The returned context is cancelled when the lease is found lost, when
+// limit (if positive) has passed, or when stop is called; the renewals end
+// with it, so work that outlives its limit no longer keeps the key, which
+// then expires and resumes elsewhere. The first renewal is bounded by ctx
+// alone. Later renewal errors other than a lost lease (a store
 // hiccup) are retried at the next tick; the lease is still bounded by its
 // TTL. stop waits for the renewing goroutine to end, so a caller that defers
 // it leaves nothing running, even when the work panics.
-func (l *Lease) Keep(ctx context.Context, q Querier) (workCtx context.Context, stop func(), err error) {
+func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workCtx context.Context, stop func(), err error) {
 	if err := l.Renew(ctx, q); err != nil {
 		return nil, nil, err
 	}
-	workCtx, cancel := context.WithCancel(ctx)
+	var cancel context.CancelFunc
+	if limit > 0 {
+		workCtx, cancel = context.WithTimeout(ctx, limit)
+	} else {
+		workCtx, cancel = context.WithCancel(ctx)
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	every := lockttl.RenewInterval(l.TTL)

@@ -55,7 +55,7 @@ func TestKeepRenewsALeaseThatOutlivesItsTTL(t *testing.T) {
 	const ttl = 1200 * time.Millisecond
 	_, l := lease(t, db, "k1", ttl)
 
-	work, stop, err := l.Keep(context.Background(), db)
+	work, stop, err := l.Keep(context.Background(), db, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestKeepCancelsTheWorkWhenTheLeaseIsTakenOver(t *testing.T) {
 	db := pgtest.Pool(t)
 	const ttl = 1200 * time.Millisecond
 	row, l := lease(t, db, "k1", ttl)
-	work, stop, err := l.Keep(context.Background(), db)
+	work, stop, err := l.Keep(context.Background(), db, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestKeepWithAZeroOrTinyTTLRenewsWithoutPanicking(t *testing.T) {
 		if l.TTL < lockttl.MinTTL {
 			t.Fatalf("NewLease with TTL %v kept %v, want at least %v", tiny, l.TTL, lockttl.MinTTL)
 		}
-		work, stop, err := l.Keep(context.Background(), db)
+		work, stop, err := l.Keep(context.Background(), db, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +146,7 @@ func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
 	taker, _ := lease(t, db, "k1", ttl)
 
 	counter.Reset()
-	work, stop, err := stale.Keep(ctx, db)
+	work, stop, err := stale.Keep(ctx, db, 0)
 	if !errors.Is(err, keyrow.ErrLeaseLost) || work != nil || stop != nil {
 		t.Fatalf("Keep of a taken-over lease = %v, %v, %v; want ErrLeaseLost and nothing to stop", work, stop != nil, err)
 	}

@@ -494,17 +494,13 @@ const releaseTimeout = 5 * time.Second
 // ReleaseDetached is Release for a run that is ending, whatever ended it: it
 // runs even when ctx is cancelled (a client hung up, a deadline passed,
 // shutdown), bounded by its own short timeout. A lease it fails to free is
-// not lost work: it expires by itself and the key resumes then. It returns
-// the error for logging, with keyrow.ErrLeaseLost (someone else already
-// holds the key) reported as nil.
+// not lost work: it expires by itself and the key resumes then. Like
+// Release, it returns keyrow.ErrLeaseLost, having changed nothing, when
+// another run took the key over.
 func ReleaseDetached(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter bool) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	err := Release(rctx, q, id, token, lastErr, hold, byCompleter)
-	if errors.Is(err, keyrow.ErrLeaseLost) {
-		return nil
-	}
-	return err
+	return Release(rctx, q, id, token, lastErr, hold, byCompleter)
 }
 
 // Renew extends the holder's lease to ttl from now, by the database clock,

@@ -1,31 +1,21 @@
-// Package phasetest proves, in a workflow author's own tests, that a workflow
-// converges whatever point a run crashes at.
-//
-// CrashMatrix runs the workflow once to discover its fault points, then for
-// each point crashes a fresh key there exactly as a killed process would
-// (transaction rolled back, lease not freed), recovers it the way production
-// does (a client retry, and the completer when one is configured), and checks
-// that the final response equals the crash-free one and that the author's
-// invariants hold (for example: exactly one charge per key).
-//
-// No test sleeps out a lease: the crashed holder's lease is freed with
-// Client.Unlock, which is what its expiry would do.
 package phasetest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"slices"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // Recovery names a way a crashed key is brought to its end.
@@ -39,39 +29,67 @@ const (
 	ByCompleter Recovery = "completer"
 )
 
+// DefaultTenant owns the matrices' keys when Config.Tenant is empty.
+const DefaultTenant = "phasetest"
+
 // Config describes the workflow under test.
 type Config[Req, State any] struct {
-	// Client runs the workflow, which must be registered with it.
+	// Client runs the workflow, which must be registered with it. For
+	// WithCompleter, build it with Completer.MinIdle -1 (and Backoff -1),
+	// so that its completer takes a key as soon as the key's lease is free.
 	Client   *phase.Client
 	Workflow *phase.Workflow[Req, State]
-	// Tenant owns the keys the matrix uses (default "phasetest").
+	// DB is the pool Client runs on. PairMatrix needs it, to tell a run
+	// that waits on a row lock held by a paused run from one still at work;
+	// CrashMatrix does not use it.
+	DB *pgxpool.Pool
+	// Tenant owns the keys the matrices use. Defaults to DefaultTenant.
 	Tenant string
 	// Request returns the request for the scenario whose key is key. Each
 	// scenario uses a fresh key, so its effects can be told apart.
 	Request func(key string) Req
-	// WithCompleter also recovers every point without a client, by the
-	// client's completer (Client.Complete).
+	// WithCompleter also recovers keys by the client's completer
+	// (Client.Complete): CrashMatrix recovers every crash point by it as
+	// well as by a retry, and PairMatrix adds the completer as a first
+	// holder and as a run that takes a key over.
 	WithCompleter bool
-	// Equal compares a recovered response with the crash-free one (default:
-	// same status and byte-identical body). Set it when responses carry
-	// per-key values such as generated ids.
-	Equal func(crashFree, recovered *keyrow.Response) bool
-	// Check is called once each scenario has converged, with its key and
-	// final response, to assert the author's invariants.
-	Check func(t testing.TB, key string, resp *keyrow.Response)
+	// Compare reports how a recovered response differs from the crash-free
+	// one. Defaults to IgnoreFields(): same status, same headers, same body.
+	// Use IgnoreFields("order_id") when responses carry values made per
+	// key, such as generated ids.
+	Compare CompareFunc
+	// Check is called once each scenario has converged, to assert the
+	// author's invariants (one order, one charge) for its key.
+	Check func(t testing.TB, s Scenario)
+}
+
+// Scenario is one converged scenario, as Config.Check sees it.
+type Scenario struct {
+	// Name says what was done to the key: the name of the subtest, or
+	// "crash-free" for the run that discovered the fault points.
+	Name string
+	// Tenant and Key identify the scenario's idempotency key.
+	Tenant string
+	Key    string
+	// ID is the key row's id, the phase.Run.ID its phases saw: the column
+	// that links the rows a workflow writes to its key.
+	ID uuid.UUID
+	// Response is the key's final, stored response.
+	Response *keyrow.Response
 }
 
 // Points runs the workflow once, crash-free, under key and returns the
-// fault points it passed, in order, with its response.
+// fault points it passed, in order, with its response. key must be new to
+// the database.
 func Points[Req, State any](t testing.TB, cfg Config[Req, State], key string) ([]phase.Point, *keyrow.Response) {
 	t.Helper()
 	var rec phase.Recorder
 	out, err := cfg.Workflow.Run(phase.WithInjector(context.Background(), &rec), cfg.Client, tenant(cfg), key, cfg.Request(key))
 	if err != nil {
-		t.Fatalf("crash-free run: %v", err)
+		t.Fatalf("crash-free run of key %q: %v", key, err)
 	}
-	if out.Kind != phase.OutcomeNew || out.Response == nil {
-		t.Fatalf("crash-free run: outcome %v without a response; want a new key run to its end", out.Kind)
+	if out.Kind != phase.OutcomeNew {
+		t.Fatalf("crash-free run of key %q: the key was %s; the run needs a key this database has not seen", key, describe(out))
 	}
 	points := rec.Points()
 	if len(points) == 0 {
@@ -85,86 +103,224 @@ func Points[Req, State any](t testing.TB, cfg Config[Req, State], key string) ([
 // intact. Each point and recovery is a subtest named after them.
 func CrashMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 	t.Helper()
-	ctx := context.Background()
-	// Keys are unique to this call, so the matrix can run again on the same
-	// database (another test, -count=2).
-	prefix := uniquePrefix()
-	points, crashFree := Points(t, cfg, prefix+"crash-free")
-	if cfg.Check != nil {
-		cfg.Check(t, prefix+"crash-free", crashFree)
-	}
+	m := newMatrix(t, cfg)
 	recoveries := []Recovery{ByRetry}
 	if cfg.WithCompleter {
 		recoveries = append(recoveries, ByCompleter)
 	}
-	for i, at := range points {
+	for i, at := range m.points {
 		for _, how := range recoveries {
-			t.Run(fmt.Sprintf("%s/%s", at, how), func(t *testing.T) {
-				key := fmt.Sprintf("%scrash-%02d-%s-%s", prefix, i, at.Stage, how)
-				resp := crashAndRecover(ctx, t, cfg, key, at, how)
-				if !equal(cfg, crashFree, resp) {
-					t.Fatalf("recovered response %d %q differs from crash-free %d %q",
-						resp.Status, resp.Body, crashFree.Status, crashFree.Body)
+			m.scenario(t, fmt.Sprintf("%s/%s", at, how), fmt.Sprintf("crash-%02d-%s-%s", i, at.Stage, how), func(t *testing.T, key string) {
+				ctx := m.context(t)
+				_, err := m.cfg.Workflow.Run(phase.WithInjector(ctx, phase.CrashAt(at)), m.cfg.Client, m.tenant, key, m.cfg.Request(key))
+				if !errors.Is(err, phase.ErrCrash) {
+					t.Fatalf("run with a crash at %s: err = %v, want the injected crash", at, err)
 				}
-				// Every later retry replays the same bytes.
-				again := run(ctx, t, cfg, key)
-				if again.Kind != phase.OutcomeReplay || again.Response.Status != resp.Status || !bytes.Equal(again.Response.Body, resp.Body) {
-					t.Fatalf("retry after recovery: %v %d %q, want a replay of %d %q",
-						again.Kind, again.Response.Status, again.Response.Body, resp.Status, resp.Body)
+				// A killed process's lease would expire after its TTL; free it now.
+				m.unlock(ctx, t, key)
+				var answers []*keyrow.Response
+				if how == ByCompleter {
+					m.complete(ctx, t, key)
+				} else {
+					answers = append(answers, m.retry(ctx, t, key))
 				}
-				if cfg.Check != nil {
-					cfg.Check(t, key, resp)
-				}
+				m.settled(ctx, t, key, answers...)
 			})
 		}
 	}
 }
 
-func crashAndRecover[Req, State any](ctx context.Context, t *testing.T, cfg Config[Req, State], key string, at phase.Point, how Recovery) *keyrow.Response {
-	t.Helper()
-	_, err := cfg.Workflow.Run(phase.WithInjector(ctx, phase.CrashAt(at)), cfg.Client, tenant(cfg), key, cfg.Request(key))
-	if !errors.Is(err, phase.ErrCrash) {
-		t.Fatalf("run with a crash at %s: err = %v, want the injected crash", at, err)
-	}
-	// A killed process's lease would expire after its TTL; free it now.
-	if _, err := cfg.Client.Unlock(ctx, tenant(cfg), key); err != nil {
-		t.Fatal(err)
-	}
-	if how == ByCompleter {
-		if _, err := cfg.Client.Complete(ctx); err != nil {
-			t.Fatalf("completer: %v", err)
-		}
-		out := run(ctx, t, cfg, key)
-		if out.Kind != phase.OutcomeReplay {
-			t.Fatalf("after the completer, the key is %v, want finished (replay)", out.Kind)
-		}
-		return out.Response
-	}
-	out := run(ctx, t, cfg, key)
-	if out.Response == nil {
-		t.Fatalf("retry after crash at %s: outcome %v without a response", at, out.Kind)
-	}
-	return out.Response
+// matrix is what every scenario of one CrashMatrix or PairMatrix call
+// shares.
+type matrix[Req, State any] struct {
+	cfg     Config[Req, State]
+	tenant  string
+	compare CompareFunc
+	// prefix starts every key of this call, so that the matrix can run
+	// again on the same database (another test, -count=2).
+	prefix    string
+	points    []phase.Point
+	crashFree *keyrow.Response
 }
 
-func run[Req, State any](ctx context.Context, t *testing.T, cfg Config[Req, State], key string) *phase.Outcome {
+func newMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) *matrix[Req, State] {
 	t.Helper()
-	out, err := cfg.Workflow.Run(ctx, cfg.Client, tenant(cfg), key, cfg.Request(key))
+	switch {
+	case cfg.Client == nil:
+		t.Fatal("phasetest: Config.Client is nil")
+	case cfg.Workflow == nil:
+		t.Fatal("phasetest: Config.Workflow is nil")
+	case cfg.Request == nil:
+		t.Fatal("phasetest: Config.Request is nil")
+	}
+	m := &matrix[Req, State]{cfg: cfg, tenant: tenant(cfg), compare: cfg.Compare, prefix: uniquePrefix()}
+	if m.compare == nil {
+		m.compare = IgnoreFields()
+	}
+	key := m.key("crash-free")
+	points, crashFree := Points(t, cfg, key)
+	// A phase re-run after a serialization failure passes its points again;
+	// each is crashed or paused at the first time only.
+	for _, p := range points {
+		if !slices.Contains(m.points, p) {
+			m.points = append(m.points, p)
+		}
+	}
+	m.crashFree = crashFree
+	if cfg.Check != nil {
+		id := m.inspect(context.Background(), t, key).ID
+		cfg.Check(t, Scenario{Name: "crash-free", Tenant: m.tenant, Key: key, ID: id, Response: m.crashFree})
+	}
+	return m
+}
+
+// noFaults overrides any Injector of the client's Config: the matrices
+// inject their own faults and no others.
+var noFaults = phase.InjectorFunc(func(context.Context, phase.Point) error { return nil })
+
+// context returns the context of t's runs.
+func (m *matrix[Req, State]) context(t *testing.T) context.Context {
+	return phase.WithInjector(t.Context(), noFaults)
+}
+
+func (m *matrix[Req, State]) key(label string) string { return m.prefix + label }
+
+// scenario runs f as the subtest name, on a key of its own named after
+// label. A failed scenario's key is then run to its end if it can be, so
+// that the completer passes of later scenarios do not meet it; if it
+// cannot, the matrix stops there.
+func (m *matrix[Req, State]) scenario(t *testing.T, name, label string, f func(t *testing.T, key string)) {
+	t.Helper()
+	key := m.key(label)
+	if t.Run(name, func(t *testing.T) { f(t, key) }) {
+		return
+	}
+	ctx := phase.WithInjector(context.Background(), noFaults)
+	if _, err := m.cfg.Client.Unlock(ctx, m.tenant, key); err != nil {
+		t.Fatalf("after %s failed: %v", name, err)
+	}
+	out, err := m.cfg.Workflow.Run(ctx, m.cfg.Client, m.tenant, key, m.cfg.Request(key))
+	if err != nil || out.Response == nil {
+		t.Fatalf("%s failed and left key %s unfinished (%v); the matrix stops here, since the completer would take the key up in later scenarios", name, key, err)
+	}
+}
+
+// run sends the scenario's request under key, as a client would.
+func (m *matrix[Req, State]) run(ctx context.Context, t *testing.T, key string) *phase.Outcome {
+	t.Helper()
+	out, err := m.cfg.Workflow.Run(ctx, m.cfg.Client, m.tenant, key, m.cfg.Request(key))
 	if err != nil {
-		t.Fatalf("retry of %s: %v", key, err)
+		t.Fatalf("request under %s: %v", key, err)
 	}
 	return out
 }
 
-func equal[Req, State any](cfg Config[Req, State], a, b *keyrow.Response) bool {
-	if cfg.Equal != nil {
-		return cfg.Equal(a, b)
+// retry sends the request again after a crash and returns its answer.
+func (m *matrix[Req, State]) retry(ctx context.Context, t *testing.T, key string) *keyrow.Response {
+	t.Helper()
+	out := m.run(ctx, t, key)
+	if out.Response == nil {
+		t.Fatalf("retry of %s with its lease free: the key was %s, want it run to its response", key, describe(out))
 	}
-	return a.Status == b.Status && bytes.Equal(a.Body, b.Body) && sameHeader(a.Header, b.Header)
+	return out.Response
 }
 
-func sameHeader(a, b http.Header) bool {
-	return maps.EqualFunc(a, b, slices.Equal[[]string])
+func (m *matrix[Req, State]) unlock(ctx context.Context, t *testing.T, key string) {
+	t.Helper()
+	if _, err := m.cfg.Client.Unlock(ctx, m.tenant, key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (m *matrix[Req, State]) inspect(ctx context.Context, t testing.TB, key string) *keyrow.Row {
+	t.Helper()
+	row, err := m.cfg.Client.Inspect(ctx, m.tenant, key)
+	if err != nil {
+		t.Fatalf("inspect %s: %v", key, err)
+	}
+	return row
+}
+
+// complete runs the completer, which must take key since its lease is free.
+func (m *matrix[Req, State]) complete(ctx context.Context, t *testing.T, key string) {
+	t.Helper()
+	res, err := m.cfg.Client.Complete(ctx)
+	if err != nil {
+		t.Fatalf("completer: %v", err)
+	}
+	m.completerTook(ctx, t, key, res)
+}
+
+// completerTook fails t when a completer pass left key alone although it
+// was free and unfinished: the client's completer waits for idle keys.
+func (m *matrix[Req, State]) completerTook(ctx context.Context, t *testing.T, key string, res recovery.PassResult) {
+	t.Helper()
+	row := m.inspect(ctx, t, key)
+	if res.Claimed > 0 || row.FinishedAt != nil || row.Hold != "" || row.LeaseLeft > 0 {
+		return
+	}
+	stuck, err := m.cfg.Client.List(ctx, keyrow.ListFilter{State: keyrow.StateStuck, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(stuck, func(r keyrow.Row) bool { return r.ID == row.ID }) {
+		t.Fatalf("the completer did not take key %s although its lease is free, because the key has not been idle "+
+			"for the completer's MinIdle: for WithCompleter, build the client with Config.Completer.MinIdle = -1 "+
+			"(and Backoff = -1), so that it takes a key as soon as its lease is free; the default waits %v",
+			key, recovery.DefaultMinIdle)
+	}
+	t.Fatalf("the completer did not take key %s although its lease is free and the key is due: "+
+		"another transaction holds a lock on the key's row, which the completer skips", key)
+}
+
+// settled checks a scenario's key once every run on it has ended: it is
+// finished with the crash-free answer, every answer a run gave is the stored
+// one, a retry replays it byte for byte, and Check holds.
+func (m *matrix[Req, State]) settled(ctx context.Context, t *testing.T, key string, answers ...*keyrow.Response) {
+	t.Helper()
+	row := m.inspect(ctx, t, key)
+	if row.FinishedAt == nil || row.ResponseStatus == nil {
+		t.Fatalf("key %s did not converge: recovery point %s, hold %q, last error %q", key, row.RecoveryPoint, row.Hold, row.LastError)
+	}
+	final := &keyrow.Response{Status: *row.ResponseStatus, Header: row.ResponseHeader, Body: row.ResponseBody}
+	if err := m.compare(m.crashFree, final); err != nil {
+		t.Fatalf("the recovered response differs from the crash-free one: %v", err)
+	}
+	for _, a := range answers {
+		if !identical(a, final) {
+			t.Fatalf("a run answered %d %q, but the key stored %d %q", a.Status, a.Body, final.Status, final.Body)
+		}
+	}
+	// Every later retry replays the same bytes.
+	if again := m.run(ctx, t, key); again.Kind != phase.OutcomeReplay || !identical(again.Response, final) {
+		t.Fatalf("retry after recovery: the key was %s, want a replay of %d %q", describe(again), final.Status, final.Body)
+	}
+	if m.cfg.Check != nil {
+		m.cfg.Check(t, Scenario{Name: t.Name(), Tenant: m.tenant, Key: key, ID: row.ID, Response: final})
+	}
+}
+
+// identical reports whether two responses are the same bytes.
+func identical(a, b *keyrow.Response) bool {
+	return a.Status == b.Status && string(a.Body) == string(b.Body) &&
+		maps.EqualFunc(a.Header, b.Header, slices.Equal[[]string])
+}
+
+// describe says what a run found its key in, for a message.
+func describe(out *phase.Outcome) string {
+	switch out.Kind {
+	case phase.OutcomeNew, phase.OutcomeResumed:
+		return fmt.Sprintf("run to its response (%v)", out.Kind)
+	case phase.OutcomeReplay:
+		return "already finished: the run replayed its stored response"
+	case phase.OutcomeInProgress:
+		return fmt.Sprintf("in progress: another run holds its lease (retry after %v)", out.RetryAfter)
+	case phase.OutcomeMismatch:
+		return "first used with another request"
+	case phase.OutcomeOnHold:
+		return fmt.Sprintf("on hold (%s)", out.Hold)
+	}
+	return out.Kind.String()
 }
 
 // uniquePrefix starts the keys of one matrix run.
@@ -176,7 +332,7 @@ func uniquePrefix() string {
 
 func tenant[Req, State any](cfg Config[Req, State]) string {
 	if cfg.Tenant == "" {
-		return "phasetest"
+		return DefaultTenant
 	}
 	return cfg.Tenant
 }

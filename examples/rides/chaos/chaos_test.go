@@ -71,6 +71,10 @@ func TestMain(m *testing.M) {
 	}
 	binDir = dir
 	code := m.Run()
+	if err := pgtest.Release(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = max(code, 1)
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -98,14 +102,19 @@ func TestChaosPostgresRestart(t *testing.T) {
 }
 
 // scenario is what one chaos test does besides killing API processes and
-// terminating sessions, which every test does.
+// terminating sessions, which every test without replication does.
 type scenario struct {
 	// traffic is how long riders start new rides while the chaos runs;
-	// soakEnv replaces it.
+	// soakEnv, or failoverSoakEnv with replication, replaces it.
 	traffic time.Duration
 	// restartPostgres restarts the cluster halfway through the traffic, or
 	// once a minute when the traffic lasts longer than two minutes.
 	restartPostgres bool
+	// replication puts the rides database on a primary with a streaming
+	// standby and fails over during the traffic (see failOvers). The API
+	// processes are then neither killed nor cut off: the failover is the
+	// fault under test, and they must live through it.
+	replication replication
 }
 
 // chaosCounts counts what the chaos did.
@@ -124,26 +133,45 @@ type timings struct {
 }
 
 func runChaos(t *testing.T, sc scenario) {
-	if v := os.Getenv(soakEnv); v != "" {
+	env := soakEnv
+	if sc.replication != noReplication {
+		env = failoverSoakEnv
+	}
+	if v := os.Getenv(env); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			t.Fatalf("%s=%q: want a positive duration such as 10m", soakEnv, v)
+			t.Fatalf("%s=%q: want a positive duration such as 10m", env, v)
 		}
 		sc.traffic = d
 	}
 	began := time.Now()
-	s := setup(t)
+	s := setup(t, sc)
 	ctx := t.Context()
 	s.setFaults(ctx, faultPlan)
 	var times timings
 	times.setup = time.Since(began)
 
 	var counts chaosCounts
+	fo := newFailovers(len(s.apis))
 	chaosCtx, stopChaos := context.WithTimeout(ctx, sc.traffic)
 	defer stopChaos()
+	trafficCtx, trafficTime := ctx, sc.traffic
 	var wg sync.WaitGroup
-	wg.Go(func() { s.killAPIs(chaosCtx, &counts) })
-	wg.Go(func() { s.terminateSessions(chaosCtx, &counts) })
+	if sc.replication == noReplication {
+		wg.Go(func() { s.killAPIs(chaosCtx, &counts) })
+		wg.Go(func() { s.terminateSessions(chaosCtx, &counts) })
+	} else {
+		// The failovers end the traffic once they are done, however long
+		// promotions and rebuilds took.
+		var stopTraffic context.CancelFunc
+		trafficCtx, stopTraffic = context.WithCancel(ctx)
+		defer stopTraffic()
+		trafficTime = 4*sc.traffic + 2*time.Minute
+		wg.Go(func() {
+			defer stopTraffic()
+			s.failOvers(trafficCtx, sc, fo)
+		})
+	}
 	if sc.restartPostgres {
 		every := sc.traffic / 2
 		if sc.traffic > 2*time.Minute {
@@ -153,7 +181,7 @@ func runChaos(t *testing.T, sc scenario) {
 	}
 	// Rides still unanswered when the traffic ends are retried to their
 	// answer with the chaos already stopped.
-	st, err := sim.Run(ctx, sim.Config{APIURLs: s.apiURLs(), Duration: sc.traffic, GiveUpAfter: 10 * time.Second})
+	st, err := sim.Run(trafficCtx, sim.Config{APIURLs: s.apiURLs(), Duration: trafficTime, GiveUpAfter: 10 * time.Second, Observe: fo.observe})
 	stopChaos()
 	wg.Wait()
 	if err != nil {
@@ -165,6 +193,13 @@ func runChaos(t *testing.T, sc scenario) {
 	settled, report, err := s.settle(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if sc.replication != noReplication {
+		// Riders whose acknowledged ride a failover lost retry it now, as
+		// a client that learns of the loss would.
+		if report, err = s.retryLost(ctx, fo); err != nil {
+			t.Fatal(err)
+		}
 	}
 	times.settle = time.Since(began) - times.setup - times.traffic
 
@@ -183,9 +218,15 @@ func runChaos(t *testing.T, sc scenario) {
 		{"recorded charge not Stripe's", report.ChargeMismatches, 0},
 		{"201 without a charge", report.CreatedUncharged, 0},
 		{"receipts for uncharged rides", report.ReceiptsUncharged, 0},
-		{"keys answered two final responses", int(st.Inconsistent), 0},
+		// A key whose acknowledged ride a failover lost is answered a new
+		// ride when retried: that second answer is the loss, counted
+		// below, not an inconsistency.
+		{"keys answered two final responses", int(st.Inconsistent) - fo.explained(), 0},
 	}
-	t.Log("\n" + summary(&counts, st, settled, report, checks, times))
+	if sc.replication != noReplication {
+		checks = append(checks, fo.checks(sc.replication)...)
+	}
+	t.Log("\n" + summary(&counts, fo, st, settled, report, checks, times))
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("%s: got %d, want %d", c.name, c.got, c.want)
@@ -199,6 +240,9 @@ func runChaos(t *testing.T, sc scenario) {
 	}
 	if t.Failed() {
 		s.evidence(ctx)
+		for _, u := range fo.unexplained() {
+			t.Log(u)
+		}
 	}
 }
 
@@ -208,16 +252,20 @@ type check struct {
 	got, want int
 }
 
-// system is one test's cluster, fake Stripe and API processes.
+// system is one test's database, fake Stripe and API processes.
 type system struct {
-	t       *testing.T
-	cluster *pgtest.Cluster
-	dbName  string
+	t *testing.T
+	// cluster is the test's own Postgres, when it restarts it; replicated
+	// its primary and standby, when it fails over.
+	cluster    *pgtest.Cluster
+	replicated *replicated
+	dbName     string
 	// pool connects to the rides database; admin to the maintenance
-	// database, so that terminating the rides sessions spares it.
-	pool, admin *pgxpool.Pool
-	stripe      *process
-	apis        []*process
+	// database, so that terminating the rides sessions spares it;
+	// stripePool to the fake Stripe's.
+	pool, admin, stripePool *pgxpool.Pool
+	stripe                  *process
+	apis                    []*process
 	// killing is held by the killer from choosing a process to having it
 	// listening again; spared is the index of the API process it leaves
 	// alone, or -1.
@@ -226,42 +274,71 @@ type system struct {
 	logDir  string
 }
 
-// setup starts a private cluster with a migrated and seeded rides
-// database, the fake Stripe, and the API processes, and kills them all when
-// t ends.
-func setup(t *testing.T) *system {
+// setup starts the rides database, migrated and seeded, the fake Stripe,
+// and the API processes, and kills them all when t ends. A scenario that
+// restarts Postgres gets a cluster of its own from the local server
+// binaries, since restarting a shared server would break other tests, and
+// one that fails over a primary and a standby of its own (see
+// startReplicated); the others use the test server that every test uses
+// (see pgtest).
+func setup(t *testing.T, sc scenario) *system {
 	t.Helper()
-	bin, err := ridesBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The processes' binary builds while the databases start.
+	go ridesBinary()
 	ctx := t.Context()
-	cluster, err := pgtest.StartCluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Error(err)
+	s := &system{t: t, spared: -1}
+	var dsn string
+	var err error
+	var stripeDSN func() string
+	switch {
+	case sc.replication != noReplication:
+		// The fake Stripe plays another company's system: its memory of
+		// idempotency keys does not fail over with our database.
+		stripeDSN = stripeDatabase(t)
+		s.replicated = startReplicated(t, sc.replication == synchronous)
+		dsn = s.replicated.dsn
+	case sc.restartPostgres:
+		s.cluster, err = pgtest.StartCluster(ctx)
+		if err != nil {
+			t.Fatalf("this test restarts Postgres, so it needs a cluster of its own from the PostgreSQL server binaries "+
+				"(initdb and postgres), even when %s is set: %v", pgtest.EnvDSN, err)
 		}
-	})
-	s := &system{t: t, cluster: cluster, dbName: "rides"}
-	s.spared = -1
-	s.admin = newPool(t, cluster.DSN("postgres"))
-	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+s.dbName); err != nil {
+		t.Cleanup(func() {
+			if err := s.cluster.Stop(); err != nil {
+				t.Error(err)
+			}
+		})
+		s.admin = newPool(t, s.cluster.DSN("postgres"))
+		if _, err := s.admin.Exec(ctx, "CREATE DATABASE rides"); err != nil {
+			t.Fatal(err)
+		}
+		dsn = s.cluster.DSN("rides")
+	default:
+		dsn = pgtest.DSN(t)
+		s.admin = newPool(t, pgtest.Server(t).AdminDSN)
+	}
+	s.pool = newPool(t, dsn)
+	if err := s.pool.QueryRow(ctx, "SELECT current_database()").Scan(&s.dbName); err != nil {
 		t.Fatal(err)
 	}
-	s.pool = newPool(t, cluster.DSN(s.dbName))
-	// Migrating here, once, spares the processes racing each other
-	// through River's migrations on their first start.
-	if err := ride.Migrate(ctx, s.pool); err != nil {
-		t.Fatal(err)
-	}
-	if err := fakestripe.Migrate(ctx, s.pool); err != nil {
-		t.Fatal(err)
-	}
-	if err := ride.Seed(ctx, s.pool); err != nil {
-		t.Fatal(err)
+	if stripeDSN != nil {
+		// startReplicated migrated the rides database, before the base
+		// backup.
+		s.stripePool = newPool(t, stripeDSN())
+	} else {
+		stripeDSN = func() string { return dsn }
+		s.stripePool = s.pool
+		// The processes migrate too, each at its start; the test reads
+		// the tables before they are up.
+		if err := ride.Migrate(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
+		if err := fakestripe.Migrate(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
+		if err := ride.Seed(ctx, s.pool); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The logs of a failed test are kept for the post-mortem.
@@ -277,9 +354,12 @@ func setup(t *testing.T) *system {
 		os.RemoveAll(s.logDir)
 	})
 
-	dsn := cluster.DSN(s.dbName)
+	bin, err := ridesBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
 	stripeAddr := freeAddr(t)
-	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
+	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN())
 	for i := range apiProcesses {
 		addr := freeAddr(t)
 		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, "serve", "-addr", addr,
@@ -424,34 +504,62 @@ func (s *system) restartPostgres(ctx context.Context, every time.Duration, c *ch
 // rideOnce requests a new ride from the API at addr, retrying with its key
 // until it is created or recoverTimeout passes.
 func rideOnce(ctx context.Context, addr string) error {
+	key := fmt.Sprintf("chaos-probe-%d", rand.Int64())
+	status, body, err := postRide(ctx, "http://"+addr, ride.UserEmail, rideForm, key)
+	if err != nil {
+		return err
+	}
+	if status != http.StatusCreated {
+		return fmt.Errorf("answered %d %s", status, body)
+	}
+	return nil
+}
+
+// rideForm is the ride the tests' own requests ask for.
+const rideForm = "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
+
+// postRide sends a ride request to the API at baseURL and retries it with
+// its key, as a client would, until an answer other than 409, 500 or 503,
+// or until recoverTimeout passes.
+func postRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recoverTimeout)
 	defer cancel()
-	key := fmt.Sprintf("chaos-probe-%d", rand.Int64())
-	body := "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
 	var last string
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/rides", strings.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Authorization", ride.UserEmail)
-		req.Header.Set("Idempotency-Key", key)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusCreated {
-				return nil
-			}
-			last = resp.Status + " " + strings.TrimSpace(string(b))
-		} else {
+		status, body, err := sendRide(ctx, baseURL, rider, form, key)
+		switch {
+		case err != nil:
 			last = err.Error()
+		case status == http.StatusConflict, status == http.StatusInternalServerError, status == http.StatusServiceUnavailable:
+			last = strconv.Itoa(status) + " " + body
+		default:
+			return status, body, nil
 		}
 		if !sleep(ctx, 100*time.Millisecond) {
-			return fmt.Errorf("last answer: %s", last)
+			return 0, "", fmt.Errorf("no answer within %v; last: %s", recoverTimeout, last)
 		}
 	}
+}
+
+// sendRide sends a ride request to the API at baseURL once.
+func sendRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/rides", strings.NewReader(form))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", rider)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, "", err
+	}
+	return resp.StatusCode, strings.TrimSpace(string(b)), nil
 }
 
 // settled is what the final completer runs did.
@@ -498,7 +606,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 			}
 			out.deadRetried++
 		}
-		report, err := ride.Verify(ctx, s.pool, sc)
+		report, err := ride.Verify(ctx, s.pool, sc, time.Time{})
 		if err != nil {
 			return out, report, err
 		}
@@ -512,7 +620,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 }
 
 // summary renders what happened in a test as a table.
-func summary(c *chaosCounts, st sim.Stats, settled settled, report ride.Report, checks []check, times timings) string {
+func summary(c *chaosCounts, fo *failovers, st sim.Stats, settled settled, report ride.Report, checks []check, times timings) string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(name string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", name, v) }
@@ -529,17 +637,21 @@ func summary(c *chaosCounts, st sim.Stats, settled settled, report ride.Report, 
 	if c.pgRestarts.Load() > 0 {
 		row("slowest API recovery after a restart", time.Duration(c.slowestRecovery.Load()).Round(10*time.Millisecond))
 	}
+	fo.summary(row)
 	section("riders")
 	row("rides requested", st.Rides)
+	row("  created (201)", st.Created)
+	row("  declined (402)", st.Declined)
+	row("  payment failed (502)", st.PaymentFailed)
+	row("  given up on (left to the completer)", st.Abandoned)
 	row("requests sent", st.Requests)
-	row("created (201, first answer)", st.Created)
-	row("declined (402, first answer)", st.Declined)
-	row("replayed answers", st.Replayed)
-	row("409s (retried)", st.Conflicts)
-	row("503s (retried)", st.Unavailable)
-	row("other 5xx (retried)", st.ServerErrors)
-	row("dropped connections (retried)", st.Dropped)
-	row("given up on (left to the completer)", st.Abandoned)
+	row("  answered by their own run", st.Answered)
+	row("  replayed answers", st.Replayed)
+	row("  409s (retried)", st.Conflicts)
+	row("  503s (retried)", st.Unavailable)
+	row("  other 5xx (retried)", st.ServerErrors)
+	row("  dropped by the rider (retried)", st.Dropped)
+	row("  no answer (retried)", st.Lost)
 	section("settling")
 	row("keys finished by the final completer", settled.completed)
 	row("final completer runs that failed", settled.failed)
@@ -586,19 +698,16 @@ func (s *system) evidence(ctx context.Context) {
 	} else {
 		s.t.Logf("listing unfinished keys: %v", err)
 	}
-	rows, err = s.pool.Query(ctx, `
-		SELECT c.metadata->>'ride_id', array_agg(c.id ORDER BY c.seq), array_agg(c.idempotency_key ORDER BY c.seq),
-		       coalesce(k.idempotency_key, '')
-		FROM fakestripe_charges c
-		LEFT JOIN rides r ON r.id = (c.metadata->>'ride_id')::bigint
-		LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
-		GROUP BY 1, 4 HAVING count(*) > 1`)
+	rows, err = s.stripePool.Query(ctx, `
+		SELECT customer, coalesce(metadata->>$1, ''), array_agg(id ORDER BY seq), array_agg(idempotency_key ORDER BY seq)
+		FROM fakestripe_charges
+		GROUP BY 1, 2 HAVING count(*) > 1`, ride.ChargeKeyMetadata)
 	if err == nil {
 		for rows.Next() {
-			var rideID, key string
+			var customer, key string
 			var charges, keys []string
-			if err := rows.Scan(&rideID, &charges, &keys, &key); err == nil {
-				s.t.Logf("ride %s (key %s) charged %d times: charges %v under Stripe keys %v", rideID, key, len(charges), charges, keys)
+			if err := rows.Scan(&customer, &key, &charges, &keys); err == nil {
+				s.t.Logf("ride request %s of %s charged %d times: charges %v under Stripe keys %v", key, customer, len(charges), charges, keys)
 			}
 		}
 		rows.Close()
@@ -710,13 +819,17 @@ func (p *process) note(format string, args ...any) {
 	fmt.Fprintf(f, "=== %s %s %s\n", time.Now().Format(time.RFC3339Nano), p.name, fmt.Sprintf(format, args...))
 }
 
-// waitListening polls the process's address until it accepts a
-// connection, and reports false if the instance exits or ctx ends first.
+// readyClient asks whether a process serves yet.
+var readyClient = &http.Client{Timeout: 500 * time.Millisecond}
+
+// waitListening polls the process's address until it answers HTTP, and
+// reports false if the instance exits or ctx ends first. A process binds
+// its address before it connects to Postgres, and answers once it serves.
 func (p *process) waitListening(ctx context.Context, in *instance) bool {
 	for {
-		conn, err := net.DialTimeout("tcp", p.addr, 100*time.Millisecond)
+		res, err := readyClient.Get("http://" + p.addr + "/_ready")
 		if err == nil {
-			conn.Close()
+			res.Body.Close()
 			in.listening.Store(true)
 			return true
 		}
@@ -795,6 +908,9 @@ func freeAddr(t *testing.T) string {
 
 // sleep waits for d and reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
 	select {
 	case <-ctx.Done():
 		return false

@@ -1,14 +1,21 @@
-// Package chaos runs the rides example as real processes, breaks them while
-// riders keep retrying, and then checks that every ride was charged at most
-// once and every key got one answer. It holds only tests.
+// Package chaos runs the rides example as real processes, breaks them, or
+// fails their database over to a standby, while riders keep retrying, and
+// then checks that every ride was charged at most once and every key got
+// one answer. It holds only tests.
 //
 // # Setup
 //
-// Each test starts a private Postgres cluster, so that restarting it
-// disturbs no other test, one `rides fakestripe` process whose fault plan
-// fails some charges before they execute and drops the connection after
-// others, and three `rides serve` processes on one database with a two-second
-// lease and a completer that runs every half second. Riders from
+// Each test runs on a database of its own: TestChaosKillsAndTerminatedSessions
+// on the server every test uses (ATOMICPHASE_TEST_DATABASE_URL, Docker or
+// local binaries, see internal/pgtest), TestChaosPostgresRestart on a
+// private cluster, so that restarting it disturbs no other test, and the
+// failover tests on a private primary and standby (see Failover); these
+// need the PostgreSQL server binaries (initdb, postgres, pg_basebackup and
+// pg_ctl) even when ATOMICPHASE_TEST_DATABASE_URL is set. Each starts one
+// `rides fakestripe` process whose fault plan fails some charges before
+// they execute and drops the connection after others, and three `rides
+// serve` processes on one database with a two-second lease and a
+// completer that runs every half second. Riders from
 // examples/rides/sim send each ride, sometimes as several concurrent copies,
 // to API processes picked at random per attempt, and retry with the same
 // Idempotency-Key after a dropped connection, a 409, a 503 or another 5xx,
@@ -17,12 +24,13 @@
 //
 // # Chaos
 //
-// While the riders ride, every 200 to 500 ms one API process is killed with
-// SIGKILL and started again on its address (a start that meets a
-// terminated session or a Postgres that is down exits, and is tried
-// again); every 300 ms two random application sessions are ended with
-// pg_terminate_backend; and in TestChaosPostgresRestart Postgres itself is
-// restarted halfway through (once a minute in a soak).
+// In the tests without replication, while the riders ride, every 200 to
+// 500 ms one API process is killed with SIGKILL and started again on its
+// address (a start that meets a terminated session or a Postgres that is
+// down exits, and is tried again); every 300 ms two random application
+// sessions are ended with pg_terminate_backend; and in
+// TestChaosPostgresRestart Postgres itself is restarted halfway through
+// (once a minute in a soak).
 //
 // The processes must survive all of this: pgxpool and River reconnect, and
 // requests fail closed with 503 meanwhile. A process that exits on its own
@@ -48,13 +56,50 @@
 // job running in a killed process stays running until River rescues it,
 // 15 seconds later (see ride.New), and the tests do not wait for that.
 //
+// # Failover
+//
+// TestFailoverSynchronous and TestFailoverAsynchronous put the rides
+// database on a primary and a streaming standby (internal/pgcluster: a base
+// backup with pg_basebackup, through a replication slot), which the API
+// processes reach through one multi-host connection string with
+// target_session_attrs=read-write. The fake Stripe keeps its data on the
+// server every test uses, which never fails over: it plays another
+// company's system, whose memory of idempotency keys outlives our failover.
+//
+// Twice during the traffic the primary is killed as a crash of its machine
+// would kill it (SIGKILL of the postmaster and every backend at once) and
+// the standby is promoted with pg_ctl promote. Between the two failovers
+// the dead primary is rebuilt as the standby of the new one, and
+// replication is made synchronous again in the synchronous test. In the asynchronous test the
+// second failover first cuts the standby off its primary for a second, as
+// a standby that falls behind would be, so that acknowledged rides are
+// lost for certain; the first finds the standby streaming. The API
+// processes are neither killed nor cut off: they must live through each
+// failover, pgxpool and River reconnecting, and each must serve a ride
+// again within 20 seconds.
+//
+// Right after each promotion the test counts the rides answered 201 whose
+// ride the promoted standby lacks. With synchronous replication there must
+// be none. With asynchronous replication the lost rides are counted; once
+// the traffic is over, their riders retry them with the same key and
+// request, each must be answered 201 again (a new ride, since the first
+// was lost with its key row), and every invariant above must hold,
+// including one charge per ride request: the retry sends the same Stripe
+// idempotency key with the same parameters, and Stripe answers with the
+// first charge. Such a key is the only one allowed to be answered two
+// different final responses. TestFailoverRetryAfterLostCommitsChargesOnce
+// shows the same for one key, step by step.
+//
 // # Soak
 //
-// By default the tests send traffic for 45 and 30 seconds, run in parallel,
-// and the package takes about a minute. ATOMICPHASE_CHAOS_SOAK sets a longer
-// traffic duration for both:
+// By default the tests send traffic for 45, 30 and (the failover tests) 15
+// seconds, run in parallel, and the package takes one to two minutes.
+// ATOMICPHASE_CHAOS_SOAK sets a longer traffic duration for the tests
+// without replication, and ATOMICPHASE_FAILOVER_SOAK for the failover
+// tests, which then fail over every 30 seconds:
 //
 //	ATOMICPHASE_CHAOS_SOAK=10m go test -race -timeout 30m -v ./examples/rides/chaos
+//	ATOMICPHASE_FAILOVER_SOAK=5m go test -race -timeout 30m -v -run Failover ./examples/rides/chaos
 //
 // The API and fake Stripe processes are built once per test binary, without
 // the race detector, from ./examples/rides. Every child process is killed

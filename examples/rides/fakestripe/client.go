@@ -20,10 +20,10 @@ import "github.com/stripe/stripe-go/v85"
 //     with the same key. After a failure before the charge, that retry
 //     executes it.
 //   - net/http itself resends a POST carrying an Idempotency-Key whose
-//     reused keep-alive connection closed before the response, without
-//     telling stripe-go. A test that must see the network error sets
-//     MaxNetworkRetries to stripe.Int64(0) and gives an HTTPClient whose
-//     transport disables keep-alives.
+//     reused keep-alive connection closed before any byte of the response,
+//     without telling stripe-go. The server's drops come after the status
+//     line, so they always reach stripe-go; a test that must see them as
+//     errors sets MaxNetworkRetries to stripe.Int64(0).
 func NewClient(baseURL, apiKey string, config stripe.BackendConfig) *stripe.Client {
 	config.URL = stripe.String(baseURL)
 	return stripe.NewClient(apiKey, stripe.WithBackends(stripe.NewBackendsWithConfig(&config)))

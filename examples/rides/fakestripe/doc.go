@@ -67,8 +67,9 @@
 // counted faults fail the next n charge requests either before the charge
 // (500 api_error, nothing stored, so a retry executes) or after it (the
 // charge and its stored response are committed, then the connection is
-// closed unanswered, so the client sees a network error and a retry with the
-// key replays the charge). Rates apply the same faults at random, for a
+// closed after the answer's status line, so the client sees a network error,
+// on a reused keep-alive connection too, and a retry with the key replays the
+// charge). Rates apply the same faults at random, for a
 // simulator; a delay slows every request.
 //
 //	POST /_faults  {"fail_before_charge": 1, "timeout_after_charge": 2, "delay_ms": 50,

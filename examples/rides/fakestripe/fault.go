@@ -22,8 +22,9 @@ type Faults struct {
 	FailBeforeCharge int
 	// TimeoutAfterCharge is how many of the next charge requests execute in
 	// full, committing the charge (or the decline) and its stored result,
-	// and then lose their connection without an answer, so the client sees a
-	// network error. A retry with the key replays the stored result.
+	// and then lose their connection after the answer's status line, so the
+	// client sees a network error, on a reused keep-alive connection too. A
+	// retry with the key replays the stored result.
 	TimeoutAfterCharge int
 	// FailBeforeChargeRate is the probability, from 0 to 1, that a charge
 	// request no count claims fails as FailBeforeCharge describes.

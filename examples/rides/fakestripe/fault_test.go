@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptrace"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,5 +191,69 @@ func TestFaultsOverHTTP(t *testing.T) {
 		if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, "Invalid fault plan") {
 			t.Errorf("POST /_faults %s: %d %s", bad, res.StatusCode, body)
 		}
+	}
+}
+
+// reuseRecorder is a transport with keep-alives, as every Go client has by
+// default, that records whether each request went out on a connection an
+// earlier request had used.
+type reuseRecorder struct {
+	transport *http.Transport
+	mu        sync.Mutex
+	reused    []bool
+}
+
+func (rr *reuseRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		rr.mu.Lock()
+		defer rr.mu.Unlock()
+		rr.reused = append(rr.reused, info.Reused)
+	}}
+	return rr.transport.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+}
+
+// Go's transport resends by itself a request carrying an Idempotency-Key
+// whose reused connection closes before any byte of the answer, so a drop
+// with no answer at all would reach the server twice and the caller never.
+// The drop after the charge must reach a caller on a kept-alive connection
+// as the network error it stands for.
+func TestTimeoutAfterChargeReachesACallerOnAReusedConnection(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	rr := &reuseRecorder{transport: &http.Transport{}}
+	t.Cleanup(rr.transport.CloseIdleConnections)
+	sc := fakestripe.NewClient(f.url, testKey, stripe.BackendConfig{
+		HTTPClient:        &http.Client{Transport: rr},
+		MaxNetworkRetries: stripe.Int64(0),
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	if _, err := sc.V1Charges.Create(t.Context(), rideCharge("ride-1", "cus_rider")); err != nil {
+		t.Fatal(err)
+	}
+
+	f.server.TimeoutAfterCharge(1)
+	_, err := sc.V1Charges.Create(t.Context(), rideCharge("ride-2", "cus_rider"))
+	if se := (*stripe.Error)(nil); err == nil || errors.As(err, &se) {
+		t.Fatalf("got %v, want the network error of the drop", err)
+	}
+	rr.mu.Lock()
+	reused := slices.Clone(rr.reused)
+	rr.mu.Unlock()
+	if len(reused) < 2 || !reused[1] {
+		t.Fatalf("connections reused: %v; the faulted request must go out on the first request's connection", reused)
+	}
+	if s := f.server.Stats(); s.Requests != 2 || s.Charges != 2 || s.Replays != 0 || s.FaultsInjected != 1 {
+		t.Errorf("stats = %+v, want 2 requests, 2 charges, no replay: nothing resent behind the caller's back", s)
+	}
+
+	ch, err := sc.V1Charges.Create(t.Context(), rideCharge("ride-2", "cus_rider"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+		t.Error("the caller's retry was not answered with the charge made before the drop")
+	}
+	if n := len(f.charges(t)); n != 2 {
+		t.Errorf("stored %d charges, want 2", n)
 	}
 }

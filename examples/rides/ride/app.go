@@ -39,22 +39,72 @@ const (
 	DeclinedCustomer = "cus_declined"
 )
 
-// Migrate applies the atomicphase schema, River's and the example's own.
+// migrateLockID is the advisory lock key that serialises concurrent Migrate
+// calls (the bytes of "ridesmig" as a bigint).
+const migrateLockID = 0x72696465736d6967
+
+// Migrate applies the atomicphase schema (with atomicphase.Migrate), River's
+// migrations, and the example's own tables. It is safe to run at every start
+// and from several processes at once: every transaction it runs takes an
+// advisory lock first, so concurrent runs wait for each other. River's
+// migrator takes no lock of its own, and CREATE ... IF NOT EXISTS alone still
+// races on the catalog's unique indexes.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := atomicphase.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	// River's migrator logs warnings to stdout unless given a logger; the
+	// errors it returns say all there is.
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return fmt.Errorf("rides: river migrator: %w", err)
 	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return fmt.Errorf("rides: river migrate: %w", err)
+	// One River migration per transaction, as River applies them: a
+	// migration may use an enum value that an earlier one added, which
+	// Postgres refuses within the transaction that added it.
+	for {
+		applied, err := migrateStep(ctx, pool, func(tx pgx.Tx) (bool, error) {
+			res, err := migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
+			if err != nil {
+				return false, fmt.Errorf("river migrate: %w", err)
+			}
+			return len(res.Versions) > 0, nil
+		})
+		if err != nil {
+			return err
+		}
+		if !applied {
+			break
+		}
 	}
-	if _, err := pool.Exec(ctx, schema); err != nil {
-		return fmt.Errorf("rides: migrate: %w", err)
+	_, err = migrateStep(ctx, pool, func(tx pgx.Tx) (bool, error) {
+		_, err := tx.Exec(ctx, schema)
+		return true, err
+	})
+	return err
+}
+
+// migrateStep runs step in a transaction that holds the migration lock, and
+// commits it.
+func migrateStep(ctx context.Context, pool *pgxpool.Pool, step func(pgx.Tx) (bool, error)) (bool, error) {
+	// READ COMMITTED, so that what step reads after the lock wait includes
+	// what the previous holder committed.
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return false, fmt.Errorf("rides: migrate: %w", err)
 	}
-	return nil
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
+		return false, fmt.Errorf("rides: migrate: lock: %w", err)
+	}
+	done, err := step(tx)
+	if err != nil {
+		return false, fmt.Errorf("rides: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("rides: migrate: %w", err)
+	}
+	return done, nil
 }
 
 // Seed stores the two demo riders; running it again changes nothing.
@@ -104,6 +154,11 @@ type Config struct {
 	// WithoutWorker leaves River's receipt worker out of Start; receipts
 	// are still queued, for a worker in another process.
 	WithoutWorker bool
+	// PollOnly makes River poll for jobs and leadership instead of
+	// listening for notifications, which a transaction pooler such as
+	// PgBouncer in transaction mode cannot carry: LISTEN holds a server
+	// session that the pooler hands to other clients.
+	PollOnly bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -137,6 +192,7 @@ func New(cfg Config) (*App, error) {
 		// rescued within seconds rather than River's default hour.
 		JobTimeout:           10 * time.Second,
 		RescueStuckJobsAfter: 15 * time.Second,
+		PollOnly:             cfg.PollOnly,
 	}
 	if !cfg.WithoutWorker {
 		riverCfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}}

@@ -20,7 +20,6 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -43,12 +42,26 @@ type env struct {
 // tests drive the completer themselves and start the worker when needed.
 func setup(t testing.TB, maxConns int32) *env {
 	t.Helper()
+	return setupWith(t, maxConns, nil)
+}
+
+// setupWith is setup with configure applied, when not nil, to the pool's
+// config, the Stripe client's transport and the service's config before
+// they are used, and to the fake Stripe's handler.
+func setupWith(t testing.TB, maxConns int32, configure *configurer) *env {
+	t.Helper()
+	if configure == nil {
+		configure = &configurer{}
+	}
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
+	if configure.pool != nil {
+		configure.pool(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -73,20 +86,39 @@ func setup(t testing.TB, maxConns int32) *env {
 	}
 	t.Cleanup(stripePool.Close)
 	fs := fakestripe.New(stripePool, fakestripe.Config{Logger: quiet})
-	srv := httptest.NewServer(fs)
+	var stripeHandler http.Handler = fs
+	if configure.stripe != nil {
+		stripeHandler = configure.stripe(fs)
+	}
+	srv := httptest.NewServer(stripeHandler)
 	t.Cleanup(srv.Close)
-	// No keep-alives: a dropped connection must reach the client as an
-	// error, not be retried silently by net/http.
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// The client the service uses in production, keep-alives included:
+	// the fake Stripe's drops reach it all the same.
+	var hc *http.Client
+	if configure.transport != nil {
+		hc = &http.Client{Timeout: 10 * time.Second, Transport: configure.transport(http.DefaultTransport)}
+	}
 	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", hc)
-	app, err := ride.New(ride.Config{
+	appCfg := ride.Config{
 		Pool: pool, Stripe: sc, Logger: quiet,
 		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
-	})
+	}
+	if configure.app != nil {
+		configure.app(&appCfg)
+	}
+	app, err := ride.New(appCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &env{pool: pool, stripe: fs, sc: sc, app: app, api: app.Handler()}
+}
+
+// configurer adjusts what setupWith builds; nil functions change nothing.
+type configurer struct {
+	pool      func(*pgxpool.Config)
+	transport func(http.RoundTripper) http.RoundTripper
+	app       func(*ride.Config)
+	stripe    func(http.Handler) http.Handler
 }
 
 var ridePayload = url.Values{"origin_lat": {"37.7749"}, "origin_lon": {"-122.4194"}, "target_lat": {"37.3382"}, "target_lon": {"-121.8863"}}.Encode()
@@ -120,7 +152,7 @@ func (e *env) chargesForKey(t testing.TB, key string) (rideID int64, charges int
 		t.Fatal(err)
 	}
 	for _, c := range all {
-		if c.Metadata["ride_id"] == fmt.Sprint(rideID) {
+		if c.Metadata[ride.ChargeKeyMetadata] == key {
 			charges++
 		}
 	}
@@ -129,7 +161,7 @@ func (e *env) chargesForKey(t testing.TB, key string) (rideID int64, charges int
 
 func (e *env) verify(t testing.TB) ride.Report {
 	t.Helper()
-	r, err := ride.Verify(context.Background(), e.pool, e.sc)
+	r, err := ride.Verify(context.Background(), e.pool, e.sc, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,35 +171,35 @@ func (e *env) verify(t testing.TB) ride.Report {
 	return r
 }
 
-func TestCrashAtEveryFaultPointChargesEachRideOnce(t *testing.T) {
+func TestCrashesAndPairedFaultsAtEveryPointChargeEachRideOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 10)
-	phasetest.CrashMatrix(t, phasetest.Config[ride.Request, ride.State]{
+	cfg := phasetest.Config[ride.Request, ride.State]{
 		Client:   e.app.Client,
+		DB:       e.pool,
 		Workflow: e.app.Workflow,
 		Tenant:   ride.UserEmail,
 		Request: func(string) ride.Request {
 			return ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4}
 		},
 		WithCompleter: true,
-		// Ride ids differ per key; the rest of the answer must not.
-		Equal: func(crashFree, recovered *keyrow.Response) bool {
-			var a, b ride.Created
-			return crashFree.Status == recovered.Status &&
-				json.Unmarshal(crashFree.Body, &a) == nil && json.Unmarshal(recovered.Body, &b) == nil &&
-				a.Message == b.Message && b.RideID > 0
-		},
-		Check: func(t testing.TB, key string, resp *keyrow.Response) {
-			rideID, charges := e.chargesForKey(t, key)
+		Compare:       phasetest.IgnoreFields("ride_id"),
+		Check: func(t testing.TB, s phasetest.Scenario) {
+			var rideID int64
+			if err := e.pool.QueryRow(context.Background(), `SELECT id FROM rides WHERE idempotency_key_id = $1`, s.ID).Scan(&rideID); err != nil {
+				t.Fatalf("ride of %s: %v", s.Key, err)
+			}
 			var created ride.Created
-			if err := json.Unmarshal(resp.Body, &created); err != nil || created.RideID != rideID {
-				t.Fatalf("%s: response %s names ride %d, want %d", key, resp.Body, created.RideID, rideID)
+			if err := json.Unmarshal(s.Response.Body, &created); err != nil || created.RideID != rideID {
+				t.Fatalf("%s: response %s names ride %d, want %d", s.Key, s.Response.Body, created.RideID, rideID)
 			}
-			if charges != 1 {
-				t.Fatalf("%s: %d charges for ride %d, want 1", key, charges, rideID)
+			if _, charges := e.chargesForKey(t, s.Key); charges != 1 {
+				t.Fatalf("%s: %d charges for ride %d, want 1", s.Key, charges, rideID)
 			}
 		},
-	})
+	}
+	t.Run("crashes", func(t *testing.T) { phasetest.CrashMatrix(t, cfg) })
+	t.Run("pairs", func(t *testing.T) { phasetest.PairMatrix(t, cfg) })
 	e.verify(t)
 }
 
@@ -311,6 +343,34 @@ func TestStripeTimeoutAfterChargingIsResumedWithOneCharge(t *testing.T) {
 	}
 	again := e.post("timeout-1", ride.UserEmail, ridePayload)
 	if again.Code != http.StatusCreated {
+		t.Fatalf("retry: %d %s", again.Code, again.Body.String())
+	}
+	if _, charges := e.chargesForKey(t, "timeout-1"); charges != 1 {
+		t.Fatalf("%d charges, want 1", charges)
+	}
+	e.verify(t)
+}
+
+// On a kept-alive connection, net/http resends a request with an
+// Idempotency-Key by itself when the connection closes before any byte of
+// the answer. A timeout after the charge must still reach the workflow,
+// which then leaves the key resumable, rather than be papered over by a
+// resend that the workflow never sees.
+func TestStripeTimeoutOnAReusedConnectionReachesTheWorkflow(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 5)
+	if warm := e.post("warm-up", ride.UserEmail, ridePayload); warm.Code != http.StatusCreated {
+		t.Fatalf("first ride: %d %s", warm.Code, warm.Body.String())
+	}
+	e.stripe.TimeoutAfterCharge(1)
+	first := e.post("timeout-1", ride.UserEmail, ridePayload)
+	if first.Code != http.StatusServiceUnavailable {
+		t.Fatalf("timeout after charge on a reused connection: %d %s, want 503 (outcome unknown, not stored)", first.Code, first.Body.String())
+	}
+	if s := e.stripe.Stats(); s.Requests != 2 || s.Replays != 0 {
+		t.Fatalf("Stripe stats %+v: want 2 requests and no replay, nothing resent behind the workflow", s)
+	}
+	if again := e.post("timeout-1", ride.UserEmail, ridePayload); again.Code != http.StatusCreated {
 		t.Fatalf("retry: %d %s", again.Code, again.Body.String())
 	}
 	if _, charges := e.chargesForKey(t, "timeout-1"); charges != 1 {

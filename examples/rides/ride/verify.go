@@ -3,7 +3,7 @@ package ride
 import (
 	"context"
 	"fmt"
-	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
@@ -19,15 +19,22 @@ type Report struct {
 	FinishedKeys  int `json:"finished_keys"`
 	Created       int `json:"created"`
 	Declined      int `json:"declined"`
+	PaymentFailed int `json:"payment_failed"`
 	UnfinishedKey int `json:"unfinished_keys"`
 	LockedKeys    int `json:"locked_keys"`
 
 	// Violations of invariants; each must be zero.
-	DoubleCharged      int `json:"double_charged_rides"`
+
+	// DoubleCharged counts ride requests (a customer's Idempotency-Key)
+	// with more than one charge at Stripe.
+	DoubleCharged int `json:"double_charged_rides"`
+	// ChargesWithoutRide counts charges no ride records.
 	ChargesWithoutRide int `json:"charges_without_ride"`
-	ChargeMismatches   int `json:"charge_mismatches"`
-	ReceiptsUncharged  int `json:"receipts_for_uncharged_rides"`
-	CreatedUncharged   int `json:"created_without_charge"`
+	// ChargeMismatches counts rides recording a charge Stripe does not
+	// hold, or one that another ride records too.
+	ChargeMismatches  int `json:"charge_mismatches"`
+	ReceiptsUncharged int `json:"receipts_for_uncharged_rides"`
+	CreatedUncharged  int `json:"created_without_charge"`
 }
 
 // Failures lists the invariants the report breaks, empty when all hold.
@@ -38,81 +45,106 @@ func (r Report) Failures() []string {
 			out = append(out, fmt.Sprintf("%d %s", n, what))
 		}
 	}
-	check(r.DoubleCharged, "rides charged more than once")
+	check(r.DoubleCharged, "ride requests charged more than once")
 	check(r.ChargesWithoutRide, "charges without a ride")
-	check(r.ChargeMismatches, "rides whose recorded charge is not the one Stripe holds")
+	check(r.ChargeMismatches, "rides recording a charge Stripe does not hold, or one another ride records")
 	check(r.ReceiptsUncharged, "receipts for rides that were not charged")
 	check(r.CreatedUncharged, "rides answered 201 without a recorded charge")
 	return out
 }
 
-// Verify lists every charge at Stripe and checks it against the rides:
-// at most one charge per ride, no charge without a ride, the recorded charge
-// is the one Stripe holds, receipts only for charged rides, and every 201
-// answer has a charge. It also counts keys left unfinished or locked.
-func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client) (Report, error) {
+// Verify lists every charge at Stripe and checks it against the rides: at
+// most one charge per ride request (a rider's Idempotency-Key, which each
+// charge carries in its metadata), every charge recorded by exactly one
+// ride, every recorded charge one that Stripe holds, receipts only for
+// charged rides, and every 201 answer backed by a charge. It also counts
+// keys left unfinished or locked.
+//
+// It looks only at the keys created at or after since, and at their rides,
+// receipts and charges, so that a run on a database that earlier runs used
+// reports its own; a ride whose key the reaper has deleted counts by its own
+// creation time. The zero time looks at everything. A charge that no ride in
+// the database records counts whenever it was made.
+func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since time.Time) (Report, error) {
 	var r Report
-	chargesByRide := map[int64][]string{}
-	for ch, err := range sc.V1Charges.List(ctx, &stripe.ChargeListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(100)}}).All(ctx) {
-		if err != nil {
-			return r, fmt.Errorf("list charges: %w", err)
-		}
-		r.Charges++
-		id, err := strconv.ParseInt(ch.Metadata["ride_id"], 10, 64)
-		if err != nil {
-			r.ChargesWithoutRide++
-			continue
-		}
-		chargesByRide[id] = append(chargesByRide[id], ch.ID)
-	}
-	rows, err := pool.Query(ctx, `SELECT id, coalesce(stripe_charge_id, '') FROM rides`)
+	rows, err := pool.Query(ctx, `
+		SELECT coalesce(r.stripe_charge_id, ''), coalesce(k.created_at, r.created_at) >= $1
+		FROM rides r LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id`, since)
 	if err != nil {
 		return r, err
 	}
-	recorded := map[int64]string{}
+	recorded := map[string]int{} // charge ID → rides looked at recording it
+	others := map[string]bool{}  // charges of the rides created before since
 	for rows.Next() {
-		var id int64
 		var charge string
-		if err := rows.Scan(&id, &charge); err != nil {
+		var looked bool
+		if err := rows.Scan(&charge, &looked); err != nil {
 			return r, err
 		}
-		recorded[id] = charge
+		switch {
+		case !looked:
+			others[charge] = true
+		case charge == "":
+			r.Rides++
+		default:
+			r.Rides++
+			r.ChargedRides++
+			recorded[charge]++
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return r, err
 	}
-	r.Rides = len(recorded)
-	for id, charges := range chargesByRide {
-		rec, ok := recorded[id]
-		switch {
-		case !ok:
-			r.ChargesWithoutRide += len(charges)
-		case len(charges) > 1:
-			r.DoubleCharged++
-		case rec != "" && rec != charges[0]:
-			r.ChargeMismatches++
+	type request struct{ customer, key string }
+	byRequest := map[request][]string{}
+	atStripe := map[string]bool{}
+	for ch, err := range sc.V1Charges.List(ctx, &stripe.ChargeListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(100)}}).All(ctx) {
+		if err != nil {
+			return r, fmt.Errorf("list charges: %w", err)
 		}
-	}
-	for id, rec := range recorded {
-		if rec == "" {
+		if others[ch.ID] {
 			continue
 		}
-		r.ChargedRides++
-		if len(chargesByRide[id]) == 0 {
-			r.ChargeMismatches++
+		r.Charges++
+		atStripe[ch.ID] = true
+		req := request{key: ch.Metadata[ChargeKeyMetadata]}
+		if ch.Customer != nil {
+			req.customer = ch.Customer.ID
+		}
+		byRequest[req] = append(byRequest[req], ch.ID)
+	}
+	for _, charges := range byRequest {
+		if len(charges) > 1 {
+			r.DoubleCharged++
+		}
+	}
+	for charge, rides := range recorded {
+		if !atStripe[charge] || rides > 1 {
+			r.ChargeMismatches += rides
+		}
+	}
+	for charge := range atStripe {
+		if recorded[charge] == 0 {
+			r.ChargesWithoutRide++
 		}
 	}
 	err = pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM receipts),
-		       (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id WHERE r.stripe_charge_id IS NULL),
+		SELECT (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
+		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		        WHERE coalesce(k.created_at, r.created_at) >= $2),
+		       (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
+		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		        WHERE coalesce(k.created_at, r.created_at) >= $2 AND r.stripe_charge_id IS NULL),
 		       count(*) FILTER (WHERE k.recovery_point = 'finished'),
 		       count(*) FILTER (WHERE k.response_status = 201),
 		       count(*) FILTER (WHERE k.response_status = 402),
+		       count(*) FILTER (WHERE k.response_status = 502),
 		       count(*) FILTER (WHERE k.recovery_point <> 'finished'),
 		       count(*) FILTER (WHERE k.lock_token IS NOT NULL),
 		       count(*) FILTER (WHERE k.response_status = 201 AND r.stripe_charge_id IS NULL)
 		FROM idempotency_keys k LEFT JOIN rides r ON r.idempotency_key_id = k.id
-		WHERE k.workflow = $1`, WorkflowName).
-		Scan(&r.Receipts, &r.ReceiptsUncharged, &r.FinishedKeys, &r.Created, &r.Declined, &r.UnfinishedKey, &r.LockedKeys, &r.CreatedUncharged)
+		WHERE k.workflow = $1 AND k.created_at >= $2`, WorkflowName, since).
+		Scan(&r.Receipts, &r.ReceiptsUncharged, &r.FinishedKeys, &r.Created, &r.Declined, &r.PaymentFailed,
+			&r.UnfinishedKey, &r.LockedKeys, &r.CreatedUncharged)
 	return r, err
 }

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -109,14 +108,23 @@ func createRide(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) 
 // chargeRide makes the one Stripe call of the workflow. The downstream
 // idempotency key makes a repeat after a crash or a timeout return the
 // original charge instead of charging twice.
+//
+// Every parameter comes from the request and the rider, never from a row
+// the workflow wrote: after a failover to an asynchronous standby the key
+// row and the ride can be lost, and the retry creates a new ride with a new
+// ID. It sends the same downstream key, and Stripe replays the first charge
+// only if the parameters are the same too; with the ride's ID among them,
+// Stripe would refuse the retry with an idempotency_error. Charges are
+// found by the Idempotency-Key they carry in their metadata
+// (ChargeKeyMetadata), and rides by the charge ID they record.
 func chargeRide(ctx context.Context, sc *stripe.Client, run *Run) (charge, error) {
 	params := &stripe.ChargeCreateParams{
 		Amount:      stripe.Int64(Amount),
 		Currency:    stripe.String(string(stripe.CurrencyUSD)),
 		Customer:    stripe.String(run.State.CustomerID),
-		Description: stripe.String("Charge for ride " + strconv.FormatInt(run.State.RideID, 10)),
+		Description: stripe.String("Ride requested with Idempotency-Key " + run.Key),
 	}
-	params.AddMetadata("ride_id", strconv.FormatInt(run.State.RideID, 10))
+	params.AddMetadata(ChargeKeyMetadata, run.Key)
 	params.SetIdempotencyKey(run.DownstreamKey())
 	ch, err := sc.V1Charges.Create(ctx, params)
 	if err == nil {
@@ -132,12 +140,21 @@ func chargeRide(ctx context.Context, sc *stripe.Client, run *Run) (charge, error
 	return charge{}, phase.OutcomeUnknown(err)
 }
 
+// ChargeKeyMetadata is the metadata key under which a charge carries the
+// Idempotency-Key of the ride request it pays for.
+const ChargeKeyMetadata = "idempotency_key"
+
 // definite reports a Stripe error that proves no charge was made: a decline
 // or a request Stripe refused (4xx), except the ones that mean "try again"
-// (409: the same key is still being processed; 429: rate limited).
+// (409: the same key is still being processed; 429: rate limited) and an
+// idempotency_error, which says the key was already used with other
+// parameters: by an earlier call that may have charged.
 func definite(err *stripe.Error) bool {
 	if err.Type == stripe.ErrorTypeCard {
 		return true
+	}
+	if err.Type == stripe.ErrorTypeIdempotency {
+		return false
 	}
 	switch err.HTTPStatusCode {
 	case http.StatusConflict, http.StatusTooManyRequests:

@@ -18,6 +18,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/atomicphase/atomicphase/internal/exampleprog"
 )
 
 // Config configures a simulation. Zero values mean the default.
@@ -50,36 +52,88 @@ type Config struct {
 	Progress io.Writer
 	// Client sends the requests (default: a client with a 10s timeout).
 	Client *http.Client
+	// Observe, when set, is called with every answer a rider gets, from
+	// the riders' goroutines at once; dropped connections get none.
+	Observe func(Answer)
 }
 
-// Stats counts what the riders saw.
+// Answer is one HTTP answer to a ride request.
+type Answer struct {
+	// API is the base URL the request went to.
+	API string
+	// Key, Rider and Form are the request: its Idempotency-Key, its
+	// Authorization and its form-encoded body.
+	Key, Rider, Form string
+	// Sent is when the request was sent; Received, when its answer's body
+	// was read.
+	Sent, Received time.Time
+	Status         int
+	Body           string
+	// Replayed is true when the answer carried Idempotent-Replayed: true.
+	Replayed bool
+}
+
+// Stats counts what the riders saw. Every ride ends in exactly one of
+// Created, Declined, PaymentFailed, Abandoned and Rejected, so they add up
+// to Rides; every request in exactly one of Answered, Replayed, Conflicts,
+// Unavailable, ServerErrors, Dropped, Lost and Unexpected, so they add up to
+// Requests.
 type Stats struct {
-	Rides        int64 `json:"rides"`
-	Requests     int64 `json:"requests"`
-	Created      int64 `json:"created"`
-	Replayed     int64 `json:"replayed"`
+	// Rides is the rides requested, each under a key of its own.
+	Rides int64 `json:"rides"`
+	// Created, Declined and PaymentFailed count the rides whose final
+	// answer was 201, 402 or 502, whichever request of the ride got it and
+	// whether it was replayed.
+	Created       int64 `json:"created"`
+	Declined      int64 `json:"declined"`
+	PaymentFailed int64 `json:"payment_failed"`
+	// Abandoned counts the rides that got no final answer before their
+	// rider gave up (Config.GiveUpAfter); the completer finishes them.
+	Abandoned int64 `json:"abandoned"`
+	// Rejected counts the rides answered another 4xx: a bug in the
+	// simulator or the server.
+	Rejected int64 `json:"rejected"`
+
+	// Requests is the requests sent, retries and duplicates included.
+	Requests int64 `json:"requests"`
+	// Answered is the final answers made by the request's own run;
+	// Replayed the final answers replayed from the key.
+	Answered int64 `json:"answered"`
+	Replayed int64 `json:"replayed"`
+	// Conflicts (409), Unavailable (503) and ServerErrors (other 5xx) were
+	// retried with the same key.
 	Conflicts    int64 `json:"conflicts"`
-	Declined     int64 `json:"declined"`
-	Failed       int64 `json:"failed"`
 	Unavailable  int64 `json:"unavailable"`
 	ServerErrors int64 `json:"server_errors"`
-	Dropped      int64 `json:"dropped"`
-	Abandoned    int64 `json:"abandoned"`
+	// Dropped is the requests whose rider dropped the connection on
+	// purpose (Config.DropRate); Lost the requests that got no answer
+	// otherwise: the server closed the connection (a crash), the request
+	// timed out, or the rider gave up waiting. Both were retried.
+	Dropped int64 `json:"dropped"`
+	Lost    int64 `json:"lost"`
+	// Unexpected is the requests answered another 4xx.
+	Unexpected int64 `json:"unexpected"`
+
 	// Inconsistent counts keys that were answered two different final
-	// responses; it must be zero.
+	// responses, and rides that were Rejected; it must be zero.
 	Inconsistent int64 `json:"inconsistent"`
+	// AbandonedKeys are the Idempotency-Keys of the Abandoned rides.
+	AbandonedKeys []string `json:"abandoned_keys,omitempty"`
 }
 
 type counters struct {
-	rides, requests, created, replayed, conflicts, declined, failed,
-	unavailable, serverErrors, dropped, abandoned, inconsistent atomic.Int64
+	rides, created, declined, paymentFailed, abandoned, rejected,
+	requests, answered, replayed, conflicts, unavailable, serverErrors,
+	dropped, lost, unexpected, inconsistent atomic.Int64
 }
 
 func (c *counters) stats() Stats {
-	return Stats{Rides: c.rides.Load(), Requests: c.requests.Load(), Created: c.created.Load(),
-		Replayed: c.replayed.Load(), Conflicts: c.conflicts.Load(), Declined: c.declined.Load(),
-		Failed: c.failed.Load(), Unavailable: c.unavailable.Load(), ServerErrors: c.serverErrors.Load(),
-		Dropped: c.dropped.Load(), Abandoned: c.abandoned.Load(), Inconsistent: c.inconsistent.Load()}
+	return Stats{Rides: c.rides.Load(), Created: c.created.Load(), Declined: c.declined.Load(),
+		PaymentFailed: c.paymentFailed.Load(), Abandoned: c.abandoned.Load(), Rejected: c.rejected.Load(),
+		Requests: c.requests.Load(), Answered: c.answered.Load(), Replayed: c.replayed.Load(),
+		Conflicts: c.conflicts.Load(), Unavailable: c.unavailable.Load(), ServerErrors: c.serverErrors.Load(),
+		Dropped: c.dropped.Load(), Lost: c.lost.Load(), Unexpected: c.unexpected.Load(),
+		Inconsistent: c.inconsistent.Load()}
 }
 
 // Run simulates riders until Duration passes or Rides are requested, and
@@ -118,8 +172,10 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 		defer cancel()
 	}
 	s := &simulation{cfg: cfg, answers: map[string]string{}}
-	stopProgress := s.progress()
-	defer stopProgress()
+	if cfg.Progress != nil {
+		stop := exampleprog.Progress(cfg.Progress, s.progressLine)
+		defer stop()
+	}
 
 	var (
 		wg     sync.WaitGroup
@@ -136,19 +192,25 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 		})
 	}
 	wg.Wait()
-	return s.c.stats(), nil
+	st := s.c.stats()
+	s.mu.Lock()
+	st.AbandonedKeys = s.abandoned
+	s.mu.Unlock()
+	return st, nil
 }
 
 type simulation struct {
 	cfg Config
 	c   counters
 
-	mu      sync.Mutex
-	answers map[string]string // key → first final answer
+	mu        sync.Mutex
+	answers   map[string]string // key → first final answer
+	abandoned []string          // keys of the rides given up on
 }
 
 // ride requests one ride, as one or several concurrent identical requests
-// under one key, each retrying until it gets a final answer.
+// under one key, each retrying until it gets a final answer, and counts how
+// the ride ended.
 func (s *simulation) ride(ctx context.Context) {
 	s.c.rides.Add(1)
 	key := newKey()
@@ -172,30 +234,67 @@ func (s *simulation) ride(ctx context.Context) {
 	// answer or give up, so no ride is cut off half-sent.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.GiveUpAfter)
 	defer cancel()
+	statuses := make([]int, copies)
 	var wg sync.WaitGroup
-	for range copies {
-		wg.Go(func() { s.request(rctx, key, rider, body) })
+	for i := range copies {
+		wg.Go(func() { statuses[i] = s.request(rctx, key, rider, body) })
 	}
 	wg.Wait()
+	// The copies' final answers are equal, or Inconsistent counts them;
+	// the ride ended as the first final answer says.
+	final, rejected := 0, false
+	for _, st := range statuses {
+		switch {
+		case final == 0 && isFinal(st):
+			final = st
+		case st > 0 && !isFinal(st):
+			rejected = true
+		}
+	}
+	switch {
+	case final == http.StatusCreated:
+		s.c.created.Add(1)
+	case final == http.StatusPaymentRequired:
+		s.c.declined.Add(1)
+	case final == http.StatusBadGateway:
+		s.c.paymentFailed.Add(1)
+	case rejected:
+		s.c.rejected.Add(1)
+		s.c.inconsistent.Add(1)
+	default:
+		s.c.abandoned.Add(1)
+		s.mu.Lock()
+		s.abandoned = append(s.abandoned, key)
+		s.mu.Unlock()
+	}
+}
+
+// isFinal reports the statuses a rides key stores: created, declined, or
+// the payment refused.
+func isFinal(status int) bool {
+	return status == http.StatusCreated || status == http.StatusPaymentRequired || status == http.StatusBadGateway
 }
 
 // request sends one copy of a ride and retries it, with the same key, until
-// a final answer.
-func (s *simulation) request(ctx context.Context, key, rider, body string) {
+// a final answer, which it returns, or another 4xx, which it returns too; 0
+// when the rider gave up first.
+func (s *simulation) request(ctx context.Context, key, rider, body string) int {
 	pause := 50 * time.Millisecond
 	for {
-		status, answer, replayed, err := s.send(ctx, key, rider, body)
-		if ctx.Err() != nil {
-			s.c.abandoned.Add(1)
-			return
-		}
-		wait := pause
+		status, answer, replayed, dropped, err := s.send(ctx, key, rider, body)
 		switch {
-		case err != nil:
+		case dropped:
 			s.c.dropped.Add(1)
-		case status == http.StatusCreated || status == http.StatusPaymentRequired || status == http.StatusBadGateway:
-			s.final(key, status, answer, replayed)
-			return
+		case err != nil:
+			s.c.lost.Add(1)
+		case isFinal(status):
+			if replayed {
+				s.c.replayed.Add(1)
+			} else {
+				s.c.answered.Add(1)
+			}
+			s.final(key, status, answer)
+			return status
 		case status == http.StatusConflict:
 			s.c.conflicts.Add(1)
 		case status == http.StatusServiceUnavailable:
@@ -204,38 +303,21 @@ func (s *simulation) request(ctx context.Context, key, rider, body string) {
 			s.c.serverErrors.Add(1)
 		default:
 			// A 4xx other than those is a bug in the simulator or server.
-			s.c.failed.Add(1)
-			s.c.inconsistent.Add(1)
-			return
+			s.c.unexpected.Add(1)
+			return status
 		}
 		select {
 		case <-ctx.Done():
-			s.c.abandoned.Add(1)
-			return
-		case <-time.After(wait/2 + mrand.N(wait)):
+			return 0
+		case <-time.After(pause/2 + mrand.N(pause)):
 		}
 		pause = min(2*pause, time.Second)
 	}
 }
 
-func (s *simulation) final(key string, status int, answer string, replayed bool) {
-	if replayed {
-		s.c.replayed.Add(1)
-	}
-	switch status {
-	case http.StatusCreated:
-		if !replayed {
-			s.c.created.Add(1)
-		}
-	case http.StatusPaymentRequired:
-		if !replayed {
-			s.c.declined.Add(1)
-		}
-	default:
-		if !replayed {
-			s.c.failed.Add(1)
-		}
-	}
+// final records a key's final answer, and counts the key as inconsistent
+// when it differs from an earlier one.
+func (s *simulation) final(key string, status int, answer string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	got := strconv.Itoa(status) + " " + answer
@@ -246,57 +328,51 @@ func (s *simulation) final(key string, status int, answer string, replayed bool)
 	}
 }
 
-func (s *simulation) send(ctx context.Context, key, rider, body string) (status int, answer string, replayed bool, err error) {
+// send sends one request. dropped reports that the rider dropped the
+// connection on purpose before the answer arrived; err that there was no
+// answer otherwise.
+func (s *simulation) send(ctx context.Context, key, rider, body string) (status int, answer string, replayed, dropped bool, err error) {
 	s.c.requests.Add(1)
+	reqCtx := ctx
 	if mrand.Float64() < s.cfg.DropRate {
 		// The rider's connection drops before the answer arrives.
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(mrand.IntN(30))*time.Millisecond)
+		reqCtx, cancel = context.WithTimeout(ctx, time.Duration(mrand.IntN(30))*time.Millisecond)
 		defer cancel()
 	}
 	api := s.cfg.APIURLs[mrand.IntN(len(s.cfg.APIURLs))]
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(api, "/")+"/rides", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, strings.TrimRight(api, "/")+"/rides", strings.NewReader(body))
 	if err != nil {
-		return 0, "", false, err
+		return 0, "", false, false, err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Authorization", rider)
 	req.Header.Set("Idempotency-Key", key)
+	sent := time.Now()
 	resp, err := s.cfg.Client.Do(req)
-	if err != nil {
-		return 0, "", false, err
+	if err == nil {
+		defer resp.Body.Close()
+		var b []byte
+		if b, err = io.ReadAll(resp.Body); err == nil {
+			replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+			if s.cfg.Observe != nil {
+				s.cfg.Observe(Answer{API: api, Key: key, Rider: rider, Form: body, Sent: sent, Received: time.Now(),
+					Status: resp.StatusCode, Body: string(b), Replayed: replayed})
+			}
+			return resp.StatusCode, string(b), replayed, false, nil
+		}
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, "", false, err
-	}
-	return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true", nil
+	// The rider dropped it when the drop's deadline, not the ride's, ended
+	// the request.
+	return 0, "", false, reqCtx.Err() != nil && ctx.Err() == nil, err
 }
 
-// progress prints a live line every quarter second until stopped.
-func (s *simulation) progress() (stop func()) {
-	if s.cfg.Progress == nil {
-		return func() {}
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				fmt.Fprintln(s.cfg.Progress)
-				return
-			case <-t.C:
-				st := s.c.stats()
-				fmt.Fprintf(s.cfg.Progress, "\rrides %d  requests %d  created %d  replayed %d  409s %d  declined %d  503s %d  dropped %d ",
-					st.Rides, st.Requests, st.Created, st.Replayed, st.Conflicts, st.Declined, st.Unavailable, st.Dropped)
-			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
+// progressLine is the live line of the simulation: at most 79 columns
+// for the numbers of a long run.
+func (s *simulation) progressLine() string {
+	st := s.c.stats()
+	return fmt.Sprintf("rides %d: %d created, %d declined | requests %d: %d 409s, %d dropped",
+		st.Rides, st.Created, st.Declined, st.Requests, st.Conflicts, st.Dropped+st.Lost)
 }
 
 func newKey() string {

@@ -3,6 +3,7 @@ package ledger
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -27,8 +28,10 @@ const maxAmount = 1_000_000_000_000
 // types), 400 or 422 for a request that is not a valid transfer (not
 // stored: fix it and send it again), and the atomicphase handler's answers
 // for the rest (409 while the key is in flight, 5xx when the request
-// stopped part-way and a retry with the same key resumes it). transfers
-// must be registered with c; the accounts are read from db.
+// stopped part-way and a retry with the same key resumes it). Every other
+// error is a problem+json too: 401 and 500 from GET /accounts, 405 for
+// another method on either path, 404 for any other path. transfers must be
+// registered with c; the accounts are read from db.
 func Handler(db *pgxpool.Pool, c *phase.Client, transfers *phase.Workflow[Transfer, State]) (http.Handler, error) {
 	post, err := transfers.Handler(c, phase.HTTPConfig[Transfer]{Tenant: owner, Decode: decodeTransfer})
 	if err != nil {
@@ -39,18 +42,36 @@ func Handler(db *pgxpool.Pool, c *phase.Client, transfers *phase.Workflow[Transf
 	mux.HandleFunc("GET /accounts", func(w http.ResponseWriter, r *http.Request) {
 		who, err := owner(r)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusUnauthorized)
+			phase.WriteProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", err.Error(), 0)
 			return
 		}
 		accounts, err := Accounts(r.Context(), db, who)
 		if err != nil {
-			http.Error(w, "could not read the accounts", http.StatusInternalServerError)
+			phase.WriteProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error",
+				"could not read the accounts; retry later", 0)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(accounts)
 	})
+	// The patterns without a method catch the methods the ones above do
+	// not serve, which ServeMux would answer in text/plain.
+	mux.HandleFunc("/transfers", onlyMethod(http.MethodPost))
+	mux.HandleFunc("/accounts", onlyMethod(http.MethodGet+", "+http.MethodHead))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		phase.WriteProblem(w, http.StatusNotFound, "not-found", "Not found",
+			fmt.Sprintf("there is no %s; the API is POST /transfers and GET /accounts", r.URL.Path), 0)
+	})
 	return mux, nil
+}
+
+// onlyMethod answers 405 naming the methods a path allows.
+func onlyMethod(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		phase.WriteProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed",
+			fmt.Sprintf("%s %s is not served; use %s", r.Method, r.URL.Path, allow), 0)
+	}
 }
 
 // owner returns the account owner a request authenticates as. A real

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -16,12 +15,11 @@ import (
 
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
-	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 )
 
-func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
+func TestCrashesAndPairedFaultsAtEveryPointSettleOncePerPath(t *testing.T) {
 	t.Parallel()
 	for _, external := range []bool{false, true} {
 		name := "internal"
@@ -35,8 +33,9 @@ func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
 			to := e.open(t, "bob", "EUR", 0)
 			const amount = 100
 			settled := 0
-			phasetest.CrashMatrix(t, phasetest.Config[ledger.Transfer, ledger.State]{
+			cfg := phasetest.Config[ledger.Transfer, ledger.State]{
 				Client:   e.client,
+				DB:       e.db,
 				Workflow: e.wf,
 				Tenant:   "alice",
 				Request: func(string) ledger.Transfer {
@@ -49,46 +48,34 @@ func TestCrashAtEveryFaultPointSettlesOncePerPath(t *testing.T) {
 					return tr
 				},
 				WithCompleter: true,
-				Equal:         sameReceiptButIDs,
-				Check: func(t testing.TB, key string, resp *keyrow.Response) {
+				// The ledger and the provider make the ids; the rest of the
+				// receipt must not change.
+				Compare: phasetest.IgnoreFields("transfer_id", "payout_id"),
+				Check: func(t testing.TB, s phasetest.Scenario) {
 					settled++
-					id, status, payoutID, found := e.transfer(t, "alice", key)
+					id, status, payoutID, found := e.transfer(t, "alice", s.Key)
 					if !found || status != "settled" {
-						t.Fatalf("%s: transfer %d is %q (found %v), want settled", key, id, status, found)
+						t.Fatalf("%s: transfer %d is %q (found %v), want settled", s.Key, id, status, found)
 					}
 					payouts := e.payoutsFor(t, id)
 					switch {
 					case !external && len(payouts) != 0:
-						t.Fatalf("%s: internal transfer %d has %d payouts, want none", key, id, len(payouts))
+						t.Fatalf("%s: internal transfer %d has %d payouts, want none", s.Key, id, len(payouts))
 					case external && (len(payouts) != 1 || payouts[0].ID != payoutID || payouts[0].Status != payoutprovider.StatusPaid):
-						t.Fatalf("%s: transfer %d (payout %q) has payouts %+v, want exactly that one, paid", key, id, payoutID, payouts)
+						t.Fatalf("%s: transfer %d (payout %q) has payouts %+v, want exactly that one, paid", s.Key, id, payoutID, payouts)
 					}
 					e.verify(t)
 					// Every scenario so far moved its amount once, and no more.
 					a := e.account(t, "alice", from.ID)
 					if moved := int64(settled * amount); a.Balance != 1_000_000-moved || a.Held != 0 {
-						t.Fatalf("%s: alice has %d (held %d) after %d transfers of %d", key, a.Balance, a.Held, settled, amount)
+						t.Fatalf("%s: alice has %d (held %d) after %d transfers of %d", s.Key, a.Balance, a.Held, settled, amount)
 					}
 				},
-			})
+			}
+			t.Run("crashes", func(t *testing.T) { phasetest.CrashMatrix(t, cfg) })
+			t.Run("pairs", func(t *testing.T) { phasetest.PairMatrix(t, cfg) })
 		})
 	}
-}
-
-// sameReceiptButIDs compares two answers of the same transfer under
-// different keys: equal but for the ids the ledger and the provider made.
-func sameReceiptButIDs(a, b *keyrow.Response) bool {
-	strip := func(body []byte) map[string]any {
-		var m map[string]any
-		if json.Unmarshal(body, &m) != nil {
-			return nil
-		}
-		delete(m, "transfer_id")
-		delete(m, "payout_id")
-		return m
-	}
-	return a.Status == b.Status && reflect.DeepEqual(a.Header, b.Header) &&
-		strip(a.Body) != nil && reflect.DeepEqual(strip(a.Body), strip(b.Body))
 }
 
 func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) {
@@ -479,4 +466,40 @@ func TestVerifyCatchesABrokenLedger(t *testing.T) {
 		}
 	}
 	e.verify(t)
+}
+
+func TestOtherPathsMethodsAndCallersAreAnsweredAsProblems(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	for _, tc := range []struct {
+		method, path, auth string
+		status             int
+		allow              string
+	}{
+		{http.MethodGet, "/transfers", "Bearer alice", http.StatusMethodNotAllowed, "POST"},
+		{http.MethodDelete, "/accounts", "Bearer alice", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodGet, "/accounts", "", http.StatusUnauthorized, ""},
+		{http.MethodGet, "/transfers/1", "Bearer alice", http.StatusNotFound, ""},
+		{http.MethodGet, "/", "Bearer alice", http.StatusNotFound, ""},
+	} {
+		req, err := http.NewRequest(tc.method, e.api.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		res, err := noKeepAlive.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p ledger.Problem
+		err = json.NewDecoder(res.Body).Decode(&p)
+		res.Body.Close()
+		if res.StatusCode != tc.status || res.Header.Get("Content-Type") != "application/problem+json" || err != nil ||
+			p.Status != tc.status || res.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d %s %+v (Allow %q), want a %d problem (Allow %q)", tc.method, tc.path,
+				res.StatusCode, res.Header.Get("Content-Type"), p, res.Header.Get("Allow"), tc.status, tc.allow)
+		}
+	}
 }

@@ -31,8 +31,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // noKeepAlive is a client that opens a connection per request. Go's
 // transport resends a request that carries an Idempotency-Key when a reused
-// connection drops before the answer; that is safe, but it would hide the
-// crashes and dropped answers these tests inject.
+// connection closes before any byte of the answer, as a crashed request's
+// does; that is safe, but it would hide the crashes these tests inject.
 var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
 
 type env struct {

@@ -18,7 +18,9 @@ type Faults struct {
 	FailBeforePayout int
 	// TimeoutAfterPayout is how many of the next payout requests execute in
 	// full, committing the payout and its stored result, and then lose their
-	// connection without an answer. A retry with the key replays the result.
+	// connection after the answer's status line, so the client sees a
+	// network error even on a reused keep-alive connection. A retry with the
+	// key replays the result.
 	TimeoutAfterPayout int
 	// FailBeforePayoutRate is the probability, from 0 to 1, that a payout
 	// request no count claims fails as FailBeforePayout describes.

@@ -1,0 +1,39 @@
+package atomicphase_test
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestCorePackagesImportNeitherTestToolingNorIntegrations keeps what
+// otelphase, phasetest, the test harness and the examples pull in
+// (OpenTelemetry, testcontainers, goleak, River, stripe-go) out of the
+// packages a program imports to run workflows.
+func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
+	t.Parallel()
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < 10 {
+		t.Fatalf("go list listed only %q", deps)
+	}
+	for _, p := range deps {
+		if p == "testing" {
+			t.Errorf("a core package imports testing")
+		}
+		for _, banned := range []string{"go.opentelemetry.io/", "github.com/atomicphase/atomicphase/otelphase",
+			"github.com/testcontainers/", "github.com/riverqueue/", "github.com/stripe/", "go.uber.org/goleak",
+			"github.com/atomicphase/atomicphase/internal/pgtest", "github.com/atomicphase/atomicphase/internal/pgcluster",
+			"github.com/atomicphase/atomicphase/phase/phasetest"} {
+			if strings.HasPrefix(p, banned) {
+				t.Errorf("a core package depends on %s", p)
+			}
+		}
+	}
+}

@@ -1,0 +1,419 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// command is a rides command running in the test's process, as a process of
+// its own would run it.
+type command struct {
+	name   string
+	cancel context.CancelFunc
+	done   chan int
+	mu     sync.Mutex
+	output bytes.Buffer
+}
+
+// start runs rides with args until stop.
+func start(t *testing.T, args ...string) *command {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &command{name: strings.Join(args, " "), cancel: cancel, done: make(chan int, 1)}
+	go func() { c.done <- program.Run(ctx, args, c, c) }()
+	t.Cleanup(func() { c.stop(t) })
+	return c
+}
+
+func (c *command) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.output.Write(b)
+}
+
+func (c *command) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.output.String()
+}
+
+// waitListening waits until the command answers HTTP on addr, and fails t
+// if it exits first. The address is bound from the start; it answers once
+// the command serves.
+func (c *command) waitListening(t *testing.T, addr string) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case code := <-c.done:
+			c.done <- code
+			t.Fatalf("rides %s exited %d before serving:\n%s", c.name, code, c)
+		default:
+		}
+		if res, err := client.Get("http://" + addr + "/_ready"); err == nil {
+			res.Body.Close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("rides %s does not serve on %s after a minute:\n%s", c.name, addr, c)
+}
+
+// stop interrupts the command, as SIGTERM does, and returns its exit status.
+func (c *command) stop(t *testing.T) int {
+	t.Helper()
+	c.cancel()
+	select {
+	case code := <-c.done:
+		c.done <- code
+		return code
+	case <-time.After(time.Minute):
+		t.Fatalf("rides %s did not stop within a minute", c.name)
+		return -1
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// emptyDatabase returns the URL of a database with no schema at all.
+func emptyDatabase(t *testing.T) string {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+func tables(t *testing.T, dsn string) map[string]bool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rows, err := pool.Query(context.Background(), `SELECT tablename FROM pg_tables WHERE schemaname = 'public'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		names[name] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// Several API and fake Stripe processes started at once on one new
+// database all migrate it and serve; each migrates only what it owns.
+func TestServeAndFakeStripeStartTogetherOnOneNewDatabase(t *testing.T) {
+	t.Parallel()
+	dsn := emptyDatabase(t)
+	type started struct {
+		c    *command
+		addr string
+	}
+	var all []started
+	for i := range 5 {
+		addr := freeAddr(t)
+		args := []string{"fakestripe", "-addr", addr, "-database-url", dsn}
+		if i%2 == 0 {
+			args = []string{"serve", "-addr", addr, "-database-url", dsn, "-stripe-url", "http://127.0.0.1:1"}
+		}
+		all = append(all, started{start(t, args...), addr})
+	}
+	for _, s := range all {
+		s.c.waitListening(t, s.addr)
+	}
+	for _, s := range all {
+		if code := s.c.stop(t); code != 0 {
+			t.Errorf("rides %s exited %d:\n%s", s.c.name, code, s.c)
+		}
+	}
+	names := tables(t, dsn)
+	for _, want := range []string{"idempotency_keys", "river_job", "rides", "users", "fakestripe_charges"} {
+		if !names[want] {
+			t.Errorf("no table %s after the migrations (tables: %v)", want, names)
+		}
+	}
+}
+
+func TestFakeStripeMigratesOnlyItsOwnTables(t *testing.T) {
+	t.Parallel()
+	dsn := emptyDatabase(t)
+	addr := freeAddr(t)
+	c := start(t, "fakestripe", "-addr", addr, "-database-url", dsn)
+	c.waitListening(t, addr)
+	if code := c.stop(t); code != 0 {
+		t.Fatalf("exited %d:\n%s", code, c)
+	}
+	for name := range tables(t, dsn) {
+		if !strings.HasPrefix(name, "fakestripe_") {
+			t.Errorf("rides fakestripe created table %s, which is not its own", name)
+		}
+	}
+}
+
+// rideOnce posts a ride under key and returns the answer.
+func rideOnce(t *testing.T, api, key string) (*http.Response, string) {
+	t.Helper()
+	form := url.Values{"origin_lat": {"1"}, "origin_lon": {"2"}, "target_lat": {"3"}, "target_lon": {"4"}}
+	req, err := http.NewRequest(http.MethodPost, "http://"+api+"/rides", strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", ride.UserEmail)
+	req.Header.Set("Idempotency-Key", key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, string(body)
+}
+
+// The README's setup for running the parts separately: fake Stripe and the
+// API as two programs on one database named by DATABASE_URL. A retry sent
+// after the API restarted is answered from the key, not charged again.
+// Not parallel: it sets the environment, as the README does.
+func TestRestartedServeReplaysInsteadOfCharging(t *testing.T) {
+	t.Setenv("DATABASE_URL", pgtest.DSN(t))
+	stripeAddr, apiAddr := freeAddr(t), freeAddr(t)
+	stripe := start(t, "fakestripe", "-addr", stripeAddr)
+	stripe.waitListening(t, stripeAddr)
+	serve := func() *command {
+		c := start(t, "serve", "-addr", apiAddr, "-stripe-url", "http://"+stripeAddr)
+		c.waitListening(t, apiAddr)
+		return c
+	}
+
+	first := serve()
+	res, body := rideOnce(t, apiAddr, "restart-1")
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("first ride: %d %s", res.StatusCode, body)
+	}
+	if !strings.Contains(first.String(), "database: postgres://") || strings.Contains(first.String(), "THROWAWAY") {
+		t.Errorf("serve did not name its database as a lasting one:\n%s", first)
+	}
+	if code := first.stop(t); code != 0 {
+		t.Fatalf("serve exited %d:\n%s", code, first)
+	}
+
+	serve()
+	again, againBody := rideOnce(t, apiAddr, "restart-1")
+	if again.StatusCode != http.StatusCreated || againBody != body || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry after the restart: %d %q (replayed %q), want the replay of %q",
+			again.StatusCode, againBody, again.Header.Get("Idempotent-Replayed"), body)
+	}
+	stats, err := http.Get("http://" + stripeAddr + "/_stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stats.Body.Close()
+	var s struct{ Charges int }
+	if err := json.NewDecoder(stats.Body).Decode(&s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Charges != 1 {
+		t.Errorf("fake Stripe made %d charges, want 1", s.Charges)
+	}
+}
+
+// Not parallel: it sets the environment.
+func TestHelpNeverPrintsSecrets(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://rides:hunter2@db.internal:5432/rides")
+	t.Setenv("STRIPE_API_KEY", "sk_live_s3cr3t")
+	for _, args := range [][]string{{"-h"}, {"serve", "-h"}, {"fakestripe", "-h"}, {"simulate", "-h"}, {"help"}} {
+		var out bytes.Buffer
+		if code := program.Run(context.Background(), args, &out, &out); code != 0 {
+			t.Errorf("rides %v exited %d", args, code)
+		}
+		for _, secret := range []string{"hunter2", "sk_live_s3cr3t"} {
+			if strings.Contains(out.String(), secret) {
+				t.Errorf("rides %v printed %q:\n%s", args, secret, out.String())
+			}
+		}
+	}
+	var out bytes.Buffer
+	program.Run(context.Background(), []string{"-h"}, &out, &out)
+	for _, cmd := range []string{"rides serve", "rides fakestripe", "rides simulate", "-duration"} {
+		if !strings.Contains(out.String(), cmd) {
+			t.Errorf("rides -h does not mention %s:\n%s", cmd, out.String())
+		}
+	}
+	out.Reset()
+	program.Run(context.Background(), []string{"fakestripe", "-h"}, &out, &out)
+	for _, fault := range []string{"fail_before_charge", "timeout_after_charge", "fail_before_charge_rate", "timeout_after_charge_rate", "delay_ms"} {
+		if !strings.Contains(out.String(), fault) {
+			t.Errorf("rides fakestripe -h does not document %s", fault)
+		}
+	}
+}
+
+// Every error of the API reaches a client as problem+json, those that
+// net/http answers before any handler included.
+func TestServeAnswersEveryErrorAsProblem(t *testing.T) {
+	t.Parallel()
+	addr := freeAddr(t)
+	c := start(t, "serve", "-addr", addr, "-database-url", pgtest.DSN(t), "-stripe-url", "http://127.0.0.1:1")
+	c.waitListening(t, addr)
+	huge := strings.Repeat("a", http.DefaultMaxHeaderBytes+8192)
+	for _, tc := range []struct {
+		request string
+		status  int
+	}{
+		{"GET /rides HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusMethodNotAllowed},
+		{"PUT /rides HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", http.StatusMethodNotAllowed},
+		{"DELETE /rides HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusMethodNotAllowed},
+		{"POST /rides/ HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", http.StatusNotFound},
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusNotFound},
+		{"POST /rides HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", http.StatusBadRequest},
+		{"POST /rides HTTP/1.1\r\nHost: x\r\nX-Big: " + huge + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
+		{"POST /rides HTTP/1.1\r\n\r\n", http.StatusBadRequest},
+		{"not http\r\n\r\n", http.StatusBadRequest},
+	} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _, _ = io.WriteString(conn, tc.request) }()
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%.30q: %v", tc.request, err)
+		}
+		var p struct{ Status int }
+		err = json.NewDecoder(res.Body).Decode(&p)
+		res.Body.Close()
+		conn.Close()
+		if res.StatusCode != tc.status || res.Header.Get("Content-Type") != "application/problem+json" || err != nil || p.Status != tc.status {
+			t.Errorf("%.30q: %d %s (%v), want a %d problem", tc.request, res.StatusCode, res.Header.Get("Content-Type"), err, tc.status)
+		}
+	}
+}
+
+func TestServeFailsAtOnceOnAnAddressInUse(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var out bytes.Buffer
+	// No database at all: the address must be refused before one is needed.
+	code := program.Run(context.Background(), []string{"serve", "-addr", ln.Addr().String(), "-database-url", "postgres://nobody@127.0.0.1:1/none"}, &out, &out)
+	if want := fmt.Sprintf("rides: listen tcp %s: bind: address already in use\n", ln.Addr()); code != 1 || out.String() != want {
+		t.Errorf("exited %d with %q, want 1 with %q", code, out.String(), want)
+	}
+}
+
+// Behind PgBouncer in transaction pooling mode, serve refuses pgx's default
+// query exec mode and, with cache_describe and -poll-only, serves rides,
+// replays them and sends their receipts through River.
+func TestServeThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bouncer := pgtest.BouncerDSN(t)
+	var refused bytes.Buffer
+	code := program.Run(ctx, []string{"serve", "-addr", freeAddr(t), "-database-url", bouncer, "-poll-only"}, &refused, &refused)
+	if code != 1 || !strings.Contains(refused.String(), "default_query_exec_mode=cache_describe") {
+		t.Fatalf("serve through the bouncer in pgx's default mode exited %d, want 1 saying which mode to set:\n%s", code, refused.String())
+	}
+
+	dsn := bouncer + " default_query_exec_mode=cache_describe"
+	db, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	stripeAddr, apiAddr := freeAddr(t), freeAddr(t)
+	stripe := start(t, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
+	stripe.waitListening(t, stripeAddr)
+	api := start(t, "serve", "-addr", apiAddr, "-database-url", dsn, "-stripe-url", "http://"+stripeAddr,
+		"-poll-only", "-completer-interval", "100ms")
+	api.waitListening(t, apiAddr)
+
+	const rides = 5
+	first := map[string]string{}
+	for i := range rides {
+		key := fmt.Sprintf("ride-%d", i)
+		res, body := rideOnce(t, apiAddr, key)
+		if res.StatusCode != http.StatusCreated {
+			t.Fatalf("POST %s: %d %s", key, res.StatusCode, body)
+		}
+		first[key] = body
+	}
+	for key, body := range first {
+		if res, again := rideOnce(t, apiAddr, key); res.StatusCode != http.StatusCreated || again != body ||
+			res.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry of %s: %d %s, want a replay of %s", key, res.StatusCode, again, body)
+		}
+	}
+	// River, polling through the bouncer, sends each ride's receipt once.
+	sc := ride.NewStripeClient("http://"+stripeAddr, "sk_test_rides", nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		report, err := ride.Verify(ctx, db, sc, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(report.Failures()) > 0 {
+			t.Fatalf("invariants broken: %v", report.Failures())
+		}
+		if report.Receipts == rides {
+			if report.Charges != rides || report.Rides != rides {
+				t.Fatalf("%d rides and %d charges for %d keys", report.Rides, report.Charges, rides)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d receipts sent after 30s:\n%s", report.Receipts, rides, api)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code := api.stop(t); code != 0 {
+		t.Errorf("serve exited %d:\n%s", code, api)
+	}
+}
