@@ -61,11 +61,10 @@ func StartStandby(ctx context.Context, primary *Cluster) (*Cluster, error) {
 	return c, nil
 }
 
-// Rebuild makes the cluster, whose server must have been killed or
-// restarted away, a new streaming standby of primary in the same
-// directory, so it keeps its DSN: its data is replaced by a base backup of
-// primary. This is how a failed primary rejoins as the standby of the one
-// that replaced it.
+// Rebuild makes the cluster, whose server must not be running (see Kill),
+// a new streaming standby of primary in the same directory, so it keeps
+// its DSN: its data is replaced by a base backup of primary. This is how a
+// failed primary rejoins as the standby of the one that replaced it.
 func (c *Cluster) Rebuild(ctx context.Context, primary *Cluster) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
