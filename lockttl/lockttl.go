@@ -6,8 +6,8 @@
 //
 // A run holds a key while the row's lock_expires_at lies in the future by the
 // database clock. Taking the key and every phase commit set it to now() +
-// TTL, and a run renews it immediately before each foreign call and every
-// [RenewInterval] while the call runs, so a run that keeps working never
+// TTL, and a run renews it every [RenewInterval] while a foreign call runs
+// (and before the call, unless a commit just renewed it), so a run that keeps working never
 // loses its key; a run that crashes loses it TTL after its last renewal, and
 // the next request or the completer takes the key over and resumes it.
 //

@@ -42,8 +42,9 @@ type Config struct {
 	// LockTTL is the lease length: how long a run may go without renewing
 	// its lease before another run may take the key over. The run, the
 	// completer and every process must agree on it, so it is set here once.
-	// Every phase commit renews it, and a foreign call renews it before it
-	// starts and every third of it while it runs. Defaults to
+	// Every phase commit renews it, and a foreign call renews it every third
+	// of it while it runs (and before it starts, unless the commit before it
+	// was just sent). Defaults to
 	// lockttl.DefaultTTL; at least lockttl.MinTTL.
 	LockTTL time.Duration
 	// CallTimeout bounds each foreign call. A call that exceeds it has an
@@ -377,8 +378,9 @@ func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
 // recovery point, so the next request or the completer resumes it at once.
 // It is the operator's escape hatch for a key whose holder is known to be
 // dead: a holder that is still running is fenced out and stops at its next
-// write, but a foreign call it is already making goes on. It reports
-// whether a lease was freed.
+// write, but a foreign call it is already making goes on, and so does one
+// it starts within a third of the TTL (at most a second) of its last commit
+// (see # Fencing). It reports whether a lease was freed.
 func (c *Client) Unlock(ctx context.Context, tenant, key string) (bool, error) {
 	return store.Unlock(ctx, c.pool, tenant, key)
 }

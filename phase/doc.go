@@ -88,16 +88,27 @@
 //
 // Every write of a run names its lease's token, so a run that stalled past
 // its lease (a GC pause, a frozen VM) and was taken over writes nothing: its
-// phase rolls back and it ends with keyrow.ErrLeaseLost. Immediately before
-// each foreign call the run renews its lease by the database clock, one
-// statement, which proves the key is still its own; a run that lost it does
-// not make the call. While the call runs, the lease is renewed every third
-// of its TTL until the call returns or exceeds CallTimeout.
+// phase rolls back and it ends with keyrow.ErrLeaseLost. Before each
+// foreign call the run makes sure, by the database clock, that the key is
+// still its own, and does not make the call when it is not. The commit of
+// the phase before the call is that proof when it was sent less than a
+// third of the TTL ago (at most a second): that fenced write found the
+// lease the run's own and extended it to a whole TTL by the database clock,
+// so no other run can have taken the key over by its expiry since. Then the
+// call costs no statement of its own. A run that stalled longer than that
+// between the commit and the call (or whose call is its first step after a
+// resume by the completer, which claims many keys at once) renews its lease
+// first, one statement. While the call runs, the lease is renewed every
+// third of its TTL after that proof, until the call returns or exceeds
+// CallTimeout.
 //
-// What remains is the time between that renewal and the call's request
+// What remains is the time between that proof and the call's request
 // leaving the process, plus the call itself: a holder that stalls longer
 // than the whole TTL in exactly that window can still send its call after
-// another run took the key over and sent the same call. Both calls carry the
+// another run took the key over and sent the same call. The same goes for a
+// holder whose lease an operator freed with Client.Unlock less than a
+// third of a TTL after its last commit: Unlock is for holders known to be
+// dead. Both calls carry the
 // same downstream key, so a provider that honours idempotency keys acts
 // once; with one that does not, keep LockTTL well above the longest pause a
 // process can suffer, and prefer providers that honour keys.

@@ -13,11 +13,12 @@ type Stage string
 const (
 	// BeforeTx: before the phase's transaction begins.
 	BeforeTx Stage = "before_tx"
-	// BeforeCall: before a foreign call, and before the lease renewal that
-	// proves the key is still the run's own.
+	// BeforeCall: before a foreign call, and before the run makes sure
+	// the key is still its own (renewing its lease, unless the commit
+	// before was sent within a third of the TTL, at most a second).
 	BeforeCall Stage = "before_call"
-	// InCall: the lease was just renewed for a foreign call, which is about
-	// to be sent. A run paused here stands for a call in flight when its
+	// InCall: the lease was just proven the run's own for a foreign call,
+	// which is about to be sent. A run paused here stands for a call in flight when its
 	// lease runs out: another run may take the key over and send the same
 	// call first.
 	InCall Stage = "in_call"

@@ -28,7 +28,7 @@ type Middleware interface {
 	// transaction and its commit, or its failure and the freeing of the
 	// lease.
 	Phase(ctx context.Context, phase *PhaseInfo, next func(context.Context) error) error
-	// Call wraps a foreign phase's call, from the lease renewal before it
+	// Call wraps a foreign phase's call, from the lease check before it
 	// to its return, or its reconcile function (PhaseInfo.Reconcile).
 	Call(ctx context.Context, phase *PhaseInfo, next func(context.Context) error) error
 	// Pass wraps one pass of the completer, the runs it resumes included.

@@ -301,6 +301,7 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store
 func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[Req, State], row *store.Row, byCompleter bool) (*keyrow.Response, error) {
 	x := &execution[Req, State]{w: w, c: c, run: run, row: row, byCompleter: byCompleter,
 		lease: store.NewLease(row.ID, row.LockToken, c.cfg.LockTTL), rp: row.RecoveryPoint}
+	x.lease.Proven(row.TakenAt)
 	if len(row.State) > 0 && !bytes.Equal(row.State, []byte("null")) {
 		if err := json.Unmarshal(row.State, &run.State); err != nil {
 			return nil, x.fail(ctx, fmt.Errorf("phase: decode stored state: %w", err))
@@ -501,10 +502,11 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	return nil, nil
 }
 
-// call makes a foreign phase's call outside any transaction. Immediately
-// before it, the run renews its lease by the database clock, which proves
-// the key is still its own; while the call runs, the lease is renewed every
-// third of the TTL, until the call returns or its time limit passes.
+// call makes a foreign phase's call outside any transaction. Before it, the
+// run makes sure by the database clock that the key is still its own: the
+// commit it sent just before proves it (store.ProofWindow), or else it renews
+// its lease. While the call runs, the lease is renewed every third of the
+// TTL, until the call returns or its time limit passes.
 func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) (rec recordFn[Req, State], err error) {
 	if err := x.inject(ctx, Point{p.name, BeforeCall}); err != nil {
 		return nil, err
@@ -659,12 +661,17 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if err != nil {
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
+	sent := time.Now()
 	if err := tx.commit(ctx, w); err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			x.lease.MarkLost()
 			return Result{}, err
 		}
 		return Result{}, fmt.Errorf("phase %s: commit: %w", p.name, err)
+	}
+	if res.response == nil {
+		// The advance found the lease the run's own and extended it.
+		x.lease.Proven(sent)
 	}
 	x.committed = state
 	if err := x.inject(ctx, Point{p.name, AfterCommit}); err != nil {

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,6 +17,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 )
@@ -455,6 +458,80 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 	}
 	if counter.RoundTrips() != 1 || counter.Statements() != 1 {
 		t.Fatalf("replay cost %d round trips, %d statements; want 1", counter.RoundTrips(), counter.Statements())
+	}
+}
+
+// TestForeignCallAfterACommitCostsNoRoundTrip pins what a foreign phase
+// sends: the call right after the commit of the phase before it (or the
+// acquire) needs no renewal, the commit having proved the lease by the
+// database clock; a run that stalls longer than store.ProofWindow before
+// its call renews first.
+func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
+	t.Parallel()
+	var counter pgtest.StatementCounter
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &counter
+		cfg.MaxConns = 1 // one connection, so statements are prepared once
+	})
+	const ttl = 3 * time.Second // proofs count for a second
+	var stall atomic.Bool
+	call := func(ctx context.Context, run *phase.Run[order, struct{}]) (string, error) {
+		return run.DownstreamKey(), nil
+	}
+	record := func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+		return phase.Next(), nil
+	}
+	w, err := phase.New("calls",
+		phase.Foreign("first", call, record),
+		phase.Local("between", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
+			_, err := tx.Exec(ctx, `SELECT 1`)
+			return phase.Next(), err
+		}),
+		phase.Foreign("second", call, func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+			return phase.JSON(201, "ok"), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pause := phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
+		if stall.Load() && at == (phase.Point{Phase: "second", Stage: phase.BeforeCall}) {
+			time.Sleep(store.ProofWindow(ttl) + 100*time.Millisecond)
+		}
+		return nil
+	})
+	rn, err := phase.NewClient(db, &phase.Config{LockTTL: ttl, Injector: pause}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := w.Run(ctx, rn, "acme", "warm-up", order{}); err != nil {
+		t.Fatal(err)
+	}
+	renewals := func() (n int) {
+		for _, q := range counter.SQL() {
+			if strings.Contains(q, "SET lock_expires_at = now() + $3::interval") && !strings.Contains(q, "recovery_point") {
+				n++
+			}
+		}
+		return n
+	}
+	counter.Reset()
+	if _, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil {
+		t.Fatal(err)
+	}
+	// acquire (1); "first": its record, the fenced write alone (1);
+	// "between": BEGIN with the SELECT, the fenced write with COMMIT (2);
+	// "second": its record and finish alone (1). No renewal.
+	if counter.RoundTrips() != 1+1+2+1 || renewals() != 0 {
+		t.Fatalf("%d round trips, %d renewals; want 5 and none: %q", counter.RoundTrips(), renewals(), counter.SQL())
+	}
+	stall.Store(true)
+	counter.Reset()
+	if _, err := w.Run(ctx, rn, "acme", "k2", order{}); err != nil {
+		t.Fatal(err)
+	}
+	if counter.RoundTrips() != 1+1+2+1+1 || renewals() != 1 {
+		t.Fatalf("after a stall before the second call: %d round trips, %d renewals; want 6 and 1: %q", counter.RoundTrips(), renewals(), counter.SQL())
 	}
 }
 

@@ -81,12 +81,16 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 		return nil, nil
 	}
 	// The statement's column names match Row's fields; the fields it does
-	// not return (LeaseLeft, Response) stay zero.
+	// not return (LeaseLeft, Response, TakenAt) stay zero.
 	var rows []*Row
+	sent := time.Now()
 	err := pgxscan.Select(ctx, q, &rows, claimSQL,
 		p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows)
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
+	}
+	for _, r := range rows {
+		r.TakenAt = sent
 	}
 	return rows, nil
 }

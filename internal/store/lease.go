@@ -24,6 +24,9 @@ type Lease struct {
 	mu      sync.Mutex
 	lost    chan struct{}
 	lostErr error
+	// proven is when, by this process's clock, the newest statement that
+	// found the lease still the holder's and extended it was sent.
+	proven time.Time
 }
 
 // NewLease returns the lease identified by a row id and its fencing token.
@@ -47,11 +50,55 @@ func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
 // Renew extends the lease to TTL from now by the database clock. When the
 // key was taken over it returns keyrow.ErrLeaseLost and marks the lease lost.
 func (l *Lease) Renew(ctx context.Context, q Querier) error {
+	sent := time.Now()
 	_, err := Renew(ctx, q, l.ID, l.Token, l.TTL)
-	if errors.Is(err, keyrow.ErrLeaseLost) {
+	switch {
+	case err == nil:
+		l.Proven(sent)
+	case errors.Is(err, keyrow.ErrLeaseLost):
 		l.MarkLost()
 	}
 	return err
+}
+
+// Proven records that a statement sent at sent (by this process's clock)
+// found the lease still the holder's and extended it to TTL from when it
+// ran, by the database clock: the statement that took the lease, a renewal,
+// or a committed advance. Since the statement ran after it was sent, the
+// lease then had at least TTL - time.Since(sent) left.
+func (l *Lease) Proven(sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if sent.After(l.proven) {
+		l.proven = sent
+	}
+}
+
+// ProofWindow is how recent, for a lease of ttl, the last proof that the
+// lease is the holder's must be for Keep to start the work without renewing
+// it first: a third of the TTL (its renewal interval), at most a second. A
+// lease proven that recently has at least two thirds of its TTL left, so no
+// other run can have taken the key over by its expiry.
+func ProofWindow(ttl time.Duration) time.Duration {
+	return min(lockttl.RenewInterval(ttl), time.Second)
+}
+
+// sinceProof returns how long from now until every has passed since the
+// last proof: at once when it has.
+func (l *Lease) sinceProof(every time.Duration) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.proven.IsZero() {
+		return every
+	}
+	return max(every-time.Since(l.proven), 0)
+}
+
+// fresh reports whether the lease was proven within ProofWindow.
+func (l *Lease) fresh() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.proven.IsZero() && time.Since(l.proven) < ProofWindow(l.TTL)
 }
 
 // Lost is closed once the holder has learnt that the lease is gone.
@@ -74,15 +121,18 @@ func (l *Lease) MarkLost() {
 	}
 }
 
-// Keep renews the lease at once, by the database clock, and then every
-// lockttl.RenewInterval(TTL) until stop is called, for work that may outlast
-// the TTL, such as a foreign call.
+// Keep makes sure the lease is still the holder's, by the database clock,
+// and then renews it every lockttl.RenewInterval(TTL) until stop is called,
+// for work that may outlast the TTL, such as a foreign call.
 //
-// The first renewal is the holder's proof, immediately before the work
-// starts, that the key is still its own: a holder that stalled past its TTL
-// and was taken over gets keyrow.ErrLeaseLost here and must not start the
-// work. Any other error of that renewal is returned too: the holder cannot
-// tell whether it still holds the key.
+// The proof comes first: unless a statement sent within ProofWindow found
+// the lease the holder's and extended it (see Proven), as the commit of the
+// phase before a foreign call does, Keep renews the lease at once. A holder
+// that stalled past its TTL and was taken over gets keyrow.ErrLeaseLost here
+// and must not start the work. Any other error of that renewal is returned
+// too: the holder cannot tell whether it still holds the key. On the happy
+// path, where the work follows a commit at once, the proof costs no
+// statement.
 //
 // The returned context is cancelled when the lease is found lost, when
 // limit (if positive) has passed, or when stop is called; the renewals end
@@ -93,8 +143,13 @@ func (l *Lease) MarkLost() {
 // TTL. stop waits for the renewing goroutine to end, so a caller that defers
 // it leaves nothing running, even when the work panics.
 func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workCtx context.Context, stop func(), err error) {
-	if err := l.Renew(ctx, q); err != nil {
+	if err := l.Err(); err != nil {
 		return nil, nil, err
+	}
+	if !l.fresh() {
+		if err := l.Renew(ctx, q); err != nil {
+			return nil, nil, err
+		}
 	}
 	var cancel context.CancelFunc
 	if limit > 0 {
@@ -106,7 +161,10 @@ func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workC
 	var wg sync.WaitGroup
 	every := lockttl.RenewInterval(l.TTL)
 	wg.Go(func() {
-		t := time.NewTicker(every)
+		// The first renewal is due an interval after the last proof,
+		// which may predate the work, so that the lease is renewed every
+		// interval whether or not Keep had to renew it first.
+		t := time.NewTimer(l.sinceProof(every))
 		defer t.Stop()
 		for {
 			select {
@@ -124,6 +182,7 @@ func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workC
 					cancel()
 					return
 				}
+				t.Reset(every)
 			}
 		}
 	})

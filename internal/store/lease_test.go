@@ -165,3 +165,96 @@ func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
 		t.Fatalf("the new holder's lease: %v", err)
 	}
 }
+
+// TestKeepTakesAFreshProofAndRenewsAfterAStall: work that starts at once
+// after the statement that took (or renewed) the lease needs no statement
+// of its own to prove the lease; a holder that stalled longer than
+// ProofWindow since then renews first, and finds the key taken over.
+func TestKeepTakesAFreshProofAndRenewsAfterAStall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var counter pgtest.StatementCounter
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &counter
+	})
+	const ttl = 3 * time.Second
+	if w := store.ProofWindow(ttl); w != time.Second {
+		t.Fatalf("ProofWindow(%v) = %v, want a second", ttl, w)
+	}
+	if w := store.ProofWindow(lockttl.MinTTL); w != lockttl.RenewInterval(lockttl.MinTTL) {
+		t.Fatalf("ProofWindow(%v) = %v, want the renewal interval %v", lockttl.MinTTL, w, lockttl.RenewInterval(lockttl.MinTTL))
+	}
+
+	row, fresh := lease(t, db, "fresh", ttl)
+	if row.TakenAt.IsZero() || time.Since(row.TakenAt) > time.Minute {
+		t.Fatalf("Acquire's TakenAt = %v, want when it sent the statement", row.TakenAt)
+	}
+	fresh.Proven(row.TakenAt)
+	counter.Reset()
+	_, stop, err := fresh.Keep(ctx, db, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if n := counter.Statements(); n != 0 {
+		t.Fatalf("Keep right after the lease was taken sent %d statements, want none: %q", n, counter.SQL())
+	}
+
+	// A proof older than the window does not count: the holder renews,
+	// and a holder whose key was taken over meanwhile starts nothing.
+	_, stale := lease(t, db, "stale", ttl)
+	stale.Proven(time.Now().Add(-store.ProofWindow(ttl)))
+	if freed, err := store.Unlock(ctx, db, "acme", "stale"); err != nil || !freed {
+		t.Fatalf("unlock = %v, %v", freed, err)
+	}
+	lease(t, db, "stale", ttl)
+	counter.Reset()
+	if _, _, err := stale.Keep(ctx, db, 0); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("Keep after a stall, the key taken over = %v, want ErrLeaseLost", err)
+	}
+	if n := counter.Statements(); n != 1 {
+		t.Fatalf("Keep after a stall sent %d statements, want its renewal: %q", n, counter.SQL())
+	}
+
+	// A lease never proven renews too.
+	_, unproven := lease(t, db, "unproven", ttl)
+	counter.Reset()
+	_, stop, err = unproven.Keep(ctx, db, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if n := counter.Statements(); n != 1 {
+		t.Fatalf("Keep of a lease never proven sent %d statements, want its renewal: %q", n, counter.SQL())
+	}
+}
+
+// TestKeepRenewsAnIntervalAfterTheProof: when Keep starts on a fresh proof,
+// its first renewal comes one renewal interval after that proof, not after
+// Keep, so the lease is renewed as often as when Keep renews first.
+func TestKeepRenewsAnIntervalAfterTheProof(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var counter pgtest.StatementCounter
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &counter
+	})
+	const ttl = 6 * time.Second // a renewal every 2 s; proofs count for 1 s
+	_, l := lease(t, db, "k1", ttl)
+	proof := time.Now()
+	l.Proven(proof)
+	time.Sleep(900 * time.Millisecond)
+	counter.Reset()
+	_, stop, err := l.Keep(ctx, db, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	// Due at proof+2s; timed from Keep it would come at proof+2.9s.
+	for counter.Statements() == 0 && time.Since(proof) < 5*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if at := time.Since(proof); at < 2*time.Second || at > 2600*time.Millisecond {
+		t.Fatalf("first renewal %v after the proof, want 2s (one renewal interval)", at.Round(time.Millisecond))
+	}
+}

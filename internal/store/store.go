@@ -46,6 +46,10 @@ type Row struct {
 	// LeaseLeft is how long the current lease has to run, by the database
 	// clock, when the row was read. Zero when the lease is free.
 	LeaseLeft time.Duration
+	// TakenAt is when, by the caller's clock, Acquire sent the statement
+	// that gave the caller the lease (see Lease.Proven); zero when the row
+	// came from elsewhere.
+	TakenAt time.Time
 	// Response is the stored response of a finished key, nil otherwise.
 	Response *keyrow.Response
 	// LastError is the error that ended the last unsuccessful run.
@@ -206,6 +210,7 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 		return 0, nil, fmt.Errorf("store: acquire: %w", err)
 	}
 	for attempt := 0; ; attempt++ {
+		sent := time.Now()
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
 			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id)))
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
@@ -223,6 +228,9 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 		row.Tenant, row.Key, row.Fingerprint = req.Tenant, req.Key, req.Fingerprint[:]
 		if outcome == New {
 			row.Params = req.Params
+		}
+		if outcome.Acquiring() {
+			row.TakenAt = sent
 		}
 		return outcome, row, nil
 	}

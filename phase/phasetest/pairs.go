@@ -50,6 +50,10 @@ const waitTimeout = time.Minute
 //     fenced out; then the taker goes on and finishes the key. A first run
 //     paused at a foreign phase's in_call point stands for a call still in
 //     flight when its lease ran out: the taker may send the same call first.
+//     So does one paused at before_call right after its commit: its pause
+//     lasts far less than a lease, so when it wakes the commit still
+//     proves its lease (see phase's # Fencing) and it sends the call, whose
+//     record is then fenced out.
 //
 // When the taker's name has no pause point, it runs to its end before the
 // first run wakes up. By default Q is P itself when the taker passes it

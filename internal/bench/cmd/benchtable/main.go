@@ -399,6 +399,17 @@ func acquireLatency(ctx context.Context, cfg *pgxpool.Config, rounds int, d time
 		fmt.Fprintf(progress, "loaded in %v\n", time.Since(start).Round(time.Second))
 		envs[i] = env
 	}
+	var sizes []string
+	for i, env := range envs {
+		var heap, indexes string
+		err := env.Pool.QueryRow(ctx, `
+SELECT pg_size_pretty(pg_table_size('idempotency_keys')), pg_size_pretty(pg_indexes_size('idempotency_keys'))`).Scan(&heap, &indexes)
+		if err != nil {
+			return err
+		}
+		sizes = append(sizes, fmt.Sprintf("%d keys: table %s, indexes %s", largeSizes[i], heap, indexes))
+	}
+	fmt.Fprintf(w, "Key table sizes: %s.\n\n", strings.Join(sizes, "; "))
 	fmt.Fprintln(w, "| acquire | clients | finished keys in table | p50 µs | p99 µs | mean µs | req/s | statements/req |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, k := range []bench.Kind{bench.AcquireFinished, bench.AcquireNew} {
