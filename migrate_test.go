@@ -488,4 +488,5 @@ func ExampleMigrations() {
 	// 001_create_idempotency_keys
 	// 002_add_failures
 	// 003_drop_row_checks
+	// 004_comment_downstream_keys
 }

@@ -44,7 +44,7 @@ WITH (fillfactor = 80);
 COMMENT ON TABLE idempotency_keys IS
     'One row per (tenant, idempotency key): the request, how far its atomic phases got, who holds it, and the response to replay.';
 COMMENT ON COLUMN idempotency_keys.id IS
-    'Row identity; downstream idempotency keys for foreign calls are derived from it, so they are unique per row and stable across retries.';
+    'Row identity; the library writes UUIDv7s, so new rows go to the right edge of the primary key. Downstream idempotency keys are not derived from it but from the tenant, the key, the request fingerprint and the phase, so they survive the loss of the row.';
 COMMENT ON COLUMN idempotency_keys.created_at IS
     'When the key was first seen; for operators and for the age of abandoned keys.';
 COMMENT ON COLUMN idempotency_keys.last_run_at IS

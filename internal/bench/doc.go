@@ -10,6 +10,13 @@
 // alone: insert the order; confirm it; write an audit record and answer 201.
 // The phases run the same statements in both, one each.
 //
+// The rides-shaped request is shaped like the rides example: insert the
+// order; charge it with a POST to a local HTTP stub that honours idempotency
+// keys, and record the charge; write the audit record and answer 201. The
+// library makes the call outside any transaction with its downstream key;
+// the baseline makes it inside the phase's transaction, as the reference
+// does.
+//
 // The library runs them as a phase.Workflow: acquire (one statement), then
 // per phase BEGIN pipelined with the phase's statement, and the fenced
 // advance (or finish) pipelined with COMMIT.
@@ -32,12 +39,14 @@
 //
 // TestEachPathCostsWhatTheCostModelSays pins the counts: the three-phase
 // request costs the library 1 + 3×(1 + 1) = 7 round trips (13 statements)
-// and the baseline 13; replay and 409 cost the library one statement and the
-// baseline two.
+// and the baseline 13; so does the rides-shaped one, whose foreign call
+// needs no lease renewal of its own right after the commit before it;
+// replay and 409 cost the library one statement and the baseline two.
 //
 // # Running
 //
-// The request comparison, at 1, 8 and 32 concurrent clients:
+// The request comparison (three-phase, rides-shaped, replay, 409), at 1, 8
+// and 32 concurrent clients:
 //
 //	go test -run '^$' -bench Requests -benchtime 3s ./internal/bench/
 //
@@ -49,7 +58,7 @@
 //	go run ./internal/bench/cmd/benchtable
 //
 // The benchmarks that load a million keys run only when ATOMICPHASE_BENCH_LARGE
-// is set: acquire with 10 thousand and a million finished keys in the table,
+// is set: acquire with 10 thousand and 10 million finished keys in the table,
 // and the reaper deleting a million expired keys, batch after batch without
 // its default pause, while the workflow runs from 8 clients (it runs once;
 // give it -benchtime 1x):
