@@ -91,27 +91,27 @@
 // phase rolls back and it ends with keyrow.ErrLeaseLost. Before each
 // foreign call the run makes sure, by the database clock, that the key is
 // still its own, and does not make the call when it is not. The commit of
-// the phase before the call is that proof when it was sent less than a
-// third of the TTL ago (at most a second): that fenced write found the
-// lease the run's own and extended it to a whole TTL by the database clock,
-// so no other run can have taken the key over by its expiry since. Then the
-// call costs no statement of its own. A run that stalled longer than that
-// between the commit and the call (or whose call is its first step after a
-// resume by the completer, which claims many keys at once) renews its lease
-// first, one statement. While the call runs, the lease is renewed every
-// third of its TTL after that proof, until the call returns or exceeds
-// CallTimeout.
+// the phase before the call (or the statement that took the key) is that
+// proof when its transaction began less than a third of the TTL ago, at
+// most a second: it found the lease the run's own and extended it to a
+// whole TTL from the transaction's start by the database clock, so no other
+// run can have taken the key over by its expiry since, and the call costs
+// no statement of its own. Otherwise (the run stalled, the phase before ran
+// long, or the completer reached the key long after claiming it with many
+// others) the run renews its lease first, one statement. While the call
+// runs, the lease is renewed every third of its TTL after that proof, until
+// the call returns or exceeds CallTimeout.
 //
 // What remains is the time between that proof and the call's request
 // leaving the process, plus the call itself: a holder that stalls longer
 // than the whole TTL in exactly that window can still send its call after
-// another run took the key over and sent the same call. The same goes for a
-// holder whose lease an operator freed with Client.Unlock less than a
-// third of a TTL after its last commit: Unlock is for holders known to be
-// dead. Both calls carry the
-// same downstream key, so a provider that honours idempotency keys acts
-// once; with one that does not, keep LockTTL well above the longest pause a
-// process can suffer, and prefer providers that honour keys.
+// another run took the key over and sent the same call. So can a holder
+// whose lease an operator freed with Client.Unlock less than a third of a
+// TTL after its last commit: Unlock is for holders known to be dead. Both
+// calls carry the same downstream key, so a provider that honours
+// idempotency keys acts once; with one that does not, keep LockTTL well
+// above the longest pause a process can suffer, and prefer providers that
+// honour keys.
 //
 // A local phase costs its own statements plus one round trip: its
 // transaction's BEGIN is sent in one batch with its first statement, and

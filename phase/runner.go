@@ -613,6 +613,9 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	defer conn.Release()
 	tx := &phaseTx{ctx: ctx, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: p.isolation}, config: x.c.poolConfig}
+	// The advance extends the lease from now() in Postgres, the start of
+	// the phase's transaction, which comes after this.
+	began := time.Now()
 	defer func() {
 		// A successful pipelined COMMIT leaves the connection idle; only a
 		// failed or unfinished transaction needs the rollback round trip.
@@ -661,7 +664,6 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if err != nil {
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
-	sent := time.Now()
 	if err := tx.commit(ctx, w); err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			x.lease.MarkLost()
@@ -670,8 +672,9 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return Result{}, fmt.Errorf("phase %s: commit: %w", p.name, err)
 	}
 	if res.response == nil {
-		// The advance found the lease the run's own and extended it.
-		x.lease.Proven(sent)
+		// The advance found the lease the run's own and extended it to a
+		// TTL from its transaction's start, which is after began.
+		x.lease.Proven(began)
 	}
 	x.committed = state
 	if err := x.inject(ctx, Point{p.name, AfterCommit}); err != nil {

@@ -465,7 +465,8 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 // sends: the call right after the commit of the phase before it (or the
 // acquire) needs no renewal, the commit having proved the lease by the
 // database clock; a run that stalls longer than store.ProofWindow before
-// its call renews first.
+// its call, or whose phase before it ran longer than that (the advance
+// extends the lease from its transaction's start), renews first.
 func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 	t.Parallel()
 	var counter pgtest.StatementCounter
@@ -474,7 +475,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 		cfg.MaxConns = 1 // one connection, so statements are prepared once
 	})
 	const ttl = 3 * time.Second // proofs count for a second
-	var stall atomic.Bool
+	var stall, slow atomic.Bool
 	call := func(ctx context.Context, run *phase.Run[order, struct{}]) (string, error) {
 		return run.DownstreamKey(), nil
 	}
@@ -485,6 +486,11 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 		phase.Foreign("first", call, record),
 		phase.Local("between", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
+			if slow.Load() {
+				// The advance extends the lease from the transaction's
+				// start, which this delay leaves behind.
+				time.Sleep(store.ProofWindow(ttl) + 100*time.Millisecond)
+			}
 			return phase.Next(), err
 		}),
 		phase.Foreign("second", call, func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
@@ -532,6 +538,15 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 	}
 	if counter.RoundTrips() != 1+1+2+1+1 || renewals() != 1 {
 		t.Fatalf("after a stall before the second call: %d round trips, %d renewals; want 6 and 1: %q", counter.RoundTrips(), renewals(), counter.SQL())
+	}
+	stall.Store(false)
+	slow.Store(true)
+	counter.Reset()
+	if _, err := w.Run(ctx, rn, "acme", "k3", order{}); err != nil {
+		t.Fatal(err)
+	}
+	if renewals() != 1 {
+		t.Fatalf("after a slow phase before the second call: %d renewals, want 1: %q", renewals(), counter.SQL())
 	}
 }
 

@@ -61,11 +61,13 @@ func (l *Lease) Renew(ctx context.Context, q Querier) error {
 	return err
 }
 
-// Proven records that a statement sent at sent (by this process's clock)
-// found the lease still the holder's and extended it to TTL from when it
-// ran, by the database clock: the statement that took the lease, a renewal,
-// or a committed advance. Since the statement ran after it was sent, the
-// lease then had at least TTL - time.Since(sent) left.
+// Proven records that a statement found the lease still the holder's and
+// extended it to TTL from its transaction's start (now() in Postgres), and
+// that this process sent that transaction's first statement at sent, by its
+// own clock: the statement that took the lease, a renewal, or a committed
+// advance, whose transaction began with the phase. Since the transaction
+// started after sent, the lease then had at least TTL - time.Since(sent)
+// left.
 func (l *Lease) Proven(sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
