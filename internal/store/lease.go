@@ -24,8 +24,9 @@ type Lease struct {
 	mu      sync.Mutex
 	lost    chan struct{}
 	lostErr error
-	// proven is when, by this process's clock, the newest statement that
-	// found the lease still the holder's and extended it was sent.
+	// proven is when, by this process's clock, the transaction of the
+	// newest statement that found the lease still the holder's and
+	// extended it was begun (see Proven).
 	proven time.Time
 }
 
@@ -127,11 +128,11 @@ func (l *Lease) MarkLost() {
 // and then renews it every lockttl.RenewInterval(TTL) until stop is called,
 // for work that may outlast the TTL, such as a foreign call.
 //
-// The proof comes first: unless a statement sent within ProofWindow found
-// the lease the holder's and extended it (see Proven), as the commit of the
-// phase before a foreign call does, Keep renews the lease at once. A holder
-// that stalled past its TTL and was taken over gets keyrow.ErrLeaseLost here
-// and must not start the work. Any other error of that renewal is returned
+// The proof comes first: unless a statement whose transaction began within
+// ProofWindow found the lease the holder's and extended it (see Proven), as
+// the commit of the phase before a foreign call does, Keep renews the lease
+// at once. A holder that stalled past its TTL and was taken over gets
+// keyrow.ErrLeaseLost here and must not start the work. Any other error of that renewal is returned
 // too: the holder cannot tell whether it still holds the key. On the happy
 // path, where the work follows a commit at once, the proof costs no
 // statement.
