@@ -86,22 +86,12 @@ func ProofWindow(ttl time.Duration) time.Duration {
 	return min(lockttl.RenewInterval(ttl), time.Second)
 }
 
-// sinceProof returns how long from now until every has passed since the
-// last proof: at once when it has.
-func (l *Lease) sinceProof(every time.Duration) time.Duration {
+// proofAge returns how long ago the lease was last proven (see Proven), and
+// false when it never was.
+func (l *Lease) proofAge() (time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.proven.IsZero() {
-		return every
-	}
-	return max(every-time.Since(l.proven), 0)
-}
-
-// fresh reports whether the lease was proven within ProofWindow.
-func (l *Lease) fresh() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return !l.proven.IsZero() && time.Since(l.proven) < ProofWindow(l.TTL)
+	return time.Since(l.proven), !l.proven.IsZero()
 }
 
 // Lost is closed once the holder has learnt that the lease is gone.
@@ -149,7 +139,7 @@ func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workC
 	if err := l.Err(); err != nil {
 		return nil, nil, err
 	}
-	if !l.fresh() {
+	if age, ok := l.proofAge(); !ok || age >= ProofWindow(l.TTL) {
 		if err := l.Renew(ctx, q); err != nil {
 			return nil, nil, err
 		}
@@ -167,7 +157,8 @@ func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workC
 		// The first renewal is due an interval after the last proof,
 		// which may predate the work, so that the lease is renewed every
 		// interval whether or not Keep had to renew it first.
-		t := time.NewTimer(l.sinceProof(every))
+		age, _ := l.proofAge() // proven by now: Keep renewed or took a proof
+		t := time.NewTimer(max(every-age, 0))
 		defer t.Stop()
 		for {
 			select {
