@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"slices"
 	"strconv"
@@ -80,105 +78,129 @@ func appendCanonical(dst, params []byte) ([]byte, error) {
 	if !utf8.Valid(params) {
 		return nil, errors.New("keyrow: params are not valid UTF-8")
 	}
-	c := canonicalizer{src: params, dec: json.NewDecoder(bytes.NewReader(params)), out: dst}
-	c.dec.UseNumber()
-	tok, off, err := c.next()
-	if err == io.EOF {
+	c := canonicalizer{src: params, out: dst}
+	c.skipSpace()
+	if c.pos == len(params) {
 		return nil, errors.New("keyrow: params are empty; want a JSON value")
 	}
-	if err != nil {
-		return nil, syntaxError(err)
-	}
-	if err := c.value(tok, off, 0); err != nil {
+	if err := c.value(0); err != nil {
 		return nil, err
 	}
-	off = c.dec.InputOffset()
-	if _, err := c.dec.Token(); err != io.EOF {
-		for off < int64(len(params)) && isSpace(params[off]) {
-			off++
-		}
-		return nil, fmt.Errorf("keyrow: params are not valid JSON: unexpected data after the value at offset %d", off)
+	c.skipSpace()
+	if c.pos < len(params) {
+		return nil, fmt.Errorf("keyrow: params are not valid JSON: unexpected data after the value at offset %d", c.pos)
 	}
 	return c.out, nil
 }
 
-// canonicalizer writes the canonical form of the tokens read from dec to out.
+// canonicalizer reads one JSON value from src, checking its grammar as RFC
+// 8259 states it, and writes its canonical form to out. It reads the input
+// once, and allocates only for objects of more than eight members, keys
+// that contain escapes and number literals.
 type canonicalizer struct {
 	src     []byte
-	dec     *json.Decoder
+	pos     int // the next byte of src to read
 	out     []byte
 	scratch []byte // reused to reorder object members
+	text    []byte // reused for the unescaped text of a string value
 }
 
 // member locates one object member, written as "key":value, in out.
 type member struct {
-	key        string
+	key        []byte // unescaped
 	start, end int
 }
 
-// next returns the next token and the input offset where the search for it
-// began, which lies before the token and after the previous one.
-func (c *canonicalizer) next() (json.Token, int64, error) {
-	off := c.dec.InputOffset()
-	tok, err := c.dec.Token()
-	return tok, off, err
+func (c *canonicalizer) skipSpace() {
+	for c.pos < len(c.src) && isSpace(c.src[c.pos]) {
+		c.pos++
+	}
 }
 
-func (c *canonicalizer) value(tok json.Token, off int64, depth int) error {
-	switch t := tok.(type) {
-	case json.Delim:
+// syntaxError reports what was found at the current position instead of
+// what the grammar allows there.
+func (c *canonicalizer) syntaxError(want string) error {
+	if c.pos >= len(c.src) {
+		return fmt.Errorf("keyrow: params are not valid JSON: unexpected end of input; want %s", want)
+	}
+	r, _ := utf8.DecodeRune(c.src[c.pos:])
+	return fmt.Errorf("keyrow: params are not valid JSON: unexpected %q at offset %d; want %s", r, c.pos, want)
+}
+
+// value reads the value that starts at the current position, which is not
+// a space, at nesting depth depth.
+func (c *canonicalizer) value(depth int) error {
+	if c.pos >= len(c.src) {
+		return c.syntaxError("a value")
+	}
+	switch b := c.src[c.pos]; {
+	case b == '{' || b == '[':
 		if depth >= maxNesting {
 			return fmt.Errorf("keyrow: params nest deeper than %d levels", maxNesting)
 		}
-		switch t {
-		case '{':
+		c.pos++
+		if b == '{' {
 			return c.object(depth + 1)
-		case '[':
-			return c.array(depth + 1)
 		}
-		return fmt.Errorf("keyrow: params are not valid JSON: unexpected %q", rune(t))
-	case string:
-		if err := c.checkSurrogates(t, off); err != nil {
+		return c.array(depth + 1)
+	case b == '"':
+		text, err := c.string(false)
+		if err != nil {
 			return err
 		}
-		c.out = appendString(c.out, t)
-	case json.Number:
-		var err error
-		if c.out, err = appendNumber(c.out, string(t)); err != nil {
-			return err
-		}
-	case bool:
-		c.out = strconv.AppendBool(c.out, t)
-	case nil:
-		c.out = append(c.out, "null"...)
+		c.out = appendString(c.out, text)
+	case b == '-' || '0' <= b && b <= '9':
+		return c.number()
+	case b == 't':
+		return c.literal("true")
+	case b == 'f':
+		return c.literal("false")
+	case b == 'n':
+		return c.literal("null")
 	default:
-		return fmt.Errorf("keyrow: unexpected JSON token %v", tok)
+		return c.syntaxError("a value")
 	}
 	return nil
 }
 
-// array is called after the opening bracket. The decoder only returns a
-// closing bracket where one is allowed, so tokens need no further grammar
-// checks here or in object.
+func (c *canonicalizer) literal(word string) error {
+	for i := range len(word) {
+		if c.pos >= len(c.src) || c.src[c.pos] != word[i] {
+			return c.syntaxError(strconv.Quote(word))
+		}
+		c.pos++
+	}
+	c.out = append(c.out, word...)
+	return nil
+}
+
+// array is called after the opening bracket.
 func (c *canonicalizer) array(depth int) error {
 	c.out = append(c.out, '[')
-	for n := 0; ; n++ {
-		tok, off, err := c.next()
-		if err != nil {
-			return syntaxError(err)
-		}
-		if tok == json.Delim(']') {
-			break
-		}
-		if n > 0 {
-			c.out = append(c.out, ',')
-		}
-		if err := c.value(tok, off, depth); err != nil {
+	c.skipSpace()
+	if c.pos < len(c.src) && c.src[c.pos] == ']' {
+		c.pos++
+		c.out = append(c.out, ']')
+		return nil
+	}
+	for {
+		c.skipSpace()
+		if err := c.value(depth); err != nil {
 			return err
 		}
+		c.skipSpace()
+		if c.pos < len(c.src) && c.src[c.pos] == ',' {
+			c.pos++
+			c.out = append(c.out, ',')
+			continue
+		}
+		if c.pos < len(c.src) && c.src[c.pos] == ']' {
+			c.pos++
+			c.out = append(c.out, ']')
+			return nil
+		}
+		return c.syntaxError("a comma or a closing bracket")
 	}
-	c.out = append(c.out, ']')
-	return nil
 }
 
 // object is called after the opening brace. Members are written in input
@@ -186,20 +208,21 @@ func (c *canonicalizer) array(depth int) error {
 func (c *canonicalizer) object(depth int) error {
 	c.out = append(c.out, '{')
 	start := len(c.out)
-	var members []member
+	var small [8]member
+	members := small[:0]
+	c.skipSpace()
+	if c.pos < len(c.src) && c.src[c.pos] == '}' {
+		c.pos++
+		c.out = append(c.out, '}')
+		return nil
+	}
 	for {
-		tok, off, err := c.next()
+		c.skipSpace()
+		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
+			return c.syntaxError("an object key")
+		}
+		key, err := c.string(true)
 		if err != nil {
-			return syntaxError(err)
-		}
-		if tok == json.Delim('}') {
-			break
-		}
-		key, ok := tok.(string)
-		if !ok {
-			return fmt.Errorf("keyrow: unexpected JSON token %v where an object key belongs", tok)
-		}
-		if err := c.checkSurrogates(key, off); err != nil {
 			return err
 		}
 		if len(members) > 0 {
@@ -208,22 +231,35 @@ func (c *canonicalizer) object(depth int) error {
 		m := member{key: key, start: len(c.out)}
 		c.out = appendString(c.out, key)
 		c.out = append(c.out, ':')
-		if tok, off, err = c.next(); err != nil {
-			return syntaxError(err)
+		c.skipSpace()
+		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
+			return c.syntaxError("a colon")
 		}
-		if err := c.value(tok, off, depth); err != nil {
+		c.pos++
+		c.skipSpace()
+		if err := c.value(depth); err != nil {
 			return err
 		}
 		m.end = len(c.out)
 		members = append(members, m)
+		c.skipSpace()
+		if c.pos < len(c.src) && c.src[c.pos] == ',' {
+			c.pos++
+			continue
+		}
+		if c.pos < len(c.src) && c.src[c.pos] == '}' {
+			c.pos++
+			break
+		}
+		return c.syntaxError("a comma or a closing brace")
 	}
-	byKey := func(a, b member) int { return strings.Compare(a.key, b.key) }
+	byKey := func(a, b member) int { return bytes.Compare(a.key, b.key) }
 	sorted := slices.IsSortedFunc(members, byKey)
 	if !sorted {
 		slices.SortFunc(members, byKey)
 	}
 	for i := 1; i < len(members); i++ {
-		if members[i].key == members[i-1].key {
+		if bytes.Equal(members[i].key, members[i-1].key) {
 			return fmt.Errorf("keyrow: params repeat the object key %q; its meaning would depend on the JSON parser", members[i].key)
 		}
 	}
@@ -243,41 +279,138 @@ func (c *canonicalizer) object(depth int) error {
 	return nil
 }
 
-// checkSurrogates rejects a string whose literal, found in the input between
-// off and the decoder's offset, escapes an unpaired UTF-16 surrogate.
-// encoding/json decodes such an escape to U+FFFD, so the literal is only read
-// when s contains U+FFFD.
-func (c *canonicalizer) checkSurrogates(s string, off int64) error {
-	if !strings.ContainsRune(s, utf8.RuneError) {
-		return nil
+// string reads the string literal at the current position and returns its
+// unescaped text: the input itself when the literal has no escapes, else
+// text that stays valid until the next call, or, for a key, which must
+// outlive the object's other members, a copy of its own. The input is valid
+// UTF-8, so the text is too once no escape is an unpaired surrogate.
+func (c *canonicalizer) string(key bool) ([]byte, error) {
+	c.pos++ // the opening quote
+	start := c.pos
+	for c.pos < len(c.src) {
+		switch b := c.src[c.pos]; {
+		case b == '"':
+			c.pos++
+			return c.src[start : c.pos-1], nil
+		case b == '\\':
+			return c.escapedString(start, key)
+		case b < 0x20:
+			return nil, c.syntaxError("a closing quote; control characters in strings must be escaped")
+		}
+		c.pos++
 	}
-	lit := c.src[off:c.dec.InputOffset()]
-	// Only whitespace, a comma or a colon precede the literal's opening quote.
-	lit = lit[bytes.IndexByte(lit, '"')+1:]
-	for i := 0; i < len(lit); i++ {
-		if lit[i] != '\\' {
-			continue
-		}
-		i++
-		if i >= len(lit) || lit[i] != 'u' {
-			continue
-		}
-		r := hexRune(lit[i+1:])
-		i += 4
+	return nil, c.syntaxError("a closing quote")
+}
+
+// escapedString continues string at the first backslash of a literal whose
+// text began at start.
+func (c *canonicalizer) escapedString(start int, key bool) ([]byte, error) {
+	text := append(c.text[:0], c.src[start:c.pos]...)
+	for c.pos < len(c.src) {
+		b := c.src[c.pos]
 		switch {
-		case r >= 0xd800 && r < 0xdc00:
-			if len(lit) > i+6 && lit[i+1] == '\\' && lit[i+2] == 'u' {
-				if lo := hexRune(lit[i+3:]); lo >= 0xdc00 && lo < 0xe000 {
-					i += 6
-					continue
-				}
+		case b == '"':
+			c.pos++
+			if key {
+				return bytes.Clone(text), nil
 			}
-			return fmt.Errorf(`keyrow: params contain an unpaired UTF-16 surrogate \u%04x`, r)
-		case r >= 0xdc00 && r < 0xe000:
-			return fmt.Errorf(`keyrow: params contain an unpaired UTF-16 surrogate \u%04x`, r)
+			c.text = text
+			return text, nil
+		case b < 0x20:
+			return nil, c.syntaxError("a closing quote; control characters in strings must be escaped")
+		case b != '\\':
+			text = append(text, b)
+			c.pos++
+			continue
+		}
+		c.pos++ // the backslash
+		if c.pos >= len(c.src) {
+			return nil, c.syntaxError("an escape")
+		}
+		switch e := c.src[c.pos]; e {
+		case '"', '\\', '/':
+			text = append(text, e)
+		case 'b':
+			text = append(text, '\b')
+		case 'f':
+			text = append(text, '\f')
+		case 'n':
+			text = append(text, '\n')
+		case 'r':
+			text = append(text, '\r')
+		case 't':
+			text = append(text, '\t')
+		case 'u':
+			r := hexRune(c.src[c.pos+1:])
+			if r < 0 {
+				return nil, c.syntaxError("four hex digits after \\u")
+			}
+			c.pos += 4
+			switch {
+			case r >= 0xd800 && r < 0xdc00:
+				rest := c.src[c.pos+1:]
+				lo := rune(-1)
+				if len(rest) >= 6 && rest[0] == '\\' && rest[1] == 'u' {
+					lo = hexRune(rest[2:])
+				}
+				if lo < 0xdc00 || lo >= 0xe000 {
+					return nil, fmt.Errorf(`keyrow: params contain an unpaired UTF-16 surrogate \u%04x`, r)
+				}
+				c.pos += 6
+				r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
+			case r >= 0xdc00 && r < 0xe000:
+				return nil, fmt.Errorf(`keyrow: params contain an unpaired UTF-16 surrogate \u%04x`, r)
+			}
+			text = utf8.AppendRune(text, r)
+		default:
+			return nil, c.syntaxError("an escape")
+		}
+		c.pos++
+	}
+	return nil, c.syntaxError("a closing quote")
+}
+
+// number reads the number literal at the current position, checking the
+// grammar -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, and writes its
+// canonical spelling.
+func (c *canonicalizer) number() error {
+	start := c.pos
+	if c.src[c.pos] == '-' {
+		c.pos++
+	}
+	switch {
+	case c.pos < len(c.src) && c.src[c.pos] == '0':
+		c.pos++
+	case !c.digits():
+		return c.syntaxError("a digit")
+	}
+	if c.pos < len(c.src) && c.src[c.pos] == '.' {
+		c.pos++
+		if !c.digits() {
+			return c.syntaxError("a digit")
 		}
 	}
-	return nil
+	if c.pos < len(c.src) && (c.src[c.pos] == 'e' || c.src[c.pos] == 'E') {
+		c.pos++
+		if c.pos < len(c.src) && (c.src[c.pos] == '+' || c.src[c.pos] == '-') {
+			c.pos++
+		}
+		if !c.digits() {
+			return c.syntaxError("a digit")
+		}
+	}
+	var err error
+	c.out, err = appendNumber(c.out, string(c.src[start:c.pos]))
+	return err
+}
+
+// digits reads one or more decimal digits and reports whether there were any.
+func (c *canonicalizer) digits() bool {
+	start := c.pos
+	for c.pos < len(c.src) && '0' <= c.src[c.pos] && c.src[c.pos] <= '9' {
+		c.pos++
+	}
+	return c.pos > start
 }
 
 // hexRune decodes the four hex digits that start b, or returns -1.
@@ -304,7 +437,7 @@ func hexRune(b []byte) rune {
 
 // appendString appends s as a JSON string, escaping only what JSON requires.
 // s is valid UTF-8 because the input was.
-func appendString(dst []byte, s string) []byte {
+func appendString[T string | []byte](dst []byte, s T) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
 	start := 0
@@ -348,8 +481,8 @@ const (
 	maxSmallExponent = 1e15
 )
 
-// appendNumber appends the canonical spelling of num, a number literal the
-// decoder has validated. The value is sign × digits × 10^exp with digits free
+// appendNumber appends the canonical spelling of num, a number literal
+// whose grammar canonicalizer.number has checked. The value is sign × digits × 10^exp with digits free
 // of leading and trailing zeros, which is unique for every nonzero number.
 func appendNumber(dst []byte, num string) ([]byte, error) {
 	neg := strings.HasPrefix(num, "-")
@@ -416,13 +549,6 @@ func appendMantissa(dst []byte, digits string) []byte {
 		dst = append(dst, digits[1:]...)
 	}
 	return append(dst, 'e')
-}
-
-func syntaxError(err error) error {
-	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return fmt.Errorf("keyrow: params are not valid JSON: %w", err)
 }
 
 func isSpace(c byte) bool {
