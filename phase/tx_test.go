@@ -355,8 +355,7 @@ func (receiptArgs) Kind() string { return "receipt" }
 func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &counter })
+	db, counter := pgtest.CountingPool(t, nil)
 	migrator, err := rivermigrate.New(riverpgxv5.New(db), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -405,9 +404,7 @@ func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
 // the fenced write alone when the phase sends nothing.
 func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 	t.Parallel()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
+	db, counter := pgtest.CountingPool(t, func(cfg *pgxpool.Config) {
 		cfg.MaxConns = 1 // one connection, so statements are prepared once
 	})
 	if _, err := db.Exec(context.Background(), `CREATE TABLE counts (k text)`); err != nil {
@@ -469,9 +466,7 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 // extends the lease from its transaction's start), renews first.
 func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 	t.Parallel()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
+	db, counter := pgtest.CountingPool(t, func(cfg *pgxpool.Config) {
 		cfg.MaxConns = 1 // one connection, so statements are prepared once
 	})
 	const ttl = 3 * time.Second // proofs count for a second

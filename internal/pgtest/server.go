@@ -131,6 +131,19 @@ func PoolWith(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	return poolOn(t, DSN(t), configure)
 }
 
+// CountingPool is PoolWith with a StatementCounter as the pool's tracer, to
+// count every statement and round trip it sends; configure may be nil.
+func CountingPool(t testing.TB, configure func(*pgxpool.Config)) (*pgxpool.Pool, *StatementCounter) {
+	t.Helper()
+	counter := &StatementCounter{}
+	return PoolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = counter
+		if configure != nil {
+			configure(cfg)
+		}
+	}), counter
+}
+
 // poolOn returns a pool on dsn, a database DSN or BouncerDSN created for t,
 // with configure applied to its config, and closes it when t finishes.
 func poolOn(t testing.TB, dsn string, configure func(*pgxpool.Config)) *pgxpool.Pool {

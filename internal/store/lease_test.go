@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
@@ -133,10 +132,7 @@ func TestKeepWithAZeroOrTinyTTLRenewsWithoutPanicking(t *testing.T) {
 func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
-	})
+	db, counter := pgtest.CountingPool(t, nil)
 	const ttl = 1200 * time.Millisecond
 	_, stale := lease(t, db, "k1", ttl)
 	// The holder stalls; an operator frees the key and another run takes it.
@@ -173,10 +169,7 @@ func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
 func TestKeepTakesAFreshProofAndRenewsAfterAStall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
-	})
+	db, counter := pgtest.CountingPool(t, nil)
 	const ttl = 3 * time.Second
 	if w := store.ProofWindow(ttl); w != time.Second {
 		t.Fatalf("ProofWindow(%v) = %v, want a second", ttl, w)
@@ -235,10 +228,7 @@ func TestKeepTakesAFreshProofAndRenewsAfterAStall(t *testing.T) {
 func TestKeepRenewsAnIntervalAfterTheProof(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
-	})
+	db, counter := pgtest.CountingPool(t, nil)
 	const ttl = 6 * time.Second // a renewal every 2 s; proofs count for 1 s
 	_, l := lease(t, db, "k1", ttl)
 	proof := time.Now()

@@ -268,10 +268,7 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
-	})
+	db, counter := pgtest.CountingPool(t, nil)
 
 	assertOne := func(name string, want store.Outcome, req store.Request) *store.Row {
 		t.Helper()
@@ -317,10 +314,7 @@ func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
 func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var counter pgtest.StatementCounter
-	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = &counter
-	})
+	db, counter := pgtest.CountingPool(t, nil)
 	req := request(t, "acme", "k1", `{}`)
 
 	first, err := db.Begin(ctx)
