@@ -22,9 +22,9 @@
 // batch size and pause; it takes many minutes more and about 10 GB of disk.
 // Both tables are read into shared buffers with pg_prewarm before they are
 // measured. Give the server the memory a production server of that size
-// would have, the 10-million-key table and its indexes take about 6.3 GB
-// (-settings shared_buffers=8GB,huge_pages=on, with vm.nr_hugepages set to
-// cover it): with the default 64MB, every lookup in a 10-million-key index
+// would have (the 10-million-key table and its indexes take about 6.3 GB):
+// -settings shared_buffers=8GB,huge_pages=on, with vm.nr_hugepages set to
+// cover it. With the default 64MB every lookup in a 10-million-key index
 // reads from the operating system's cache, and without huge pages every
 // backend maps the pages it reads one 4 kB page at a time.
 //
