@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
