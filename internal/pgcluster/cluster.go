@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -246,34 +245,11 @@ func (c *Cluster) start(ctx context.Context) error {
 		return fmt.Errorf("pgcluster: start postgres: %w", err)
 	}
 	c.pm = p
-	if err := c.waitReady(ctx); err != nil {
+	if err := p.waitReady(ctx, "postgres", c.DSN("postgres"), c.logPath()); err != nil {
 		_ = c.shutdown()
 		return err
 	}
 	return nil
-}
-
-// waitReady polls until the server accepts a connection. Polling a real
-// connection, rather than waiting for the socket file, also waits out
-// "the database system is starting up".
-func (c *Cluster) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	ticker := time.NewTicker(readyPoll)
-	defer ticker.Stop()
-	for {
-		err := ping(ctx, c.DSN("postgres"))
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-c.pm.done:
-			return fmt.Errorf("pgcluster: postgres exited during startup (%v); log:\n%s", c.pm.err, c.logTail())
-		case <-ctx.Done():
-			return fmt.Errorf("pgcluster: postgres did not accept connections within %v: %w; log:\n%s", readyTimeout, err, c.logTail())
-		case <-ticker.C:
-		}
-	}
 }
 
 // ping connects to dsn once, giving up after a second.
@@ -297,30 +273,7 @@ func (c *Cluster) shutdown() error {
 	c.pm = nil
 	// SIGINT asks for a fast shutdown: it does not wait for clients to
 	// disconnect, as the default smart shutdown would.
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(stopTimeout):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return fmt.Errorf("pgcluster: postgres did not shut down within %v and was killed; log:\n%s", stopTimeout, c.logTail())
-	}
-}
-
-// logTail returns the end of the server log.
-func (c *Cluster) logTail() string {
-	const max = 4 << 10
-	f, err := os.Open(c.logPath())
-	if err != nil {
-		return err.Error()
-	}
-	defer f.Close()
-	if info, err := f.Stat(); err == nil && info.Size() > max {
-		_, _ = f.Seek(-max, io.SeekEnd)
-	}
-	b, _ := io.ReadAll(f)
-	return string(b)
+	return p.stop(os.Interrupt, "postgres", c.logPath())
 }
 
 // binaries are the paths of the server programs a Cluster runs.

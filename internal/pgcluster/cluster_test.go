@@ -71,6 +71,22 @@ func TestClusterRestartKeepsData(t *testing.T) {
 	}
 }
 
+// TestStartFailureShowsTheServerLog checks that a server that cannot start
+// says why, in its own words.
+func TestStartFailureShowsTheServerLog(t *testing.T) {
+	t.Parallel()
+	c, err := Start(context.Background(), "no_such_setting=1")
+	if err == nil {
+		c.Stop()
+		t.Fatal("Start with an unknown setting succeeded")
+	}
+	for _, want := range []string{"postgres exited during startup", `unrecognized configuration parameter "no_such_setting"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Start error does not say %q:\n%v", want, err)
+		}
+	}
+}
+
 func TestClusterStopRemovesEverything(t *testing.T) {
 	t.Parallel()
 	c, err := Start(context.Background())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -219,26 +217,11 @@ func (b *Bouncer) start(ctx context.Context) error {
 		return fmt.Errorf("pgcluster: start pgbouncer: %w", err)
 	}
 	b.p = p
-
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	ticker := time.NewTicker(readyPoll)
-	defer ticker.Stop()
-	for {
-		err := ping(ctx, b.AdminDSN())
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-p.done:
-			b.p = nil
-			return fmt.Errorf("pgcluster: pgbouncer exited during startup (%v); log:\n%s", p.err, b.logTail())
-		case <-ctx.Done():
-			_ = b.shutdown()
-			return fmt.Errorf("pgcluster: pgbouncer did not accept connections within %v: %w; log:\n%s", readyTimeout, err, b.logTail())
-		case <-ticker.C:
-		}
+	if err := p.waitReady(ctx, "pgbouncer", b.AdminDSN(), b.logPath()); err != nil {
+		_ = b.shutdown()
+		return err
 	}
+	return nil
 }
 
 // shutdown stops pgbouncer at once (SIGTERM: no waiting for clients to
@@ -250,30 +233,7 @@ func (b *Bouncer) shutdown() error {
 		return nil
 	}
 	b.p = nil
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(stopTimeout):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return fmt.Errorf("pgcluster: pgbouncer did not shut down within %v and was killed; log:\n%s", stopTimeout, b.logTail())
-	}
-}
-
-// logTail returns the end of the bouncer's log.
-func (b *Bouncer) logTail() string {
-	const max = 4 << 10
-	f, err := os.Open(b.logPath())
-	if err != nil {
-		return err.Error()
-	}
-	defer f.Close()
-	if info, err := f.Stat(); err == nil && info.Size() > max {
-		_, _ = f.Seek(-max, io.SeekEnd)
-	}
-	out, _ := io.ReadAll(f)
-	return string(out)
+	return p.stop(syscall.SIGTERM, "pgbouncer", b.logPath())
 }
 
 // ErrNoBouncer is returned by StartBouncer when the pgbouncer program is

@@ -190,7 +190,7 @@ func (c *Cluster) poll(ctx context.Context, what, query string, args ...any) err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("pgcluster: waiting for %s: %w (last error: %v); log:\n%s", what, ctx.Err(), last, c.logTail())
+			return fmt.Errorf("pgcluster: waiting for %s: %w (last error: %v); log:\n%s", what, ctx.Err(), last, logTail(c.logPath()))
 		case <-time.After(readyPoll):
 		}
 	}
