@@ -237,49 +237,50 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 }
 
 func scanAcquire(r pgx.Row) (*Row, Outcome, error) {
-	var (
+	// One struct holds every scan target, so that they cost one allocation
+	// between them rather than one each.
+	var v struct {
 		row                         Row
-		state                       []byte
 		hold, lastError             *string
 		token                       *uuid.UUID
 		inserted, acquired, sameReq bool
 		status                      *int32
 		headers                     []byte
 		body                        []byte
-	)
-	err := r.Scan(&row.ID, &row.Workflow, &row.RecoveryPoint, &state, &hold, &row.Attempts, &token,
-		&row.LeaseLeft, &inserted, &acquired, &sameReq, &status, &headers, &body, &lastError)
+	}
+	row := &v.row
+	err := r.Scan(&row.ID, &row.Workflow, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
+		&row.LeaseLeft, &v.inserted, &v.acquired, &v.sameReq, &v.status, &v.headers, &v.body, &v.lastError)
 	if err != nil {
 		return nil, 0, err
 	}
-	row.State = state
-	if hold != nil {
-		row.Hold = keyrow.Hold(*hold)
+	if v.hold != nil {
+		row.Hold = keyrow.Hold(*v.hold)
 	}
-	if lastError != nil {
-		row.LastError = *lastError
+	if v.lastError != nil {
+		row.LastError = *v.lastError
 	}
-	if token != nil {
-		row.LockToken = *token
+	if v.token != nil {
+		row.LockToken = *v.token
 	}
 	switch {
-	case acquired && inserted:
-		return &row, New, nil
-	case acquired:
-		return &row, Resumed, nil
-	case !sameReq:
-		return &row, Mismatch, nil
+	case v.acquired && v.inserted:
+		return row, New, nil
+	case v.acquired:
+		return row, Resumed, nil
+	case !v.sameReq:
+		return row, Mismatch, nil
 	case row.RecoveryPoint == keyrow.Finished:
-		resp, err := decodeResponse(status, headers, body)
+		resp, err := decodeResponse(v.status, v.headers, v.body)
 		if err != nil {
 			return nil, 0, err
 		}
 		row.Response = resp
-		return &row, Replay, nil
+		return row, Replay, nil
 	case row.Hold != "":
-		return &row, Parked, nil
+		return row, Parked, nil
 	default:
-		return &row, Held, nil
+		return row, Held, nil
 	}
 }
 
