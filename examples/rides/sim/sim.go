@@ -371,7 +371,7 @@ func (s *simulation) send(ctx context.Context, key, rider, body string) (status 
 // for the numbers of a long run.
 func (s *simulation) progressLine() string {
 	st := s.c.stats()
-	return fmt.Sprintf("rides %d: %d created, %d declined | requests %d: %d 409s, %d dropped",
+	return fmt.Sprintf("rides %d: %d created, %d declined | requests %d: %d 409s, %d unanswered",
 		st.Rides, st.Created, st.Declined, st.Requests, st.Conflicts, st.Dropped+st.Lost)
 }
 
