@@ -174,33 +174,34 @@ func (c *canonicalizer) literal(word string) error {
 	return nil
 }
 
+// consume reads b when it is the next byte, and reports whether it was.
+func (c *canonicalizer) consume(b byte) bool {
+	if c.pos < len(c.src) && c.src[c.pos] == b {
+		c.pos++
+		return true
+	}
+	return false
+}
+
 // array is called after the opening bracket.
 func (c *canonicalizer) array(depth int) error {
 	c.out = append(c.out, '[')
 	c.skipSpace()
-	if c.pos < len(c.src) && c.src[c.pos] == ']' {
-		c.pos++
-		c.out = append(c.out, ']')
-		return nil
-	}
-	for {
-		c.skipSpace()
+	for n := 0; !c.consume(']'); n++ {
+		if n > 0 {
+			if !c.consume(',') {
+				return c.syntaxError("a comma or a closing bracket")
+			}
+			c.out = append(c.out, ',')
+			c.skipSpace()
+		}
 		if err := c.value(depth); err != nil {
 			return err
 		}
 		c.skipSpace()
-		if c.pos < len(c.src) && c.src[c.pos] == ',' {
-			c.pos++
-			c.out = append(c.out, ',')
-			continue
-		}
-		if c.pos < len(c.src) && c.src[c.pos] == ']' {
-			c.pos++
-			c.out = append(c.out, ']')
-			return nil
-		}
-		return c.syntaxError("a comma or a closing bracket")
 	}
+	c.out = append(c.out, ']')
+	return nil
 }
 
 // object is called after the opening brace. Members are written in input
@@ -211,13 +212,13 @@ func (c *canonicalizer) object(depth int) error {
 	var small [8]member
 	members := small[:0]
 	c.skipSpace()
-	if c.pos < len(c.src) && c.src[c.pos] == '}' {
-		c.pos++
-		c.out = append(c.out, '}')
-		return nil
-	}
-	for {
-		c.skipSpace()
+	for !c.consume('}') {
+		if len(members) > 0 {
+			if !c.consume(',') {
+				return c.syntaxError("a comma or a closing brace")
+			}
+			c.skipSpace()
+		}
 		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
 			return c.syntaxError("an object key")
 		}
@@ -232,10 +233,9 @@ func (c *canonicalizer) object(depth int) error {
 		c.out = appendString(c.out, key)
 		c.out = append(c.out, ':')
 		c.skipSpace()
-		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
+		if !c.consume(':') {
 			return c.syntaxError("a colon")
 		}
-		c.pos++
 		c.skipSpace()
 		if err := c.value(depth); err != nil {
 			return err
@@ -243,15 +243,6 @@ func (c *canonicalizer) object(depth int) error {
 		m.end = len(c.out)
 		members = append(members, m)
 		c.skipSpace()
-		if c.pos < len(c.src) && c.src[c.pos] == ',' {
-			c.pos++
-			continue
-		}
-		if c.pos < len(c.src) && c.src[c.pos] == '}' {
-			c.pos++
-			break
-		}
-		return c.syntaxError("a comma or a closing brace")
 	}
 	byKey := func(a, b member) int { return bytes.Compare(a.key, b.key) }
 	sorted := slices.IsSortedFunc(members, byKey)
@@ -375,25 +366,16 @@ func (c *canonicalizer) escapedString(start int, key bool) ([]byte, error) {
 // canonical spelling.
 func (c *canonicalizer) number() error {
 	start := c.pos
-	if c.src[c.pos] == '-' {
-		c.pos++
-	}
-	switch {
-	case c.pos < len(c.src) && c.src[c.pos] == '0':
-		c.pos++
-	case !c.digits():
+	c.consume('-')
+	if !c.consume('0') && !c.digits() {
 		return c.syntaxError("a digit")
 	}
-	if c.pos < len(c.src) && c.src[c.pos] == '.' {
-		c.pos++
-		if !c.digits() {
-			return c.syntaxError("a digit")
-		}
+	if c.consume('.') && !c.digits() {
+		return c.syntaxError("a digit")
 	}
-	if c.pos < len(c.src) && (c.src[c.pos] == 'e' || c.src[c.pos] == 'E') {
-		c.pos++
-		if c.pos < len(c.src) && (c.src[c.pos] == '+' || c.src[c.pos] == '-') {
-			c.pos++
+	if c.consume('e') || c.consume('E') {
+		if !c.consume('+') {
+			c.consume('-')
 		}
 		if !c.digits() {
 			return c.syntaxError("a digit")

@@ -122,10 +122,10 @@ func (l *Lease) MarkLost() {
 // ProofWindow found the lease the holder's and extended it (see Proven), as
 // the commit of the phase before a foreign call does, Keep renews the lease
 // at once. A holder that stalled past its TTL and was taken over gets
-// keyrow.ErrLeaseLost here and must not start the work. Any other error of that renewal is returned
-// too: the holder cannot tell whether it still holds the key. On the happy
-// path, where the work follows a commit at once, the proof costs no
-// statement.
+// keyrow.ErrLeaseLost here and must not start the work. Any other error of
+// that renewal is returned too: the holder cannot tell whether it still
+// holds the key. On the happy path, where the work follows a commit at
+// once, the proof costs no statement.
 //
 // The returned context is cancelled when the lease is found lost, when
 // limit (if positive) has passed, or when stop is called; the renewals end
