@@ -18,9 +18,9 @@
 // completer that runs every half second. Riders from
 // examples/rides/sim send each ride, sometimes as several concurrent copies,
 // to API processes picked at random per attempt, and retry with the same
-// Idempotency-Key after a dropped connection, a 409, a 503 or another 5xx,
-// until a final answer (201, 402 or 502) or until they give up and leave
-// the key to the completer.
+// Idempotency-Key through package caller (a dropped connection, a 409, a
+// 503, a 500, a first 502), until a final answer (201, 402 or 502) or until
+// they give up and leave the key to the completer.
 //
 // # Chaos
 //
