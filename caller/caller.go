@@ -367,7 +367,7 @@ func retryable(resp *http.Response, now time.Time) (bool, time.Duration) {
 	}
 	switch resp.StatusCode {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
-		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true, retryAfter(resp.Header.Get("Retry-After"), now)
 	}
 	return false, 0

@@ -283,7 +283,7 @@ func TestRetryAfterIsHonouredInSecondsAndAsADate(t *testing.T) {
 
 func TestRetriedStatuses(t *testing.T) {
 	t.Parallel()
-	for _, code := range []int{408, 409, 425, 429, 502, 503, 504} {
+	for _, code := range []int{408, 409, 425, 429, 500, 502, 503, 504} {
 		t.Run(http.StatusText(code), func(t *testing.T) {
 			t.Parallel()
 			s := firstThen(t, status(code), http.StatusCreated)
@@ -297,7 +297,7 @@ func TestRetriedStatuses(t *testing.T) {
 
 func TestFinalStatusesAreNotRetried(t *testing.T) {
 	t.Parallel()
-	for _, code := range []int{200, 201, 202, 400, 401, 402, 403, 404, 405, 413, 415, 422, 500, 501} {
+	for _, code := range []int{200, 201, 202, 400, 401, 402, 403, 404, 405, 413, 415, 422, 501, 505} {
 		t.Run(http.StatusText(code), func(t *testing.T) {
 			t.Parallel()
 			s := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
@@ -338,7 +338,8 @@ func TestStripeShouldRetryOverridesTheStatus(t *testing.T) {
 		header   string
 		attempts int
 	}{
-		{http.StatusInternalServerError, "true", 2},
+		{http.StatusUnprocessableEntity, "true", 2},
+		{http.StatusInternalServerError, "false", 1},
 		{http.StatusServiceUnavailable, "false", 1},
 		{http.StatusConflict, "false", 1},
 	} {

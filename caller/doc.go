@@ -42,16 +42,17 @@
 //	409 Conflict           Retried: the key's first request is still in flight (or on hold).
 //	429, 503               Retried after Retry-After when it is given.
 //	408, 425, 502, 504     Retried.
+//	500                    Retried. An atomicphase handler answers 500 for a failed phase
+//	                       and stores nothing: the retry resumes after the last committed
+//	                       phase. Stripe stores a 500 and replays it, marked
+//	                       Idempotent-Replayed and Stripe-Should-Retry: false, so the
+//	                       rules below return it without a second retry. A 500 that
+//	                       persists ends as an unknown outcome: the key is unfinished.
+//	501, 505, other 5xx    Returned: the server cannot serve the request at all.
 //	Retry-After            delay-seconds or an HTTP-date; honoured on any retried response
 //	                       as a minimum pause; one past the budget ends the request at once.
 //	replays                A response with Idempotent-Replayed: true is returned, whatever
 //	                       its status: it is the key's stored answer and will not change.
-//	500 and other 5xx      Returned, not retried. Stripe stores a 500 and replays it (and
-//	                       marks it Stripe-Should-Retry: false); an atomicphase handler
-//	                       answers 500 for a bug in a phase, stores nothing, and its
-//	                       completer finishes the key in the background: an immediate
-//	                       retry repeats the bug, a later one with Response.Key gets the
-//	                       final answer.
 //	400 401 403 404 405    Returned, never retried: the request itself is wrong, and
 //	413 415 422, other 4xx sending it again cannot help. 422 (or Stripe's 400) also says
 //	                       the key was used with another request.

@@ -240,3 +240,25 @@ func TestHandlerRefusalsAreNotRetried(t *testing.T) {
 		t.Fatalf("%d orders and %d charges, want one of each", orders, charges)
 	}
 }
+
+// A phase that fails answers 500 and stores nothing: the retry resumes the
+// request after its last committed phase, and the charge is made once.
+func TestHandler500IsRetriedAndResumes(t *testing.T) {
+	t.Parallel()
+	var failed atomic.Bool
+	s := newShop(t, phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
+		if at == (phase.Point{Phase: "charged", Stage: phase.AfterCall}) && failed.CompareAndSwap(false, true) {
+			return errors.New("the charge's answer could not be parsed")
+		}
+		return nil
+	}))
+	var statuses []int
+	c := newClient(t, caller.Config{Observe: func(a caller.Attempt) { statuses = append(statuses, a.Status) }})
+	res, body := do(t, c, post(t, s.url+"/orders", `{"amount":500}`))
+	if res.StatusCode != http.StatusCreated || res.Replayed || res.Attempts != 2 || statuses[0] != http.StatusInternalServerError {
+		t.Fatalf("answer %d %s after attempts %v; want 500, then the resumed run's 201", res.StatusCode, body, statuses)
+	}
+	if orders, charges := s.effects(t); orders != 1 || charges != 1 {
+		t.Fatalf("%d orders and %d charges, want one of each", orders, charges)
+	}
+}
