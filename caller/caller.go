@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -239,11 +240,17 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 // send runs the attempts under ctx, whose end ends the request.
 func (c *Client) send(ctx context.Context, req *http.Request, key string, getBody func() (io.ReadCloser, error)) (*Response, error) {
 	unknown := &UnknownOutcomeError{Key: key}
+	var status *url.URL // set once the server accepted the request (202)
+	polls := 0
 	for n := 1; ; n++ {
 		attempt := req.Clone(ctx)
 		attempt.Header.Set(KeyHeader, key)
 		attempt.GetBody = getBody
-		if getBody != nil {
+		if status != nil {
+			attempt.Method, attempt.URL, attempt.Host = http.MethodGet, status, ""
+			attempt.Body, attempt.GetBody, attempt.ContentLength = nil, nil, 0
+			attempt.Header.Del("Content-Type")
+		} else if getBody != nil {
 			body, err := getBody()
 			if err != nil {
 				return nil, fmt.Errorf("caller: re-reading the request body for attempt %d: %w", n, err)
@@ -259,6 +266,12 @@ func (c *Client) send(ctx context.Context, req *http.Request, key string, getBod
 			unknown.Status = resp.StatusCode
 			a.Status, a.Replayed = resp.StatusCode, replayed(resp)
 			retry, retryAfter = retryable(resp, time.Now())
+			if loc := accepted(resp, attempt.URL); loc != nil {
+				// The request goes on in the background: poll its status.
+				status, retry = loc, true
+			} else if status != nil && resp.StatusCode == http.StatusAccepted {
+				retry = true // still running
+			}
 		} else {
 			retry = ctx.Err() == nil && !permanent(err)
 		}
@@ -279,9 +292,16 @@ func (c *Client) send(ctx context.Context, req *http.Request, key string, getBod
 			}
 			return nil, unknown
 		}
-		a.Wait = max(c.backoff(n), retryAfter)
+		// Polls of a status location wait as retries do, but only the
+		// request's own attempts count toward MaxAttempts.
+		retries := n
+		if status != nil {
+			polls++
+			retries = polls
+		}
+		a.Wait = max(c.backoff(retries), retryAfter)
 		deadline, hasDeadline := ctx.Deadline()
-		a.Retry = n < c.cfg.MaxAttempts && (!hasDeadline || time.Now().Add(a.Wait).Before(deadline))
+		a.Retry = n-polls < c.cfg.MaxAttempts && (!hasDeadline || time.Now().Add(a.Wait).Before(deadline))
 		if !a.Retry {
 			a.Wait = 0
 		}
@@ -291,7 +311,7 @@ func (c *Client) send(ctx context.Context, req *http.Request, key string, getBod
 		}
 		if !a.Retry {
 			unknown.Cause = ErrBudgetExhausted
-			if d, ok := req.Context().Deadline(); ok && n < c.cfg.MaxAttempts && d.Equal(deadline) {
+			if d, ok := req.Context().Deadline(); ok && n-polls < c.cfg.MaxAttempts && d.Equal(deadline) {
 				// The caller's own deadline, not the budget, comes first.
 				unknown.Cause = context.DeadlineExceeded
 			}
@@ -312,6 +332,7 @@ func (c *Client) observe(a Attempt) {
 
 // backoff is the full-jitter pause before the retry that follows attempt n.
 func (c *Client) backoff(n int) time.Duration {
+	n = max(n, 1)
 	ceiling := c.cfg.MaxDelay
 	if shift := n - 1; shift < 32 && c.cfg.BaseDelay<<shift < ceiling && c.cfg.BaseDelay<<shift > 0 {
 		ceiling = c.cfg.BaseDelay << shift
@@ -371,6 +392,24 @@ func retryable(resp *http.Response, now time.Time) (bool, time.Duration) {
 		return true, retryAfter(resp.Header.Get("Retry-After"), now)
 	}
 	return false, 0
+}
+
+// accepted returns the status location of a 202 Accepted answer, resolved
+// against the attempt's URL; nil for any other answer, or a 202 without a
+// usable Location.
+func accepted(resp *http.Response, base *url.URL) *url.URL {
+	if resp.StatusCode != http.StatusAccepted {
+		return nil
+	}
+	loc := resp.Header.Get("Location")
+	if loc == "" {
+		return nil
+	}
+	u, err := base.Parse(loc)
+	if err != nil {
+		return nil
+	}
+	return u
 }
 
 // retryAfter parses a Retry-After value, delay-seconds or an HTTP-date

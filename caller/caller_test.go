@@ -580,3 +580,33 @@ func TestConfigIsValidated(t *testing.T) {
 		}
 	}
 }
+
+// A 202 with a Location is followed: the status is polled with GET, under
+// the key, until it stops answering 202.
+func TestAcceptedIsFollowedByPollingItsLocation(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		switch {
+		case n == 1:
+			w.Header().Set("Location", "/status/1")
+			w.WriteHeader(http.StatusAccepted)
+		case n <= 3:
+			w.WriteHeader(http.StatusAccepted)
+		default:
+			w.Header().Set(caller.ReplayedHeader, "true")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, "done")
+		}
+	})
+	res, body := do(t, newClient(t, caller.Config{MaxAttempts: 2}), post(t, s.URL+"/orders", "x"))
+	if res.StatusCode != http.StatusCreated || body != "done" || !res.Replayed || res.Attempts != 4 {
+		t.Fatalf("answer %d %q, Replayed %v, Attempts %d; want the replayed 201 after 4 attempts", res.StatusCode, body, res.Replayed, res.Attempts)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := 1; i < 4; i++ {
+		if s.methods[i] != http.MethodGet || s.keys[i] != s.keys[0] || s.bodies[i] != "" {
+			t.Fatalf("poll %d: %s with key %q and body %q; want GET with the key, no body", i, s.methods[i], s.keys[i], s.bodies[i])
+		}
+	}
+}

@@ -56,7 +56,11 @@
 //	400 401 403 404 405    Returned, never retried: the request itself is wrong, and
 //	413 415 422, other 4xx sending it again cannot help. 422 (or Stripe's 400) also says
 //	                       the key was used with another request.
-//	2xx, 3xx               Returned.
+//	202 with Location      Followed: the request goes on in the background, and its status
+//	                       is polled with GET at Location (the request's headers and key,
+//	                       no body), after Retry-After or the backoff, until an answer
+//	                       other than 202. Polls are attempts, bounded by MaxElapsed only.
+//	2xx, 3xx               Returned (a 202 without Location too).
 //	Stripe-Should-Retry    "true" retries the response, "false" returns it, whatever its
 //	                       status.
 //	backoff                Full jitter: a uniform pause in [0, BaseDelay·2^(n-1)], capped

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,7 +50,9 @@ type shop struct {
 	charges map[string]int // calls per downstream key
 }
 
-func newShop(t *testing.T, injector phase.Injector) *shop {
+// newShop returns the shop; with accept, it answers 202 once the order row
+// is committed and serves the status at /orders/status/{key}.
+func newShop(t *testing.T, injector phase.Injector, accept ...bool) *shop {
 	t.Helper()
 	ctx := context.Background()
 	s := &shop{pool: pgtest.Pool(t), charges: map[string]int{}}
@@ -81,13 +84,24 @@ func newShop(t *testing.T, injector phase.Injector) *shop {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := w.Handler(client, phase.HTTPConfig[order]{
-		Tenant: func(r *http.Request) (string, error) { return "acme", nil },
-	})
+	tenant := func(r *http.Request) (string, error) { return "acme", nil }
+	cfg := phase.HTTPConfig[order]{Tenant: tenant}
+	if len(accept) > 0 && accept[0] {
+		cfg.AcceptAfter = "order_created"
+		cfg.StatusLocation = func(r *http.Request, key string) string { return "/orders/status/" + key }
+	}
+	h, err := w.Handler(client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
+	status, err := w.StatusHandler(client, phase.StatusConfig{Tenant: tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", h)
+	mux.Handle("GET /orders/status/{key}", status)
+	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
 	return s
@@ -257,6 +271,26 @@ func TestHandler500IsRetriedAndResumes(t *testing.T) {
 	res, body := do(t, c, post(t, s.url+"/orders", `{"amount":500}`))
 	if res.StatusCode != http.StatusCreated || res.Replayed || res.Attempts != 2 || statuses[0] != http.StatusInternalServerError {
 		t.Fatalf("answer %d %s after attempts %v; want 500, then the resumed run's 201", res.StatusCode, body, statuses)
+	}
+	if orders, charges := s.effects(t); orders != 1 || charges != 1 {
+		t.Fatalf("%d orders and %d charges, want one of each", orders, charges)
+	}
+}
+
+// A handler that accepts the request (202) and charges in the background:
+// the caller polls the status location and returns the final answer.
+func TestHandlerAcceptedRequestIsFollowedToItsAnswer(t *testing.T) {
+	t.Parallel()
+	s := newShop(t, nil, true)
+	var seen []caller.Attempt
+	c := newClient(t, caller.Config{Observe: func(a caller.Attempt) { seen = append(seen, a) }})
+	res, body := do(t, c, post(t, s.url+"/orders", `{"amount":500}`))
+	if res.StatusCode != http.StatusCreated || !strings.Contains(body, "charge_id") {
+		t.Fatalf("answer %d %s, want the final 201", res.StatusCode, body)
+	}
+	if seen[0].Status != http.StatusAccepted || res.Request.Method != http.MethodGet ||
+		res.Request.URL.Path != "/orders/status/"+res.Key {
+		t.Fatalf("attempts %+v ending with %s %s: want a 202, then polls of the status", seen, res.Request.Method, res.Request.URL)
 	}
 	if orders, charges := s.effects(t); orders != 1 || charges != 1 {
 		t.Fatalf("%d orders and %d charges, want one of each", orders, charges)

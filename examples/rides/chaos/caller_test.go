@@ -38,13 +38,25 @@ import (
 // other none.
 func TestCallersUnderFaults(t *testing.T) {
 	t.Parallel()
+	callersUnderFaults(t, scenario{})
+}
+
+// TestCallersUnderFaultsAccepted is TestCallersUnderFaults with the API
+// answering 202 Accepted once the ride is created and charging in the
+// background: the callers follow each 202 by polling the ride's status.
+func TestCallersUnderFaultsAccepted(t *testing.T) {
+	t.Parallel()
+	callersUnderFaults(t, scenario{accept: true})
+}
+
+func callersUnderFaults(t *testing.T, sc scenario) {
 	traffic := 20 * time.Second
 	if v := os.Getenv(soakEnv); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d > 0 {
 			traffic = d
 		}
 	}
-	s := setup(t, scenario{})
+	s := setup(t, sc)
 	ctx := t.Context()
 	s.setFaults(ctx, faultPlan)
 	network := newFaultyNetwork(t, s.apiURLs())
@@ -127,13 +139,13 @@ func TestCallersUnderFaults(t *testing.T) {
 
 	c := ledger
 	t.Logf("\n%d logical requests (%d keys, %d as concurrent copies), %d attempts, over %v:\n"+
-		"  final answers held %d (%d replayed), unknown outcomes %d, all retried later to their answer\n"+
-		"  409s %d, 503s from the proxies %d, drops before %d, drops after the answer %d, upstream lost %d\n"+
+		"  keys whose answer a caller holds %d (copies holding a replay %d), unknown outcomes %d, all retried later to their answer\n"+
+		"  202s %d, 409s %d, 503s from the proxies %d, drops before %d, drops after the answer %d, upstream lost %d\n"+
 		"  API processes killed %d; completer after traffic: %d completed, %d failed, %d dead retried\n"+
 		"  charges %d for %d rides created, %d declined, %d payment failed",
 		c.requests, len(ledger.byKey), c.copied, c.attempts.Load(), traffic,
 		finals, replayed, len(unknown),
-		c.conflicts.Load(), network.unavailable.Load(), network.droppedBefore.Load(), network.droppedAfter.Load(), network.upstreamLost.Load(),
+		c.accepted.Load(), c.conflicts.Load(), network.unavailable.Load(), network.droppedBefore.Load(), network.droppedAfter.Load(), network.upstreamLost.Load(),
 		counts.kills.Load(), settled.completed, settled.failed, settled.deadRetried,
 		report.Charges, report.Created, report.Declined, report.PaymentFailed)
 
@@ -144,14 +156,19 @@ func TestCallersUnderFaults(t *testing.T) {
 		t.Errorf("%d keys unfinished, %d charges for %d charged rides", report.UnfinishedKey, report.Charges, report.ChargedRides)
 	}
 	// The faults the test is about must have happened.
-	for _, f := range []struct {
+	type occurrence struct {
 		what string
 		n    int64
-	}{
+	}
+	happened := []occurrence{
 		{"unknown outcomes", int64(len(unknown))}, {"409s", c.conflicts.Load()}, {"proxy 503s", network.unavailable.Load()},
 		{"drops before the request", network.droppedBefore.Load()}, {"drops after the answer", network.droppedAfter.Load()},
 		{"kills", counts.kills.Load()}, {"replayed answers", int64(replayed)},
-	} {
+	}
+	if sc.accept {
+		happened = append(happened, occurrence{"202s", c.accepted.Load()})
+	}
+	for _, f := range happened {
 		if f.n == 0 {
 			t.Errorf("no %s happened: the test did not test them", f.what)
 		}
@@ -284,8 +301,8 @@ type ledger struct {
 	mu    sync.Mutex
 	byKey map[string][]held
 
-	requests, copied    int
-	attempts, conflicts atomic.Int64
+	requests, copied              int
+	attempts, conflicts, accepted atomic.Int64
 }
 
 // ride sends logical requests until ctx ends: most with a patient caller
@@ -316,8 +333,11 @@ func (l *ledger) request(ctx context.Context, t *testing.T, n *faultyNetwork, cf
 	cfg.Transport = n
 	cfg.Observe = func(a caller.Attempt) {
 		l.attempts.Add(1)
-		if a.Status == http.StatusConflict {
+		switch a.Status {
+		case http.StatusConflict:
 			l.conflicts.Add(1)
+		case http.StatusAccepted:
+			l.accepted.Add(1)
 		}
 	}
 	form := url.Values{}

@@ -112,6 +112,9 @@ type scenario struct {
 	// restartPostgres restarts the cluster halfway through the traffic, or
 	// once a minute when the traffic lasts longer than two minutes.
 	restartPostgres bool
+	// accept runs the API processes with -accept: 202 Accepted once the
+	// ride is created, the charge in the background.
+	accept bool
 	// replication puts the rides database on a primary with a streaming
 	// standby and fails over during the traffic (see failOvers). The API
 	// processes are then neither killed nor cut off: the failover is the
@@ -364,9 +367,13 @@ func setup(t *testing.T, sc scenario) *system {
 	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN())
 	for i := range apiProcesses {
 		addr := freeAddr(t)
-		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, "serve", "-addr", addr,
-			"-database-url", dsn, "-stripe-url", "http://"+stripeAddr, "-stripe-key", stripeKey,
-			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"))
+		args := []string{"serve", "-addr", addr,
+			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey,
+			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"}
+		if sc.accept {
+			args = append(args, "-accept")
+		}
+		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, args...))
 	}
 	for _, p := range append([]*process{s.stripe}, s.apis...) {
 		t.Cleanup(p.kill)

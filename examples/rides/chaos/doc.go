@@ -102,7 +102,10 @@
 // its caller holding the key's stored answer or a caller.UnknownOutcomeError
 // naming the key; each unknown outcome is then retried with its key and
 // must get the final answer; and every ride answered 201 has exactly one
-// charge at Stripe, every other answer none.
+// charge at Stripe, every other answer none. TestCallersUnderFaultsAccepted
+// does the same with the API processes answering 202 Accepted once the ride
+// exists and charging in the background (rides serve -accept): the callers
+// poll each ride's status to its answer.
 //
 // # Soak
 //
