@@ -25,18 +25,20 @@ type Completer struct {
 	cfg       recovery.CompleterConfig
 	pool      *pgxpool.Pool
 	resumer   Resumer
-	workflows []string
-	ttl       time.Duration
+	// workflows and definitions, pairwise, are the definitions it resumes.
+	workflows, definitions []string
+	ttl                    time.Duration
 	log       *slog.Logger
 	bg        Background
 	// Around, when set, wraps every pass (the client's middleware).
 	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
 }
 
-// NewCompleter returns a completer for the keys of workflows, run by r.
-// cfg must have its defaults applied.
-func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows []string, ttl time.Duration, log *slog.Logger) *Completer {
-	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, ttl: ttl, log: log}
+// NewCompleter returns a completer for the keys of the workflow definitions
+// given pairwise by workflows and definitions, run by r. cfg must have its
+// defaults applied.
+func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
+	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
@@ -50,7 +52,7 @@ func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
 
 func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	var res recovery.PassResult
-	buried, err := store.Bury(ctx, c.pool, c.workflows, c.cfg.MaxAttempts, c.cfg.MinIdle)
+	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.MinIdle)
 	if err != nil {
 		return res, err
 	}
@@ -60,7 +62,7 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
-		Workflows: c.workflows, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
+		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl,
 	})
 	if err != nil {

@@ -98,7 +98,7 @@ func List(ctx context.Context, q Querier, f keyrow.ListFilter) ([]keyrow.Row, er
 // otherwise race the completer to the reaper's next run.
 const retrySQL = `
 UPDATE idempotency_keys
-SET hold = NULL, failures = 0, last_run_at = now()
+SET hold = NULL, failures = 0, call_pending = NULL, last_run_at = now()
 WHERE tenant = $1 AND idempotency_key = $2 AND hold IS NOT NULL`
 
 const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1 AND idempotency_key = $2)`
