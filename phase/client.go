@@ -372,6 +372,9 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 			return nil, err
 		}
 		resp, err := rt.w.resume(ctx, c, row, rt, true)
+		if errors.Is(err, ErrDefinitionElsewhere) || errors.Is(err, errForOperator) {
+			return nil, fmt.Errorf("%w: %w", maint.ErrHandedBack, err)
+		}
 		if err != nil {
 			return nil, err
 		}

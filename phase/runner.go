@@ -435,6 +435,10 @@ func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[
 	return x.from(ctx, start, nil)
 }
 
+// errForOperator ends a run that left its key on hold for an operator: only
+// a person can tell whether the call happened.
+var errForOperator = errors.New("an operator must resolve it")
+
 // execution is one run's progress through a workflow.
 type execution[Req, State any] struct {
 	w     *Workflow[Req, State]
@@ -506,12 +510,12 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	}
 	switch {
 	case x.row.CallPending != "" && (i == len(x.w.phases) || x.w.phases[i].identity() != x.row.CallPending):
-		return nil, x.release(ctx, fmt.Errorf("%w: the call of phase %q may have been sent, and it is not the next phase to run",
-			ErrOutcomeUnknown, x.row.CallPending), keyrow.HoldUnknown)
+		return nil, x.release(ctx, fmt.Errorf("%w: the call of phase %q may have been sent, and it is not the next phase to run: %w",
+			ErrOutcomeUnknown, x.row.CallPending, errForOperator), keyrow.HoldUnknown)
 	case i == len(x.w.phases) || x.w.phases[i].foreign == nil || x.w.phases[i].foreign.reconcile == nil:
 		// Nobody can tell what happened: keep the hold for an operator.
-		return nil, x.release(ctx, fmt.Errorf("%w, and the phase has no reconcile function: an operator must resolve it",
-			ErrOutcomeUnknown), keyrow.HoldUnknown)
+		return nil, x.release(ctx, fmt.Errorf("%w, and the phase has no reconcile function: %w",
+			ErrOutcomeUnknown, errForOperator), keyrow.HoldUnknown)
 	}
 	p := &x.w.phases[i]
 	x.run.phase = p.identity()

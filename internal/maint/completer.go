@@ -16,6 +16,11 @@ import (
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
+// ErrHandedBack is wrapped by a Resumer's error for a key it handed back
+// for someone else to act on (a process that runs its definition, an
+// operator): the completer cannot do more with it now.
+var ErrHandedBack = errors.New("maint: key handed back for another process")
+
 // Resumer continues a claimed key with its workflow, within the client's
 // run limits. It must free or keep the key's lease as any run does.
 type Resumer func(ctx context.Context, row *store.Row) error
@@ -81,9 +86,12 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 			err := c.resume(ctx, row)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrHandedBack):
+				res.Left++
+			case err != nil:
 				res.Failed++
-			} else {
+			default:
 				res.Completed++
 			}
 		})
@@ -97,6 +105,9 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 	ev := recovery.Event{Kind: recovery.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
 	if err != nil {
 		ev.Kind, ev.Err = recovery.EventFailed, err
+	}
+	if errors.Is(err, ErrHandedBack) {
+		return err
 	}
 	c.observe(ctx, ev)
 	if err != nil && c.log.Enabled(ctx, slog.LevelWarn) {
@@ -112,7 +123,8 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 	for {
 		res, err := c.RunOnce(ctx)
 		total = total.Add(res)
-		if err != nil || res.Claimed == 0 {
+		// Keys handed back would be claimed again at once.
+		if err != nil || res.Claimed == res.Left {
 			return total, err
 		}
 	}
