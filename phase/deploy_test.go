@@ -45,7 +45,9 @@ type provider struct {
 	byKey   map[string]string
 }
 
-func newProvider(honours bool) *provider { return &provider{honours: honours, byKey: map[string]string{}} }
+func newProvider(honours bool) *provider {
+	return &provider{honours: honours, byKey: map[string]string{}}
+}
 
 func (p *provider) call(key string) string {
 	p.mu.Lock()

@@ -27,14 +27,14 @@ type Resumer func(ctx context.Context, row *store.Row) error
 
 // Completer finishes keys that no client is waiting for.
 type Completer struct {
-	cfg       recovery.CompleterConfig
-	pool      *pgxpool.Pool
-	resumer   Resumer
+	cfg     recovery.CompleterConfig
+	pool    *pgxpool.Pool
+	resumer Resumer
 	// workflows and definitions, pairwise, are the definitions it resumes.
 	workflows, definitions []string
 	ttl                    time.Duration
-	log       *slog.Logger
-	bg        Background
+	log                    *slog.Logger
+	bg                     Background
 	// Around, when set, wraps every pass (the client's middleware).
 	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
 }
