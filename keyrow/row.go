@@ -125,11 +125,18 @@ const (
 // fingerprint is left out: it is a hash, useful to the code that compares
 // requests and to nobody else.
 type Row struct {
-	ID            uuid.UUID `json:"id"`
-	Tenant        string    `json:"tenant"`
-	Key           string    `json:"key"`
-	Workflow      string    `json:"workflow"`
-	RecoveryPoint string    `json:"recovery_point"`
+	ID       uuid.UUID `json:"id"`
+	Tenant   string    `json:"tenant"`
+	Key      string    `json:"key"`
+	Workflow string    `json:"workflow"`
+	// Definition is the workflow definition the key started under (or was
+	// adopted by); empty for keys stored before definitions were recorded.
+	Definition    string `json:"definition"`
+	RecoveryPoint string `json:"recovery_point"`
+	// CallPending names the phase whose foreign call, not safe to repeat,
+	// may have been sent by a run that then stopped: the next run
+	// reconciles it, or holds the key for an operator.
+	CallPending string `json:"call_pending,omitempty"`
 	// Hold is set for a parked key, empty otherwise.
 	Hold      Hold      `json:"hold"`
 	CreatedAt time.Time `json:"created_at"`

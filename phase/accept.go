@@ -52,13 +52,13 @@ func (w *Workflow[Req, State]) accepted(after, rp string) bool {
 	return ok && i >= w.index[after]
 }
 
-// runAccepting runs the request, and returns as soon as the phase named
+// runAccepting runs the request, whose fingerprint as sent is fp, and returns as soon as the phase named
 // cfg.AcceptAfter has committed (or the run resumed after it), with
 // accepted set, leaving the run to finish the remaining phases in the
 // background; or when the run ends first, with its outcome.
-func (h *handler[Req, State]) runAccepting(ctx context.Context, tenant, key string, req Req) (out *Outcome, err error, accepted bool) {
+func (h *handler[Req, State]) runAccepting(ctx context.Context, tenant, key string, req Req, fp *[32]byte) (out *Outcome, err error, accepted bool) {
 	if h.cfg.AcceptAfter == "" {
-		out, err = h.w.Run(ctx, h.c, tenant, key, req)
+		out, err = h.w.runAs(ctx, h.c, tenant, key, req, fp)
 		return out, err, false
 	}
 	acceptedCh := make(chan struct{})
@@ -75,7 +75,7 @@ func (h *handler[Req, State]) runAccepting(ctx context.Context, tenant, key stri
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, err := h.w.Run(ctx, h.c, tenant, key, req)
+		out, err := h.w.runAs(ctx, h.c, tenant, key, req, fp)
 		if err != nil && !errors.Is(err, ErrCrash) {
 			select {
 			case <-acceptedCh:

@@ -1,6 +1,7 @@
 package phase
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -190,23 +191,31 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		h.writeRequestError(rw, err, http.StatusUnauthorized)
 		return
 	}
-	r.Body = http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes)
+	// The body is read whole first, so that the fingerprint covers what the
+	// client sent, not what Decode made of it: a deploy that changes Req
+	// must not turn a retry into a mismatch.
+	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		h.writeBodyError(rw, err)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	var req Req
 	if err := protect("Decode", "", func() (err error) {
 		req, err = h.cfg.Decode(r)
 		return err
 	}); err != nil {
-		if isTooBig(err) {
-			WriteProblem(rw, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
-				fmt.Sprintf("the request body is larger than %d bytes", h.cfg.MaxBodyBytes), 0)
-			return
-		}
-		h.writeRequestError(rw, err, http.StatusBadRequest)
+		h.writeBodyError(rw, err)
+		return
+	}
+	fp, err := fingerprintSent(r, body)
+	if err != nil {
+		WriteProblem(rw, http.StatusBadRequest, "invalid-request", "Bad Request", requestErrorDetail(err), 0)
 		return
 	}
 	// Once the key is taken, the run goes on if the client hangs up: its
 	// retry then finds a stored answer instead of a half-done key.
-	out, err, accepted := h.runAccepting(context.WithoutCancel(r.Context()), tenant, key, req)
+	out, err, accepted := h.runAccepting(context.WithoutCancel(r.Context()), tenant, key, req, &fp)
 	if accepted {
 		writeAccepted(rw, h.cfg.StatusLocation(r, key), acceptedStatus{Status: "processing", RecoveryPoint: h.cfg.AcceptAfter}, 0)
 		return
@@ -228,10 +237,48 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 			detail = "processing of this request was abandoned after repeated failures; an operator must retry it"
 		}
 		WriteProblem(rw, http.StatusConflict, "request-on-hold", "Request on hold", detail, out.RetryAfter)
+	case OutcomeElsewhere:
+		WriteProblem(rw, http.StatusServiceUnavailable, "definition-unavailable", "Request started under another version",
+			fmt.Sprintf("this request started under definition %s of the workflow, which this server does not run; a server that runs it will finish it, so retry later with the same Idempotency-Key", out.Definition),
+			out.RetryAfter)
 	case OutcomeMismatch:
 		WriteProblem(rw, h.cfg.MismatchStatus, "idempotency-key-reused", "Idempotency-Key reused",
 			"this Idempotency-Key was already used with a different request; use a new key for a new request", 0)
 	}
+}
+
+// writeBodyError answers an error of reading or decoding the body.
+func (h *handler[Req, State]) writeBodyError(rw http.ResponseWriter, err error) {
+	if isTooBig(err) {
+		WriteProblem(rw, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+			fmt.Sprintf("the request body is larger than %d bytes", h.cfg.MaxBodyBytes), 0)
+		return
+	}
+	h.writeRequestError(rw, err, http.StatusBadRequest)
+}
+
+// fingerprintSent is the fingerprint of r as its client sent it: the path
+// and query it was sent to, before any prefix was stripped, and its body in
+// its media type's canonical form (see keyrow.RequestFingerprint).
+func fingerprintSent(r *http.Request, body []byte) ([32]byte, error) {
+	target := r.RequestURI
+	if target == "" {
+		target = r.URL.RequestURI()
+	}
+	ct := r.Header.Get("Content-Type")
+	mediaType, _, _ := mime.ParseMediaType(ct)
+	if ct == "" {
+		// DecodeJSON reads a body without a Content-Type as JSON.
+		mediaType = "application/json"
+	}
+	fp, err := keyrow.RequestFingerprint(target, mediaType, body)
+	if err != nil && ct == "" {
+		fp, err = keyrow.RequestFingerprint(target, "", body)
+	}
+	if err != nil {
+		return fp, fmt.Errorf("the request body cannot be fingerprinted: %w", err)
+	}
+	return fp, nil
 }
 
 // writeRequestError answers an error of the Tenant or Decode function.

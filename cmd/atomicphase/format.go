@@ -34,8 +34,12 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 	row("key", clean(k.Key))
 	row("id", k.ID.String())
 	row("workflow", clean(k.Workflow))
+	row("definition", orDash(clean(k.Definition)))
 	row("status", status(k))
 	row("recovery point", clean(k.RecoveryPoint))
+	if k.CallPending != "" {
+		row("call pending", clean(k.CallPending)+" (may have been sent; reconciled before it is sent again)")
+	}
 	row("attempts", strconv.Itoa(k.Attempts))
 	row("failures", strconv.Itoa(k.Failures))
 	row("last error", orDash(clean(k.LastError)))

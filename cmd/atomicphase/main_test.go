@@ -124,7 +124,7 @@ func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *store.Row
 		t.Fatal(err)
 	}
 	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false, false); err != nil {
 		t.Fatal(err)
 	}
 	return row

@@ -15,7 +15,8 @@ import (
 // keyInfoColumns selects a keyrow.Row, with each column named as pgxscan maps
 // the field (snake case) and NULL text turned into the empty string.
 const keyInfoColumns = `
-    id, tenant, idempotency_key AS key, workflow, recovery_point, coalesce(hold, '') AS hold,
+    id, tenant, idempotency_key AS key, workflow, definition, recovery_point, coalesce(hold, '') AS hold,
+    coalesce(call_pending, '') AS call_pending,
     created_at, last_run_at, finished_at, locked_at, lock_expires_at, attempts, failures,
     coalesce(last_error, '') AS last_error,
     response_status, response_headers AS response_header, response_body,
@@ -98,7 +99,7 @@ func List(ctx context.Context, q Querier, f keyrow.ListFilter) ([]keyrow.Row, er
 // otherwise race the completer to the reaper's next run.
 const retrySQL = `
 UPDATE idempotency_keys
-SET hold = NULL, failures = 0, last_run_at = now()
+SET hold = NULL, failures = 0, call_pending = NULL, last_run_at = now()
 WHERE tenant = $1 AND idempotency_key = $2 AND hold IS NOT NULL`
 
 const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1 AND idempotency_key = $2)`
