@@ -65,6 +65,17 @@ type HTTPConfig[Req any] struct {
 	// MismatchStatus answers a key reused with another request: 422 by
 	// default, as the IETF draft says; Stripe-style APIs use 400.
 	MismatchStatus int
+	// AcceptAfter, when set, names the phase after whose commit the
+	// handler answers 202 Accepted, with Location from StatusLocation and
+	// Retry-After, and leaves the run to finish the remaining phases in
+	// the background (the completer finishes them if this process dies).
+	// A retry of the request answers 202 again while the run goes on, and
+	// the final response once it is stored. Default: answer when the last
+	// phase is done.
+	AcceptAfter string
+	// StatusLocation returns the URL at which the status of key is read
+	// (see Workflow.StatusHandler). Required with AcceptAfter.
+	StatusLocation func(r *http.Request, key string) string
 }
 
 // DecodeJSON decodes a JSON request body into Req, refusing unknown fields
@@ -138,6 +149,9 @@ func (w *Workflow[Req, State]) Handler(c *Client, cfg HTTPConfig[Req]) (http.Han
 	if cfg.MismatchStatus == 0 {
 		cfg.MismatchStatus = http.StatusUnprocessableEntity
 	}
+	if err := w.checkAccept(cfg.AcceptAfter, cfg.StatusLocation); err != nil {
+		return nil, err
+	}
 	return &handler[Req, State]{w: w, c: c, cfg: cfg}, nil
 }
 
@@ -201,7 +215,11 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 	}
 	// Once the key is taken, the run goes on if the client hangs up: its
 	// retry then finds a stored answer instead of a half-done key.
-	out, err := h.w.runAs(context.WithoutCancel(r.Context()), h.c, tenant, key, req, &fp)
+	out, err, accepted := h.runAccepting(context.WithoutCancel(r.Context()), tenant, key, req, &fp)
+	if accepted {
+		writeAccepted(rw, h.cfg.StatusLocation(r, key), acceptedStatus{Status: "processing", RecoveryPoint: h.cfg.AcceptAfter}, 0)
+		return
+	}
 	if err != nil {
 		h.writeError(rw, err)
 		return
@@ -212,8 +230,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 	case OutcomeNew, OutcomeResumed:
 		writeStored(rw, out.Response, false)
 	case OutcomeInProgress:
-		WriteProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
-			"another request with this Idempotency-Key is still being processed; retry after the time in Retry-After", out.RetryAfter)
+		h.inProgress(rw, r, tenant, key, out)
 	case OutcomeOnHold:
 		detail := "the outcome of this request is being reconciled with a downstream service; retry later with the same Idempotency-Key"
 		if out.Hold == keyrow.HoldDead {

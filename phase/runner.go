@@ -910,6 +910,9 @@ func (c *Client) observe(ctx context.Context, ev Event) {
 	if c.cfg.Observer != nil {
 		c.cfg.Observer(ctx, ev)
 	}
+	if l, ok := ctx.Value(listenerKey{}).(func(Event)); ok {
+		l(ev)
+	}
 }
 
 // hasNUL reports whether encoding/json output holds an escaped NUL

@@ -126,6 +126,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	completerMinIdle := fs.Duration("completer-min-idle", 0, "how long a key must sit idle before the completer takes it (default 1m)")
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
+	accept := fs.Bool("accept", false, "answer 202 Accepted once the ride is created, with its status at GET /rides/status/{key},\nand charge in the background")
 	pollOnly := fs.Bool("poll-only", false, "River polls instead of using LISTEN/NOTIFY: needed behind PgBouncer in transaction pooling mode\n(whose URL also needs default_query_exec_mode=cache_describe)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
@@ -159,6 +160,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		},
 		WithoutWorker: *noWorker,
 		PollOnly:      *pollOnly,
+		Accept:        *accept,
 	}
 	if *noCompleter {
 		cfg.Client.Completer.Interval = -1

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
 
+	"github.com/atomicphase/atomicphase/caller"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
@@ -110,6 +112,9 @@ type scenario struct {
 	// restartPostgres restarts the cluster halfway through the traffic, or
 	// once a minute when the traffic lasts longer than two minutes.
 	restartPostgres bool
+	// accept runs the API processes with -accept: 202 Accepted once the
+	// ride is created, the charge in the background.
+	accept bool
 	// replication puts the rides database on a primary with a streaming
 	// standby and fails over during the traffic (see failOvers). The API
 	// processes are then neither killed nor cut off: the failover is the
@@ -362,9 +367,13 @@ func setup(t *testing.T, sc scenario) *system {
 	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN())
 	for i := range apiProcesses {
 		addr := freeAddr(t)
-		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, "serve", "-addr", addr,
-			"-database-url", dsn, "-stripe-url", "http://"+stripeAddr, "-stripe-key", stripeKey,
-			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"))
+		args := []string{"serve", "-addr", addr,
+			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey,
+			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"}
+		if sc.accept {
+			args = append(args, "-accept")
+		}
+		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, args...))
 	}
 	for _, p := range append([]*process{s.stripe}, s.apis...) {
 		t.Cleanup(p.kill)
@@ -518,42 +527,51 @@ func rideOnce(ctx context.Context, addr string) error {
 // rideForm is the ride the tests' own requests ask for.
 const rideForm = "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
 
-// postRide sends a ride request to the API at baseURL and retries it with
-// its key, as a client would, until an answer other than 409, 500 or 503,
-// or until recoverTimeout passes.
+// postRide sends a ride request to the API at baseURL through package
+// caller, which retries it with its key until an answer that will not
+// change, or until recoverTimeout passes (an *caller.UnknownOutcomeError).
 func postRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recoverTimeout)
-	defer cancel()
-	var last string
-	for {
-		status, body, err := sendRide(ctx, baseURL, rider, form, key)
-		switch {
-		case err != nil:
-			last = err.Error()
-		case status == http.StatusConflict, status == http.StatusInternalServerError, status == http.StatusServiceUnavailable:
-			last = strconv.Itoa(status) + " " + body
-		default:
-			return status, body, nil
-		}
-		if !sleep(ctx, 100*time.Millisecond) {
-			return 0, "", fmt.Errorf("no answer within %v; last: %s", recoverTimeout, last)
-		}
+	c, err := caller.New(caller.Config{MaxElapsed: recoverTimeout, MaxAttempts: math.MaxInt32, MaxDelay: time.Second})
+	if err != nil {
+		return 0, "", err
 	}
+	req, err := rideRequest(context.WithoutCancel(ctx), baseURL, rider, form, key)
+	if err != nil {
+		return 0, "", err
+	}
+	res, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	return readAnswer(res.Response)
 }
 
 // sendRide sends a ride request to the API at baseURL once.
 func sendRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/rides", strings.NewReader(form))
+	req, err := rideRequest(ctx, baseURL, rider, form, key)
 	if err != nil {
 		return 0, "", err
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", rider)
-	req.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, "", err
 	}
+	return readAnswer(resp)
+}
+
+func rideRequest(ctx context.Context, baseURL, rider, form, key string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/rides", strings.NewReader(form))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", rider)
+	req.Header.Set("Idempotency-Key", key)
+	return req, nil
+}
+
+// readAnswer reads and closes resp.
+func readAnswer(resp *http.Response) (status int, body string, err error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
