@@ -78,7 +78,7 @@ COMMENT ON COLUMN idempotency_keys.lock_token IS
 COMMENT ON COLUMN idempotency_keys.response_status IS
     'Stored HTTP status, replayed on every retry once the key is finished.';
 COMMENT ON COLUMN idempotency_keys.response_headers IS
-    'Stored response headers (name to list of values), replayed with the status.';
+    'Stored response headers (name to list of values) that describe the resource, replayed with the status; never cookies, credentials, hop-by-hop headers or Date (see phase.StoreConfig).';
 COMMENT ON COLUMN idempotency_keys.response_body IS
     'Stored response body, byte for byte, so a replay is identical to the first answer.';
 COMMENT ON COLUMN idempotency_keys.attempts IS

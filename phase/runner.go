@@ -232,7 +232,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 		case store.Replay:
 			ev.Kind, ev.Status = EventReplayed, row.Response.Status
 			c.observe(ctx, ev)
-			return &Outcome{Kind: OutcomeReplay, Response: row.Response}, nil
+			return &Outcome{Kind: OutcomeReplay, Response: w.store.replayed(row.Response)}, nil
 		case store.Mismatch:
 			if !legacyTried {
 				// The key may hold the earlier kind of fingerprint, of its
@@ -790,7 +790,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	var w store.Write
 	if res.response != nil {
-		w, err = x.lease.Finish(state, *res.response)
+		w, err = x.lease.Finish(state, x.w.store.stored(*res.response))
 	} else {
 		w, err = x.lease.Advance(p.identity(), state)
 	}

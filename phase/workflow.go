@@ -40,6 +40,7 @@ type Workflow[Req, State any] struct {
 	index      map[string]int
 	definition string
 	adoptions  []adoption
+	store      storePolicy
 }
 
 // adoption is an older definition whose keys a workflow resumes, with the
@@ -59,7 +60,8 @@ func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Re
 	if len(phases) == 0 {
 		return nil, fmt.Errorf("phase: workflow %q has no phases", name)
 	}
-	w := &Workflow[Req, State]{name: name, phases: phases, index: make(map[string]int, len(phases))}
+	w := &Workflow[Req, State]{name: name, phases: phases, index: make(map[string]int, len(phases)),
+		store: defaultStorePolicy()}
 	for i, p := range phases {
 		switch {
 		case keyrow.CheckName(p.name) != nil:
