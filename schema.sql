@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     failures            integer     NOT NULL DEFAULT 0,
     definition          text        NOT NULL DEFAULT '',
     call_pending        text,
+    retain_for          interval,
 
     CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key)
 )
@@ -91,6 +92,8 @@ COMMENT ON COLUMN idempotency_keys.definition IS
     'Identity of the workflow definition the key started under (phase.Workflow.Definition); only a process that registered it, or adopts it, resumes the key. Empty for keys written before definitions were recorded.';
 COMMENT ON COLUMN idempotency_keys.call_pending IS
     'The phase whose foreign call, not safe to repeat, was about to be sent when this was written; cleared when the phase commits or the call fails for sure. A run that finds it set reconciles the call instead of sending it again.';
+COMMENT ON COLUMN idempotency_keys.retain_for IS
+    'How long the key is kept once finished, recorded when it was created (phase.StoreConfig.Retention); no reaper deletes it sooner. NULL for keys written before retentions were recorded: the reaper of their workflow applies its own.';
 
 -- The completer's scan: unfinished, runnable keys by age of their last run.
 -- Finished keys (the vast majority) are not in this index at all. The
@@ -106,9 +109,10 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_held
     ON idempotency_keys (hold, last_run_at)
     WHERE hold IS NOT NULL;
 
--- The reaper's scan: finished keys by age.
-CREATE INDEX IF NOT EXISTS idempotency_keys_finished
-    ON idempotency_keys (finished_at)
+-- The reaper's scan: finished keys of one workflow by age. Each reaper
+-- deletes only the keys of the workflows its process runs.
+CREATE INDEX IF NOT EXISTS idempotency_keys_finished_by_workflow
+    ON idempotency_keys (workflow, finished_at)
     WHERE finished_at IS NOT NULL;
 
 -- Raised by fenced statements when the caller's lease token no longer matches,

@@ -2,6 +2,7 @@ package phase
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -211,7 +212,8 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	}
 
 	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Definition: w.definition,
-		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
+		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL,
+		Retention: cmp.Or(w.store.retention, c.cfg.Reaper.Retention)}
 	// A key is looked up at most twice more: under the fingerprint keys
 	// stored before definitions hold, and under the definition it started
 	// with.
@@ -354,6 +356,8 @@ func (c *Client) downstreamBase(row *store.Row) string {
 }
 
 func (w *Workflow[Req, State]) adopted() []adoption { return w.adoptions }
+
+func (w *Workflow[Req, State]) retention() time.Duration { return w.store.retention }
 
 // resume continues a key whose lease the caller holds, from its stored
 // request: one the completer claimed, or one a request found under another

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,7 +36,12 @@ type answering struct {
 
 func setupAnswering(t *testing.T, name string, store *phase.StoreConfig, respond func() phase.Result) *answering {
 	t.Helper()
-	a := &answering{db: pgtest.Pool(t)}
+	return newAnswering(t, pgtest.Pool(t), name, store, respond)
+}
+
+func newAnswering(t *testing.T, db *pgxpool.Pool, name string, store *phase.StoreConfig, respond func() phase.Result) *answering {
+	t.Helper()
+	a := &answering{db: db}
 	w, err := phase.New(name, phase.Local("answered",
 		func(ctx context.Context, tx pgx.Tx, run *phase.Run[signup, struct{}]) (phase.Result, error) {
 			a.runs.Add(1)
@@ -304,5 +310,145 @@ func TestResponseUnderAWorkflowsLimitIsReplayedWithContentLength(t *testing.T) {
 	retry, again := postReal(t, srv.URL, "k1")
 	if retry.Header.Get(phase.ReplayedHeader) != "true" || !bytes.Equal(first, again) {
 		t.Errorf("retry: replayed %q, %d bytes equal to the first: %v", retry.Header.Get(phase.ReplayedHeader), len(again), bytes.Equal(first, again))
+	}
+}
+
+func created() phase.Result { return phase.JSON(http.StatusCreated, map[string]int{"id": 1}) }
+
+// finishedAgo ages the finished keys of workflow.
+func finishedAgo(t *testing.T, db *pgxpool.Pool, workflow, age string) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(),
+		`UPDATE idempotency_keys SET finished_at = now() - $2::interval, last_run_at = now() - $2::interval WHERE workflow = $1`,
+		workflow, age); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func keysOf(t *testing.T, db *pgxpool.Pool, workflow string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE workflow = $1`, workflow).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestAReaperNeverDeletesTheKeysOfAWorkflowKeptLonger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	// Two services on one database: payouts kept 30 days, orders 24 hours.
+	payouts := newAnswering(t, db, "payouts", &phase.StoreConfig{Retention: 30 * 24 * time.Hour}, created)
+	orders := newAnswering(t, db, "orders", nil, created)
+	postSignup(payouts.handler(t), "p1")
+	postSignup(orders.handler(t), "o1")
+	finishedAgo(t, db, "payouts", "2 days")
+	finishedAgo(t, db, "orders", "2 days")
+
+	if _, err := orders.c.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := keysOf(t, db, "payouts"); n != 1 {
+		t.Fatalf("the orders client's reaper deleted a payout key inside its 30-day retention (%d left)", n)
+	}
+	if n := keysOf(t, db, "orders"); n != 0 {
+		t.Errorf("the orders client kept %d of its own keys past their retention", n)
+	}
+
+	// A process that runs payouts with the default retention (an older
+	// configuration, during a deploy) keeps the key for the 30 days it
+	// recorded.
+	w, err := phase.New("payouts", phase.Local("answered",
+		func(ctx context.Context, tx pgx.Tx, run *phase.Run[signup, struct{}]) (phase.Result, error) {
+			return created(), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := phase.NewClient(db, &phase.Config{Logger: quiet}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := short.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := keysOf(t, db, "payouts"); n != 1 {
+		t.Fatalf("a reaper with a 24-hour retention deleted a key that recorded 30 days (%d left)", n)
+	}
+	replay := postSignup(payouts.handler(t), "p1")
+	if replay.Header().Get(phase.ReplayedHeader) != "true" || payouts.runs.Load() != 1 {
+		t.Errorf("the payout retry inside its retention was not a replay (runs %d)", payouts.runs.Load())
+	}
+
+	finishedAgo(t, db, "payouts", "31 days")
+	if res, err := payouts.c.Reap(ctx); err != nil || res.Deleted != 1 {
+		t.Errorf("Reap after 31 days = %+v, %v; want the payout key deleted", res, err)
+	}
+}
+
+func TestAReaperLeavesAbandonedKeysOfOtherWorkflowsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	payouts := newAnswering(t, db, "payouts", &phase.StoreConfig{Retention: 30 * 24 * time.Hour}, created)
+	orders := newAnswering(t, db, "orders", nil, created)
+	// A payout key abandoned unfinished two days ago.
+	if _, err := db.Exec(ctx, `
+		INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, definition, request_fingerprint, request_params, last_run_at, retain_for)
+		VALUES ('acme', 'p1', 'payouts', $1, sha256('p1'), '{}', now() - interval '2 days', interval '30 days')`,
+		payouts.w.Definition()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := orders.c.Reap(ctx); err != nil || res.Expired != 0 {
+		t.Fatalf("the orders reaper: %+v, %v; want the payout key left alone", res, err)
+	}
+	if res, err := payouts.c.Reap(ctx); err != nil || res.Expired != 0 {
+		t.Fatalf("the payouts reaper: %+v, %v; want the key kept for its 30 days", res, err)
+	}
+	var finished bool
+	if err := db.QueryRow(ctx, `SELECT finished_at IS NOT NULL FROM idempotency_keys`).Scan(&finished); err != nil || finished {
+		t.Errorf("the abandoned payout key was closed (%v, %v)", finished, err)
+	}
+}
+
+func TestARetryAfterItsKeyWasReapedRunsAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a := setupAnswering(t, "orders", nil, created)
+	h := a.handler(t)
+	postSignup(h, "k1")
+	finishedAgo(t, a.db, "orders", "25 hours")
+	if res, err := a.c.Reap(ctx); err != nil || res.Deleted != 1 {
+		t.Fatalf("Reap = %+v, %v; want one key deleted", res, err)
+	}
+	retry := postSignup(h, "k1")
+	if retry.Code != http.StatusCreated || retry.Header().Get(phase.ReplayedHeader) != "" || a.runs.Load() != 2 {
+		t.Errorf("retry after the retention: %d, replayed %q, runs %d; want a new run",
+			retry.Code, retry.Header().Get(phase.ReplayedHeader), a.runs.Load())
+	}
+}
+
+func TestAnswersTheWorkflowGivesAreStoredWhateverTheirStatus(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{http.StatusBadRequest, http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusServiceUnavailable} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			t.Parallel()
+			a := setupAnswering(t, "orders", nil, func() phase.Result {
+				return phase.Respond(status, http.Header{"Content-Type": {"application/json"}, "Retry-After": {"30"}}, []byte(`{"error":"no"}`))
+			})
+			h := a.handler(t)
+			first := postSignup(h, "k1")
+			retry := postSignup(h, "k1")
+			if first.Code != status || first.Header().Get("Retry-After") != "30" {
+				t.Errorf("first: %d, Retry-After %q; want %d with the workflow's header", first.Code, first.Header().Get("Retry-After"), status)
+			}
+			if retry.Code != status || retry.Header().Get(phase.ReplayedHeader) != "true" || a.runs.Load() != 1 {
+				t.Errorf("retry: %d, replayed %q, runs %d; want the stored %d", retry.Code, retry.Header().Get(phase.ReplayedHeader), a.runs.Load(), status)
+			}
+			if got := retry.Header().Get("Retry-After"); got != "" {
+				t.Errorf("the replay carries the first answer's Retry-After %q, which is not a header of the resource", got)
+			}
+		})
 	}
 }
