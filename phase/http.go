@@ -120,7 +120,9 @@ func isTooBig(err error) bool {
 // Idempotency-Key header; w must be registered with c. It parses the key
 // (bare or RFC 8941 quoted), finds the tenant and decodes the request with
 // cfg's functions, and answers: the stored response (replays carry
-// Idempotent-Replayed: true and identical bytes); and otherwise an
+// Idempotent-Replayed: true, the identical status and body, and only the
+// stored headers, never over one the request's middleware set; every
+// stored answer carries Content-Length); and otherwise an
 // application/problem+json body (RFC 9457) that says whether retrying with
 // the same key is safe:
 //

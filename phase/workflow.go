@@ -229,9 +229,11 @@ type Result struct {
 // Next ends a phase by committing it and moving to the next applicable one.
 func Next() Result { return Result{} }
 
-// Respond ends the workflow with a terminal response. The response is
-// stored with the phase's commit, byte for byte, and replayed on every retry
-// of the key.
+// Respond ends the workflow with a terminal response, whatever its status.
+// The caller that ran the request gets it whole; the key stores its status
+// and body, byte for byte, with the headers that describe the resource (see
+// Workflow.StoreResponses), in the phase's commit, and every retry of the
+// key gets that back.
 func Respond(status int, header http.Header, body []byte) Result {
 	if body == nil {
 		body = []byte{}
