@@ -238,7 +238,9 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 			resp := *out.Response
 			resp.Header = out.Response.Header.Clone()
 			if err := protect("AdjustReplay", "", func() error { h.cfg.AdjustReplay(r, &resp); return nil }); err != nil {
-				h.writeRequestError(rw, err, http.StatusInternalServerError)
+				h.c.cfg.Logger.Error("panic in user code; the stored response was not sent", "workflow", h.w.name, "key", key, "err", err)
+				WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
+					"this request was already processed, but its stored response could not be sent because of a server bug; retry with the same Idempotency-Key to get it", 0)
 				return
 			}
 			out.Response = &resp

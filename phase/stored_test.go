@@ -452,3 +452,16 @@ func TestAnswersTheWorkflowGivesAreStoredWhateverTheirStatus(t *testing.T) {
 		})
 	}
 }
+
+func TestAPanicInAdjustReplaySaysTheRequestWasProcessed(t *testing.T) {
+	t.Parallel()
+	a := setupAnswering(t, "signup", nil, loggedIn)
+	h := a.handler(t, func(cfg *phase.HTTPConfig[signup]) {
+		cfg.AdjustReplay = func(r *http.Request, resp *keyrow.Response) { panic("bug") }
+	})
+	postSignup(h, "k1")
+	retry := postSignup(h, "k1")
+	if retry.Code != http.StatusInternalServerError || !strings.Contains(retry.Body.String(), "already processed") || a.runs.Load() != 1 {
+		t.Errorf("retry: %d %q after %d runs; want a 500 that says the request was processed", retry.Code, retry.Body, a.runs.Load())
+	}
+}
