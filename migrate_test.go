@@ -490,8 +490,8 @@ func ExampleMigrations() {
 	// 003_drop_row_checks
 	// 004_comment_downstream_keys
 	// 005_record_definitions
-	// 006_scrub_replayed_headers
-	// 007_record_retention
+	// 007_scrub_replayed_headers
+	// 008_record_retention
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {
