@@ -127,6 +127,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
 	accept := fs.Bool("accept", false, "answer 202 Accepted once the ride is created, with its status at GET /rides/status/{key},\nand charge in the background")
+	fraudCheck := fs.Bool("fraud-check", false, "serve the workflow's next definition, which checks for fraud before the charge;\nrides started under the first one finish under it")
 	pollOnly := fs.Bool("poll-only", false, "River polls instead of using LISTEN/NOTIFY: needed behind PgBouncer in transaction pooling mode\n(whose URL also needs default_query_exec_mode=cache_describe)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
@@ -161,6 +162,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		WithoutWorker: *noWorker,
 		PollOnly:      *pollOnly,
 		Accept:        *accept,
+		FraudCheck:    *fraudCheck,
 	}
 	if *noCompleter {
 		cfg.Client.Completer.Interval = -1

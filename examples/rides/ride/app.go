@@ -165,6 +165,10 @@ type Config struct {
 	// the receipt in the background (the completer finishes what a crash
 	// leaves). Otherwise the API answers when the receipt is queued.
 	Accept bool
+	// FraudCheck serves the next definition of the workflow, with a fraud
+	// check before the charge (NewCheckedWorkflow), and keeps the first
+	// one registered, so that its rides in flight finish as they began.
+	FraudCheck bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -212,11 +216,20 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	registered := []phase.Registered{w}
+	if cfg.FraudCheck {
+		// New rides run the checked definition; rides started before the
+		// deploy drain on the one they started with.
+		if w, err = NewCheckedWorkflow(cfg.Stripe, jobs); err != nil {
+			return nil, err
+		}
+		registered = append([]phase.Registered{w}, registered...)
+	}
 	pc := cfg.Client
 	if pc.Logger == nil {
 		pc.Logger = cfg.Logger
 	}
-	client, err := phase.NewClient(cfg.Pool, &pc, w)
+	client, err := phase.NewClient(cfg.Pool, &pc, registered...)
 	if err != nil {
 		return nil, err
 	}
