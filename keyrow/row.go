@@ -202,3 +202,18 @@ type ListFilter struct {
 	// Limit caps the keys returned. Defaults to DefaultListLimit.
 	Limit int
 }
+
+// DefinitionCount is how many unfinished keys one workflow definition has:
+// after a deploy, the keys that still need a process running that
+// definition (or adopting it) to finish.
+type DefinitionCount struct {
+	Workflow string `json:"workflow"`
+	// Definition is empty for keys stored before definitions were
+	// recorded.
+	Definition string `json:"definition"`
+	// Unfinished counts every unfinished key, Held those on hold.
+	Unfinished int `json:"unfinished"`
+	Held       int `json:"held"`
+	// Oldest is when the oldest of them was created.
+	Oldest time.Time `json:"oldest"`
+}

@@ -442,6 +442,13 @@ func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
 	return store.Count(ctx, c.pool, c.cfg.Completer.MinIdle)
 }
 
+// Definitions returns how many unfinished keys each workflow definition has,
+// whether or not c runs it: after a deploy, the old definitions still
+// listed are those whose keys need a process that runs or adopts them.
+func (c *Client) Definitions(ctx context.Context) ([]keyrow.DefinitionCount, error) {
+	return store.CountDefinitions(ctx, c.pool)
+}
+
 // Unlock frees the lease on an unfinished key whoever holds it, keeping its
 // recovery point, so the next request or the completer resumes it at once.
 // It is the operator's escape hatch for a key whose holder is known to be

@@ -144,7 +144,7 @@ func printReap(w io.Writer, r reapReport) error {
 	return tw.Flush()
 }
 
-func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
+func printStats(w io.Writer, c keyrow.Counts, defs []keyrow.DefinitionCount, stuckAfter time.Duration, now time.Time) error {
 	tw := newTable(w)
 	fmt.Fprintf(tw, "finished\t%d\n", c.Finished)
 	fmt.Fprintf(tw, "in flight\t%d\n", c.InFlight)
@@ -153,6 +153,18 @@ func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
 	fmt.Fprintf(tw, "unknown\t%d\n", c.Unknown)
 	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
 	fmt.Fprintf(tw, "total\t%d\n", c.Total())
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(defs) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nunfinished keys by workflow definition:")
+	tw = newTable(w)
+	fmt.Fprintf(tw, "WORKFLOW\tDEFINITION\tUNFINISHED\tON HOLD\tOLDEST\n")
+	for _, d := range defs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", clean(d.Workflow), orDash(clean(d.Definition)), d.Unfinished, d.Held, since(d.Oldest, now))
+	}
 	return tw.Flush()
 }
 

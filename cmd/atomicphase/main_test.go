@@ -486,6 +486,7 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 		keyIn(t, db, "acme", key, state)
 	}
 	age(t, db, "acme", "stuck", "last_run_at = now() - interval '2 minutes'")
+	age(t, db, "acme", "declined", "definition = 'next'")
 	var rows int
 	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM idempotency_keys").Scan(&rows); err != nil {
 		t.Fatal(err)
@@ -495,6 +496,12 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	want := keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 1, Stuck: 1, Unknown: 1, Dead: 1}
 	if got.Counts != want || got.Total != rows {
 		t.Fatalf("stats -json = %+v, want %+v and a total of %d", got, want, rows)
+	}
+	// The unfinished keys by definition: four stored before definitions
+	// (two of them on hold), one under the next.
+	if d := got.Definitions; len(d) != 2 || d[0].Definition != "" || d[0].Unfinished != 4 || d[0].Held != 2 ||
+		d[1].Definition != "next" || d[1].Unfinished != 1 || d[1].Held != 0 {
+		t.Fatalf("stats -json definitions = %+v", d)
 	}
 	for _, tc := range []struct {
 		stuckAfter     string
@@ -508,7 +515,8 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	}
 	text := ok(t, dsn, "stats")
 	for _, want := range []string{"finished   1", "in flight  1", "waiting    1  idle for at most 1m0s",
-		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6"} {
+		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6",
+		"unfinished keys by workflow definition:", "next        1           0"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("stats output lacks %q:\n%s", want, text)
 		}
