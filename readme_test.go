@@ -2,8 +2,12 @@ package atomicphase_test
 
 import (
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // TestReadmeQuickStartIsTheCompiledProgram keeps the README's complete
@@ -34,4 +38,96 @@ func TestReadmeQuickStartIsTheCompiledProgram(t *testing.T) {
 	if block != string(program) {
 		t.Fatalf("README's quick start differs from examples/quickstart/main.go; copy the file into the README")
 	}
+}
+
+// TestReadmeIsAFrontPage keeps the README short enough to read as the
+// project's front page; detail belongs in the guides under docs/.
+func TestReadmeIsAFrontPage(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 350
+	if n := strings.Count(string(readme), "\n"); n > limit {
+		t.Fatalf("README.md has %d lines, more than %d: move detail into a guide under docs/", n, limit)
+	}
+}
+
+// TestDocLinksResolve checks every relative link in the README and the
+// guides: the file exists, and a #fragment names a heading in it.
+func TestDocLinksResolve(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, "README.md", "examples/rides/README.md", "examples/transfers/README.md")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, page := range pages {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(withoutCodeBlocks(string(text)), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, fragment, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s links to %s, which does not exist", page, target)
+				continue
+			}
+			if fragment != "" && !slices.Contains(headingAnchors(t, path), fragment) {
+				t.Errorf("%s links to %s, but %s has no heading with that anchor", page, target, path)
+			}
+		}
+	}
+}
+
+// withoutCodeBlocks drops fenced code blocks, whose brackets are not links.
+func withoutCodeBlocks(markdown string) string {
+	var b strings.Builder
+	inCode := false
+	for line := range strings.Lines(markdown) {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+			continue
+		}
+		if !inCode {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// headingAnchors returns the anchors GitHub gives the headings of a
+// Markdown file: lower case, punctuation dropped, spaces as hyphens.
+func headingAnchors(t *testing.T, path string) []string {
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var anchors []string
+	for line := range strings.Lines(withoutCodeBlocks(string(text))) {
+		title, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "#")
+		if !ok {
+			continue
+		}
+		title = strings.TrimSpace(strings.TrimLeft(title, "#"))
+		anchor := strings.Map(func(r rune) rune {
+			switch {
+			case r == ' ':
+				return '-'
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				return unicode.ToLower(r)
+			}
+			return -1
+		}, title)
+		anchors = append(anchors, anchor)
+	}
+	return anchors
 }
