@@ -2,6 +2,7 @@ package atomicphase_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -130,4 +131,55 @@ func headingAnchors(t *testing.T, path string) []string {
 		anchors = append(anchors, anchor)
 	}
 	return anchors
+}
+
+// TestReadmeStatusTableNamesEveryAnswer keeps the README's table of HTTP
+// answers in step with what the handler sends: every status it answers
+// has a row, and the rows name where the answers a user's own functions
+// cause come from (a field that failed validation is a 422 like a reused
+// key; an outage in a Tenant or Decode function is the store's 503).
+func TestReadmeStatusTableNamesEveryAnswer(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for line := range strings.Lines(string(readme)) {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 || !strings.HasPrefix(line, "| ") {
+			continue
+		}
+		for status := range strings.SplitSeq(cells[1], "/") {
+			if f := strings.Fields(status); len(f) > 0 {
+				rows[f[0]] = append(rows[f[0]], line)
+			}
+		}
+	}
+	for _, status := range []string{"400", "401", "405", "409", "413", "415", "422", "500", "503"} {
+		if len(rows[status]) == 0 {
+			t.Errorf("README's status table has no row for %s", status)
+		}
+	}
+	for status, want := range map[string]string{"422": "phase.Invalid", "503": "phase.ErrUnavailable"} {
+		if !strings.Contains(strings.Join(rows[status], ""), want) {
+			t.Errorf("README's %s rows do not mention %s:\n%s", status, want, strings.Join(rows[status], ""))
+		}
+	}
+}
+
+// TestReadmeBuildOutputIsIgnored keeps the binaries that the README's
+// `go build -o bin/` writes out of git status.
+func TestReadmeBuildOutputIsIgnored(t *testing.T) {
+	git, err := exec.LookPath("git")
+	if err != nil {
+		t.Skip("git is not installed")
+	}
+	if out, err := exec.Command(git, "rev-parse", "--is-inside-work-tree").Output(); err != nil || strings.TrimSpace(string(out)) != "true" {
+		t.Skip("not a git checkout")
+	}
+	for _, path := range []string{"bin/rides", "bin/atomicphase", "bin/quickstart"} {
+		if err := exec.Command(git, "check-ignore", "-q", path).Run(); err != nil {
+			t.Errorf("git does not ignore %s, which the README's go build -o bin/ writes: %v", path, err)
+		}
+	}
 }

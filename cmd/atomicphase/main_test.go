@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -269,6 +272,74 @@ func TestUnreachableDatabaseExitsOne(t *testing.T) {
 	if r.code != exitError || !strings.Contains(r.stderr, "connect to the database") {
 		t.Fatalf("stats on an unreachable database = %d:\n%s", r.code, r.stderr)
 	}
+}
+
+// Every command but migrate on a database that was never migrated says
+// to run atomicphase migrate, after Postgres's own error.
+func TestCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	if _, err := db.Exec(context.Background(), "CREATE SCHEMA unmigrated"); err != nil {
+		t.Fatal(err)
+	}
+	empty := withSearchPath(t, dsn, "unmigrated")
+	for _, args := range [][]string{{"stats"}, {"list", "-stuck"}, {"inspect", "acme", "k1"}, {"reap", "-dry-run"}} {
+		r := runCLI(t, empty, args...)
+		if r.code != exitError || !strings.Contains(r.stderr, "42P01") ||
+			!strings.Contains(r.stderr, "no atomicphase schema") || !strings.Contains(r.stderr, "atomicphase migrate") {
+			t.Errorf("atomicphase %q on an unmigrated database = %d, want 1 with a hint to run atomicphase migrate:\n%s", args, r.code, r.stderr)
+		}
+	}
+}
+
+// A database that does not exist, reached over TCP where pgx first asks
+// for TLS, is reported by the server's answer, not by the refused TLS
+// attempt that came before it.
+func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgconn.ParseConfig(pgtest.Server(t).AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := tcpProxy(t, cfg)
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(cfg.User, cfg.Password), Host: addr, Path: "/no_such_database",
+		RawQuery: "sslmode=prefer&connect_timeout=10"}
+	r := runCLI(t, u.String(), "stats")
+	first, _, _ := strings.Cut(r.stderr, "\n")
+	if r.code != exitError || !strings.Contains(first, `database "no_such_database" does not exist`) || strings.Contains(first, "TLS") {
+		t.Fatalf("stats on a missing database over TCP = %d, want 1 naming the database first:\n%s", r.code, r.stderr)
+	}
+}
+
+// tcpProxy forwards a TCP port on 127.0.0.1 to the test server, which may
+// listen on a unix socket only, and returns its address.
+func tcpProxy(t *testing.T, cfg *pgconn.Config) string {
+	t.Helper()
+	network, target := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		network, target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial(network, target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(server, client); server.Close() }()
+			go func() { _, _ = io.Copy(client, server); client.Close() }()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 func TestDatabaseURLFlagOverridesTheEnvironment(t *testing.T) {
