@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -301,7 +299,7 @@ func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := tcpProxy(t, cfg)
+	addr := pgtest.TCPAddr(t)
 	u := url.URL{Scheme: "postgres", User: url.UserPassword(cfg.User, cfg.Password), Host: addr, Path: "/no_such_database",
 		RawQuery: "sslmode=prefer&connect_timeout=10"}
 	r := runCLI(t, u.String(), "stats")
@@ -309,37 +307,6 @@ func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
 	if r.code != exitError || !strings.Contains(first, `database "no_such_database" does not exist`) || strings.Contains(first, "TLS") {
 		t.Fatalf("stats on a missing database over TCP = %d, want 1 naming the database first:\n%s", r.code, r.stderr)
 	}
-}
-
-// tcpProxy forwards a TCP port on 127.0.0.1 to the test server, which may
-// listen on a unix socket only, and returns its address.
-func tcpProxy(t *testing.T, cfg *pgconn.Config) string {
-	t.Helper()
-	network, target := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-	if strings.HasPrefix(cfg.Host, "/") {
-		network, target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial(network, target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			go func() { _, _ = io.Copy(server, client); server.Close() }()
-			go func() { _, _ = io.Copy(client, server); client.Close() }()
-		}
-	}()
-	return ln.Addr().String()
 }
 
 func TestDatabaseURLFlagOverridesTheEnvironment(t *testing.T) {
