@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -268,6 +269,43 @@ func TestUnreachableDatabaseExitsOne(t *testing.T) {
 	r := runCLI(t, unreachable, "stats")
 	if r.code != exitError || !strings.Contains(r.stderr, "connect to the database") {
 		t.Fatalf("stats on an unreachable database = %d:\n%s", r.code, r.stderr)
+	}
+}
+
+// Every command but migrate on a database that was never migrated says
+// to run atomicphase migrate, after Postgres's own error.
+func TestCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	if _, err := db.Exec(context.Background(), "CREATE SCHEMA unmigrated"); err != nil {
+		t.Fatal(err)
+	}
+	empty := withSearchPath(t, dsn, "unmigrated")
+	for _, args := range [][]string{{"stats"}, {"list", "-stuck"}, {"inspect", "acme", "k1"}, {"reap", "-dry-run"}} {
+		r := runCLI(t, empty, args...)
+		if r.code != exitError || !strings.Contains(r.stderr, "42P01") ||
+			!strings.Contains(r.stderr, "no atomicphase schema") || !strings.Contains(r.stderr, "atomicphase migrate") {
+			t.Errorf("atomicphase %q on an unmigrated database = %d, want 1 with a hint to run atomicphase migrate:\n%s", args, r.code, r.stderr)
+		}
+	}
+}
+
+// A database that does not exist, reached over TCP where pgx first asks
+// for TLS, is reported by the server's answer, not by the refused TLS
+// attempt that came before it.
+func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgconn.ParseConfig(pgtest.Server(t).AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pgtest.TCPAddr(t)
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(cfg.User, cfg.Password), Host: addr, Path: "/no_such_database",
+		RawQuery: "sslmode=prefer&connect_timeout=10"}
+	r := runCLI(t, u.String(), "stats")
+	first, _, _ := strings.Cut(r.stderr, "\n")
+	if r.code != exitError || !strings.Contains(first, `database "no_such_database" does not exist`) || strings.Contains(first, "TLS") {
+		t.Fatalf("stats on a missing database over TCP = %d, want 1 naming the database first:\n%s", r.code, r.stderr)
 	}
 }
 

@@ -119,9 +119,6 @@ func Seed(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// DefaultStripeURL is Stripe's API.
-const DefaultStripeURL = "https://api.stripe.com"
-
 // NewStripeClient returns a stripe-go client for the API at baseURL (Stripe
 // itself, the example's fake Stripe, or stripe-mock). stripe-go's own
 // network retries are turned off: the workflow retries through its resumed
