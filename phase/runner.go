@@ -255,7 +255,8 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 				rerouted = true
 				kreq.Workflow, kreq.Definition = row.Workflow, row.Definition
 				continue
-			case row.Workflow != w.name && !ok:
+			case row.Workflow != w.name && (!ok || rt.w.Name() != w.name):
+				// Another workflow's key, which this one does not adopt.
 				ev.Kind = EventMismatch
 				c.observe(ctx, ev)
 				return &Outcome{Kind: OutcomeMismatch}, nil
