@@ -26,7 +26,9 @@
 //     binaries on this machine (initdb and postgres on PATH, in
 //     pg_config --bindir, or under /usr/lib/postgresql). It listens only on
 //     a Unix socket in a temporary directory and runs with durability turned
-//     off.
+//     off. The environment variable ATOMICPHASE_POSTGRES_BINDIR
+//     ([pgcluster.EnvBinDir]) names the one directory to take them from, to
+//     test against another PostgreSQL version; Docker is then not tried.
 //
 // When none works, the test fails with a message naming all three fixes; it
 // is never skipped.
