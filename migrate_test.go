@@ -489,4 +489,5 @@ func ExampleMigrations() {
 	// 002_add_failures
 	// 003_drop_row_checks
 	// 004_comment_downstream_keys
+	// 005_operator_actions
 }

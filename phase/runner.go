@@ -389,6 +389,10 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	if err != nil {
 		return nil, x.fail(ctx, err)
 	}
+	// An operator's resolution, when there is one, decides instead.
+	if resp, done, err := x.resolved(ctx, i); done {
+		return resp, err
+	}
 	if i == len(x.w.phases) || x.w.phases[i].foreign == nil || x.w.phases[i].foreign.reconcile == nil {
 		// Nobody can tell what happened: keep the hold for an operator.
 		return nil, x.release(ctx, errors.New("phase: outcome unknown and the phase has no reconcile function"), keyrow.HoldUnknown)
