@@ -134,6 +134,24 @@ prints every field, with the key's fields before and after in full.`,
 		define: defineAudit,
 	},
 	{
+		name: "console", args: "", nargs: 0,
+		summary: "serve the web console on localhost",
+		detail: `
+Serve the web console for the database: an overview of the keys by
+workflow and state, the key list with filters and paging, each key's
+request, state, phases, lease and audit, and the actions unlock, retry,
+resolve and bulk retry or unlock, each confirmed and audited under -actor.
+
+The console listens on 127.0.0.1:8080 (-listen) and asks for a token: the
+one in $ATOMICPHASE_CONSOLE_TOKEN, or else one it makes up and prints.
+-no-auth lets anyone who reaches the address in; -read-only removes every
+action. This command does not know the application's workflows: a key's
+phases are not listed, and a resolution is recorded for the application's
+completer to act on. Mount console.New in the application, behind its own
+authentication, for those.`,
+		define: defineConsole,
+	},
+	{
 		name: "reap", args: "", nargs: 0,
 		summary: "close abandoned keys and delete expired ones",
 		detail: `
