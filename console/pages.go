@@ -31,6 +31,7 @@ var funcs = template.FuncMap{
 	"status": status,
 	"keyURL": keyURL,
 	"states": func() []keyrow.State { return states },
+	"label":  func(s keyrow.State) string { return strings.ReplaceAll(string(s), "_", " ") },
 	"count":  count,
 	"listURL": func(state keyrow.State, workflow string) template.URL {
 		return listURL(keyrow.ListFilter{State: state, Workflow: workflow})
