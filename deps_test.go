@@ -15,7 +15,7 @@ import (
 func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 	t.Parallel()
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./console").CombinedOutput()
+	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./caller", "./console").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
@@ -34,6 +34,23 @@ func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 			if strings.HasPrefix(p, banned) {
 				t.Errorf("a core package depends on %s", p)
 			}
+		}
+	}
+}
+
+// TestCallerNeedsNoDatabaseDriver keeps package caller light enough for
+// any program that calls an idempotent API: the standard library and the
+// UUID package only.
+func TestCallerNeedsNoDatabaseDriver(t *testing.T) {
+	t.Parallel()
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./caller").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p != "github.com/atomicphase/atomicphase/caller" && p != "github.com/google/uuid" {
+			t.Errorf("package caller depends on %s", p)
 		}
 	}
 }

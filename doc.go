@@ -17,11 +17,20 @@
 // attempt resumes right after it, so no committed phase runs twice.
 //
 // A foreign call cannot be rolled back, so it is made outside any
-// transaction, with a downstream idempotency key derived from the key row
+// transaction, with a downstream idempotency key derived from the request
 // and the phase. If the process dies after the call but before its outcome
-// is recorded, the resumed run repeats the call with the same downstream
-// key, and the provider answers with the original result instead of acting
-// twice.
+// is recorded, the resumed run of a Repeatable phase repeats the call with
+// the same downstream key, and the provider answers with the original
+// result instead of acting twice; any other phase's call is reconciled, or
+// held for an operator, never sent again blindly.
+//
+// # Changing a workflow
+//
+// Every key records the definition of its workflow it started under (a hash
+// of its phase list), and only a process that runs that definition, or
+// adopts it, resumes the key: a deploy never resumes a key with phases it
+// did not start with unless its author said how. See
+// docs/changing-a-workflow.md.
 //
 // # Example
 //
@@ -92,9 +101,6 @@
 //   - keyrow: the key's model ([keyrow.Row], its states and holds), header
 //     parsing, request fingerprints and downstream keys.
 //   - lockttl: the lease's rules: TTL, renewal, Retry-After.
-//   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
-//     calls and completer passes, as a phase.Middleware; only programs that
-//     import it depend on OpenTelemetry.
 //   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
 //     calls and completer passes, as a [phase.Middleware]. Only programs
 //     that import it depend on OpenTelemetry.

@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     attempts            integer     NOT NULL DEFAULT 0,
     last_error          text,
     failures            integer     NOT NULL DEFAULT 0,
+    definition          text        NOT NULL DEFAULT '',
+    call_pending        text,
     resolution          jsonb,
 
     CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key)
@@ -59,7 +61,7 @@ COMMENT ON COLUMN idempotency_keys.idempotency_key IS
 COMMENT ON COLUMN idempotency_keys.workflow IS
     'Name of the workflow that owns the key; the completer looks it up to resume the key without its client.';
 COMMENT ON COLUMN idempotency_keys.request_fingerprint IS
-    'SHA-256 of the workflow name and the canonical request; a retry with another payload is refused instead of replayed.';
+    'SHA-256 of the request as the client sent it (its target and canonical body); a retry with another payload is refused instead of replayed. Keys with an empty definition hold the earlier fingerprint, of the workflow name and the re-encoded request.';
 COMMENT ON COLUMN idempotency_keys.request_params IS
     'The decoded request, kept so a crashed request can be resumed by the completer when its client never comes back.';
 COMMENT ON COLUMN idempotency_keys.recovery_point IS
@@ -86,6 +88,10 @@ COMMENT ON COLUMN idempotency_keys.last_error IS
     'The error that ended the last unsuccessful run, for operators.';
 COMMENT ON COLUMN idempotency_keys.failures IS
     'Failed runs of the completer since the key last made progress; client retries do not count. Drives the completer''s backoff, and the move to dead of an idle key.';
+COMMENT ON COLUMN idempotency_keys.definition IS
+    'Identity of the workflow definition the key started under (phase.Workflow.Definition); only a process that registered it, or adopts it, resumes the key. Empty for keys written before definitions were recorded.';
+COMMENT ON COLUMN idempotency_keys.call_pending IS
+    'The phase whose foreign call, not safe to repeat, was about to be sent when this was written; cleared when the phase commits or the call fails for sure. A run that finds it set reconciles the call instead of sending it again.';
 
 COMMENT ON COLUMN idempotency_keys.resolution IS
     'An operator''s resolution of an unknown outcome, for the phase after the recovery point it names: happened (with the call''s output) or not happened. The next run takes it (and clears it) instead of calling the phase''s reconcile function. NULL almost always.';

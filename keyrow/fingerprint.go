@@ -6,17 +6,23 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 )
 
-// fingerprintDomain keeps fingerprints apart from every other SHA-256 of the
-// same bytes and versions the canonical form: a change to Canonical needs a
-// new version, because stored fingerprints would stop matching retries.
-const fingerprintDomain = "atomicphase/fingerprint/v1\x00"
+// fingerprintDomain and requestDomain keep fingerprints apart from every
+// other SHA-256 of the same bytes and version what they hash: a change to
+// Canonical or to what a fingerprint covers needs a new version, because
+// stored fingerprints would stop matching retries.
+const (
+	fingerprintDomain = "atomicphase/fingerprint/v1\x00"
+	requestDomain     = "atomicphase/fingerprint/v2\x00"
+)
 
 // maxNesting is the deepest array and object nesting Canonical accepts, the
 // same limit encoding/json applies, so that hostile input cannot exhaust the
@@ -24,7 +30,8 @@ const fingerprintDomain = "atomicphase/fingerprint/v1\x00"
 const maxNesting = 10000
 
 // Fingerprint returns the SHA-256 fingerprint of a request to workflow with
-// JSON params. Requests that mean the same give equal fingerprints regardless
+// JSON params, as keys stored before definitions were recorded hold it (see
+// RequestFingerprint for the one new keys get). Requests that mean the same give equal fingerprints regardless
 // of object key order, insignificant whitespace, string escaping or number
 // spelling (1, 1.0, 1e0 and 10E-1 are one number; -0 and 0 are equal);
 // requests that differ in any value, in array order or in the type of a value
@@ -34,6 +41,11 @@ const maxNesting = 10000
 //
 // Fingerprint accepts exactly the params Canonical accepts and returns its
 // error otherwise.
+//
+// Its params are the server's encoding of the decoded request, so a change
+// to the request type changes it; the library still computes it, for a
+// retry of a key stored with it, so such keys keep their replay after an
+// upgrade made no change to the request type.
 func Fingerprint(workflow string, params []byte) ([32]byte, error) {
 	buf := make([]byte, 0, len(fingerprintDomain)+len(workflow)+1+len(params))
 	buf = append(buf, fingerprintDomain...)
@@ -47,6 +59,79 @@ func Fingerprint(workflow string, params []byte) ([32]byte, error) {
 		return [32]byte{}, err
 	}
 	return sha256.Sum256(buf), nil
+}
+
+// RequestFingerprint returns the SHA-256 fingerprint of a request as its
+// client sent it: target, the path and query it was sent to (empty for a
+// request that did not come over HTTP), and its body of the given media
+// type. The server's types play no part in it, so a deploy that adds a field
+// to the request type, or renames the workflow, leaves the fingerprints of
+// retries unchanged.
+//
+// The body is taken in a canonical form where its media type has one: a
+// JSON body (application/json or any +json type) as Canonical gives it, so
+// whitespace, key order and number spelling do not count; a form body
+// (application/x-www-form-urlencoded) with its fields sorted by name, each
+// field's values in their order; any other body byte for byte. The query is
+// canonical the way a form is. A JSON body that Canonical rejects is an
+// error, returned as Canonical returns it; so is a form or query that does
+// not parse.
+func RequestFingerprint(target, mediaType string, body []byte) ([32]byte, error) {
+	path, query, _ := strings.Cut(target, "?")
+	buf := make([]byte, 0, len(requestDomain)+len(target)+len(body)+8)
+	buf = append(buf, requestDomain...)
+	buf = append(buf, path...)
+	buf = append(buf, 0)
+	buf, err := appendForm(buf, query)
+	if err != nil {
+		return [32]byte{}, fmt.Errorf("keyrow: query: %w", err)
+	}
+	buf = append(buf, 0)
+	switch {
+	case mediaType == "application/json" || strings.HasSuffix(mediaType, "+json"):
+		buf = append(buf, 'j')
+		buf, err = appendCanonical(buf, body)
+	case mediaType == "application/x-www-form-urlencoded":
+		buf = append(buf, 'f')
+		buf, err = appendForm(buf, string(body))
+		if err != nil {
+			err = fmt.Errorf("keyrow: form body: %w", err)
+		}
+	default:
+		buf = append(buf, 'b')
+		buf = append(buf, body...)
+	}
+	if err != nil {
+		return [32]byte{}, err
+	}
+	return sha256.Sum256(buf), nil
+}
+
+// appendForm appends a canonical form of a URL-encoded form or query: its
+// fields sorted by name, each unescaped name followed by a NUL (which it may
+// not hold) and its count of values, each value preceded by its length, so
+// no two forms collide.
+func appendForm(dst []byte, form string) ([]byte, error) {
+	if form == "" {
+		return dst, nil
+	}
+	values, err := url.ParseQuery(form)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(values)) {
+		if strings.IndexByte(name, 0) >= 0 {
+			return nil, errors.New("a field name holds a NUL character")
+		}
+		dst = append(append(dst, name...), 0)
+		dst = strconv.AppendInt(dst, int64(len(values[name])), 10)
+		dst = append(dst, 0)
+		for _, v := range values[name] {
+			dst = strconv.AppendInt(dst, int64(len(v)), 10)
+			dst = append(append(dst, ':'), v...)
+		}
+	}
+	return dst, nil
 }
 
 // Canonical returns the canonical JSON form of params that Fingerprint

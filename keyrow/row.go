@@ -125,11 +125,18 @@ const (
 // fingerprint is left out: it is a hash, useful to the code that compares
 // requests and to nobody else.
 type Row struct {
-	ID            uuid.UUID `json:"id"`
-	Tenant        string    `json:"tenant"`
-	Key           string    `json:"key"`
-	Workflow      string    `json:"workflow"`
-	RecoveryPoint string    `json:"recovery_point"`
+	ID       uuid.UUID `json:"id"`
+	Tenant   string    `json:"tenant"`
+	Key      string    `json:"key"`
+	Workflow string    `json:"workflow"`
+	// Definition is the workflow definition the key started under (or was
+	// adopted by); empty for keys stored before definitions were recorded.
+	Definition    string `json:"definition"`
+	RecoveryPoint string `json:"recovery_point"`
+	// CallPending names the phase whose foreign call, not safe to repeat,
+	// may have been sent by a run that then stopped: the next run
+	// reconciles it, or holds the key for an operator.
+	CallPending string `json:"call_pending,omitempty"`
 	// Hold is set for a parked key, empty otherwise.
 	Hold      Hold      `json:"hold"`
 	CreatedAt time.Time `json:"created_at"`
@@ -223,4 +230,19 @@ type Page struct {
 	// Next continues the listing as ListFilter.After; empty on the last
 	// page.
 	Next string `json:"next,omitempty"`
+}
+
+// DefinitionCount is how many unfinished keys one workflow definition has:
+// after a deploy, the keys that still need a process running that
+// definition (or adopting it) to finish.
+type DefinitionCount struct {
+	Workflow string `json:"workflow"`
+	// Definition is empty for keys stored before definitions were
+	// recorded.
+	Definition string `json:"definition"`
+	// Unfinished counts every unfinished key, Held those on hold.
+	Unfinished int `json:"unfinished"`
+	Held       int `json:"held"`
+	// Oldest is when the oldest of them was created.
+	Oldest time.Time `json:"oldest"`
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -127,7 +128,70 @@ func (c Config) withDefaults() (Config, error) {
 // Every *Workflow is one.
 type Registered interface {
 	Name() string
-	resume(ctx context.Context, c *Client, row *store.Row) (*keyrow.Response, error)
+	Definition() string
+	// resume continues a key whose lease the caller took: claimed by the
+	// completer, or acquired by a request to another definition.
+	resume(ctx context.Context, c *Client, row *store.Row, rt route, byCompleter bool) (*keyrow.Response, error)
+	adopted() []adoption
+}
+
+// defKey names a workflow definition as a key row records it.
+type defKey struct{ workflow, definition string }
+
+// route says which registered workflow runs the keys of a definition, and
+// how: moves maps the recovery points of an adopted definition; adopted is
+// false for the workflow's own definition.
+type route struct {
+	w       Registered
+	moves   map[string]string
+	adopted bool
+}
+
+// routesOf returns the definitions a client with workflows runs, and by
+// which of them. A workflow runs its own definition and those it adopts;
+// keys it adopted from another workflow name keep that name and carry its
+// definition afterwards. Keys stored before definitions were recorded are
+// run by the first workflow registered under their name, unless one adopts
+// them explicitly.
+func routesOf(workflows []Registered) (map[defKey]route, error) {
+	routes := make(map[defKey]route)
+	add := func(k defKey, r route) error {
+		if prev, dup := routes[k]; dup {
+			if !prev.adopted && !r.adopted && prev.w == r.w {
+				return fmt.Errorf("phase: workflow %q (definition %s) registered twice", k.workflow, k.definition)
+			}
+			return fmt.Errorf("phase: definition %s of workflow %q is run by two registered workflows", k.definition, k.workflow)
+		}
+		routes[k] = r
+		return nil
+	}
+	for _, w := range workflows {
+		if err := add(defKey{w.Name(), w.Definition()}, route{w: w}); err != nil {
+			return nil, err
+		}
+	}
+	for _, w := range workflows {
+		for _, a := range w.adopted() {
+			if err := add(defKey{a.workflow, a.definition}, route{w: w, moves: a.moves, adopted: true}); err != nil {
+				return nil, err
+			}
+			if a.workflow != w.Name() {
+				alias := defKey{a.workflow, w.Definition()}
+				if prev, dup := routes[alias]; !dup || prev.w == w {
+					routes[alias] = route{w: w}
+				} else if err := add(alias, route{w: w}); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	for _, w := range workflows {
+		legacy := defKey{w.Name(), ""}
+		if _, ok := routes[legacy]; !ok {
+			routes[legacy] = route{w: w, adopted: true}
+		}
+	}
+	return routes, nil
 }
 
 // ErrNotRegistered is returned when running or serving a workflow that was
@@ -151,7 +215,7 @@ type Client struct {
 	pool *pgxpool.Pool
 	// poolConfig is a copy of the pool's configuration, made once.
 	poolConfig *pgxpool.Config
-	workflows  map[string]Registered
+	routes     map[defKey]route
 	completer  *maint.Completer
 	reaper     *maint.Reaper
 
@@ -190,25 +254,23 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, pool: pool, poolConfig: pool.Config(), workflows: make(map[string]Registered, len(workflows))}
-	for _, w := range workflows {
-		if w == nil {
-			return nil, errors.New("phase: NewClient: nil workflow")
-		}
-		if _, dup := cl.workflows[w.Name()]; dup {
-			return nil, fmt.Errorf("phase: workflow %q registered twice", w.Name())
-		}
-		cl.workflows[w.Name()] = w
+	if slices.Contains(workflows, nil) {
+		return nil, errors.New("phase: NewClient: nil workflow")
 	}
-	names := slices.Sorted(func(yield func(string) bool) {
-		for n := range cl.workflows {
-			if !yield(n) {
-				return
-			}
-		}
+	routes, err := routesOf(workflows)
+	if err != nil {
+		return nil, err
+	}
+	cl := &Client{cfg: c, pool: pool, poolConfig: pool.Config(), routes: routes}
+	keys := slices.SortedFunc(maps.Keys(routes), func(a, b defKey) int {
+		return cmp.Or(cmp.Compare(a.workflow, b.workflow), cmp.Compare(a.definition, b.definition))
 	})
+	names, defs := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		names[i], defs[i] = k.workflow, k.definition
+	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
-	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, c.LockTTL, c.Logger)
+	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LockTTL, c.Logger)
 	if len(c.Middleware) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
@@ -287,10 +349,10 @@ func (c *Client) enter() bool {
 	return true
 }
 
-// registered reports whether w is the workflow registered under its name.
+// registered reports whether w is registered with c.
 func (c *Client) registered(w Registered) error {
-	if got, ok := c.workflows[w.Name()]; !ok || got != w {
-		return fmt.Errorf("%w: %q", ErrNotRegistered, w.Name())
+	if rt, ok := c.routes[defKey{w.Name(), w.Definition()}]; !ok || rt.w != w {
+		return fmt.Errorf("%w: %q (definition %s)", ErrNotRegistered, w.Name(), w.Definition())
 	}
 	return nil
 }
@@ -301,15 +363,18 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 	info := &RunInfo{Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key, ByCompleter: true,
 		RecoveryPoint: row.RecoveryPoint, Attempt: row.Attempts}
 	_, err := c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) {
-		w, ok := c.workflows[row.Workflow]
+		rt, ok := c.routes[defKey{row.Workflow, row.Definition}]
 		if !ok {
-			// Claims select registered workflows only; a miss is a bug, and
-			// the key is handed back for a process that knows it.
-			err := fmt.Errorf("%w: %q", ErrNotRegistered, row.Workflow)
-			c.release(ctx, row, err.Error(), row.Hold, true)
+			// Claims select registered definitions only; a miss is a bug,
+			// and the key is handed back for a process that knows it.
+			err := fmt.Errorf("%w: %q (definition %s)", ErrNotRegistered, row.Workflow, row.Definition)
+			c.release(ctx, row, err.Error(), row.Hold, true, false)
 			return nil, err
 		}
-		resp, err := w.resume(ctx, c, row)
+		resp, err := rt.w.resume(ctx, c, row, rt, true)
+		if errors.Is(err, ErrDefinitionElsewhere) || errors.Is(err, errForOperator) {
+			return nil, fmt.Errorf("%w: %w", maint.ErrHandedBack, err)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -322,8 +387,11 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 // whether the lease was no longer the run's, because another run took the
 // key over; any other failure to free it is logged (the lease then expires
 // by itself).
-func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter bool) (lost bool) {
-	err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter)
+//
+// callFailed clears the key's pending call: the run learnt that the call
+// did not happen.
+func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) (lost bool) {
+	err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter, callFailed)
 	if errors.Is(err, keyrow.ErrLeaseLost) {
 		return true
 	}
@@ -375,6 +443,13 @@ func (c *Client) List(ctx context.Context, f keyrow.ListFilter) (keyrow.Page, er
 // counting never reads every key.
 func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
 	return store.Count(ctx, c.pool, c.cfg.Completer.MinIdle)
+}
+
+// Definitions returns how many unfinished keys each workflow definition has,
+// whether or not c runs it: after a deploy, the old definitions still
+// listed are those whose keys need a process that runs or adopts them.
+func (c *Client) Definitions(ctx context.Context) ([]keyrow.DefinitionCount, error) {
+	return store.CountDefinitions(ctx, c.pool)
 }
 
 // Unlock frees the lease on an unfinished key whoever holds it, keeping its

@@ -59,6 +59,20 @@
 // to net/http and answers every error as RFC 9457 problem+json that says
 // whether retrying with the same key is safe.
 //
+// # Requests that finish in the background
+//
+// With [HTTPConfig.AcceptAfter] the handler answers 202 Accepted as soon as
+// the named phase has committed (the ride row exists, say), with Location
+// pointing at the request's status, and the run goes on with the remaining
+// phases without holding the request. If the process dies, the key's lease
+// expires and the completer, or the client's next retry, resumes it after
+// its last committed phase: one effect per phase still. A retry of the
+// request answers 202 again while the run goes on (not 409), and the
+// stored final response once it is done. [Workflow.StatusHandler] serves
+// the status: 202 with the recovery point until the key is finished, then
+// its stored response; a tenant only ever sees its own keys. Package caller
+// follows a 202 by polling its Location.
+//
 // # Limits and failures
 //
 // [Config.CallTimeout] (default one minute) bounds each foreign call: a call

@@ -1,6 +1,7 @@
 package phase
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -51,12 +52,16 @@ func Invalid(field, detail string) *RequestError {
 type HTTPConfig[Req any] struct {
 	// Tenant returns whose key the request uses, from the request's
 	// authentication, never its body. Required. An error answers 401 with its
-	// message, or the status of a *RequestError.
+	// message, or the status of a *RequestError; an error wrapping
+	// ErrUnavailable (the user store is down, say) answers 503 with
+	// Retry-After and the store-unavailable problem type, as an outage of the
+	// key store does.
 	Tenant func(r *http.Request) (string, error)
 	// Decode reads the request (body limited to MaxBodyBytes) into Req
 	// (default: DecodeJSON). An error answers 400 with its message, or the
-	// status of a *RequestError (see Invalid). Requests that fail to decode
-	// are not stored.
+	// status of a *RequestError (see Invalid), or 503 for an error wrapping
+	// ErrUnavailable, as for Tenant. Requests that fail to decode are not
+	// stored.
 	Decode func(r *http.Request) (Req, error)
 	// MaxBodyBytes limits the request body (default DefaultMaxBodyBytes);
 	// a larger body answers 413.
@@ -64,6 +69,17 @@ type HTTPConfig[Req any] struct {
 	// MismatchStatus answers a key reused with another request: 422 by
 	// default, as the IETF draft says; Stripe-style APIs use 400.
 	MismatchStatus int
+	// AcceptAfter, when set, names the phase after whose commit the
+	// handler answers 202 Accepted, with Location from StatusLocation and
+	// Retry-After, and leaves the run to finish the remaining phases in
+	// the background (the completer finishes them if this process dies).
+	// A retry of the request answers 202 again while the run goes on, and
+	// the final response once it is stored. Default: answer when the last
+	// phase is done.
+	AcceptAfter string
+	// StatusLocation returns the URL at which the status of key is read
+	// (see Workflow.StatusHandler). Required with AcceptAfter.
+	StatusLocation func(r *http.Request, key string) string
 }
 
 // DecodeJSON decodes a JSON request body into Req, refusing unknown fields
@@ -137,6 +153,9 @@ func (w *Workflow[Req, State]) Handler(c *Client, cfg HTTPConfig[Req]) (http.Han
 	if cfg.MismatchStatus == 0 {
 		cfg.MismatchStatus = http.StatusUnprocessableEntity
 	}
+	if err := w.checkAccept(cfg.AcceptAfter, cfg.StatusLocation); err != nil {
+		return nil, err
+	}
 	return &handler[Req, State]{w: w, c: c, cfg: cfg}, nil
 }
 
@@ -176,23 +195,35 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		h.writeRequestError(rw, err, http.StatusUnauthorized)
 		return
 	}
-	r.Body = http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes)
+	// The body is read whole first, so that the fingerprint covers what the
+	// client sent, not what Decode made of it: a deploy that changes Req
+	// must not turn a retry into a mismatch.
+	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		h.writeBodyError(rw, err)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	var req Req
 	if err := protect("Decode", "", func() (err error) {
 		req, err = h.cfg.Decode(r)
 		return err
 	}); err != nil {
-		if isTooBig(err) {
-			WriteProblem(rw, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
-				fmt.Sprintf("the request body is larger than %d bytes", h.cfg.MaxBodyBytes), 0)
-			return
-		}
-		h.writeRequestError(rw, err, http.StatusBadRequest)
+		h.writeBodyError(rw, err)
+		return
+	}
+	fp, err := fingerprintSent(r, body)
+	if err != nil {
+		WriteProblem(rw, http.StatusBadRequest, "invalid-request", "Bad Request", requestErrorDetail(err), 0)
 		return
 	}
 	// Once the key is taken, the run goes on if the client hangs up: its
 	// retry then finds a stored answer instead of a half-done key.
-	out, err := h.w.Run(context.WithoutCancel(r.Context()), h.c, tenant, key, req)
+	out, err, accepted := h.runAccepting(context.WithoutCancel(r.Context()), tenant, key, req, &fp)
+	if accepted {
+		writeAccepted(rw, h.cfg.StatusLocation(r, key), acceptedStatus{Status: "processing", RecoveryPoint: h.cfg.AcceptAfter}, 0)
+		return
+	}
 	if err != nil {
 		h.writeError(rw, err)
 		return
@@ -203,18 +234,55 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 	case OutcomeNew, OutcomeResumed:
 		writeStored(rw, out.Response, false)
 	case OutcomeInProgress:
-		WriteProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
-			"another request with this Idempotency-Key is still being processed; retry after the time in Retry-After", out.RetryAfter)
+		h.inProgress(rw, r, tenant, key, out)
 	case OutcomeOnHold:
 		detail := "the outcome of this request is being reconciled with a downstream service; retry later with the same Idempotency-Key"
 		if out.Hold == keyrow.HoldDead {
 			detail = "processing of this request was abandoned after repeated failures; an operator must retry it"
 		}
 		WriteProblem(rw, http.StatusConflict, "request-on-hold", "Request on hold", detail, out.RetryAfter)
+	case OutcomeElsewhere:
+		WriteProblem(rw, http.StatusServiceUnavailable, "definition-unavailable", "Request started under another version",
+			fmt.Sprintf("this request started under definition %s of the workflow, which this server does not run; a server that runs it will finish it, so retry later with the same Idempotency-Key", out.Definition),
+			out.RetryAfter)
 	case OutcomeMismatch:
 		WriteProblem(rw, h.cfg.MismatchStatus, "idempotency-key-reused", "Idempotency-Key reused",
 			"this Idempotency-Key was already used with a different request; use a new key for a new request", 0)
 	}
+}
+
+// writeBodyError answers an error of reading or decoding the body.
+func (h *handler[Req, State]) writeBodyError(rw http.ResponseWriter, err error) {
+	if isTooBig(err) {
+		WriteProblem(rw, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+			fmt.Sprintf("the request body is larger than %d bytes", h.cfg.MaxBodyBytes), 0)
+		return
+	}
+	h.writeRequestError(rw, err, http.StatusBadRequest)
+}
+
+// fingerprintSent is the fingerprint of r as its client sent it: the path
+// and query it was sent to, before any prefix was stripped, and its body in
+// its media type's canonical form (see keyrow.RequestFingerprint).
+func fingerprintSent(r *http.Request, body []byte) ([32]byte, error) {
+	target := r.RequestURI
+	if target == "" {
+		target = r.URL.RequestURI()
+	}
+	ct := r.Header.Get("Content-Type")
+	mediaType, _, _ := mime.ParseMediaType(ct)
+	if ct == "" {
+		// DecodeJSON reads a body without a Content-Type as JSON.
+		mediaType = "application/json"
+	}
+	fp, err := keyrow.RequestFingerprint(target, mediaType, body)
+	if err != nil && ct == "" {
+		fp, err = keyrow.RequestFingerprint(target, "", body)
+	}
+	if err != nil {
+		return fp, fmt.Errorf("the request body cannot be fingerprinted: %w", err)
+	}
+	return fp, nil
 }
 
 // writeRequestError answers an error of the Tenant or Decode function.
@@ -229,6 +297,8 @@ func (h *handler[Req, State]) writeRequestError(rw http.ResponseWriter, err erro
 			"panic", pe.Value, "stack", string(pe.Stack))
 		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
 			"the request could not be read because of a server bug; nothing was processed", 0)
+	case errors.Is(err, ErrUnavailable):
+		h.writeError(rw, err)
 	case errors.As(err, &re):
 		status = cmp.Or(re.Status, status)
 		p := problem{Type: problemType + "invalid-request", Title: http.StatusText(status), Status: status, Detail: re.Detail, Field: re.Field}

@@ -91,7 +91,7 @@ func (c *Client) Describe(ctx context.Context, tenant, key string) (*KeyDetail, 
 	if d.Audit, err = store.Audit(ctx, c.pool, store.AuditFilter{Tenant: tenant, Key: key}); err != nil {
 		return nil, err
 	}
-	w, ok := c.workflows[row.Workflow].(described)
+	w, ok := c.describer(row)
 	if !ok {
 		return d, nil
 	}
@@ -112,6 +112,18 @@ func (c *Client) Describe(ctx context.Context, tenant, key string) (*KeyDetail, 
 		d.Phases = append(d.Phases, p)
 	}
 	return d, nil
+}
+
+// describer returns the registered workflow that runs row's definition as
+// its own; an adopted definition, whose recovery points the run maps
+// first, is not described.
+func (c *Client) describer(row *keyrow.Row) (described, bool) {
+	rt, ok := c.routes[defKey{row.Workflow, row.Definition}]
+	if !ok || len(rt.moves) > 0 {
+		return nil, false
+	}
+	w, ok := rt.w.(described)
+	return w, ok
 }
 
 // described is what Describe and Resolve need of a registered workflow.
@@ -204,7 +216,7 @@ func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resol
 	if err != nil {
 		return nil, err
 	}
-	w, known := c.workflows[row.Workflow].(described)
+	w, known := c.describer(row)
 	if known && row.Hold == keyrow.HoldUnknown && row.RecoveryPoint == r.RecoveryPoint {
 		var output json.RawMessage
 		if r.Happened {
@@ -289,7 +301,7 @@ func (x *execution[Req, State]) resolved(ctx context.Context, i int) (resp *keyr
 		return nil, false, nil
 	}
 	p := &x.w.phases[i]
-	x.run.phase = p.name
+	x.run.phase = p.identity()
 	x.c.cfg.Logger.Info("acting on the operator's resolution", "workflow", x.w.name, "tenant", x.run.Tenant,
 		"key", x.run.Key, "phase", p.name, "happened", r.Happened)
 	if !r.Happened {

@@ -90,6 +90,12 @@ const (
 	OutcomeMismatch
 	// OutcomeOnHold: the key is on hold (Outcome.Hold says why).
 	OutcomeOnHold
+	// OutcomeElsewhere: the key is unfinished under a definition of the
+	// workflow that this process neither runs nor adopts, or at a
+	// recovery point the adopting workflow cannot place; Definition names
+	// it. Nothing was run: a process that runs that definition finishes
+	// the key.
+	OutcomeElsewhere
 )
 
 func (k OutcomeKind) String() string {
@@ -106,6 +112,8 @@ func (k OutcomeKind) String() string {
 		return "mismatch"
 	case OutcomeOnHold:
 		return "on hold"
+	case OutcomeElsewhere:
+		return "elsewhere"
 	}
 	return fmt.Sprintf("OutcomeKind(%d)", int(k))
 }
@@ -121,6 +129,9 @@ type Outcome struct {
 	RetryAfter time.Duration
 	// Hold says why a key on hold waits.
 	Hold keyrow.Hold
+	// Definition is the definition the key started under, for
+	// OutcomeElsewhere.
+	Definition string
 }
 
 // Run runs req under the key (tenant, key): it takes the key's lease with one
@@ -135,18 +146,28 @@ type Outcome struct {
 // (another run took the key over); ErrOutcomeUnknown; a *PanicError; or the
 // error of a failed phase. In every error case the recovery point of the
 // last committed phase is kept and nothing is stored as the response.
+//
+// The request's fingerprint is taken over its JSON encoding (see
+// keyrow.RequestFingerprint). The HTTP handler fingerprints the request as
+// its client sent it instead, so that a change to Req cannot change it.
 func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key string, req Req) (*Outcome, error) {
+	return w.runAs(ctx, c, tenant, key, req, nil)
+}
+
+// runAs is Run with the fingerprint of the request as sent, when there is
+// one.
+func (w *Workflow[Req, State]) runAs(ctx context.Context, c *Client, tenant, key string, req Req, fp *[32]byte) (*Outcome, error) {
 	if len(c.cfg.Middleware) == 0 {
 		var info RunInfo
 		info.Tenant, info.Key = tenant, key
-		return w.run(ctx, c, &info, req)
+		return w.run(ctx, c, &info, req, fp)
 	}
 	info := &RunInfo{Workflow: w.name, Tenant: tenant, Key: key}
-	return c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) { return w.run(ctx, c, info, req) })
+	return c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) { return w.run(ctx, c, info, req, fp) })
 }
 
 // run is Run inside the client's middleware; it fills in info.
-func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo, req Req) (*Outcome, error) {
+func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo, req Req, sent *[32]byte) (*Outcome, error) {
 	tenant, key := info.Tenant, info.Key
 	if err := c.registered(w); err != nil {
 		return nil, err
@@ -167,9 +188,14 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	if hasNUL(params) {
 		return nil, fmt.Errorf("%w: a string in the request holds a NUL character (\\u0000)", ErrInvalidRequest)
 	}
-	fp, err := keyrow.Fingerprint(w.name, params)
-	if err != nil {
-		return nil, fmt.Errorf("phase: fingerprint request: %w", err)
+	var fp [32]byte
+	if sent != nil {
+		fp = *sent
+	} else {
+		var err error
+		if fp, err = keyrow.RequestFingerprint("", "application/json", params); err != nil {
+			return nil, fmt.Errorf("phase: fingerprint request: %w", err)
+		}
 	}
 	if !c.enter() {
 		return nil, ErrStopped
@@ -184,7 +210,12 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 		return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
 	}
 
-	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
+	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Definition: w.definition,
+		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
+	// A key is looked up at most twice more: under the fingerprint keys
+	// stored before definitions hold, and under the definition it started
+	// with.
+	legacyTried, rerouted := false, false
 	var waitUntil time.Time
 	if c.cfg.WaitForInFlight > 0 {
 		waitUntil = time.Now().Add(c.cfg.WaitForInFlight)
@@ -203,9 +234,36 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 			c.observe(ctx, ev)
 			return &Outcome{Kind: OutcomeReplay, Response: row.Response}, nil
 		case store.Mismatch:
+			if !legacyTried {
+				// The key may hold the earlier kind of fingerprint, of its
+				// workflow's name and the re-encoded request.
+				legacyTried = true
+				if legacy, err := keyrow.Fingerprint(row.Workflow, params); err == nil && legacy != kreq.Fingerprint {
+					kreq.Fingerprint = legacy
+					continue
+				}
+			}
 			ev.Kind = EventMismatch
 			c.observe(ctx, ev)
 			return &Outcome{Kind: OutcomeMismatch}, nil
+		case store.Elsewhere:
+			rt, ok := c.routes[defKey{row.Workflow, row.Definition}]
+			switch {
+			case ok && rt.w.Name() == w.name && !rerouted:
+				// Another definition of this workflow that this process
+				// runs or adopts: take the key under it.
+				rerouted = true
+				kreq.Workflow, kreq.Definition = row.Workflow, row.Definition
+				continue
+			case row.Workflow != w.name && (!ok || rt.w.Name() != w.name):
+				// Another workflow's key, which this one does not adopt.
+				ev.Kind = EventMismatch
+				c.observe(ctx, ev)
+				return &Outcome{Kind: OutcomeMismatch}, nil
+			}
+			ev.Kind = EventConflict
+			c.observe(ctx, ev)
+			return &Outcome{Kind: OutcomeElsewhere, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)}, nil
 		case store.Parked:
 			ev.Kind = EventConflict
 			c.observe(ctx, ev)
@@ -226,16 +284,30 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 			c.observe(ctx, ev)
 			return &Outcome{Kind: OutcomeInProgress, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}, nil
 		}
-		row.Params = params
 		info.Attempt = row.Attempts
-		run := &Run[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
-			Resumed: kind == store.Resumed, downstream: c.downstreamBase(row)}
 		ev.Kind = EventAcquired
 		if kind == store.Resumed {
 			ev.Kind = EventResumed
 		}
-		c.observe(ctx, ev)
-		resp, err := w.execute(ctx, c, run, row, false)
+		var resp *keyrow.Response
+		if rerouted {
+			// The key runs under the definition it started with, from its
+			// stored request.
+			if row.Params == nil {
+				row.Params = params
+			}
+			rt := c.routes[defKey{row.Workflow, row.Definition}]
+			resp, err = rt.w.resume(ctx, c, row, rt, false)
+			if errors.Is(err, ErrDefinitionElsewhere) {
+				return &Outcome{Kind: OutcomeElsewhere, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)}, nil
+			}
+		} else {
+			c.observe(ctx, ev)
+			row.Params = params
+			run := &Run[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
+				Resumed: kind == store.Resumed, downstream: c.downstreamBase(row)}
+			resp, err = w.execute(ctx, c, run, row, false)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -282,19 +354,58 @@ func (c *Client) downstreamBase(row *store.Row) string {
 	return keyrow.DownstreamKey(c.cfg.DownstreamKeyPrefix, row.Tenant, row.Key, row.Fingerprint, "")
 }
 
-// resume continues a key claimed by the completer.
-func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row) (*keyrow.Response, error) {
+func (w *Workflow[Req, State]) adopted() []adoption { return w.adoptions }
+
+// resume continues a key whose lease the caller holds, from its stored
+// request: one the completer claimed, or one a request found under another
+// definition. rt says how w runs the key's definition; byCompleter is set
+// for the completer's runs.
+func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row, rt route, byCompleter bool) (*keyrow.Response, error) {
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
 	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
 		Resumed: true, downstream: c.downstreamBase(row)}
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		err = fmt.Errorf("phase: decode stored request: %w", err)
-		c.release(ctx, row, err.Error(), row.Hold, true)
+		c.release(ctx, row, err.Error(), row.Hold, byCompleter, false)
 		return nil, err
 	}
+	if rt.adopted {
+		if err := w.adopt(ctx, c, row, rt.moves); err != nil {
+			return nil, err
+		}
+	}
 	c.observe(ctx, Event{Kind: EventResumed, Workflow: w.name, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
-	return w.execute(ctx, c, run, row, true)
+	return w.execute(ctx, c, run, row, byCompleter)
+}
+
+// adopt moves a key of an adopted definition, whose lease the caller holds,
+// to w's definition: its recovery point through moves, in one fenced write.
+// A key at a point w cannot place is handed back untouched, with
+// ErrDefinitionElsewhere, for a process that runs its definition.
+func (w *Workflow[Req, State]) adopt(ctx context.Context, c *Client, row *store.Row, moves map[string]string) error {
+	from, point := row.Definition, row.RecoveryPoint
+	if to, ok := moves[point]; ok {
+		point = to
+	}
+	if _, err := w.next(point); err != nil {
+		err = fmt.Errorf("%w: definition %s at recovery point %q", ErrDefinitionElsewhere, from, row.RecoveryPoint)
+		c.release(ctx, row, err.Error(), row.Hold, false, false)
+		c.cfg.Logger.Warn("key left for a process that runs its definition", "workflow", row.Workflow,
+			"tenant", row.Tenant, "key", row.Key, "definition", from, "recovery_point", row.RecoveryPoint)
+		return err
+	}
+	if err := store.Adopt(ctx, c.pool, row.ID, row.LockToken, w.definition, point); err != nil {
+		if !errors.Is(err, keyrow.ErrLeaseLost) {
+			c.release(ctx, row, err.Error(), row.Hold, false, false)
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return err
+	}
+	c.cfg.Logger.Info("key adopted by a newer definition", "workflow", w.name, "tenant", row.Tenant, "key", row.Key,
+		"from_definition", from, "definition", w.definition, "from_recovery_point", row.RecoveryPoint, "recovery_point", point)
+	row.Definition, row.RecoveryPoint = w.definition, point
+	return nil
 }
 
 // execute runs the phases after row's recovery point while holding its lease.
@@ -317,11 +428,17 @@ func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[
 	if err != nil {
 		return nil, x.fail(ctx, err)
 	}
-	if row.Hold == keyrow.HoldUnknown {
+	if row.Hold == keyrow.HoldUnknown || row.CallPending != "" {
+		// A call that is not safe to repeat may have been sent by a run
+		// that then stopped: find out what became of it first.
 		return x.reconcile(ctx, start)
 	}
 	return x.from(ctx, start, nil)
 }
+
+// errForOperator ends a run that left its key on hold for an operator: only
+// a person can tell whether the call happened.
+var errForOperator = errors.New("an operator must resolve it")
 
 // execution is one run's progress through a workflow.
 type execution[Req, State any] struct {
@@ -336,6 +453,9 @@ type execution[Req, State any] struct {
 	// committed is the state as last committed, restored when a phase fails.
 	committed []byte
 	rp        string
+	// callFailed is set when a foreign call failed for sure: its provider
+	// refused it, so it did not happen.
+	callFailed bool
 }
 
 // from runs the applicable phases from index i on, until one responds or
@@ -393,12 +513,17 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	if resp, done, err := x.resolved(ctx, i); done {
 		return resp, err
 	}
-	if i == len(x.w.phases) || x.w.phases[i].foreign == nil || x.w.phases[i].foreign.reconcile == nil {
+	switch {
+	case x.row.CallPending != "" && (i == len(x.w.phases) || x.w.phases[i].identity() != x.row.CallPending):
+		return nil, x.release(ctx, fmt.Errorf("%w: the call of phase %q may have been sent, and it is not the next phase to run: %w",
+			ErrOutcomeUnknown, x.row.CallPending, errForOperator), keyrow.HoldUnknown)
+	case i == len(x.w.phases) || x.w.phases[i].foreign == nil || x.w.phases[i].foreign.reconcile == nil:
 		// Nobody can tell what happened: keep the hold for an operator.
-		return nil, x.release(ctx, errors.New("phase: outcome unknown and the phase has no reconcile function"), keyrow.HoldUnknown)
+		return nil, x.release(ctx, fmt.Errorf("%w, and the phase has no reconcile function: %w",
+			ErrOutcomeUnknown, errForOperator), keyrow.HoldUnknown)
 	}
 	p := &x.w.phases[i]
-	x.run.phase = p.name
+	x.run.phase = p.identity()
 	var (
 		rec recordFn[Req, State]
 		res Resolution
@@ -464,7 +589,7 @@ func (x *execution[Req, State]) phaseInfo(i int, reconcile bool) *PhaseInfo {
 	p := &x.w.phases[i]
 	info := &PhaseInfo{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Reconcile: reconcile}
 	if p.foreign != nil {
-		info.DownstreamKey = x.run.downstream + p.name
+		info.DownstreamKey = x.run.downstream + p.identity()
 	}
 	return info
 }
@@ -473,7 +598,7 @@ func (x *execution[Req, State]) phaseInfo(i int, reconcile bool) *PhaseInfo {
 // reconciled outcome to record instead of making the call.
 func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
 	p := &x.w.phases[i]
-	x.run.phase = p.name
+	x.run.phase = p.identity()
 	start := time.Now()
 	body := p.local
 	if p.foreign != nil {
@@ -499,10 +624,10 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 		}
 		return res.response, nil
 	}
-	x.rp = p.name
-	ev.Kind, ev.RecoveryPoint = EventPhaseCommitted, p.name
+	x.rp = p.identity()
+	ev.Kind, ev.RecoveryPoint = EventPhaseCommitted, x.rp
 	x.c.observe(ctx, ev)
-	x.debug(ctx, "phase committed", "recovery_point", p.name)
+	x.debug(ctx, "phase committed", "recovery_point", x.rp)
 	return nil, nil
 }
 
@@ -517,7 +642,15 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	}
 	// The renewals stop with the call's limit: a call that outlives it no
 	// longer keeps the key, which expires and resumes elsewhere.
-	callCtx, stop, err := x.lease.Keep(ctx, x.c.pool, x.c.cfg.CallTimeout)
+	// A call that is not safe to repeat is marked as possibly under way
+	// first, so that a run after a crash reconciles it. The mark is made
+	// right before the call, not with the commit before it, so that a run
+	// that stalls or stops in between leaves nothing to reconcile.
+	var mark string
+	if !p.foreign.repeatable {
+		mark = p.identity()
+	}
+	callCtx, stop, err := x.lease.Keep(ctx, x.c.pool, x.c.cfg.CallTimeout, mark)
 	if err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			return nil, err
@@ -549,6 +682,7 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 		// may have reached the provider.
 		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped: %w", p.name, err))
 	default:
+		x.callFailed = true
 		return nil, fmt.Errorf("phase %s: %w", p.name, err)
 	}
 	if err := x.inject(ctx, Point{p.name, AfterCall}); err != nil {
@@ -663,7 +797,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if res.response != nil {
 		w, err = x.lease.Finish(state, *res.response)
 	} else {
-		w, err = x.lease.Advance(p.name, state)
+		w, err = x.lease.Advance(p.identity(), state)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
@@ -753,7 +887,7 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 // taken the key over (most often the rows that run already wrote) is not
 // the key's failure, and the key is in progress elsewhere.
 func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
-	if x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter) {
+	if x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter, x.callFailed) {
 		x.lease.MarkLost()
 		return fmt.Errorf("%w (the run, taken over, then failed: %v)", keyrow.ErrLeaseLost, cause)
 	}
@@ -780,6 +914,9 @@ func (x *execution[Req, State]) inject(ctx context.Context, at Point) error {
 func (c *Client) observe(ctx context.Context, ev Event) {
 	if c.cfg.Observer != nil {
 		c.cfg.Observer(ctx, ev)
+	}
+	if l, ok := ctx.Value(listenerKey{}).(func(Event)); ok {
+		l(ev)
 	}
 }
 

@@ -458,9 +458,9 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 	}
 }
 
-// TestForeignCallAfterACommitCostsNoRoundTrip pins what a foreign phase
-// sends: the call right after the commit of the phase before it (or the
-// acquire) needs no renewal, the commit having proved the lease by the
+// TestForeignCallAfterACommitCostsNoRoundTrip pins what a Repeatable
+// foreign phase sends: the call right after the commit of the phase before
+// it (or the acquire) needs no renewal, the commit having proved the lease by the
 // database clock; a run that stalls longer than store.ProofWindow before
 // its call, or whose phase before it ran longer than that (the advance
 // extends the lease from its transaction's start), renews first.
@@ -478,7 +478,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 		return phase.Next(), nil
 	}
 	w, err := phase.New("calls",
-		phase.Foreign("first", call, record),
+		phase.Foreign("first", call, record).Repeatable(),
 		phase.Local("between", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			if slow.Load() {
@@ -490,7 +490,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 		}),
 		phase.Foreign("second", call, func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
 			return phase.JSON(201, "ok"), nil
-		}))
+		}).Repeatable())
 	if err != nil {
 		t.Fatal(err)
 	}

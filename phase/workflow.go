@@ -2,9 +2,12 @@ package phase
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 
 	"github.com/google/uuid"
@@ -15,16 +18,35 @@ import (
 
 // Workflow is a named, ordered list of phases over a request type and a
 // state type. The declared order defines the recovery points: after a phase
-// commits, the key's recovery point is that phase's name, and a resumed run
-// starts at the phase after it.
+// commits, the key's recovery point is that phase's identity (its name,
+// unless declared with Formerly), and a resumed run starts at the phase
+// after it.
 //
 // Req and State are stored as JSON (the request when the key is first
 // seen, the state with every phase), so both must survive a round trip
 // through encoding/json: the completer rebuilds them from what is stored.
+//
+// # Definitions
+//
+// A key records the definition it started under (see Definition), and only
+// a process that registered that definition, or a workflow that adopts it
+// (see Adopt), runs it again: a deploy that adds, removes or reorders phases
+// never resumes a key with a phase list it did not start with, unless its
+// author said how. See docs/changing-a-workflow.md.
 type Workflow[Req, State any] struct {
 	name   string
 	phases []Phase[Req, State]
-	index  map[string]int
+	// index maps each phase's identity to its position.
+	index      map[string]int
+	definition string
+	adoptions  []adoption
+}
+
+// adoption is an older definition whose keys a workflow resumes, with the
+// recovery points they move to.
+type adoption struct {
+	workflow, definition string
+	moves                map[string]string
 }
 
 // New declares a workflow. Names must be unique, non-empty and not one of the
@@ -42,33 +64,113 @@ func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Re
 		switch {
 		case keyrow.CheckName(p.name) != nil:
 			return nil, fmt.Errorf("phase: workflow %q: phase %d: name %w", name, i, keyrow.CheckName(p.name))
-		case p.name == keyrow.Started || p.name == keyrow.Finished:
-			return nil, fmt.Errorf("phase: workflow %q: %q is a reserved recovery point", name, p.name)
+		case p.id != "" && keyrow.CheckName(p.id) != nil:
+			return nil, fmt.Errorf("phase: workflow %q: phase %q: former name %w", name, p.name, keyrow.CheckName(p.id))
+		case isReserved(p.name) || isReserved(p.id):
+			return nil, fmt.Errorf("phase: workflow %q: %q is a reserved recovery point", name, p.identity())
 		case p.local == nil && p.foreign == nil:
 			return nil, fmt.Errorf("phase: workflow %q: phase %q has no function; declare it with Local or Foreign", name, p.name)
 		case p.err != nil:
 			return nil, fmt.Errorf("phase: workflow %q: phase %q: %w", name, p.name, p.err)
 		}
-		if _, dup := w.index[p.name]; dup {
-			return nil, fmt.Errorf("phase: workflow %q: phase %q declared twice", name, p.name)
+		if _, dup := w.index[p.identity()]; dup {
+			return nil, fmt.Errorf("phase: workflow %q: phase %q declared twice", name, p.identity())
 		}
-		w.index[p.name] = i
+		w.index[p.identity()] = i
 	}
+	w.definition = definitionOf(phases)
 	return w, nil
+}
+
+func isReserved(name string) bool { return name == keyrow.Started || name == keyrow.Finished }
+
+// definitionOf hashes what a key's recovery depends on: each phase's
+// identity, in order, with its kind and the choices that decide what a run
+// after a crash does (repeatable, reconciled, conditional). Code inside a
+// phase is not part of it, so a fix to a phase's body keeps the definition.
+func definitionOf[Req, State any](phases []Phase[Req, State]) string {
+	h := sha256.New()
+	h.Write([]byte("atomicphase/definition/v1\x00"))
+	for _, p := range phases {
+		h.Write([]byte(p.identity()))
+		flags := []byte{0, 'l', '-', '-', '-'}
+		if p.foreign != nil {
+			flags[1] = 'f'
+			if p.foreign.repeatable {
+				flags[2] = 'r'
+			}
+			if p.foreign.reconcile != nil {
+				flags[3] = 'c'
+			}
+		}
+		if p.when != nil {
+			flags[4] = 'w'
+		}
+		h.Write(flags)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// Definition returns the identity of w's definition: a hash of its phase
+// identities in order, each with its kind (local or foreign), whether it is
+// Repeatable, Reconciled or conditional (When). Every key records the
+// definition it started under; a process resumes a key only under that
+// definition, or under a workflow that adopts it (see Adopt). Renaming a
+// phase with Formerly, or changing the code inside a phase, keeps the
+// definition; adding, removing or reordering phases, or changing one of
+// those choices, makes a new one.
+func (w *Workflow[Req, State]) Definition() string { return w.definition }
+
+// Adopt declares that w resumes the unfinished keys that started under
+// definition of workflow (w's own name, or the name w had before a rename),
+// so they need not drain on the old code. moves maps each recovery point of
+// that definition that w does not have (a phase removed or renamed without
+// Formerly) to the recovery point of w to resume from, keyrow.Started
+// included; points not in moves resume from the phase of w with the same
+// identity. A key whose recovery point w cannot place is left untouched, and
+// its client is answered that a process running its definition must finish
+// it.
+//
+// Adopting a definition says that running the rest of w after the old
+// definition's committed phases is what the author wants: for a phase added
+// before a key's point, that the key skips it; for one added after, that the
+// key runs it. Call Adopt before NewClient.
+func (w *Workflow[Req, State]) Adopt(workflow, definition string, moves map[string]string) error {
+	if err := keyrow.CheckName(workflow); err != nil {
+		return fmt.Errorf("phase: Adopt: workflow name %w", err)
+	}
+	if workflow == w.name && definition == w.definition {
+		return fmt.Errorf("phase: Adopt: %q is workflow %q's own definition", definition, w.name)
+	}
+	for from, to := range moves {
+		if _, ok := w.index[to]; !ok && to != keyrow.Started {
+			return fmt.Errorf("phase: Adopt: recovery point %q moves to %q, which workflow %q does not have", from, to, w.name)
+		}
+	}
+	w.adoptions = append(w.adoptions, adoption{workflow: workflow, definition: definition, moves: maps.Clone(moves)})
+	return nil
 }
 
 // Name returns the workflow's name, stored with every key it runs.
 func (w *Workflow[Req, State]) Name() string { return w.name }
 
-// Phases returns the phase names in declared order: the workflow's recovery
-// points between keyrow.Started and keyrow.Finished.
+// Phases returns the phases' recovery points in declared order: the
+// workflow's recovery points between keyrow.Started and keyrow.Finished.
+// A phase's recovery point is its name, or the name given to Formerly.
 func (w *Workflow[Req, State]) Phases() []string {
 	names := make([]string, len(w.phases))
 	for i, p := range w.phases {
-		names[i] = p.name
+		names[i] = p.identity()
 	}
 	return names
 }
+
+// ErrDefinitionElsewhere is returned for a key that is unfinished under a
+// definition of its workflow that this process neither runs nor adopts,
+// or at a recovery point the adopting workflow cannot place. Nothing was
+// run and the key is untouched: a process that runs its definition finishes
+// it. The HTTP handler answers 503 with Retry-After.
+var ErrDefinitionElsewhere = errors.New("phase: the key started under a workflow definition this process does not run")
 
 // next returns the index of the first phase to run after recovery point rp.
 func (w *Workflow[Req, State]) next(rp string) (int, error) {
@@ -77,7 +179,7 @@ func (w *Workflow[Req, State]) next(rp string) (int, error) {
 	}
 	i, ok := w.index[rp]
 	if !ok {
-		return 0, fmt.Errorf("phase: workflow %q has no recovery point %q; was a phase renamed while keys were in flight?", w.name, rp)
+		return 0, fmt.Errorf("%w: workflow %q (definition %s) has no recovery point %q", ErrDefinitionElsewhere, w.name, w.definition, rp)
 	}
 	return i + 1, nil
 }
@@ -181,7 +283,9 @@ const (
 // most one foreign side effect and advances the recovery point. Declare one
 // with Local or Foreign.
 type Phase[Req, State any] struct {
-	name      string
+	name string
+	// id is the identity given by Formerly; empty means the name.
+	id        string
 	local     LocalFunc[Req, State]
 	foreign   *foreignPhase[Req, State]
 	when      func(run *Run[Req, State]) bool
@@ -210,8 +314,17 @@ func Local[Req, State any](name string, fn LocalFunc[Req, State]) Phase[Req, Sta
 
 // Foreign declares a phase with exactly one foreign call. call runs outside
 // any open transaction, with the lease renewed while it runs; record then
-// commits its outcome and advances in one short transaction. A retry after a
-// crash between the two repeats call with the same downstream key.
+// commits its outcome and advances in one short transaction.
+//
+// When the run stops between the call and the commit (a crash, an outage,
+// a lost lease), whether the call happened is unknown. A Repeatable phase is
+// then called again with the same downstream key. Any other phase is never
+// called again blindly: before its call, the run records on the key that
+// the call may be under way (one statement that also renews the lease), and
+// the next run that finds that record reconciles the call with the phase's
+// reconcile function (see Reconciled), or, without one, puts the key on
+// hold for an operator. A call that returns an error other than an unknown
+// outcome is taken to have not happened, and the next run calls again.
 func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
 	bind := func(out Out) recordFn[Req, State] {
 		return func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error) {
@@ -290,8 +403,27 @@ func (p Phase[Req, State]) Isolation(level pgx.TxIsoLevel) Phase[Req, State] {
 	return p
 }
 
-// Name returns the phase's name, which is also its recovery point.
+// Name returns the phase's name.
 func (p Phase[Req, State]) Name() string { return p.name }
+
+// Formerly declares that p was renamed from name: p keeps name as its
+// identity, which is its recovery point and the end of its downstream keys.
+// Keys in flight at the old name resume at p, the workflow's definition is
+// unchanged, and a foreign call that may already have been made under the
+// old name is repeated, or reconciled, with the same downstream key. Chain
+// renames by keeping the first name.
+func (p Phase[Req, State]) Formerly(name string) Phase[Req, State] {
+	p.id = name
+	return p
+}
+
+// identity is p's recovery point and the suffix of its downstream keys.
+func (p *Phase[Req, State]) identity() string {
+	if p.id != "" {
+		return p.id
+	}
+	return p.name
+}
 
 // ErrOutcomeUnknown marks a foreign call that may or may not have taken
 // effect (for example, a timeout after the request was sent). Wrap it with

@@ -133,11 +133,16 @@ type PassResult struct {
 	Failed int
 	// Buried keys moved to the dead hold.
 	Buried int
+	// Left keys were claimed and handed back for someone else to act on:
+	// a process that runs the definition they started under (they are at
+	// a recovery point the adopting workflow cannot place), or an operator
+	// (a call whose outcome is unknown and that has no reconcile function).
+	Left int
 }
 
 // Add returns the sum of r and o.
 func (r PassResult) Add(o PassResult) PassResult {
-	return PassResult{r.Claimed + o.Claimed, r.Completed + o.Completed, r.Failed + o.Failed, r.Buried + o.Buried}
+	return PassResult{r.Claimed + o.Claimed, r.Completed + o.Completed, r.Failed + o.Failed, r.Buried + o.Buried, r.Left + o.Left}
 }
 
 // ReapResult counts what a reaper run did.

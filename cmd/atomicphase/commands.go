@@ -395,6 +395,8 @@ func defineReap(fs *flag.FlagSet) action {
 type statsReport struct {
 	keyrow.Counts
 	Total int `json:"total"`
+	// Definitions counts the unfinished keys of each workflow definition.
+	Definitions []keyrow.DefinitionCount `json:"definitions"`
 }
 
 func defineStats(fs *flag.FlagSet) action {
@@ -411,10 +413,14 @@ func defineStats(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if s.json {
-			return s.writeJSON(statsReport{Counts: counts, Total: counts.Total()})
+		defs, err := c.Definitions(ctx)
+		if err != nil {
+			return err
 		}
-		return printStats(s.stdout, counts, *stuckAfter)
+		if s.json {
+			return s.writeJSON(statsReport{Counts: counts, Total: counts.Total(), Definitions: defs})
+		}
+		return printStats(s.stdout, counts, defs, *stuckAfter, time.Now())
 	}
 }
 

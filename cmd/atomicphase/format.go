@@ -34,8 +34,12 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 	row("key", clean(k.Key))
 	row("id", k.ID.String())
 	row("workflow", clean(k.Workflow))
+	row("definition", orDash(clean(k.Definition)))
 	row("status", status(k))
 	row("recovery point", clean(k.RecoveryPoint))
+	if k.CallPending != "" {
+		row("call pending", clean(k.CallPending)+" (may have been sent; reconciled before it is sent again)")
+	}
 	row("attempts", strconv.Itoa(k.Attempts))
 	row("failures", strconv.Itoa(k.Failures))
 	row("last error", orDash(clean(k.LastError)))
@@ -141,7 +145,7 @@ func printReap(w io.Writer, r reapReport) error {
 	return tw.Flush()
 }
 
-func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
+func printStats(w io.Writer, c keyrow.Counts, defs []keyrow.DefinitionCount, stuckAfter time.Duration, now time.Time) error {
 	tw := newTable(w)
 	if c.FinishedEstimated {
 		fmt.Fprintf(tw, "finished\t~%d\testimated from the table's statistics\n", c.Finished)
@@ -154,6 +158,18 @@ func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
 	fmt.Fprintf(tw, "unknown\t%d\n", c.Unknown)
 	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
 	fmt.Fprintf(tw, "total\t%d\n", c.Total())
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(defs) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nunfinished keys by workflow definition:")
+	tw = newTable(w)
+	fmt.Fprintf(tw, "WORKFLOW\tDEFINITION\tUNFINISHED\tON HOLD\tOLDEST\n")
+	for _, d := range defs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", clean(d.Workflow), orDash(clean(d.Definition)), d.Unfinished, d.Held, since(d.Oldest, now))
+	}
 	return tw.Flush()
 }
 

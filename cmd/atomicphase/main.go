@@ -20,6 +20,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -180,6 +182,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitNotFound
 	default:
 		fmt.Fprintf(stderr, "atomicphase %s: %v\n", cmd.name, err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
+			fmt.Fprintln(stderr, "The database has no atomicphase schema (or it is not on the search_path): run `atomicphase migrate`, or apply the SQL of `atomicphase migrate -print` with your own tool.")
+		}
 		return exitError
 	}
 }
@@ -253,6 +259,14 @@ func (s *session) db(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		// When the server answered, its answer is the cause (a database
+		// that does not exist, a refused login); pgx lists it after the
+		// attempts before it, such as the TLS that sslmode=prefer asks
+		// for first and a server without TLS refuses.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			err = pgErr
+		}
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
 	s.pool = pool

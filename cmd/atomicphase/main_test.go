@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -124,7 +125,7 @@ func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *store.Row
 		t.Fatal(err)
 	}
 	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false, false); err != nil {
 		t.Fatal(err)
 	}
 	return row
@@ -274,6 +275,43 @@ func TestUnreachableDatabaseExitsOne(t *testing.T) {
 	r := runCLI(t, unreachable, "stats")
 	if r.code != exitError || !strings.Contains(r.stderr, "connect to the database") {
 		t.Fatalf("stats on an unreachable database = %d:\n%s", r.code, r.stderr)
+	}
+}
+
+// Every command but migrate on a database that was never migrated says
+// to run atomicphase migrate, after Postgres's own error.
+func TestCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	if _, err := db.Exec(context.Background(), "CREATE SCHEMA unmigrated"); err != nil {
+		t.Fatal(err)
+	}
+	empty := withSearchPath(t, dsn, "unmigrated")
+	for _, args := range [][]string{{"stats"}, {"list", "-stuck"}, {"inspect", "acme", "k1"}, {"reap", "-dry-run"}} {
+		r := runCLI(t, empty, args...)
+		if r.code != exitError || !strings.Contains(r.stderr, "42P01") ||
+			!strings.Contains(r.stderr, "no atomicphase schema") || !strings.Contains(r.stderr, "atomicphase migrate") {
+			t.Errorf("atomicphase %q on an unmigrated database = %d, want 1 with a hint to run atomicphase migrate:\n%s", args, r.code, r.stderr)
+		}
+	}
+}
+
+// A database that does not exist, reached over TCP where pgx first asks
+// for TLS, is reported by the server's answer, not by the refused TLS
+// attempt that came before it.
+func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgconn.ParseConfig(pgtest.Server(t).AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pgtest.TCPAddr(t)
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(cfg.User, cfg.Password), Host: addr, Path: "/no_such_database",
+		RawQuery: "sslmode=prefer&connect_timeout=10"}
+	r := runCLI(t, u.String(), "stats")
+	first, _, _ := strings.Cut(r.stderr, "\n")
+	if r.code != exitError || !strings.Contains(first, `database "no_such_database" does not exist`) || strings.Contains(first, "TLS") {
+		t.Fatalf("stats on a missing database over TCP = %d, want 1 naming the database first:\n%s", r.code, r.stderr)
 	}
 }
 
@@ -501,6 +539,7 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 		keyIn(t, db, "acme", key, state)
 	}
 	age(t, db, "acme", "stuck", "last_run_at = now() - interval '2 minutes'")
+	age(t, db, "acme", "declined", "definition = 'next'")
 	var rows int
 	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM idempotency_keys").Scan(&rows); err != nil {
 		t.Fatal(err)
@@ -510,6 +549,12 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	want := keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 1, Stuck: 1, Unknown: 1, Dead: 1}
 	if got.Counts != want || got.Total != rows {
 		t.Fatalf("stats -json = %+v, want %+v and a total of %d", got, want, rows)
+	}
+	// The unfinished keys by definition: four stored before definitions
+	// (two of them on hold), one under the next.
+	if d := got.Definitions; len(d) != 2 || d[0].Definition != "" || d[0].Unfinished != 4 || d[0].Held != 2 ||
+		d[1].Definition != "next" || d[1].Unfinished != 1 || d[1].Held != 0 {
+		t.Fatalf("stats -json definitions = %+v", d)
 	}
 	for _, tc := range []struct {
 		stuckAfter     string
@@ -523,7 +568,8 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	}
 	text := ok(t, dsn, "stats")
 	for _, want := range []string{"finished   1", "in flight  1", "waiting    1  idle for at most 1m0s",
-		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6"} {
+		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6",
+		"unfinished keys by workflow definition:", "next        1           0"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("stats output lacks %q:\n%s", want, text)
 		}

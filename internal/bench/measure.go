@@ -355,11 +355,12 @@ func (e *Env) keyRequest(key string, ttl time.Duration) (store.Request, error) {
 	if err != nil {
 		return store.Request{}, err
 	}
-	fp, err := keyrow.Fingerprint(e.workflow.Name(), params)
+	fp, err := keyrow.RequestFingerprint("", "application/json", params)
 	if err != nil {
 		return store.Request{}, err
 	}
-	return store.Request{Tenant: tenant, Key: key, Workflow: e.workflow.Name(), Fingerprint: fp, Params: params, TTL: ttl}, nil
+	return store.Request{Tenant: tenant, Key: key, Workflow: e.workflow.Name(), Definition: e.workflow.Definition(),
+		Fingerprint: fp, Params: params, TTL: ttl}, nil
 }
 
 func (e *Env) acquire(ctx context.Context, key string, want store.Outcome) error {

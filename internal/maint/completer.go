@@ -16,27 +16,34 @@ import (
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
+// ErrHandedBack is wrapped by a Resumer's error for a key it handed back
+// for someone else to act on (a process that runs its definition, an
+// operator): the completer cannot do more with it now.
+var ErrHandedBack = errors.New("maint: key handed back for another process")
+
 // Resumer continues a claimed key with its workflow, within the client's
 // run limits. It must free or keep the key's lease as any run does.
 type Resumer func(ctx context.Context, row *store.Row) error
 
 // Completer finishes keys that no client is waiting for.
 type Completer struct {
-	cfg       recovery.CompleterConfig
-	pool      *pgxpool.Pool
-	resumer   Resumer
-	workflows []string
-	ttl       time.Duration
-	log       *slog.Logger
-	bg        Background
+	cfg     recovery.CompleterConfig
+	pool    *pgxpool.Pool
+	resumer Resumer
+	// workflows and definitions, pairwise, are the definitions it resumes.
+	workflows, definitions []string
+	ttl                    time.Duration
+	log                    *slog.Logger
+	bg                     Background
 	// Around, when set, wraps every pass (the client's middleware).
 	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
 }
 
-// NewCompleter returns a completer for the keys of workflows, run by r.
-// cfg must have its defaults applied.
-func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows []string, ttl time.Duration, log *slog.Logger) *Completer {
-	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, ttl: ttl, log: log}
+// NewCompleter returns a completer for the keys of the workflow definitions
+// given pairwise by workflows and definitions, run by r. cfg must have its
+// defaults applied.
+func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
+	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
@@ -50,7 +57,7 @@ func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
 
 func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	var res recovery.PassResult
-	buried, err := store.Bury(ctx, c.pool, c.workflows, c.cfg.MaxAttempts, c.cfg.MinIdle)
+	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.MinIdle)
 	if err != nil {
 		return res, err
 	}
@@ -60,7 +67,7 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
-		Workflows: c.workflows, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
+		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl,
 	})
 	if err != nil {
@@ -79,9 +86,12 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 			err := c.resume(ctx, row)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrHandedBack):
+				res.Left++
+			case err != nil:
 				res.Failed++
-			} else {
+			default:
 				res.Completed++
 			}
 		})
@@ -95,6 +105,9 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 	ev := recovery.Event{Kind: recovery.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
 	if err != nil {
 		ev.Kind, ev.Err = recovery.EventFailed, err
+	}
+	if errors.Is(err, ErrHandedBack) {
+		return err
 	}
 	c.observe(ctx, ev)
 	if err != nil && c.log.Enabled(ctx, slog.LevelWarn) {
@@ -110,7 +123,8 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 	for {
 		res, err := c.RunOnce(ctx)
 		total = total.Add(res)
-		if err != nil || res.Claimed == 0 {
+		// Keys handed back would be claimed again at once.
+		if err != nil || res.Claimed == res.Left {
 			return total, err
 		}
 	}

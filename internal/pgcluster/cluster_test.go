@@ -137,6 +137,7 @@ func TestHelperProcess(t *testing.T) {
 
 func TestClusterAndBouncerDieWithKilledOwner(t *testing.T) {
 	t.Parallel()
+	needBouncer(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	cmd.Stderr = os.Stderr

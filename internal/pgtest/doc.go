@@ -43,8 +43,10 @@
 // database's few server sessions is free. It is started in front of the
 // shared server, whichever source that came from (an external server from
 // EnvDSN included, with the login EnvDSN names), from the pgbouncer program
-// (Debian and Ubuntu: apt-get install pgbouncer); without it those tests
-// fail saying so. [Routes] runs a test both ways.
+// (Debian and Ubuntu: apt-get install pgbouncer). Without it those tests
+// skip in one line saying so, unless ATOMICPHASE_TEST_REQUIRE lists
+// pgbouncer ([testenv.RequireEnv]), as CI does: then they fail. [Routes]
+// runs a test both ways.
 //
 // # Cleanup
 //

@@ -10,9 +10,13 @@ import (
 
 // ClaimParams selects the unfinished keys the completer may take.
 type ClaimParams struct {
-	// Workflows are the workflow names the claiming process can run; keys of
-	// any other workflow are left alone, for a process that knows them.
-	Workflows []string
+	// Workflows and Definitions, pairwise, are the workflow definitions the
+	// claiming process can run; keys of any other workflow or definition
+	// are left alone, for a process that knows them. Nil Definitions means
+	// the empty definition, of keys stored before definitions were
+	// recorded, for every workflow.
+	Workflows   []string
+	Definitions []string
 	// Limit caps how many keys one claim takes.
 	Limit int
 	// MinIdle: a key is due only when its last run is at least this old, so
@@ -50,7 +54,7 @@ WITH due AS (
     SELECT id FROM idempotency_keys
     WHERE finished_at IS NULL
       AND (hold IS NULL OR hold = 'unknown')
-      AND workflow = ANY($6::text[])
+      AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
       -- The first bound alone is what the index can range-scan on; the
       -- second adds the per-key backoff: none before the completer's first
       -- failure, then Backoff doubling with each further one, capped.
@@ -69,7 +73,7 @@ FROM due
 WHERE k.id = due.id
 RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
           k.phase_state AS state, k.request_params AS params, k.request_fingerprint AS fingerprint,
-          coalesce(k.hold, '') AS hold,
+          coalesce(k.hold, '') AS hold, k.definition, coalesce(k.call_pending, '') AS call_pending,
           k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
 
 // Claim takes the lease on up to p.Limit due keys of p.Workflows and returns
@@ -83,7 +87,7 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	var rows []*Row
 	sent := time.Now()
 	err := pgxscan.Select(ctx, q, &rows, claimSQL,
-		p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows)
+		p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions))
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
 	}
@@ -93,27 +97,37 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	return rows, nil
 }
 
+// definitionsFor returns definitions, or the empty definition for each of
+// workflows when definitions is nil.
+func definitionsFor(workflows, definitions []string) []string {
+	if definitions == nil {
+		return make([]string, len(workflows))
+	}
+	return definitions
+}
+
 // burySQL parks keys the completer gave up on as dead. A key is buried only
 // when it is abandoned: free, runnable, idle for at least the completer's
 // idle threshold ($3), so no client is retrying it, and failed by the
 // completer itself maxFailures times since it last made progress. A client
 // that keeps retrying a key while a provider is down never gets it buried.
-// Only keys of workflows the process knows ($2) are judged.
+// Only keys of workflow definitions the process knows ($2, $4) are judged.
 const burySQL = `
 UPDATE idempotency_keys
 SET hold = 'dead'
 WHERE finished_at IS NULL AND hold IS NULL AND failures >= $1
-  AND workflow = ANY($2::text[])
+  AND (workflow, definition) IN (SELECT * FROM unnest($2::text[], $4::text[]))
   AND last_run_at <= now() - $3::interval
   AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
 
 // Bury moves every abandoned key of workflows that the completer failed
 // maxFailures times to the dead hold, and reports how many it moved.
-func Bury(ctx context.Context, q Querier, workflows []string, maxFailures int, minIdle time.Duration) (int, error) {
+// Workflows and definitions are paired as in ClaimParams.
+func Bury(ctx context.Context, q Querier, workflows, definitions []string, maxFailures int, minIdle time.Duration) (int, error) {
 	if len(workflows) == 0 {
 		return 0, nil
 	}
-	tag, err := q.Exec(ctx, burySQL, maxFailures, workflows, minIdle)
+	tag, err := q.Exec(ctx, burySQL, maxFailures, workflows, minIdle, definitionsFor(workflows, definitions))
 	if err != nil {
 		return 0, fmt.Errorf("store: bury: %w", err)
 	}

@@ -23,7 +23,7 @@ func fail(t *testing.T, db store.Querier, tenant, key string, n int, byCompleter
 		if !out.Acquiring() {
 			t.Fatalf("acquire %s/%s = %v, want the lease", tenant, key, out)
 		}
-		if err := store.Release(context.Background(), db, row.ID, row.LockToken, "provider down", "", byCompleter); err != nil {
+		if err := store.Release(context.Background(), db, row.ID, row.LockToken, "provider down", "", byCompleter, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -50,7 +50,7 @@ func TestFailuresCountTheCompletersRunsAndResetOnProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	failures(0, "a committed phase")
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true, false); err != nil {
 		t.Fatal(err)
 	}
 	failures(1, "a completer failure")
@@ -85,15 +85,15 @@ func TestBuryGivesUpOnlyOnIdleKeysTheCompleterFailedEnough(t *testing.T) {
 	other := request(t, "acme", "other", `{}`)
 	other.Workflow = "other"
 	_, row := acquire(t, db, other)
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true, false); err != nil {
 		t.Fatal(err)
 	}
 	age(t, db, "acme", "other", "failures = 10, last_run_at = now() - interval '1 hour'")
 
-	if n, err := store.Bury(ctx, db, nil, maxFailures, time.Minute); err != nil || n != 0 {
+	if n, err := store.Bury(ctx, db, nil, nil, maxFailures, time.Minute); err != nil || n != 0 {
 		t.Fatalf("bury with no workflows = %d, %v; want none", n, err)
 	}
-	n, err := store.Bury(ctx, db, []string{"test"}, maxFailures, time.Minute)
+	n, err := store.Bury(ctx, db, []string{"test"}, nil, maxFailures, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestClaimTakesOnlyDueKeysOfTheGivenWorkflows(t *testing.T) {
 		req := request(t, "acme", key, `{}`)
 		req.Workflow = "billing"
 		_, row := acquire(t, db, req)
-		if err := store.Release(ctx, db, row.ID, row.LockToken, "", "", false); err != nil {
+		if err := store.Release(ctx, db, row.ID, row.LockToken, "", "", false, false); err != nil {
 			t.Fatal(err)
 		}
 		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")

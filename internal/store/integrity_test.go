@@ -117,7 +117,7 @@ func TestMalformedValuesNeverReachTheTable(t *testing.T) {
 			t.Errorf("finish with status %d succeeded", status)
 		}
 	}
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "", "parked", false); err == nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "", "parked", false, false); err == nil {
 		t.Error("release with an unknown hold succeeded")
 	}
 	if got := read(t, db, "acme", "k1"); got.RecoveryPoint != keyrow.Started || got.Status != nil || got.Token == nil || *got.Token != row.LockToken {
@@ -153,7 +153,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 		"finish": func() error {
 			return store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 201})
 		},
-		"release": func() error { return store.Release(ctx, db, row.ID, row.LockToken, "late", "", false) },
+		"release": func() error { return store.Release(ctx, db, row.ID, row.LockToken, "late", "", false, false) },
 		"renew": func() error {
 			_, err := store.Renew(ctx, db, row.ID, row.LockToken, ttl)
 			return err
@@ -211,7 +211,7 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 		{"finish", func() error { h := pick(); return store.Finish(ctx, db, h.id, h.token, nil, resp) }},
 		{"release", func() error {
 			h := pick()
-			return store.Release(ctx, db, h.id, h.token, "failed", holds[rnd.IntN(len(holds))], rnd.IntN(2) == 0)
+			return store.Release(ctx, db, h.id, h.token, "failed", holds[rnd.IntN(len(holds))], rnd.IntN(2) == 0, false)
 		}},
 		{"renew", func() error { h := pick(); _, err := store.Renew(ctx, db, h.id, h.token, ttl); return err }},
 		{"unlock", func() error { _, err := store.Unlock(ctx, db, "acme", keys[rnd.IntN(len(keys))]); return err }},
@@ -223,7 +223,7 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 			}
 			return err
 		}},
-		{"bury", func() error { _, err := store.Bury(ctx, db, []string{"test"}, 1, 0); return err }},
+		{"bury", func() error { _, err := store.Bury(ctx, db, []string{"test"}, nil, 1, 0); return err }},
 		{"expire", func() error { _, err := store.Expire(ctx, db, time.Hour, 2); return err }},
 		{"reap", func() error { _, err := store.Reap(ctx, db, time.Hour, 2); return err }},
 		{"time passes", func() error {

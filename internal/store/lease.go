@@ -51,8 +51,14 @@ func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
 // Renew extends the lease to TTL from now by the database clock. When the
 // key was taken over it returns keyrow.ErrLeaseLost and marks the lease lost.
 func (l *Lease) Renew(ctx context.Context, q Querier) error {
+	return l.renew(ctx, q, "")
+}
+
+// renew is Renew, which also marks the foreign call of phase as possibly
+// under way when phase is not empty (see MarkCall).
+func (l *Lease) renew(ctx context.Context, q Querier, phase string) error {
 	sent := time.Now()
-	_, err := Renew(ctx, q, l.ID, l.Token, l.TTL)
+	_, err := renew(ctx, q, l.ID, l.Token, l.TTL, phase)
 	switch {
 	case err == nil:
 		l.Proven(sent)
@@ -135,12 +141,17 @@ func (l *Lease) MarkLost() {
 // hiccup) are retried at the next tick; the lease is still bounded by its
 // TTL. stop waits for the renewing goroutine to end, so a caller that defers
 // it leaves nothing running, even when the work panics.
-func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration) (workCtx context.Context, stop func(), err error) {
+//
+// A non-empty mark names a phase whose call is not safe to repeat: Keep
+// then always renews first, in a statement that also records the call as
+// possibly under way (see MarkCall), so that a run after a crash during the
+// work reconciles the call instead of making it again.
+func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration, mark string) (workCtx context.Context, stop func(), err error) {
 	if err := l.Err(); err != nil {
 		return nil, nil, err
 	}
-	if age, ok := l.proofAge(); !ok || age >= ProofWindow(l.TTL) {
-		if err := l.Renew(ctx, q); err != nil {
+	if age, ok := l.proofAge(); mark != "" || !ok || age >= ProofWindow(l.TTL) {
+		if err := l.renew(ctx, q, mark); err != nil {
 			return nil, nil, err
 		}
 	}

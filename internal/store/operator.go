@@ -456,7 +456,7 @@ const (
 	// runnable keys idle for the whole retention as abandoned: a key that
 	// sat dead for days would otherwise race the completer to the
 	// reaper's next run.
-	retrySet   = `hold = NULL, failures = 0, last_run_at = now(), resolution = NULL`
+	retrySet   = `hold = NULL, failures = 0, call_pending = NULL, last_run_at = now(), resolution = NULL`
 	retryWhere = `hold IS NOT NULL`
 )
 
@@ -628,7 +628,8 @@ WHERE tenant = $1 AND idempotency_key = $2 AND finished_at IS NULL
   AND (lock_expires_at IS NULL OR lock_expires_at <= now())
 RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
           k.phase_state AS state, k.request_params AS params, k.request_fingerprint AS fingerprint,
-          coalesce(k.hold, '') AS hold, k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
+          coalesce(k.hold, '') AS hold, k.definition, coalesce(k.call_pending, '') AS call_pending,
+          k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
 
 // ClaimKey takes the lease on the tenant's key, as the completer's claim
 // does, so that it can be run at once; nil when the key is finished, dead,

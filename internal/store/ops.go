@@ -14,7 +14,8 @@ import (
 // keyInfoColumns selects a keyrow.Row, with each column named as pgxscan maps
 // the field (snake case) and NULL text turned into the empty string.
 const keyInfoColumns = `
-    id, tenant, idempotency_key AS key, workflow, recovery_point, coalesce(hold, '') AS hold,
+    id, tenant, idempotency_key AS key, workflow, definition, recovery_point, coalesce(hold, '') AS hold,
+    coalesce(call_pending, '') AS call_pending,
     created_at, last_run_at, finished_at, locked_at, lock_expires_at, attempts, failures,
     coalesce(last_error, '') AS last_error,
     response_status, response_headers AS response_header, response_body,

@@ -42,7 +42,7 @@ func keyIn(t *testing.T, db store.Querier, tenant, key, state string) *store.Row
 		t.Fatal(err)
 	}
 	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false, false); err != nil {
 		t.Fatal(err)
 	}
 	return row
@@ -299,7 +299,7 @@ func TestRetryMakesADeadKeyClaimableWithAFreshFailureBudget(t *testing.T) {
 	}
 	// Its ten failures are forgotten: burying needs ten more.
 	age(t, db, "acme", "k1", "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '1 hour'")
-	if n, err := store.Bury(ctx, db, []string{"test"}, 10, time.Minute); err != nil || n != 0 {
+	if n, err := store.Bury(ctx, db, []string{"test"}, nil, 10, time.Minute); err != nil || n != 0 {
 		t.Fatalf("bury after retry = %d, %v; want none", n, err)
 	}
 }

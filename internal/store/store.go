@@ -54,6 +54,12 @@ type Row struct {
 	Response *keyrow.Response
 	// LastError is the error that ended the last unsuccessful run.
 	LastError string
+	// Definition is the workflow definition the key started under; empty
+	// for keys stored before definitions were recorded.
+	Definition string
+	// CallPending names the phase whose foreign call, not safe to repeat,
+	// may have been sent by a run that then stopped; empty otherwise.
+	CallPending string
 }
 
 // Outcome tells what Acquire found.
@@ -74,6 +80,11 @@ const (
 	Mismatch
 	// Parked: the key is unfinished but on hold (Row.Hold says why).
 	Parked
+	// Elsewhere: the key belongs to another workflow (Row.Workflow), or is
+	// unfinished under another definition of this one (Row.Definition);
+	// nothing was taken. Only a run of that workflow and definition may
+	// take it.
+	Elsewhere
 )
 
 func (o Outcome) String() string {
@@ -90,6 +101,8 @@ func (o Outcome) String() string {
 		return "mismatch"
 	case Parked:
 		return "parked"
+	case Elsewhere:
+		return "elsewhere"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -99,9 +112,12 @@ func (o Outcome) Acquiring() bool { return o == New || o == Resumed }
 
 // Request identifies a key and carries what Acquire stores with a new one.
 type Request struct {
-	Tenant      string
-	Key         string
-	Workflow    string
+	Tenant   string
+	Key      string
+	Workflow string
+	// Definition is the workflow definition a new key starts under; an
+	// existing key is taken only when it has this workflow and definition.
+	Definition  string
 	Fingerprint [32]byte
 	// Params is the JSON-encoded request, stored so the completer can
 	// rebuild it.
@@ -114,18 +130,21 @@ type Request struct {
 // statement, and reports which case happened.
 //
 // It reads the key first (found). When the key exists and cannot be taken
-// (finished, on hold, another fingerprint, or a live lease), the INSERT's
-// SELECT yields no row, so a replay or a conflict is a plain read: no row
-// lock, no transaction id, no WAL.
+// (finished, on hold, another fingerprint, workflow or definition, or a
+// live lease), the INSERT's SELECT yields no row, so a replay or a conflict
+// is a plain read: no row lock, no transaction id, no WAL.
 //
 // Otherwise the upsert inserts the key, or takes the existing row only when
-// it is still unfinished, not on hold, has the same fingerprint and its
-// lease is free or expired by the database clock. ON CONFLICT judges the
-// newest row version, so a takeover racing with another one, or with a
-// phase commit that renewed the lease, loses instead of stealing the key;
-// the found branch then reports the row as the statement's snapshot saw it.
+// it is still unfinished, not on hold, has the same fingerprint, workflow
+// and definition, and its lease is free or expired by the database clock.
+// ON CONFLICT judges the newest row version, so a takeover racing with
+// another one, or with a phase commit that renewed the lease, loses instead
+// of stealing the key; the found branch then reports the row as the
+// statement's snapshot saw it.
 //
-// xmax = 0 on the returned row means it was inserted, otherwise updated.
+// xmax = 0 on the returned row means it was inserted, otherwise updated. A
+// taken row's stored request comes back only when the row was not inserted:
+// a new key's request is the caller's own.
 //
 // A new key's id ($8) is a UUIDv7, ordered by time, so that new rows go to
 // the right edge of the primary key's index instead of a random page.
@@ -139,20 +158,21 @@ type Request struct {
 // row), and a retry takes the key anew, with the same downstream keys.
 const acquireSQL = `
 WITH found AS (
-    SELECT id, workflow, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
+    SELECT id, workflow, definition, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
            finished_at, response_status, response_headers, response_body, last_error
     FROM idempotency_keys
     WHERE tenant = $1 AND idempotency_key = $2
 ), taken AS (
     INSERT INTO idempotency_keys AS k
-        (id, tenant, idempotency_key, workflow, request_fingerprint, request_params,
+        (id, tenant, idempotency_key, workflow, definition, request_fingerprint, request_params,
          locked_at, lock_expires_at, lock_token, attempts)
-    SELECT $8, $1, $2, $3, $4, $5, now(), now() + $6::interval, $7, 1
+    SELECT $8, $1, $2, $3, $9, $4, $5, now(), now() + $6::interval, $7, 1
     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
     WHERE NOT EXISTS (
         SELECT FROM found
         WHERE finished_at IS NOT NULL OR hold IS NOT NULL
-           OR request_fingerprint <> $4 OR lock_expires_at > now())
+           OR request_fingerprint <> $4 OR workflow <> $3 OR definition <> $9
+           OR lock_expires_at > now())
     ON CONFLICT (tenant, idempotency_key) DO UPDATE
         SET locked_at = now(),
             lock_expires_at = excluded.lock_expires_at,
@@ -162,17 +182,20 @@ WITH found AS (
         WHERE k.finished_at IS NULL
           AND k.hold IS NULL
           AND k.request_fingerprint = excluded.request_fingerprint
+          AND k.workflow = excluded.workflow
+          AND k.definition = excluded.definition
           AND (k.lock_expires_at IS NULL OR k.lock_expires_at <= now())
     RETURNING k.*, k.xmax = 0 AS inserted
 )
-SELECT id, workflow, recovery_point, phase_state, hold, attempts, lock_token,
+SELECT id, workflow, definition, recovery_point, phase_state, hold, attempts, lock_token,
        interval '0', inserted, true, true,
-       NULL::int, NULL::jsonb, NULL::bytea, last_error
+       NULL::int, NULL::jsonb, NULL::bytea, last_error, call_pending,
+       CASE WHEN inserted THEN NULL ELSE request_params END
 FROM taken
 UNION ALL
-SELECT id, workflow, recovery_point, NULL, hold, attempts, NULL,
+SELECT id, workflow, definition, recovery_point, NULL, hold, attempts, NULL,
        greatest(lock_expires_at - now(), interval '0'), false, false, request_fingerprint = $4,
-       response_status, response_headers, response_body, last_error
+       response_status, response_headers, response_body, last_error, NULL, NULL
 FROM found
 WHERE NOT EXISTS (SELECT FROM taken)`
 
@@ -212,7 +235,8 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
-			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id)))
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id),
+			req.Definition), req)
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
 			// The upsert met a row committed by a concurrent transaction after
 			// this statement's snapshot was taken: ON CONFLICT sees the latest
@@ -236,12 +260,12 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 	}
 }
 
-func scanAcquire(r pgx.Row) (*Row, Outcome, error) {
+func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	// One struct holds every scan target, so that they cost one allocation
 	// between them rather than one each.
 	var v struct {
 		row                         Row
-		hold, lastError             *string
+		hold, lastError, pending    *string
 		token                       *uuid.UUID
 		inserted, acquired, sameReq bool
 		status                      *int32
@@ -249,10 +273,14 @@ func scanAcquire(r pgx.Row) (*Row, Outcome, error) {
 		body                        []byte
 	}
 	row := &v.row
-	err := r.Scan(&row.ID, &row.Workflow, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
-		&row.LeaseLeft, &v.inserted, &v.acquired, &v.sameReq, &v.status, &v.headers, &v.body, &v.lastError)
+	err := r.Scan(&row.ID, &row.Workflow, &row.Definition, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
+		&row.LeaseLeft, &v.inserted, &v.acquired, &v.sameReq, &v.status, &v.headers, &v.body, &v.lastError,
+		&v.pending, &row.Params)
 	if err != nil {
 		return nil, 0, err
+	}
+	if v.pending != nil {
+		row.CallPending = *v.pending
 	}
 	if v.hold != nil {
 		row.Hold = keyrow.Hold(*v.hold)
@@ -270,6 +298,8 @@ func scanAcquire(r pgx.Row) (*Row, Outcome, error) {
 		return row, Resumed, nil
 	case !v.sameReq:
 		return row, Mismatch, nil
+	case row.Workflow != req.Workflow:
+		return row, Elsewhere, nil
 	case row.RecoveryPoint == keyrow.Finished:
 		resp, err := decodeResponse(v.status, v.headers, v.body)
 		if err != nil {
@@ -279,6 +309,8 @@ func scanAcquire(r pgx.Row) (*Row, Outcome, error) {
 		return row, Replay, nil
 	case row.Hold != "":
 		return row, Parked, nil
+	case row.Definition != req.Definition:
+		return row, Elsewhere, nil
 	default:
 		return row, Held, nil
 	}
@@ -330,9 +362,10 @@ func fenced(modify string) string {
 // It keeps the row's rules by construction: the lease it renews has a token
 // (the one it matched), and the recovery point it sets is a phase name,
 // never keyrow.Finished (checked by AdvanceArgs).
+
 var advanceSQL = fenced(`
 UPDATE idempotency_keys
-SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0,
+SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
     lock_expires_at = now() + $5::interval
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
@@ -346,20 +379,52 @@ UPDATE idempotency_keys
 SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
-    failures = 0
+    failures = 0, call_pending = NULL
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
 // resumes after the last committed phase. A non-empty hold parks the key.
 // $5 is 1 when the run that failed was the completer's, so that only the
-// completer's own failures count towards giving up on a key.
+// completer's own failures count towards giving up on a key. $6 clears the
+// pending call, when the run learnt that it did not happen.
 var releaseSQL = fenced(`
 UPDATE idempotency_keys
 SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
-    last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int
+    last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int,
+    call_pending = CASE WHEN $6 THEN NULL ELSE call_pending END
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`)
+
+// adoptSQL moves a key the caller holds to the definition of the workflow
+// that adopted it, at the recovery point it resumes from. It is fenced like
+// every other write of a holder.
+var adoptSQL = fenced(`
+UPDATE idempotency_keys
+SET definition = $3, recovery_point = $4
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
+RETURNING 1`)
+
+// Adopt records that the key the holder identified by token holds now runs
+// under definition, from recovery point point. It returns
+// keyrow.ErrLeaseLost, and changes nothing, when the token no longer
+// matches.
+func Adopt(ctx context.Context, q Querier, id, token uuid.UUID, definition, point string) error {
+	if err := keyrow.CheckName(point); err != nil || point == keyrow.Finished {
+		return fmt.Errorf("store: adopt: invalid recovery point %q", point)
+	}
+	return execFenced(ctx, q, adoptSQL, []any{[16]byte(id), [16]byte(token), definition, point})
+}
+
+// markCallSQL records, before a foreign call that is not safe to repeat,
+// that the call may be under way, and renews the lease as renewSQL does.
+// Unlike a renewal it waits for the WAL flush: the mark must outlive a crash
+// of the server as surely as the call's effect outlives one of the caller.
+const markCallSQL = `
+UPDATE idempotency_keys
+SET lock_expires_at = now() + $3::interval, call_pending = $4
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
+RETURNING lock_expires_at - now()`
 
 // renewSQL extends a live lease by ttl from now and reports the new time
 // left. It is fenced like every other write.
@@ -484,7 +549,10 @@ func encodeHeader(h http.Header) ([]byte, error) {
 // towards the completer giving up on the key. It returns
 // keyrow.ErrLeaseLost, and changes nothing, when the token no longer
 // matches.
-func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter bool) error {
+//
+// callFailed clears the key's pending call: the run knows that the call did
+// not happen (its provider refused it), so the next run may send it again.
+func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
 	switch hold {
 	case "", keyrow.HoldUnknown, keyrow.HoldDead:
 	default:
@@ -494,7 +562,7 @@ func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string
 	if byCompleter {
 		failed = 1
 	}
-	return execFenced(ctx, q, releaseSQL, []any{[16]byte(id), [16]byte(token), lastErr, string(hold), failed})
+	return execFenced(ctx, q, releaseSQL, []any{[16]byte(id), [16]byte(token), lastErr, string(hold), failed, callFailed})
 }
 
 // releaseTimeout bounds ReleaseDetached.
@@ -506,21 +574,36 @@ const releaseTimeout = 5 * time.Second
 // not lost work: it expires by itself and the key resumes then. Like
 // Release, it returns keyrow.ErrLeaseLost, having changed nothing, when
 // another run took the key over.
-func ReleaseDetached(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter bool) error {
+func ReleaseDetached(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	return Release(rctx, q, id, token, lastErr, hold, byCompleter)
+	return Release(rctx, q, id, token, lastErr, hold, byCompleter, callFailed)
 }
 
 // Renew extends the holder's lease to ttl from now, by the database clock,
 // and returns the time left. It returns ErrLeaseLost when the token no
 // longer matches.
 func Renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration) (time.Duration, error) {
+	return renew(ctx, q, id, token, ttl, "")
+}
+
+// MarkCall renews the lease as Renew does and records that the foreign call
+// of phase may be under way, waiting for the record to be flushed.
+func MarkCall(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration, phase string) (time.Duration, error) {
+	return renew(ctx, q, id, token, ttl, phase)
+}
+
+func renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration, phase string) (time.Duration, error) {
 	if ttl <= 0 {
 		return 0, errors.New("store: renew: lease TTL must be positive")
 	}
 	var left time.Duration
-	err := q.QueryRow(ctx, renewSQL, [16]byte(id), [16]byte(token), ttl).Scan(&left)
+	var err error
+	if phase == "" {
+		err = q.QueryRow(ctx, renewSQL, [16]byte(id), [16]byte(token), ttl).Scan(&left)
+	} else {
+		err = q.QueryRow(ctx, markCallSQL, [16]byte(id), [16]byte(token), ttl, phase).Scan(&left)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, keyrow.ErrLeaseLost
 	}

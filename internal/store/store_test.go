@@ -137,7 +137,7 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	if err := store.Finish(ctx, db, old.ID, old.LockToken, nil, resp); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Finish = %v, want ErrLeaseLost", err)
 	}
-	if err := store.Release(ctx, db, old.ID, old.LockToken, "boom", "", false); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Release(ctx, db, old.ID, old.LockToken, "boom", "", false, false); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Release = %v, want ErrLeaseLost", err)
 	}
 	if _, err := store.Renew(ctx, db, old.ID, old.LockToken, ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
@@ -249,7 +249,7 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 	if err := store.Advance(ctx, db, row.ID, row.LockToken, "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "stripe down", "", false); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "stripe down", "", false, false); err != nil {
 		t.Fatal(err)
 	}
 	out, row := acquire(t, db, req)
@@ -257,7 +257,7 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 		t.Fatalf("after release: %v at %q attempts %d err %q, want resumed at ride_created, attempt 2",
 			out, row.RecoveryPoint, row.Attempts, row.LastError)
 	}
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "timeout", keyrow.HoldUnknown, false); err != nil {
+	if err := store.Release(ctx, db, row.ID, row.LockToken, "timeout", keyrow.HoldUnknown, false, false); err != nil {
 		t.Fatal(err)
 	}
 	if out, row := acquire(t, db, req); out != store.Parked || row.Hold != keyrow.HoldUnknown {

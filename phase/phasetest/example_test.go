@@ -48,6 +48,48 @@ func TestOrdersConverge(t *testing.T) {
 	phasetest.PairMatrix(t, cfg)
 }
 
+// TestAddingAFraudCheckIsSafeForOrdersInFlight is the test of a deploy that
+// adds a phase before the charge: every order the old code left at any
+// point is finished by the new code, which adopts the old definition, with
+// one order and one charge, and a fraud check for every order not charged
+// before the deploy.
+func TestAddingAFraudCheckIsSafeForOrdersInFlight(t *testing.T) {
+	pool := phasetest.Pool(t)
+	if _, err := pool.Exec(t.Context(), ordersSchema); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	fast := recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
+	before := newOrders(pool)
+	old, err := phase.NewClient(pool, &phase.Config{Logger: log, Completer: fast}, before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := newOrders(pool, phase.Local("fraud_checked", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, OrderState]) (phase.Result, error) {
+		_, err := tx.Exec(ctx, `UPDATE orders SET item = item WHERE id = $1`, r.State.OrderID) // the check reads the order
+		return phase.Next(), err
+	}))
+	if err := after.Adopt("orders", before.Definition(), nil); err != nil {
+		t.Fatal(err)
+	}
+	upgraded, err := phase.NewClient(pool, &phase.Config{Logger: log, Completer: fast}, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	request := func(string) Order { return Order{Item: "lamp", Amount: 2000} }
+	check := func(t testing.TB, s phasetest.Scenario) {
+		var orders, charges int
+		err := pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM orders WHERE key_id = $1), (SELECT count(*) FROM charges WHERE key_id = $1)`, s.ID).Scan(&orders, &charges)
+		if err != nil || orders != 1 || charges != 1 {
+			t.Fatalf("%d orders and %d charges (%v), want one of each", orders, charges, err)
+		}
+	}
+	phasetest.UpgradeMatrix(t,
+		phasetest.Config[Order, OrderState]{Client: old, DB: pool, Workflow: before, Request: request},
+		phasetest.Config[Order, OrderState]{Client: upgraded, DB: pool, Workflow: after, Request: request,
+			WithCompleter: true, Compare: phasetest.IgnoreFields("order_id"), Check: check})
+}
+
 // Order is the request of the service's POST /orders.
 type Order struct {
 	Item   string `json:"item"`
@@ -81,14 +123,17 @@ CREATE TABLE charges (
 // newOrders declares the service's workflow: the order row; one charge,
 // through a provider that honours idempotency keys; and the response. The
 // declaration is fixed, so an error in it is a bug, found by any test.
-func newOrders(pool *pgxpool.Pool) *phase.Workflow[Order, OrderState] {
+func newOrders(pool *pgxpool.Pool, beforeCharge ...phase.Phase[Order, OrderState]) *phase.Workflow[Order, OrderState] {
 	type run = phase.Run[Order, OrderState]
-	w, err := phase.New("orders",
+	phases := []phase.Phase[Order, OrderState]{
 		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item, amount) VALUES ($1, $2, $3) RETURNING id`,
 				r.ID, r.Req.Item, r.Req.Amount).Scan(&r.State.OrderID)
 			return phase.Next(), err
 		}),
+	}
+	phases = append(phases, beforeCharge...)
+	w, err := phase.New("orders", append(phases,
 		phase.Foreign("charged",
 			func(ctx context.Context, r *run) (string, error) {
 				return charge(ctx, pool, r.DownstreamKey(), r.ID, r.Req.Amount)
@@ -103,7 +148,7 @@ func newOrders(pool *pgxpool.Pool) *phase.Workflow[Order, OrderState] {
 				"order_id": r.State.OrderID, "item": r.Req.Item, "amount": r.Req.Amount,
 			}), nil
 		}),
-	)
+	)...)
 	if err != nil {
 		panic(err)
 	}

@@ -319,6 +319,8 @@ func describe(out *phase.Outcome) string {
 		return "first used with another request"
 	case phase.OutcomeOnHold:
 		return fmt.Sprintf("on hold (%s)", out.Hold)
+	case phase.OutcomeElsewhere:
+		return fmt.Sprintf("left for definition %s, which the client neither runs nor adopts", out.Definition)
 	}
 	return out.Kind.String()
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
 
+	"github.com/atomicphase/atomicphase/caller"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
@@ -96,6 +98,15 @@ func TestChaosKillsAndTerminatedSessions(t *testing.T) {
 	runChaos(t, scenario{traffic: 45 * time.Second})
 }
 
+// TestChaosRollingDeploy runs the old and the new version of the API side by
+// side, as a rolling deploy does, through kills and terminated sessions,
+// then stops the old one: no ride charged twice or skipped past its fraud
+// check, and every key finished by the new version.
+func TestChaosRollingDeploy(t *testing.T) {
+	t.Parallel()
+	runChaos(t, scenario{traffic: 30 * time.Second, rolling: true})
+}
+
 func TestChaosPostgresRestart(t *testing.T) {
 	t.Parallel()
 	runChaos(t, scenario{traffic: 30 * time.Second, restartPostgres: true})
@@ -110,6 +121,14 @@ type scenario struct {
 	// restartPostgres restarts the cluster halfway through the traffic, or
 	// once a minute when the traffic lasts longer than two minutes.
 	restartPostgres bool
+	// accept runs the API processes with -accept: 202 Accepted once the
+	// ride is created, the charge in the background.
+	accept bool
+	// rolling is a rolling deploy caught halfway: the first API process
+	// serves the workflow's first definition, the others its next one
+	// (-fraud-check), and the first is stopped for good when the traffic
+	// ends, so that the upgraded processes finish every key.
+	rolling bool
 	// replication puts the rides database on a primary with a streaming
 	// standby and fails over during the traffic (see failOvers). The API
 	// processes are then neither killed nor cut off: the failover is the
@@ -188,6 +207,9 @@ func runChaos(t *testing.T, sc scenario) {
 		t.Fatal(err)
 	}
 	times.traffic = time.Since(began) - times.setup
+	if sc.rolling {
+		s.apis[0].kill() // the last process of the old version goes
+	}
 
 	s.setFaults(ctx, `{"fail_before_charge_rate": 0, "timeout_after_charge_rate": 0}`)
 	settled, report, err := s.settle(ctx)
@@ -225,6 +247,9 @@ func runChaos(t *testing.T, sc scenario) {
 	}
 	if sc.replication != noReplication {
 		checks = append(checks, fo.checks(sc.replication)...)
+	}
+	if sc.rolling {
+		checks = append(checks, s.deployChecks(ctx)...)
 	}
 	t.Log("\n" + summary(&counts, fo, st, settled, report, checks, times))
 	for _, c := range checks {
@@ -272,6 +297,8 @@ type system struct {
 	killing sync.Mutex
 	spared  int
 	logDir  string
+	// rolling is set for a rolling deploy (scenario.rolling).
+	rolling bool
 }
 
 // setup starts the rides database, migrated and seeded, the fake Stripe,
@@ -286,7 +313,7 @@ func setup(t *testing.T, sc scenario) *system {
 	// The processes' binary builds while the databases start.
 	go ridesBinary()
 	ctx := t.Context()
-	s := &system{t: t, spared: -1}
+	s := &system{t: t, spared: -1, rolling: sc.rolling}
 	var dsn string
 	var err error
 	var stripeDSN func() string
@@ -362,9 +389,16 @@ func setup(t *testing.T, sc scenario) *system {
 	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN())
 	for i := range apiProcesses {
 		addr := freeAddr(t)
-		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, "serve", "-addr", addr,
-			"-database-url", dsn, "-stripe-url", "http://"+stripeAddr, "-stripe-key", stripeKey,
-			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"))
+		args := []string{"serve", "-addr", addr,
+			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey,
+			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"}
+		if sc.accept {
+			args = append(args, "-accept")
+		}
+		if sc.rolling && i > 0 {
+			args = append(args, "-fraud-check")
+		}
+		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, args...))
 	}
 	for _, p := range append([]*process{s.stripe}, s.apis...) {
 		t.Cleanup(p.kill)
@@ -518,42 +552,51 @@ func rideOnce(ctx context.Context, addr string) error {
 // rideForm is the ride the tests' own requests ask for.
 const rideForm = "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
 
-// postRide sends a ride request to the API at baseURL and retries it with
-// its key, as a client would, until an answer other than 409, 500 or 503,
-// or until recoverTimeout passes.
+// postRide sends a ride request to the API at baseURL through package
+// caller, which retries it with its key until an answer that will not
+// change, or until recoverTimeout passes (an *caller.UnknownOutcomeError).
 func postRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recoverTimeout)
-	defer cancel()
-	var last string
-	for {
-		status, body, err := sendRide(ctx, baseURL, rider, form, key)
-		switch {
-		case err != nil:
-			last = err.Error()
-		case status == http.StatusConflict, status == http.StatusInternalServerError, status == http.StatusServiceUnavailable:
-			last = strconv.Itoa(status) + " " + body
-		default:
-			return status, body, nil
-		}
-		if !sleep(ctx, 100*time.Millisecond) {
-			return 0, "", fmt.Errorf("no answer within %v; last: %s", recoverTimeout, last)
-		}
+	c, err := caller.New(caller.Config{MaxElapsed: recoverTimeout, MaxAttempts: math.MaxInt32, MaxDelay: time.Second})
+	if err != nil {
+		return 0, "", err
 	}
+	req, err := rideRequest(context.WithoutCancel(ctx), baseURL, rider, form, key)
+	if err != nil {
+		return 0, "", err
+	}
+	res, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	return readAnswer(res.Response)
 }
 
 // sendRide sends a ride request to the API at baseURL once.
 func sendRide(ctx context.Context, baseURL, rider, form, key string) (status int, body string, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/rides", strings.NewReader(form))
+	req, err := rideRequest(ctx, baseURL, rider, form, key)
 	if err != nil {
 		return 0, "", err
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", rider)
-	req.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, "", err
 	}
+	return readAnswer(resp)
+}
+
+func rideRequest(ctx context.Context, baseURL, rider, form, key string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/rides", strings.NewReader(form))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", rider)
+	req.Header.Set("Idempotency-Key", key)
+	return req, nil
+}
+
+// readAnswer reads and closes resp.
+func readAnswer(resp *http.Response) (status int, body string, err error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -582,6 +625,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 			Reaper:    recovery.ReaperConfig{Interval: -1},
 		},
 		WithoutWorker: true,
+		FraudCheck:    s.rolling,
 	})
 	if err != nil {
 		return out, ride.Report{}, err
@@ -616,6 +660,46 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 		if !sleep(ctx, 250*time.Millisecond) {
 			return out, report, ctx.Err()
 		}
+	}
+}
+
+// deployChecks are the invariants of a rolling deploy: every ride finished
+// under the definition it started with, so each ride of the checked
+// definition was checked exactly once and none of the first was; and both
+// definitions served rides.
+func (s *system) deployChecks(ctx context.Context) []check {
+	first, err := ride.NewWorkflow(nil, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	next, err := ride.NewCheckedWorkflow(nil, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var firstRides, nextRides, uncheckedNext, checkedFirst, otherDefinition int
+	err = s.pool.QueryRow(ctx, `
+		WITH r AS (
+		    SELECT k.definition,
+		           (SELECT count(*) FROM audit_records a
+		            WHERE a.action = $3 AND a.resource_type = 'ride' AND a.resource_id = rides.id) AS checks
+		    FROM rides JOIN idempotency_keys k ON k.id = rides.idempotency_key_id)
+		SELECT count(*) FILTER (WHERE definition = $1),
+		       count(*) FILTER (WHERE definition = $2),
+		       count(*) FILTER (WHERE definition = $2 AND checks <> 1),
+		       count(*) FILTER (WHERE definition = $1 AND checks <> 0),
+		       count(*) FILTER (WHERE definition NOT IN ($1, $2))
+		FROM r`, first.Definition(), next.Definition(), ride.FraudCheckPhase).
+		Scan(&firstRides, &nextRides, &uncheckedNext, &checkedFirst, &otherDefinition)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Logf("rolling deploy: %d rides under the first definition, %d under the checked one", firstRides, nextRides)
+	return []check{
+		{"rides of the checked definition not checked exactly once", uncheckedNext, 0},
+		{"rides of the first definition checked", checkedFirst, 0},
+		{"rides under neither definition", otherDefinition, 0},
+		{"first definition served rides", min(firstRides, 1), 1},
+		{"checked definition served rides", min(nextRides, 1), 1},
 	}
 }
 

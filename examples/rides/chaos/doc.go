@@ -18,9 +18,9 @@
 // completer that runs every half second. Riders from
 // examples/rides/sim send each ride, sometimes as several concurrent copies,
 // to API processes picked at random per attempt, and retry with the same
-// Idempotency-Key after a dropped connection, a 409, a 503 or another 5xx,
-// until a final answer (201, 402 or 502) or until they give up and leave
-// the key to the completer.
+// Idempotency-Key through package caller (a dropped connection, a 409, a
+// 503, a 500, a first 502), until a final answer (201, 402 or 502) or until
+// they give up and leave the key to the completer.
 //
 // # Chaos
 //
@@ -90,10 +90,28 @@
 // different final responses. TestFailoverRetryAfterLostCommitsChargesOnce
 // shows the same for one key, step by step.
 //
+// # Callers
+//
+// TestCallersUnderFaults puts the clients of package caller to the same
+// kind of test: a dozen riders send logical requests, some as concurrent
+// copies under one key and a quarter with a budget of two attempts,
+// through a proxy in front of each API process that drops connections
+// before the request reaches the process and after its answer left it, and
+// answers 503 with Retry-After, while API processes are killed and
+// restarted and the fake Stripe fails charges. Each request must end with
+// its caller holding the key's stored answer or a caller.UnknownOutcomeError
+// naming the key; each unknown outcome is then retried with its key and
+// must get the final answer; and every ride answered 201 has exactly one
+// charge at Stripe, every other answer none. TestCallersUnderFaultsAccepted
+// does the same with the API processes answering 202 Accepted once the ride
+// exists and charging in the background (rides serve -accept): the callers
+// poll each ride's status to its answer.
+//
 // # Soak
 //
-// By default the tests send traffic for 45, 30 and (the failover tests) 15
-// seconds, run in parallel, and the package takes one to two minutes.
+// By default the tests send traffic for 45, 30, 20 (the callers' test) and
+// (the failover tests) 15 seconds, run in parallel, and the package takes
+// one to two minutes.
 // ATOMICPHASE_CHAOS_SOAK sets a longer traffic duration for the tests
 // without replication, and ATOMICPHASE_FAILOVER_SOAK for the failover
 // tests, which then fail over every 30 seconds:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
@@ -118,9 +119,6 @@ func Seed(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// DefaultStripeURL is Stripe's API.
-const DefaultStripeURL = "https://api.stripe.com"
-
 // NewStripeClient returns a stripe-go client for the API at baseURL (Stripe
 // itself, the example's fake Stripe, or stripe-mock). stripe-go's own
 // network retries are turned off: the workflow retries through its resumed
@@ -159,6 +157,15 @@ type Config struct {
 	// PgBouncer in transaction mode cannot carry: LISTEN holds a server
 	// session that the pooler hands to other clients.
 	PollOnly bool
+	// Accept makes POST /rides answer 202 Accepted once the ride row is
+	// committed, with Location: /rides/status/{key}, and charge and queue
+	// the receipt in the background (the completer finishes what a crash
+	// leaves). Otherwise the API answers when the receipt is queued.
+	Accept bool
+	// FraudCheck serves the next definition of the workflow, with a fraud
+	// check before the charge (NewCheckedWorkflow), and keeps the first
+	// one registered, so that its rides in flight finish as they began.
+	FraudCheck bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -206,21 +213,40 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	registered := []phase.Registered{w}
+	if cfg.FraudCheck {
+		// New rides run the checked definition; rides started before the
+		// deploy drain on the one they started with.
+		if w, err = NewCheckedWorkflow(cfg.Stripe, jobs); err != nil {
+			return nil, err
+		}
+		registered = append([]phase.Registered{w}, registered...)
+	}
 	pc := cfg.Client
 	if pc.Logger == nil {
 		pc.Logger = cfg.Logger
 	}
-	client, err := phase.NewClient(cfg.Pool, &pc, w)
+	client, err := phase.NewClient(cfg.Pool, &pc, registered...)
 	if err != nil {
 		return nil, err
 	}
-	rides, err := w.Handler(client, phase.HTTPConfig[Request]{Tenant: tenant(cfg.Pool), Decode: decode})
+	hcfg := phase.HTTPConfig[Request]{Tenant: tenant(cfg.Pool), Decode: decode}
+	if cfg.Accept {
+		hcfg.AcceptAfter = "ride_created"
+		hcfg.StatusLocation = func(r *http.Request, key string) string { return "/rides/status/" + url.PathEscape(key) }
+	}
+	rides, err := w.Handler(client, hcfg)
+	if err != nil {
+		return nil, err
+	}
+	status, err := w.StatusHandler(client, phase.StatusConfig{Tenant: tenant(cfg.Pool)})
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	// The workflow's handler answers 405 itself to methods other than POST.
 	mux.Handle("/rides", rides)
+	mux.Handle("/rides/status/{key}", status)
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		phase.WriteProblem(rw, http.StatusNotFound, "not-found", "Not found",
 			fmt.Sprintf("there is no %s; the API is POST /rides", r.URL.Path), 0)
@@ -228,8 +254,10 @@ func New(cfg Config) (*App, error) {
 	return &App{cfg: cfg, Workflow: w, Client: client, Jobs: jobs, handler: mux}, nil
 }
 
-// Handler serves POST /rides, and answers any other request with a
-// problem+json error: 405 for another method on /rides, 404 elsewhere.
+// Handler serves POST /rides and GET /rides/status/{key} (where a ride
+// request stands; its stored answer once finished), and answers any other
+// request with a problem+json error: 405 for another method, 404
+// elsewhere.
 func (a *App) Handler() http.Handler { return a.handler }
 
 // Start runs the client's completer and reaper, and the receipt worker,

@@ -1,15 +1,15 @@
-// Package sim is the rides client simulator: riders who double-click,
-// lose their connection and retry with the same Idempotency-Key, as real
-// clients do.
+// Package sim is the rides client simulator: riders who double-click and
+// lose their connection, and whose app retries each ride with the same
+// Idempotency-Key through package caller, as real clients do.
 package sim
 
 import (
+	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/atomicphase/atomicphase/caller"
 	"github.com/atomicphase/atomicphase/internal/exampleprog"
 )
 
@@ -46,26 +47,28 @@ type Config struct {
 	// before the answer arrives (default 0.05).
 	DropRate float64
 	// GiveUpAfter is how long a rider retries one ride before leaving it
-	// to the completer (default 15s).
+	// to the completer (default 15s): the caller's elapsed budget.
 	GiveUpAfter time.Duration
 	// Progress, when set, receives a live progress line.
 	Progress io.Writer
-	// Client sends the requests (default: a client with a 10s timeout).
-	Client *http.Client
-	// Observe, when set, is called with every answer a rider gets, from
-	// the riders' goroutines at once; dropped connections get none.
+	// Transport sends each attempt (default: a transport of the
+	// simulation's own); each attempt is bounded by 10s.
+	Transport http.RoundTripper
+	// Observe, when set, is called with the final answer of every ride
+	// request, from the riders' goroutines at once; requests given up on
+	// get none.
 	Observe func(Answer)
 }
 
-// Answer is one HTTP answer to a ride request.
+// Answer is the final answer to a ride request.
 type Answer struct {
-	// API is the base URL the request went to.
+	// API is the base URL the answering attempt went to.
 	API string
 	// Key, Rider and Form are the request: its Idempotency-Key, its
 	// Authorization and its form-encoded body.
 	Key, Rider, Form string
-	// Sent is when the request was sent; Received, when its answer's body
-	// was read.
+	// Sent is when the answering attempt was sent; Received, when its
+	// answer's body was read.
 	Sent, Received time.Time
 	Status         int
 	Body           string
@@ -75,32 +78,35 @@ type Answer struct {
 
 // Stats counts what the riders saw. Every ride ends in exactly one of
 // Created, Declined, PaymentFailed, Abandoned and Rejected, so they add up
-// to Rides; every request in exactly one of Answered, Replayed, Conflicts,
+// to Rides; every attempt in exactly one of Answered, Replayed, Conflicts,
 // Unavailable, ServerErrors, Dropped, Lost and Unexpected, so they add up to
 // Requests.
 type Stats struct {
 	// Rides is the rides requested, each under a key of its own.
 	Rides int64 `json:"rides"`
 	// Created, Declined and PaymentFailed count the rides whose final
-	// answer was 201, 402 or 502, whichever request of the ride got it and
+	// answer was 201, 402 or 502 (stored, so that the caller's retry of a
+	// 502 gets it replayed), whichever request of the ride got it and
 	// whether it was replayed.
 	Created       int64 `json:"created"`
 	Declined      int64 `json:"declined"`
 	PaymentFailed int64 `json:"payment_failed"`
 	// Abandoned counts the rides that got no final answer before their
-	// rider gave up (Config.GiveUpAfter); the completer finishes them.
+	// rider gave up (Config.GiveUpAfter): the caller returned its
+	// UnknownOutcomeError. The completer finishes them.
 	Abandoned int64 `json:"abandoned"`
 	// Rejected counts the rides answered another 4xx: a bug in the
 	// simulator or the server.
 	Rejected int64 `json:"rejected"`
 
-	// Requests is the requests sent, retries and duplicates included.
+	// Requests is the attempts sent, retries and duplicates included.
 	Requests int64 `json:"requests"`
 	// Answered is the final answers made by the request's own run;
 	// Replayed the final answers replayed from the key.
 	Answered int64 `json:"answered"`
 	Replayed int64 `json:"replayed"`
-	// Conflicts (409), Unavailable (503) and ServerErrors (other 5xx) were
+	// Conflicts (409), Unavailable (503) and ServerErrors (other 5xx,
+	// including the first 502 of a ride whose payment failed) were
 	// retried with the same key.
 	Conflicts    int64 `json:"conflicts"`
 	Unavailable  int64 `json:"unavailable"`
@@ -163,8 +169,10 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	if cfg.GiveUpAfter == 0 {
 		cfg.GiveUpAfter = 15 * time.Second
 	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: 10 * time.Second}
+	if cfg.Transport == nil {
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		cfg.Transport = tr
 	}
 	if cfg.Duration > 0 {
 		var cancel context.CancelFunc
@@ -172,6 +180,18 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 		defer cancel()
 	}
 	s := &simulation{cfg: cfg, answers: map[string]string{}}
+	var err error
+	s.caller, err = caller.New(caller.Config{
+		Transport:   &rider{sim: s},
+		MaxElapsed:  cfg.GiveUpAfter,
+		MaxAttempts: math.MaxInt32, // the rider gives up by time
+		BaseDelay:   50 * time.Millisecond,
+		MaxDelay:    time.Second,
+		Observe:     s.count,
+	})
+	if err != nil {
+		return Stats{}, err
+	}
 	if cfg.Progress != nil {
 		stop := exampleprog.Progress(cfg.Progress, s.progressLine)
 		defer stop()
@@ -200,8 +220,9 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 }
 
 type simulation struct {
-	cfg Config
-	c   counters
+	cfg    Config
+	caller *caller.Client
+	c      counters
 
 	mu        sync.Mutex
 	answers   map[string]string // key → first final answer
@@ -213,7 +234,10 @@ type simulation struct {
 // the ride ended.
 func (s *simulation) ride(ctx context.Context) {
 	s.c.rides.Add(1)
-	key := newKey()
+	key, err := caller.NewKey()
+	if err != nil {
+		panic(err) // crypto/rand never fails
+	}
 	rider := s.cfg.Riders[0]
 	if len(s.cfg.Riders) > 1 && mrand.Float64() < 0.1 {
 		rider = s.cfg.Riders[1+mrand.IntN(len(s.cfg.Riders)-1)]
@@ -232,8 +256,7 @@ func (s *simulation) ride(ctx context.Context) {
 	}
 	// Requests keep going after the simulation's end until they have an
 	// answer or give up, so no ride is cut off half-sent.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.GiveUpAfter)
-	defer cancel()
+	rctx := context.WithoutCancel(ctx)
 	statuses := make([]int, copies)
 	var wg sync.WaitGroup
 	for i := range copies {
@@ -275,44 +298,116 @@ func isFinal(status int) bool {
 	return status == http.StatusCreated || status == http.StatusPaymentRequired || status == http.StatusBadGateway
 }
 
-// request sends one copy of a ride and retries it, with the same key, until
-// a final answer, which it returns, or another 4xx, which it returns too; 0
-// when the rider gave up first.
+// request sends one copy of a ride through the caller, which retries it
+// with the same key until a final answer, and returns its status: 0 when
+// the rider gave up first.
 func (s *simulation) request(ctx context.Context, key, rider, body string) int {
-	pause := 50 * time.Millisecond
-	for {
-		status, answer, replayed, dropped, err := s.send(ctx, key, rider, body)
-		switch {
-		case dropped:
-			s.c.dropped.Add(1)
-		case err != nil:
-			s.c.lost.Add(1)
-		case isFinal(status):
-			if replayed {
-				s.c.replayed.Add(1)
-			} else {
-				s.c.answered.Add(1)
-			}
-			s.final(key, status, answer)
-			return status
-		case status == http.StatusConflict:
-			s.c.conflicts.Add(1)
-		case status == http.StatusServiceUnavailable:
-			s.c.unavailable.Add(1)
-		case status >= 500:
-			s.c.serverErrors.Add(1)
-		default:
-			// A 4xx other than those is a bug in the simulator or server.
-			s.c.unexpected.Add(1)
-			return status
-		}
-		select {
-		case <-ctx.Done():
-			return 0
-		case <-time.After(pause/2 + mrand.N(pause)):
-		}
-		pause = min(2*pause, time.Second)
+	at := &attempt{}
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, attemptKey{}, at), http.MethodPost,
+		strings.TrimRight(s.cfg.APIURLs[0], "/")+"/rides", strings.NewReader(body))
+	if err != nil {
+		panic(err) // the URL was checked by Run
 	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", rider)
+	req.Header.Set(caller.KeyHeader, key)
+	res, err := s.caller.Do(req)
+	if err != nil {
+		// An UnknownOutcomeError: the rider gave up; the completer
+		// finishes the ride.
+		return 0
+	}
+	b, _ := io.ReadAll(res.Body) // buffered by the rider's transport
+	_ = res.Body.Close()
+	if isFinal(res.StatusCode) {
+		s.final(key, res.StatusCode, string(b))
+	}
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(Answer{API: at.api, Key: key, Rider: rider, Form: body, Sent: at.sent, Received: time.Now(),
+			Status: res.StatusCode, Body: string(b), Replayed: res.Replayed})
+	}
+	return res.StatusCode
+}
+
+// count counts one attempt of a ride request.
+func (s *simulation) count(a caller.Attempt) {
+	s.c.requests.Add(1)
+	switch {
+	case errors.Is(a.Err, errDropped):
+		s.c.dropped.Add(1)
+	case a.Err != nil:
+		s.c.lost.Add(1)
+	case isFinal(a.Status) && !a.Retry:
+		if a.Replayed {
+			s.c.replayed.Add(1)
+		} else {
+			s.c.answered.Add(1)
+		}
+	case a.Status == http.StatusConflict:
+		s.c.conflicts.Add(1)
+	case a.Status == http.StatusServiceUnavailable:
+		s.c.unavailable.Add(1)
+	case a.Status >= 500:
+		s.c.serverErrors.Add(1)
+	default:
+		// Another 4xx is a bug in the simulator or the server.
+		s.c.unexpected.Add(1)
+	}
+}
+
+// errDropped is the error of an attempt whose rider dropped the connection
+// on purpose.
+var errDropped = errors.New("the rider dropped the connection")
+
+// attempt is where the rider's transport notes the API and the time of a
+// request's latest attempt.
+type attempt struct {
+	api  string
+	sent time.Time
+}
+
+type attemptKey struct{}
+
+// rider is the transport under the caller: it sends each attempt to an API
+// process picked at random, drops some attempts' connections before their
+// answer (Config.DropRate), and reads each answer whole within the
+// attempt's 10 seconds.
+type rider struct{ sim *simulation }
+
+func (r *rider) RoundTrip(req *http.Request) (*http.Response, error) {
+	api := r.sim.cfg.APIURLs[mrand.IntN(len(r.sim.cfg.APIURLs))]
+	u, err := url.Parse(strings.TrimRight(api, "/") + req.URL.Path)
+	if err != nil {
+		return nil, err
+	}
+	timeout, drop := 10*time.Second, mrand.Float64() < r.sim.cfg.DropRate
+	if drop {
+		// The rider's connection drops before the answer arrives.
+		timeout = time.Duration(mrand.IntN(30)) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), timeout)
+	defer cancel()
+	out := req.Clone(ctx)
+	out.URL, out.Host = u, ""
+	if at, ok := req.Context().Value(attemptKey{}).(*attempt); ok {
+		at.api, at.sent = api, time.Now()
+	}
+	resp, err := r.sim.cfg.Transport.RoundTrip(out)
+	if err == nil {
+		var b []byte
+		b, err = io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	if err != nil {
+		// The rider dropped it when the drop's deadline, not the
+		// request's, ended the attempt.
+		if drop && ctx.Err() != nil && req.Context().Err() == nil {
+			return nil, fmt.Errorf("%w: %w", errDropped, err)
+		}
+		return nil, err
+	}
+	return resp, nil
 }
 
 // final records a key's final answer, and counts the key as inconsistent
@@ -328,55 +423,10 @@ func (s *simulation) final(key string, status int, answer string) {
 	}
 }
 
-// send sends one request. dropped reports that the rider dropped the
-// connection on purpose before the answer arrived; err that there was no
-// answer otherwise.
-func (s *simulation) send(ctx context.Context, key, rider, body string) (status int, answer string, replayed, dropped bool, err error) {
-	s.c.requests.Add(1)
-	reqCtx := ctx
-	if mrand.Float64() < s.cfg.DropRate {
-		// The rider's connection drops before the answer arrives.
-		var cancel context.CancelFunc
-		reqCtx, cancel = context.WithTimeout(ctx, time.Duration(mrand.IntN(30))*time.Millisecond)
-		defer cancel()
-	}
-	api := s.cfg.APIURLs[mrand.IntN(len(s.cfg.APIURLs))]
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, strings.TrimRight(api, "/")+"/rides", strings.NewReader(body))
-	if err != nil {
-		return 0, "", false, false, err
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", rider)
-	req.Header.Set("Idempotency-Key", key)
-	sent := time.Now()
-	resp, err := s.cfg.Client.Do(req)
-	if err == nil {
-		defer resp.Body.Close()
-		var b []byte
-		if b, err = io.ReadAll(resp.Body); err == nil {
-			replayed = resp.Header.Get("Idempotent-Replayed") == "true"
-			if s.cfg.Observe != nil {
-				s.cfg.Observe(Answer{API: api, Key: key, Rider: rider, Form: body, Sent: sent, Received: time.Now(),
-					Status: resp.StatusCode, Body: string(b), Replayed: replayed})
-			}
-			return resp.StatusCode, string(b), replayed, false, nil
-		}
-	}
-	// The rider dropped it when the drop's deadline, not the ride's, ended
-	// the request.
-	return 0, "", false, reqCtx.Err() != nil && ctx.Err() == nil, err
-}
-
 // progressLine is the live line of the simulation: at most 79 columns
 // for the numbers of a long run.
 func (s *simulation) progressLine() string {
 	st := s.c.stats()
 	return fmt.Sprintf("rides %d: %d created, %d declined | requests %d: %d 409s, %d unanswered",
 		st.Rides, st.Created, st.Declined, st.Requests, st.Conflicts, st.Dropped+st.Lost)
-}
-
-func newKey() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails
-	return hex.EncodeToString(b)
 }
