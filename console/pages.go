@@ -164,6 +164,8 @@ func parseFilter(v url.Values) (keyrow.ListFilter, error) {
 
 type overviewData struct {
 	Workflows []workflowCounts
+	// Definitions counts the unfinished keys of each workflow definition.
+	Definitions []keyrow.DefinitionCount
 	Total     keyrow.Counts
 	phase.Overview
 }
@@ -179,7 +181,12 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request, rq *request) 
 		c.storeFailed(w, r, rq, err)
 		return
 	}
-	d := overviewData{Overview: *o}
+	defs, err := c.cfg.Client.Definitions(r.Context())
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	d := overviewData{Overview: *o, Definitions: defs}
 	for name, n := range o.Workflows {
 		d.Workflows = append(d.Workflows, workflowCounts{name, n})
 		d.Total.Finished += n.Finished
