@@ -166,7 +166,7 @@ type overviewData struct {
 	Workflows []workflowCounts
 	// Definitions counts the unfinished keys of each workflow definition.
 	Definitions []keyrow.DefinitionCount
-	Total     keyrow.Counts
+	Total       keyrow.Counts
 	phase.Overview
 }
 
