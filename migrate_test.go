@@ -491,4 +491,5 @@ func ExampleMigrations() {
 	// 003_drop_row_checks
 	// 004_comment_downstream_keys
 	// 005_record_definitions
+	// 006_operator_actions
 }

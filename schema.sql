@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     failures            integer     NOT NULL DEFAULT 0,
     definition          text        NOT NULL DEFAULT '',
     call_pending        text,
+    resolution          jsonb,
 
     CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key)
 )
@@ -92,6 +93,9 @@ COMMENT ON COLUMN idempotency_keys.definition IS
 COMMENT ON COLUMN idempotency_keys.call_pending IS
     'The phase whose foreign call, not safe to repeat, was about to be sent when this was written; cleared when the phase commits or the call fails for sure. A run that finds it set reconciles the call instead of sending it again.';
 
+COMMENT ON COLUMN idempotency_keys.resolution IS
+    'An operator''s resolution of an unknown outcome, for the phase after the recovery point it names: happened (with the call''s output) or not happened. The next run takes it (and clears it) instead of calling the phase''s reconcile function. NULL almost always.';
+
 -- The completer's scan: unfinished, runnable keys by age of their last run.
 -- Finished keys (the vast majority) are not in this index at all. The
 -- predicates test finished_at, which a phase commit does not change, rather
@@ -110,6 +114,37 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_held
 CREATE INDEX IF NOT EXISTS idempotency_keys_finished
     ON idempotency_keys (finished_at)
     WHERE finished_at IS NOT NULL;
+
+-- Operator actions, one row per key changed, written in the statement that
+-- changed it.
+CREATE TABLE IF NOT EXISTS atomicphase_audit (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at              timestamptz NOT NULL DEFAULT now(),
+    actor           text        NOT NULL,
+    action          text        NOT NULL,
+    tenant          text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    before          jsonb       NOT NULL,
+    after           jsonb       NOT NULL,
+    detail          jsonb       NOT NULL DEFAULT '{}'
+);
+
+COMMENT ON TABLE atomicphase_audit IS
+    'One row per key an operator action changed (unlock, retry, resolve), written in the statement that changed it.';
+COMMENT ON COLUMN atomicphase_audit.actor IS
+    'Who acted, as the application or the command line named them.';
+COMMENT ON COLUMN atomicphase_audit.action IS
+    'What was done: unlock, retry or resolve.';
+COMMENT ON COLUMN atomicphase_audit.before IS
+    'The key''s operator-visible fields (recovery point, hold, lease, attempts, failures, last error, resolution) before the action.';
+COMMENT ON COLUMN atomicphase_audit.after IS
+    'The same fields after the action.';
+COMMENT ON COLUMN atomicphase_audit.detail IS
+    'What the action was given: the resolution and its output, the filter of a bulk action.';
+
+-- The audit of one key, newest first, for its detail page.
+CREATE INDEX IF NOT EXISTS atomicphase_audit_key
+    ON atomicphase_audit (tenant, idempotency_key, id);
 
 -- Raised by fenced statements when the caller's lease token no longer matches,
 -- so that a pipelined COMMIT after the statement turns into a rollback.

@@ -509,6 +509,10 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	if err != nil {
 		return nil, x.fail(ctx, err)
 	}
+	// An operator's resolution, when there is one, decides instead.
+	if resp, done, err := x.resolved(ctx, i); done {
+		return resp, err
+	}
 	switch {
 	case x.row.CallPending != "" && (i == len(x.w.phases) || x.w.phases[i].identity() != x.row.CallPending):
 		return nil, x.release(ctx, fmt.Errorf("%w: the call of phase %q may have been sent, and it is not the next phase to run: %w",

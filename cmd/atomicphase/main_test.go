@@ -217,9 +217,15 @@ func TestUsageErrorsExitTwoWithTheUsageOnStderr(t *testing.T) {
 		{[]string{"inspect", "acme"}, "want TENANT KEY, got 1 argument"},
 		{[]string{"inspect", "acme", "k1", "-json"}, "flag -json must come before the arguments"},
 		{[]string{"stats", "extra"}, "takes no arguments"},
-		{[]string{"list"}, "exactly one of -stuck, -unknown and -dead"},
-		{[]string{"list", "-stuck", "-dead"}, "exactly one of -stuck, -unknown and -dead"},
-		{[]string{"list", "-dead", "-stuck-after", "5m"}, "-stuck-after applies only to -stuck"},
+		{[]string{"list", "-stuck", "-dead"}, "at most one of -state, -stuck, -unknown and -dead"},
+		{[]string{"list", "-state", "dead", "-unknown"}, "at most one of -state, -stuck, -unknown and -dead"},
+		{[]string{"list", "-state", "bogus"}, `unknown state "bogus"`},
+		{[]string{"list", "-dead", "-stuck-after", "5m"}, "-stuck-after applies only to the stuck and waiting states"},
+		{[]string{"resolve", "acme", "k1"}, "pass -at"},
+		{[]string{"resolve", "-at", "charged", "acme", "k1"}, "exactly one of -happened and -not-happened"},
+		{[]string{"resolve", "-at", "charged", "-happened", "-output", "{", "acme", "k1"}, "-happened needs -output"},
+		{[]string{"bulk"}, "exactly one of -retry and -unlock"},
+		{[]string{"bulk", "-unlock", "-confirm-unknown"}, "-confirm-unknown applies only to -retry"},
 		{[]string{"list", "-dead", "-limit", "0"}, "-limit must be positive"},
 		{[]string{"list", "-stuck", "-stuck-after", "soon"}, "invalid value"},
 		{[]string{"reap", "-retention", "0s"}, "-retention and -batch must be positive"},
@@ -342,9 +348,9 @@ func TestListShowsStuckUnknownAndDeadKeys(t *testing.T) {
 		{[]string{"-dead", "-limit", "1"}, []string{"dead-2"}},
 		{[]string{"-unknown"}, []string{"unknown-1"}},
 	} {
-		keys := decode[[]keyrow.Row](t, ok(t, dsn, append([]string{"list", "-json"}, tc.args...)...))
+		page := decode[keyrow.Page](t, ok(t, dsn, append([]string{"list", "-json"}, tc.args...)...))
 		var got []string
-		for _, k := range keys {
+		for _, k := range page.Keys {
 			got = append(got, k.Key)
 		}
 		if !slices.Equal(got, tc.want) {
@@ -365,14 +371,23 @@ func TestListShowsStuckUnknownAndDeadKeys(t *testing.T) {
 	if out := ok(t, dsn, "list", "-dead"); !strings.Contains(out, "card declined") || !strings.Contains(out, "charged") {
 		t.Errorf("list -dead does not show the recovery point and last error:\n%s", out)
 	}
-	if out := ok(t, dsn, "list", "-dead", "-limit", "2"); !strings.Contains(out, "pass -limit to see more") {
-		t.Errorf("a full page does not say there may be more:\n%s", out)
+	out := ok(t, dsn, "list", "-dead", "-limit", "1")
+	_, cursor, found := strings.Cut(strings.TrimSpace(out), "pass -after ")
+	if !found {
+		t.Fatalf("a page with more after it does not say how to get them:\n%s", out)
+	}
+	cursor, _, _ = strings.Cut(cursor, " ")
+	if out := ok(t, dsn, "list", "-dead", "-limit", "1", "-after", cursor); !strings.Contains(out, "dead-1") || strings.Contains(out, "-after") {
+		t.Errorf("the second and last page:\n%s", out)
 	}
 	if out := ok(t, dsn, "list", "-stuck", "-stuck-after", "1h"); out != "no stuck keys idle for more than 1h0m0s\n" {
 		t.Errorf("empty list = %q", out)
 	}
-	if out := ok(t, dsn, "list", "-stuck", "-stuck-after", "1h", "-json"); strings.TrimSpace(out) != "[]" {
-		t.Errorf("empty list -json = %q, want []", out)
+	if page := decode[keyrow.Page](t, ok(t, dsn, "list", "-stuck", "-stuck-after", "1h", "-json")); page.Keys == nil || len(page.Keys) != 0 || page.Next != "" {
+		t.Errorf("empty list -json = %+v, want no keys and no next page", page)
+	}
+	if out := ok(t, dsn, "list", "-tenant", "acme", "-key-prefix", "dead-", "-json"); len(decode[keyrow.Page](t, out).Keys) != 2 {
+		t.Errorf("list -tenant acme -key-prefix dead- = %s, want the two dead keys", out)
 	}
 }
 
@@ -704,7 +719,7 @@ func TestStatsListAndUnlockThroughPgBouncer(t *testing.T) {
 		t.Errorf("stats -json = %+v, want %+v", got.Counts, want)
 	}
 	for _, tc := range []struct{ flag, key string }{{"-stuck", "stuck"}, {"-dead", "dead"}} {
-		keys := decode[[]keyrow.Row](t, ok(t, dsn, "list", "-json", tc.flag))
+		keys := decode[keyrow.Page](t, ok(t, dsn, "list", "-json", tc.flag)).Keys
 		if len(keys) != 1 || keys[0].Key != tc.key {
 			t.Errorf("list %s = %+v, want key %s alone", tc.flag, keys, tc.key)
 		}
@@ -714,5 +729,58 @@ func TestStatsListAndUnlockThroughPgBouncer(t *testing.T) {
 	}
 	if out, row := acquire(t, db, "acme", "paying"); out != store.Resumed {
 		t.Fatalf("acquire after unlock through the bouncer = %v at %q, want resumed", out, row.RecoveryPoint)
+	}
+}
+
+func TestResolveRecordsTheResolutionAndAuditsItUnderTheActor(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "unknown")
+
+	r := runCLI(t, dsn, "resolve", "-at", keyrow.Started, "-not-happened", "acme", "order-1")
+	if r.code != exitError || !strings.Contains(r.stderr, "not held as unknown at recovery point") {
+		t.Fatalf("resolve at a point the key left = %d:\n%s", r.code, r.stderr)
+	}
+	if r := runCLI(t, dsn, "resolve", "-at", "charged", "-not-happened", "acme", "missing"); r.code != exitNotFound {
+		t.Fatalf("resolve of a missing key = %d, want %d", r.code, exitNotFound)
+	}
+	out := ok(t, dsn, "resolve", "-actor", "alice", "-at", "charged", "-happened", "-output", `{"id":"ch_7"}`, "acme", "order-1")
+	if !strings.Contains(out, "happened") {
+		t.Fatalf("resolve output:\n%s", out)
+	}
+	if res := stored(t, db, "acme", "order-1").Resolution; res == nil || !res.Happened || string(res.Output) != `{"id": "ch_7"}` {
+		t.Fatalf("stored resolution = %+v", res)
+	}
+	entries := decode[[]keyrow.AuditEntry](t, ok(t, dsn, "audit", "-json"))
+	if len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionResolve || entries[0].Key != "order-1" {
+		t.Fatalf("audit = %+v, want alice's resolution", entries)
+	}
+	if out := ok(t, dsn, "audit"); !strings.Contains(out, "alice") || !strings.Contains(out, "resolved:happened") {
+		t.Fatalf("audit text:\n%s", out)
+	}
+}
+
+func TestBulkRetryCountsFirstAndActsOnlyWithYes(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	for _, key := range []string{"dead-1", "dead-2"} {
+		keyIn(t, db, "acme", key, "dead")
+	}
+	keyIn(t, db, "acme", "unknown-1", "unknown")
+
+	if out := ok(t, dsn, "bulk", "-retry", "-tenant", "acme"); !strings.Contains(out, "2 keys would change; pass -yes") {
+		t.Fatalf("bulk preview:\n%s", out)
+	}
+	if hold := stored(t, db, "acme", "dead-1").Hold; hold != keyrow.HoldDead {
+		t.Fatalf("the preview changed a key's hold to %q", hold)
+	}
+	got := decode[bulkReport](t, ok(t, dsn, "bulk", "-json", "-retry", "-yes", "-confirm-unknown", "-tenant", "acme"))
+	if !got.Applied || got.Keys != 3 {
+		t.Fatalf("bulk -retry -yes -confirm-unknown = %+v, want 3 keys changed", got)
+	}
+	for _, key := range []string{"dead-1", "dead-2", "unknown-1"} {
+		if hold := stored(t, db, "acme", key).Hold; hold != "" {
+			t.Errorf("%s: hold %q after bulk retry", key, hold)
+		}
 	}
 }

@@ -642,7 +642,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 		if err != nil {
 			return out, ride.Report{}, err
 		}
-		for _, k := range dead {
+		for _, k := range dead.Keys {
 			s.t.Logf("retrying dead key %s/%s (attempts %d, failures %d, recovery point %s, last error %q)",
 				k.Tenant, k.Key, k.Attempts, k.Failures, k.RecoveryPoint, k.LastError)
 			if err := app.Client.Retry(ctx, k.Tenant, k.Key); err != nil && !errors.Is(err, keyrow.ErrNotHeld) {
