@@ -15,7 +15,7 @@ import (
 func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 	t.Parallel()
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./caller").CombinedOutput()
+	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./caller", "./console").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
@@ -28,7 +28,7 @@ func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 			t.Errorf("a core package imports testing")
 		}
 		for _, banned := range []string{"go.opentelemetry.io/", "github.com/atomicphase/atomicphase/otelphase",
-			"github.com/testcontainers/", "github.com/riverqueue/", "github.com/stripe/", "go.uber.org/goleak",
+			"github.com/testcontainers/", "github.com/chromedp/", "github.com/riverqueue/", "github.com/stripe/", "go.uber.org/goleak",
 			"github.com/atomicphase/atomicphase/internal/pgtest", "github.com/atomicphase/atomicphase/internal/pgcluster",
 			"github.com/atomicphase/atomicphase/phase/phasetest"} {
 			if strings.HasPrefix(p, banned) {

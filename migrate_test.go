@@ -18,6 +18,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/testenv"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -331,7 +332,7 @@ func TestSchemaFileAppliesWithPsql(t *testing.T) {
 	t.Parallel()
 	psql, err := exec.LookPath("psql")
 	if err != nil {
-		t.Skip("psql is not installed; schema.sql is still applied in the catalog tests")
+		testenv.SkipWithout(t, "psql", fmt.Errorf("%w (Debian and Ubuntu: apt-get install postgresql-client); schema.sql is still applied in the catalog tests", err))
 	}
 	dsn := emptyDatabase(t)
 	for range 2 {
@@ -490,6 +491,7 @@ func ExampleMigrations() {
 	// 003_drop_row_checks
 	// 004_comment_downstream_keys
 	// 005_record_definitions
+	// 006_operator_actions
 	// 007_scrub_replayed_headers
 	// 008_record_retention
 }

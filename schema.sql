@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     failures            integer     NOT NULL DEFAULT 0,
     definition          text        NOT NULL DEFAULT '',
     call_pending        text,
+    resolution          jsonb,
     retain_for          interval,
 
     CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key)
@@ -95,6 +96,9 @@ COMMENT ON COLUMN idempotency_keys.call_pending IS
 COMMENT ON COLUMN idempotency_keys.retain_for IS
     'How long the key is kept once finished, recorded when it was created (phase.StoreConfig.Retention); no reaper deletes it sooner. NULL for keys written before retentions were recorded: the reaper of their workflow applies its own.';
 
+COMMENT ON COLUMN idempotency_keys.resolution IS
+    'An operator''s resolution of an unknown outcome, for the phase after the recovery point it names: happened (with the call''s output) or not happened. The next run takes it (and clears it) instead of calling the phase''s reconcile function. NULL almost always.';
+
 -- The completer's scan: unfinished, runnable keys by age of their last run.
 -- Finished keys (the vast majority) are not in this index at all. The
 -- predicates test finished_at, which a phase commit does not change, rather
@@ -114,6 +118,37 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_held
 CREATE INDEX IF NOT EXISTS idempotency_keys_finished_by_workflow
     ON idempotency_keys (workflow, finished_at)
     WHERE finished_at IS NOT NULL;
+
+-- Operator actions, one row per key changed, written in the statement that
+-- changed it.
+CREATE TABLE IF NOT EXISTS atomicphase_audit (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at              timestamptz NOT NULL DEFAULT now(),
+    actor           text        NOT NULL,
+    action          text        NOT NULL,
+    tenant          text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    before          jsonb       NOT NULL,
+    after           jsonb       NOT NULL,
+    detail          jsonb       NOT NULL DEFAULT '{}'
+);
+
+COMMENT ON TABLE atomicphase_audit IS
+    'One row per key an operator action changed (unlock, retry, resolve), written in the statement that changed it.';
+COMMENT ON COLUMN atomicphase_audit.actor IS
+    'Who acted, as the application or the command line named them.';
+COMMENT ON COLUMN atomicphase_audit.action IS
+    'What was done: unlock, retry or resolve.';
+COMMENT ON COLUMN atomicphase_audit.before IS
+    'The key''s operator-visible fields (recovery point, hold, lease, attempts, failures, last error, resolution) before the action.';
+COMMENT ON COLUMN atomicphase_audit.after IS
+    'The same fields after the action.';
+COMMENT ON COLUMN atomicphase_audit.detail IS
+    'What the action was given: the resolution and its output, the filter of a bulk action.';
+
+-- The audit of one key, newest first, for its detail page.
+CREATE INDEX IF NOT EXISTS atomicphase_audit_key
+    ON atomicphase_audit (tenant, idempotency_key, id);
 
 -- Raised by fenced statements when the caller's lease token no longer matches,
 -- so that a pipelined COMMIT after the statement turns into a rollback.

@@ -166,16 +166,23 @@ type Row struct {
 	// LeaseLeft is how long the current lease has to run by the database
 	// clock when the row was read; zero when the lease is free or expired.
 	LeaseLeft time.Duration `json:"lease_left_ns"`
+	// Resolution is an operator's resolution of an unknown outcome that no
+	// run has acted on yet; nil otherwise.
+	Resolution *Resolution `json:"resolution,omitempty"`
 }
 
 // Counts is how many keys are in each State.
 type Counts struct {
-	Finished int `json:"finished"`
-	InFlight int `json:"in_flight"`
-	Waiting  int `json:"waiting"`
-	Stuck    int `json:"stuck"`
-	Unknown  int `json:"unknown"`
-	Dead     int `json:"dead"`
+	// Finished is exact on small tables; on large ones it is estimated
+	// from the table's statistics, and FinishedEstimated is set, so that
+	// counting never reads every finished key.
+	Finished          int  `json:"finished"`
+	FinishedEstimated bool `json:"finished_estimated,omitempty"`
+	InFlight          int  `json:"in_flight"`
+	Waiting           int  `json:"waiting"`
+	Stuck             int  `json:"stuck"`
+	Unknown           int  `json:"unknown"`
+	Dead              int  `json:"dead"`
 }
 
 // Total is the number of keys counted.
@@ -192,13 +199,50 @@ func (c Counts) Unfinished() int {
 // is zero.
 const DefaultListLimit = 50
 
-// ListFilter selects the keys of one State for an operator's listing.
+// ListFilter selects keys for an operator's listing; its zero value selects
+// every key. Every condition set must hold.
 type ListFilter struct {
-	// State selects the keys: StateStuck, StateUnknown or StateDead.
+	// State selects the keys of one State; empty selects every key. Keys
+	// of the unfinished states are listed idle longest first; finished
+	// keys, and all keys, newest first.
 	State State
-	// StuckAfter is how idle a key must be to be stuck; zero means any
-	// idle time.
+	// StuckAfter is how idle a key must be to be stuck rather than
+	// waiting; zero means any idle time.
 	StuckAfter time.Duration
+	// Workflow, Tenant and KeyPrefix select the keys of one workflow, of
+	// one tenant, and whose key starts with KeyPrefix.
+	Workflow  string
+	Tenant    string
+	KeyPrefix string
+	// OlderThan and NewerThan select keys first seen at least, or at most,
+	// this long ago by the database clock.
+	OlderThan time.Duration
+	NewerThan time.Duration
+	// After is the Next of the previous Page; empty starts at the first.
+	After string
 	// Limit caps the keys returned. Defaults to DefaultListLimit.
 	Limit int
+}
+
+// Page is one page of a listing.
+type Page struct {
+	Keys []Row `json:"keys"`
+	// Next continues the listing as ListFilter.After; empty on the last
+	// page.
+	Next string `json:"next,omitempty"`
+}
+
+// DefinitionCount is how many unfinished keys one workflow definition has:
+// after a deploy, the keys that still need a process running that
+// definition (or adopting it) to finish.
+type DefinitionCount struct {
+	Workflow string `json:"workflow"`
+	// Definition is empty for keys stored before definitions were
+	// recorded.
+	Definition string `json:"definition"`
+	// Unfinished counts every unfinished key, Held those on hold.
+	Unfinished int `json:"unfinished"`
+	Held       int `json:"held"`
+	// Oldest is when the oldest of them was created.
+	Oldest time.Time `json:"oldest"`
 }

@@ -446,19 +446,29 @@ func (c *Client) Inspect(ctx context.Context, tenant, key string) (*keyrow.Row, 
 	return store.Inspect(ctx, c.pool, tenant, key)
 }
 
-// List returns the keys f selects, those idle longest first. A zero
-// StuckAfter for stuck keys means the completer's MinIdle.
-func (c *Client) List(ctx context.Context, f keyrow.ListFilter) ([]keyrow.Row, error) {
-	if f.StuckAfter == 0 {
-		f.StuckAfter = c.cfg.Completer.MinIdle
-	}
-	return store.List(ctx, c.pool, f)
+// List returns one page of the keys f selects: the keys of an unfinished
+// state idle longest first, finished keys and all keys newest first. Pass
+// the page's Next as f.After for the next page; each page reads about as
+// many index entries as it returns, however many keys the table holds. A
+// zero StuckAfter means the completer's MinIdle.
+func (c *Client) List(ctx context.Context, f keyrow.ListFilter) (keyrow.Page, error) {
+	return store.List(ctx, c.pool, c.filter(f))
 }
 
 // Counts returns how many keys are in each keyrow.State, counting a key as
-// stuck once it has been idle for the completer's MinIdle.
+// stuck once it has been idle for the completer's MinIdle. The unfinished
+// states are counted exactly; the finished keys of a table over 32 MiB
+// are estimated from its statistics (Counts.FinishedEstimated), so that
+// counting never reads every key.
 func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
 	return store.Count(ctx, c.pool, c.cfg.Completer.MinIdle)
+}
+
+// Definitions returns how many unfinished keys each workflow definition has,
+// whether or not c runs it: after a deploy, the old definitions still
+// listed are those whose keys need a process that runs or adopts them.
+func (c *Client) Definitions(ctx context.Context) ([]keyrow.DefinitionCount, error) {
+	return store.CountDefinitions(ctx, c.pool)
 }
 
 // Unlock frees the lease on an unfinished key whoever holds it, keeping its
@@ -467,7 +477,8 @@ func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
 // dead: a holder that is still running is fenced out and stops at its next
 // write, but a foreign call it is already making goes on, and so does one
 // it starts within a third of the TTL (at most a second) of its last commit
-// (see # Fencing). It reports whether a lease was freed.
+// (see # Fencing). It reports whether a lease was freed, and audits the
+// change under the actor of ctx (see WithActor).
 func (c *Client) Unlock(ctx context.Context, tenant, key string) (bool, error) {
 	return store.Unlock(ctx, c.pool, tenant, key)
 }
@@ -478,7 +489,8 @@ func (c *Client) Unlock(ctx context.Context, tenant, key string) (bool, error) {
 // operator's word that the uncertain foreign call did not happen, or may
 // happen twice: the resumed run repeats it instead of reconciling it. It
 // returns keyrow.ErrNotFound or keyrow.ErrNotHeld when there is nothing to
-// retry.
+// retry, and audits the change under the actor of ctx (see WithActor).
+// Resolve is the way to say what became of an unknown outcome.
 func (c *Client) Retry(ctx context.Context, tenant, key string) error {
 	return store.Retry(ctx, c.pool, tenant, key)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -551,6 +552,34 @@ func TestHTTPEdges(t *testing.T) {
 	var n int
 	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d keys, %v; want only the one valid request stored", n, err)
+	}
+}
+
+// A Tenant or Decode function that cannot reach a store of its own (the
+// users table, say) answers as a key store outage does: 503 with the
+// store-unavailable type and Retry-After, so a client retries with the
+// same key instead of reading it as its own mistake.
+func TestTenantAndDecodeOutagesAnswerStoreUnavailable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outage := fmt.Errorf("look up the account: %w: connection refused", phase.ErrUnavailable)
+	for name, h := range map[string]http.Handler{
+		"tenant": e.handler(t, func(c *phase.HTTPConfig[order]) {
+			c.Tenant = func(*http.Request) (string, error) { return "", outage }
+		}),
+		"decode": e.handler(t, func(c *phase.HTTPConfig[order]) {
+			c.Decode = func(*http.Request) (order, error) { return order{}, outage }
+		}),
+	} {
+		rec := post(h, "k1", `{"item":"lamp","amount":300}`)
+		if rec.Code != http.StatusServiceUnavailable || problemType(t, rec) != "store-unavailable" || rec.Header().Get("Retry-After") == "" {
+			t.Errorf("%s outage: %d %s (Retry-After %q), want 503 store-unavailable with Retry-After",
+				name, rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"))
+		}
+	}
+	var n int
+	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d keys, %v; want nothing stored", n, err)
 	}
 }
 

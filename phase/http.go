@@ -52,12 +52,16 @@ func Invalid(field, detail string) *RequestError {
 type HTTPConfig[Req any] struct {
 	// Tenant returns whose key the request uses, from the request's
 	// authentication, never its body. Required. An error answers 401 with its
-	// message, or the status of a *RequestError.
+	// message, or the status of a *RequestError; an error wrapping
+	// ErrUnavailable (the user store is down, say) answers 503 with
+	// Retry-After and the store-unavailable problem type, as an outage of the
+	// key store does.
 	Tenant func(r *http.Request) (string, error)
 	// Decode reads the request (body limited to MaxBodyBytes) into Req
 	// (default: DecodeJSON). An error answers 400 with its message, or the
-	// status of a *RequestError (see Invalid). Requests that fail to decode
-	// are not stored.
+	// status of a *RequestError (see Invalid), or 503 for an error wrapping
+	// ErrUnavailable, as for Tenant. Requests that fail to decode are not
+	// stored.
 	Decode func(r *http.Request) (Req, error)
 	// MaxBodyBytes limits the request body (default DefaultMaxBodyBytes);
 	// a larger body answers 413.
@@ -312,6 +316,8 @@ func (h *handler[Req, State]) writeRequestError(rw http.ResponseWriter, err erro
 			"panic", pe.Value, "stack", string(pe.Stack))
 		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
 			"the request could not be read because of a server bug; nothing was processed", 0)
+	case errors.Is(err, ErrUnavailable):
+		h.writeError(rw, err)
 	case errors.As(err, &re):
 		status = cmp.Or(re.Status, status)
 		p := problem{Type: problemType + "invalid-request", Title: http.StatusText(status), Status: status, Detail: re.Detail, Field: re.Field}

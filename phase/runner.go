@@ -257,7 +257,8 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 				rerouted = true
 				kreq.Workflow, kreq.Definition = row.Workflow, row.Definition
 				continue
-			case row.Workflow != w.name && !ok:
+			case row.Workflow != w.name && (!ok || rt.w.Name() != w.name):
+				// Another workflow's key, which this one does not adopt.
 				ev.Kind = EventMismatch
 				c.observe(ctx, ev)
 				return &Outcome{Kind: OutcomeMismatch}, nil
@@ -511,6 +512,10 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	i, err := x.applicable(i)
 	if err != nil {
 		return nil, x.fail(ctx, err)
+	}
+	// An operator's resolution, when there is one, decides instead.
+	if resp, done, err := x.resolved(ctx, i); done {
+		return resp, err
 	}
 	switch {
 	case x.row.CallPending != "" && (i == len(x.w.phases) || x.w.phases[i].identity() != x.row.CallPending):

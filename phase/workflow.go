@@ -300,8 +300,11 @@ type Phase[Req, State any] struct {
 
 type foreignPhase[Req, State any] struct {
 	// call makes the call and returns a function that records its outcome.
-	call       func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], error)
-	reconcile  func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], Resolution, error)
+	call      func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], error)
+	reconcile func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], Resolution, error)
+	// decode turns an operator's JSON for the call's output into the
+	// record of it (see Client.Resolve).
+	decode     func(output []byte) (recordFn[Req, State], error)
 	repeatable bool
 }
 
@@ -335,6 +338,13 @@ func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], r
 	return Phase[Req, State]{name: name, foreign: &foreignPhase[Req, State]{
 		call: func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], error) {
 			out, err := call(ctx, run)
+			if err != nil {
+				return nil, err
+			}
+			return bind(out), nil
+		},
+		decode: func(output []byte) (recordFn[Req, State], error) {
+			out, err := decodeOutput[Out](output)
 			if err != nil {
 				return nil, err
 			}

@@ -29,19 +29,25 @@ Exits with status 3 if the tenant has no such key.`,
 		define: defineInspect,
 	},
 	{
-		name: "list", required: "-stuck|-unknown|-dead", args: "", nargs: 0,
-		summary: "list stuck, unknown or dead keys",
+		name: "list", args: "", nargs: 0,
+		summary: "list keys by state, workflow, tenant, key prefix or age",
 		detail: `
-List the keys that need attention, those idle longest first. Exactly one of
-these is required:
+List the keys the flags select, a page at a time. With -state (or its
+shorthands -stuck, -unknown and -dead), only the keys in that state:
 
-  -stuck    unfinished, runnable keys with no live lease and idle for longer
-            than -stuck-after: the completer's backlog. A few are normal; a
-            growing list means no completer runs, or it keeps failing.
-  -unknown  keys whose last foreign call may or may not have happened,
-            waiting for the completer to reconcile them.
-  -dead     keys the completer gave up on after MaxAttempts failed runs
-            of its own; see 'atomicphase retry -h'.`,
+  stuck      unfinished, runnable keys with no live lease and idle for longer
+             than -stuck-after: the completer's backlog. A few are normal; a
+             growing list means no completer runs, or it keeps failing.
+  unknown    keys whose last foreign call may or may not have happened,
+             waiting for reconciliation; see 'atomicphase resolve -h'.
+  dead       keys the completer gave up on after MaxAttempts failed runs
+             of its own; see 'atomicphase retry -h'.
+  in_flight, waiting, finished: see 'atomicphase stats -h'.
+
+Keys of the unfinished states are listed idle longest first; finished keys,
+and all keys when no state is given, newest first. A full page ends with the
+cursor to pass as -after for the next one; each page costs about the same
+however deep into the listing it starts.`,
 		define: defineList,
 	},
 	{
@@ -83,6 +89,67 @@ making it twice is harmless.
 Exits with status 3 if the tenant has no such key, and 1 if the key is not
 on hold.`,
 		define: defineRetry,
+	},
+	{
+		name: "resolve", required: "-at POINT -happened|-not-happened", args: "TENANT KEY", nargs: 2,
+		summary: "say what became of a key's unknown foreign call",
+		detail: `
+Resolve the unknown outcome of the tenant's key: the foreign call of the
+phase after recovery point -at either happened, and -output is what it
+returned (the JSON the phase's record function takes, such as
+'{"id":"ch_123"}'), or it did not happen and is to be made again with the
+same downstream key. Check with the provider first, by the downstream key.
+
+-at is the recovery point 'atomicphase inspect' showed: if the key has
+moved on since, nothing is recorded and the command exits with status 1.
+
+The resolution is recorded on the key. This command does not know the
+application's workflows, so the application's completer acts on it at its
+next pass over the key (within its MinIdle), and decodes -output into the
+phase's output type then; if it does not fit, the key stays held as unknown
+with that error. The console mounted in the application checks -output at
+once and runs the key at once. Every resolution is audited.`,
+		define: defineResolve,
+	},
+	{
+		name: "bulk", required: "-retry|-unlock", args: "", nargs: 0,
+		summary: "retry or unlock every key a filter selects",
+		detail: `
+Retry (-retry) or free the lease of (-unlock) every key the filter flags
+select, as 'atomicphase retry' and 'atomicphase unlock' do one key, up to
+-limit keys. Without -yes it only counts the keys it would change. Retrying
+takes dead keys only, and keys held as unknown too with -confirm-unknown
+(their last foreign call is made again). Keys a run holds locked at that
+moment are skipped. Every key changed is audited with the filter.`,
+		define: defineBulk,
+	},
+	{
+		name: "audit", args: "", nargs: 0,
+		summary: "show the operator actions recorded",
+		detail: `
+Show the operator actions recorded (unlock, retry, resolve, from this
+command, the console or the application), newest first: when, who, what,
+which key, and the key's recovery point and hold before and after. -json
+prints every field, with the key's fields before and after in full.`,
+		define: defineAudit,
+	},
+	{
+		name: "console", args: "", nargs: 0,
+		summary: "serve the web console on localhost",
+		detail: `
+Serve the web console for the database: an overview of the keys by
+workflow and state, the key list with filters and paging, each key's
+request, state, phases, lease and audit, and the actions unlock, retry,
+resolve and bulk retry or unlock, each confirmed and audited under -actor.
+
+The console listens on 127.0.0.1:8080 (-listen) and asks for a token: the
+one in $ATOMICPHASE_CONSOLE_TOKEN, or else one it makes up and prints.
+-no-auth lets anyone who reaches the address in; -read-only removes every
+action. This command does not know the application's workflows: a key's
+phases are not listed, and a resolution is recorded for the application's
+completer to act on. Mount console.New in the application, behind its own
+authentication, for those.`,
+		define: defineConsole,
 	},
 	{
 		name: "reap", args: "", nargs: 0,
@@ -187,46 +254,28 @@ func defineInspect(*flag.FlagSet) action {
 }
 
 func defineList(fs *flag.FlagSet) action {
-	var (
-		f                    keyrow.ListFilter
-		stuck, unknown, dead bool
-	)
-	fs.BoolVar(&stuck, "stuck", false, "list the completer's backlog")
-	fs.BoolVar(&unknown, "unknown", false, "list keys awaiting reconciliation")
-	fs.BoolVar(&dead, "dead", false, "list keys the completer gave up on")
-	fs.DurationVar(&f.StuckAfter, "stuck-after", recovery.DefaultMinIdle,
-		"with -stuck: how long a key must be idle to be stuck")
+	f := defineFilter(fs)
+	fs.StringVar(&f.After, "after", "", "start after this `cursor`, printed at the end of the previous page")
 	fs.IntVar(&f.Limit, "limit", keyrow.DefaultListLimit, "the most keys to list")
 	return func(ctx context.Context, s *session, _ []string) error {
-		chosen := 0
-		for state, on := range map[keyrow.State]bool{keyrow.StateStuck: stuck, keyrow.StateUnknown: unknown, keyrow.StateDead: dead} {
-			if on {
-				f.State = state
-				chosen++
-			}
+		if err := f.check(fs); err != nil {
+			return err
 		}
-		switch {
-		case chosen != 1:
-			return usagef("pass exactly one of -stuck, -unknown and -dead")
-		case isSet(fs, "stuck-after") && !stuck:
-			return usagef("-stuck-after applies only to -stuck")
-		case f.StuckAfter < 0:
-			return usagef("-stuck-after must not be negative")
-		case f.Limit <= 0:
+		if f.Limit <= 0 {
 			return usagef("-limit must be positive")
 		}
 		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{MinIdle: minIdle(f.StuckAfter)}})
 		if err != nil {
 			return err
 		}
-		keys, err := c.List(ctx, f)
+		page, err := c.List(ctx, f.ListFilter)
 		if err != nil {
 			return err
 		}
 		if s.json {
-			return s.writeJSON(keys)
+			return s.writeJSON(page)
 		}
-		return printList(s.stdout, keys, f, time.Now())
+		return printList(s.stdout, page, f.ListFilter, time.Now())
 	}
 }
 
@@ -244,7 +293,7 @@ func defineUnlock(*flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		freed, err := c.Unlock(ctx, tenant, key)
+		freed, err := c.Unlock(s.acting(ctx), tenant, key)
 		if err != nil {
 			return err
 		}
@@ -281,7 +330,7 @@ func defineRetry(fs *flag.FlagSet) action {
 					"and retrying makes it again; check with the provider, then pass -confirm-unknown", key, tenant)
 			}
 		}
-		err = c.Retry(ctx, tenant, key)
+		err = c.Retry(s.acting(ctx), tenant, key)
 		if errors.Is(err, keyrow.ErrNotHeld) {
 			return fmt.Errorf("key %q of tenant %q left its hold while being retried; inspect it", key, tenant)
 		}
@@ -349,6 +398,8 @@ func defineReap(fs *flag.FlagSet) action {
 type statsReport struct {
 	keyrow.Counts
 	Total int `json:"total"`
+	// Definitions counts the unfinished keys of each workflow definition.
+	Definitions []keyrow.DefinitionCount `json:"definitions"`
 }
 
 func defineStats(fs *flag.FlagSet) action {
@@ -365,10 +416,14 @@ func defineStats(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if s.json {
-			return s.writeJSON(statsReport{Counts: counts, Total: counts.Total()})
+		defs, err := c.Definitions(ctx)
+		if err != nil {
+			return err
 		}
-		return printStats(s.stdout, counts, *stuckAfter)
+		if s.json {
+			return s.writeJSON(statsReport{Counts: counts, Total: counts.Total(), Definitions: defs})
+		}
+		return printStats(s.stdout, counts, defs, *stuckAfter, time.Now())
 	}
 }
 

@@ -73,14 +73,15 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 	return tw.Flush()
 }
 
-func printList(w io.Writer, keys []keyrow.Row, f keyrow.ListFilter, now time.Time) error {
+func printList(w io.Writer, page keyrow.Page, f keyrow.ListFilter, now time.Time) error {
+	keys := page.Keys
 	which := string(f.State)
 	if len(keys) == 0 {
 		if f.State == keyrow.StateStuck {
 			_, err := fmt.Fprintf(w, "no stuck keys idle for more than %s\n", f.StuckAfter)
 			return err
 		}
-		_, err := fmt.Fprintf(w, "no %s keys\n", which)
+		_, err := fmt.Fprintln(w, strings.Join(strings.Fields("no "+which+" keys"), " "))
 		return err
 	}
 	tw := newTable(w)
@@ -100,8 +101,8 @@ func printList(w io.Writer, keys []keyrow.Row, f keyrow.ListFilter, now time.Tim
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(keys) == f.Limit {
-		_, err := fmt.Fprintf(w, "showing the first %d %s keys; pass -limit to see more\n", len(keys), which)
+	if page.Next != "" {
+		_, err := fmt.Fprintf(w, "more keys follow; pass -after %s for the next page\n", page.Next)
 		return err
 	}
 	return nil
@@ -144,15 +145,31 @@ func printReap(w io.Writer, r reapReport) error {
 	return tw.Flush()
 }
 
-func printStats(w io.Writer, c keyrow.Counts, stuckAfter time.Duration) error {
+func printStats(w io.Writer, c keyrow.Counts, defs []keyrow.DefinitionCount, stuckAfter time.Duration, now time.Time) error {
 	tw := newTable(w)
-	fmt.Fprintf(tw, "finished\t%d\n", c.Finished)
+	if c.FinishedEstimated {
+		fmt.Fprintf(tw, "finished\t~%d\testimated from the table's statistics\n", c.Finished)
+	} else {
+		fmt.Fprintf(tw, "finished\t%d\n", c.Finished)
+	}
 	fmt.Fprintf(tw, "in flight\t%d\n", c.InFlight)
 	fmt.Fprintf(tw, "waiting\t%d\tidle for at most %s\n", c.Waiting, stuckAfter)
 	fmt.Fprintf(tw, "stuck\t%d\tidle for more than %s\n", c.Stuck, stuckAfter)
 	fmt.Fprintf(tw, "unknown\t%d\n", c.Unknown)
 	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
 	fmt.Fprintf(tw, "total\t%d\n", c.Total())
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(defs) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nunfinished keys by workflow definition:")
+	tw = newTable(w)
+	fmt.Fprintf(tw, "WORKFLOW\tDEFINITION\tUNFINISHED\tON HOLD\tOLDEST\n")
+	for _, d := range defs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", clean(d.Workflow), orDash(clean(d.Definition)), d.Unfinished, d.Held, since(d.Oldest, now))
+	}
 	return tw.Flush()
 }
 

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -71,6 +74,8 @@ Every command takes these flags, and documents its own with -h:
                       connect_timeout. Through PgBouncer in transaction
                       pooling mode, add default_query_exec_mode=cache_describe.
   -json               print JSON for scripts instead of aligned text
+  -actor NAME         who acts, recorded in the audit of every action;
+                      defaults to cli:$USER
 
 Flags follow the command and come before its arguments, as with Go's flag
 package: "atomicphase inspect -json acme k1", not "... acme k1 -json".
@@ -84,7 +89,8 @@ Exit status:
      the key is not in a state the command acts on, or interrupted
   2  usage error: unknown command or flag, wrong arguments, no database
      URL; the usage is printed to stderr
-  3  not found: inspect, unlock or retry of a key that does not exist
+  3  not found: inspect, unlock, retry or resolve of a key that does not
+     exist
 `
 
 // command is one subcommand. define registers the command's own flags and
@@ -111,6 +117,7 @@ type session struct {
 	stdout io.Writer
 	json   bool
 	dsn    string
+	actor  string
 	pool   *pgxpool.Pool
 }
 
@@ -138,6 +145,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	s := &session{stdout: stdout}
 	fs.StringVar(&s.dsn, "database-url", "", "PostgreSQL `URL` or DSN; overrides $DATABASE_URL")
 	fs.BoolVar(&s.json, "json", false, "print JSON instead of aligned text")
+	fs.StringVar(&s.actor, "actor", "", "who acts, for the audit of unlock, retry, resolve and bulk; defaults to cli:$USER")
 	act := cmd.define(fs)
 
 	err := fs.Parse(args[1:])
@@ -153,6 +161,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if err == nil {
 		if s.dsn == "" {
 			s.dsn = getenv("DATABASE_URL")
+		}
+		if s.actor == "" {
+			s.actor = "cli:" + cmp.Or(getenv("USER"), "unknown")
 		}
 		err = act(ctx, s, fs.Args())
 		s.close()
@@ -171,6 +182,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitNotFound
 	default:
 		fmt.Fprintf(stderr, "atomicphase %s: %v\n", cmd.name, err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
+			fmt.Fprintln(stderr, "The database has no atomicphase schema (or it is not on the search_path): run `atomicphase migrate`, or apply the SQL of `atomicphase migrate -print` with your own tool.")
+		}
 		return exitError
 	}
 }
@@ -244,6 +259,14 @@ func (s *session) db(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		// When the server answered, its answer is the cause (a database
+		// that does not exist, a refused login); pgx lists it after the
+		// attempts before it, such as the TLS that sslmode=prefer asks
+		// for first and a server without TLS refuses.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			err = pgErr
+		}
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
 	s.pool = pool

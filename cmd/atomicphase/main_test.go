@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -216,9 +217,15 @@ func TestUsageErrorsExitTwoWithTheUsageOnStderr(t *testing.T) {
 		{[]string{"inspect", "acme"}, "want TENANT KEY, got 1 argument"},
 		{[]string{"inspect", "acme", "k1", "-json"}, "flag -json must come before the arguments"},
 		{[]string{"stats", "extra"}, "takes no arguments"},
-		{[]string{"list"}, "exactly one of -stuck, -unknown and -dead"},
-		{[]string{"list", "-stuck", "-dead"}, "exactly one of -stuck, -unknown and -dead"},
-		{[]string{"list", "-dead", "-stuck-after", "5m"}, "-stuck-after applies only to -stuck"},
+		{[]string{"list", "-stuck", "-dead"}, "at most one of -state, -stuck, -unknown and -dead"},
+		{[]string{"list", "-state", "dead", "-unknown"}, "at most one of -state, -stuck, -unknown and -dead"},
+		{[]string{"list", "-state", "bogus"}, `unknown state "bogus"`},
+		{[]string{"list", "-dead", "-stuck-after", "5m"}, "-stuck-after applies only to the stuck and waiting states"},
+		{[]string{"resolve", "acme", "k1"}, "pass -at"},
+		{[]string{"resolve", "-at", "charged", "acme", "k1"}, "exactly one of -happened and -not-happened"},
+		{[]string{"resolve", "-at", "charged", "-happened", "-output", "{", "acme", "k1"}, "-happened needs -output"},
+		{[]string{"bulk"}, "exactly one of -retry and -unlock"},
+		{[]string{"bulk", "-unlock", "-confirm-unknown"}, "-confirm-unknown applies only to -retry"},
 		{[]string{"list", "-dead", "-limit", "0"}, "-limit must be positive"},
 		{[]string{"list", "-stuck", "-stuck-after", "soon"}, "invalid value"},
 		{[]string{"reap", "-retention", "0s"}, "-retention and -batch must be positive"},
@@ -271,6 +278,43 @@ func TestUnreachableDatabaseExitsOne(t *testing.T) {
 	}
 }
 
+// Every command but migrate on a database that was never migrated says
+// to run atomicphase migrate, after Postgres's own error.
+func TestCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	if _, err := db.Exec(context.Background(), "CREATE SCHEMA unmigrated"); err != nil {
+		t.Fatal(err)
+	}
+	empty := withSearchPath(t, dsn, "unmigrated")
+	for _, args := range [][]string{{"stats"}, {"list", "-stuck"}, {"inspect", "acme", "k1"}, {"reap", "-dry-run"}} {
+		r := runCLI(t, empty, args...)
+		if r.code != exitError || !strings.Contains(r.stderr, "42P01") ||
+			!strings.Contains(r.stderr, "no atomicphase schema") || !strings.Contains(r.stderr, "atomicphase migrate") {
+			t.Errorf("atomicphase %q on an unmigrated database = %d, want 1 with a hint to run atomicphase migrate:\n%s", args, r.code, r.stderr)
+		}
+	}
+}
+
+// A database that does not exist, reached over TCP where pgx first asks
+// for TLS, is reported by the server's answer, not by the refused TLS
+// attempt that came before it.
+func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgconn.ParseConfig(pgtest.Server(t).AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pgtest.TCPAddr(t)
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(cfg.User, cfg.Password), Host: addr, Path: "/no_such_database",
+		RawQuery: "sslmode=prefer&connect_timeout=10"}
+	r := runCLI(t, u.String(), "stats")
+	first, _, _ := strings.Cut(r.stderr, "\n")
+	if r.code != exitError || !strings.Contains(first, `database "no_such_database" does not exist`) || strings.Contains(first, "TLS") {
+		t.Fatalf("stats on a missing database over TCP = %d, want 1 naming the database first:\n%s", r.code, r.stderr)
+	}
+}
+
 func TestDatabaseURLFlagOverridesTheEnvironment(t *testing.T) {
 	t.Parallel()
 	dsn, _ := setup(t)
@@ -304,9 +348,9 @@ func TestListShowsStuckUnknownAndDeadKeys(t *testing.T) {
 		{[]string{"-dead", "-limit", "1"}, []string{"dead-2"}},
 		{[]string{"-unknown"}, []string{"unknown-1"}},
 	} {
-		keys := decode[[]keyrow.Row](t, ok(t, dsn, append([]string{"list", "-json"}, tc.args...)...))
+		page := decode[keyrow.Page](t, ok(t, dsn, append([]string{"list", "-json"}, tc.args...)...))
 		var got []string
-		for _, k := range keys {
+		for _, k := range page.Keys {
 			got = append(got, k.Key)
 		}
 		if !slices.Equal(got, tc.want) {
@@ -327,14 +371,23 @@ func TestListShowsStuckUnknownAndDeadKeys(t *testing.T) {
 	if out := ok(t, dsn, "list", "-dead"); !strings.Contains(out, "card declined") || !strings.Contains(out, "charged") {
 		t.Errorf("list -dead does not show the recovery point and last error:\n%s", out)
 	}
-	if out := ok(t, dsn, "list", "-dead", "-limit", "2"); !strings.Contains(out, "pass -limit to see more") {
-		t.Errorf("a full page does not say there may be more:\n%s", out)
+	out := ok(t, dsn, "list", "-dead", "-limit", "1")
+	_, cursor, found := strings.Cut(strings.TrimSpace(out), "pass -after ")
+	if !found {
+		t.Fatalf("a page with more after it does not say how to get them:\n%s", out)
+	}
+	cursor, _, _ = strings.Cut(cursor, " ")
+	if out := ok(t, dsn, "list", "-dead", "-limit", "1", "-after", cursor); !strings.Contains(out, "dead-1") || strings.Contains(out, "-after") {
+		t.Errorf("the second and last page:\n%s", out)
 	}
 	if out := ok(t, dsn, "list", "-stuck", "-stuck-after", "1h"); out != "no stuck keys idle for more than 1h0m0s\n" {
 		t.Errorf("empty list = %q", out)
 	}
-	if out := ok(t, dsn, "list", "-stuck", "-stuck-after", "1h", "-json"); strings.TrimSpace(out) != "[]" {
-		t.Errorf("empty list -json = %q, want []", out)
+	if page := decode[keyrow.Page](t, ok(t, dsn, "list", "-stuck", "-stuck-after", "1h", "-json")); page.Keys == nil || len(page.Keys) != 0 || page.Next != "" {
+		t.Errorf("empty list -json = %+v, want no keys and no next page", page)
+	}
+	if out := ok(t, dsn, "list", "-tenant", "acme", "-key-prefix", "dead-", "-json"); len(decode[keyrow.Page](t, out).Keys) != 2 {
+		t.Errorf("list -tenant acme -key-prefix dead- = %s, want the two dead keys", out)
 	}
 }
 
@@ -486,6 +539,7 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 		keyIn(t, db, "acme", key, state)
 	}
 	age(t, db, "acme", "stuck", "last_run_at = now() - interval '2 minutes'")
+	age(t, db, "acme", "declined", "definition = 'next'")
 	var rows int
 	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM idempotency_keys").Scan(&rows); err != nil {
 		t.Fatal(err)
@@ -495,6 +549,12 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	want := keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 1, Stuck: 1, Unknown: 1, Dead: 1}
 	if got.Counts != want || got.Total != rows {
 		t.Fatalf("stats -json = %+v, want %+v and a total of %d", got, want, rows)
+	}
+	// The unfinished keys by definition: four stored before definitions
+	// (two of them on hold), one under the next.
+	if d := got.Definitions; len(d) != 2 || d[0].Definition != "" || d[0].Unfinished != 4 || d[0].Held != 2 ||
+		d[1].Definition != "next" || d[1].Unfinished != 1 || d[1].Held != 0 {
+		t.Fatalf("stats -json definitions = %+v", d)
 	}
 	for _, tc := range []struct {
 		stuckAfter     string
@@ -508,7 +568,8 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 	}
 	text := ok(t, dsn, "stats")
 	for _, want := range []string{"finished   1", "in flight  1", "waiting    1  idle for at most 1m0s",
-		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6"} {
+		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6",
+		"unfinished keys by workflow definition:", "next        1           0"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("stats output lacks %q:\n%s", want, text)
 		}
@@ -658,7 +719,7 @@ func TestStatsListAndUnlockThroughPgBouncer(t *testing.T) {
 		t.Errorf("stats -json = %+v, want %+v", got.Counts, want)
 	}
 	for _, tc := range []struct{ flag, key string }{{"-stuck", "stuck"}, {"-dead", "dead"}} {
-		keys := decode[[]keyrow.Row](t, ok(t, dsn, "list", "-json", tc.flag))
+		keys := decode[keyrow.Page](t, ok(t, dsn, "list", "-json", tc.flag)).Keys
 		if len(keys) != 1 || keys[0].Key != tc.key {
 			t.Errorf("list %s = %+v, want key %s alone", tc.flag, keys, tc.key)
 		}
@@ -668,5 +729,58 @@ func TestStatsListAndUnlockThroughPgBouncer(t *testing.T) {
 	}
 	if out, row := acquire(t, db, "acme", "paying"); out != store.Resumed {
 		t.Fatalf("acquire after unlock through the bouncer = %v at %q, want resumed", out, row.RecoveryPoint)
+	}
+}
+
+func TestResolveRecordsTheResolutionAndAuditsItUnderTheActor(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "unknown")
+
+	r := runCLI(t, dsn, "resolve", "-at", keyrow.Started, "-not-happened", "acme", "order-1")
+	if r.code != exitError || !strings.Contains(r.stderr, "not held as unknown at recovery point") {
+		t.Fatalf("resolve at a point the key left = %d:\n%s", r.code, r.stderr)
+	}
+	if r := runCLI(t, dsn, "resolve", "-at", "charged", "-not-happened", "acme", "missing"); r.code != exitNotFound {
+		t.Fatalf("resolve of a missing key = %d, want %d", r.code, exitNotFound)
+	}
+	out := ok(t, dsn, "resolve", "-actor", "alice", "-at", "charged", "-happened", "-output", `{"id":"ch_7"}`, "acme", "order-1")
+	if !strings.Contains(out, "happened") {
+		t.Fatalf("resolve output:\n%s", out)
+	}
+	if res := stored(t, db, "acme", "order-1").Resolution; res == nil || !res.Happened || string(res.Output) != `{"id": "ch_7"}` {
+		t.Fatalf("stored resolution = %+v", res)
+	}
+	entries := decode[[]keyrow.AuditEntry](t, ok(t, dsn, "audit", "-json"))
+	if len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionResolve || entries[0].Key != "order-1" {
+		t.Fatalf("audit = %+v, want alice's resolution", entries)
+	}
+	if out := ok(t, dsn, "audit"); !strings.Contains(out, "alice") || !strings.Contains(out, "resolved:happened") {
+		t.Fatalf("audit text:\n%s", out)
+	}
+}
+
+func TestBulkRetryCountsFirstAndActsOnlyWithYes(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	for _, key := range []string{"dead-1", "dead-2"} {
+		keyIn(t, db, "acme", key, "dead")
+	}
+	keyIn(t, db, "acme", "unknown-1", "unknown")
+
+	if out := ok(t, dsn, "bulk", "-retry", "-tenant", "acme"); !strings.Contains(out, "2 keys would change; pass -yes") {
+		t.Fatalf("bulk preview:\n%s", out)
+	}
+	if hold := stored(t, db, "acme", "dead-1").Hold; hold != keyrow.HoldDead {
+		t.Fatalf("the preview changed a key's hold to %q", hold)
+	}
+	got := decode[bulkReport](t, ok(t, dsn, "bulk", "-json", "-retry", "-yes", "-confirm-unknown", "-tenant", "acme"))
+	if !got.Applied || got.Keys != 3 {
+		t.Fatalf("bulk -retry -yes -confirm-unknown = %+v, want 3 keys changed", got)
+	}
+	for _, key := range []string{"dead-1", "dead-2", "unknown-1"} {
+		if hold := stored(t, db, "acme", key).Hold; hold != "" {
+			t.Errorf("%s: hold %q after bulk retry", key, hold)
+		}
 	}
 }

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"log"
+	"net"
 	"net/http"
 	"os"
 
@@ -20,6 +21,8 @@ type State struct{ OrderID int64 }
 
 func main() {
 	ctx := context.Background()
+	ln, err := net.Listen("tcp", "localhost:8080")
+	check(err) // the port is taken: exit 1 before touching the database
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	check(err)
 	check(atomicphase.Migrate(ctx, pool)) // the idempotency_keys table
@@ -48,8 +51,10 @@ func main() {
 	})
 	check(err)
 	check(client.Start(ctx)) // finishes requests whose client gave up; deletes expired keys
-	defer client.Stop(ctx)
-	log.Print(http.ListenAndServe("localhost:8080", handler))
+	log.Print("serving on http://localhost:8080")
+	err = http.Serve(ln, handler)
+	client.Stop(ctx)
+	log.Fatal(err)
 }
 
 // charge stands in for a payment provider that honours idempotency keys.

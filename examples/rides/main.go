@@ -117,7 +117,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	fs := exampleprog.Flags("rides serve", serveDoc, stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
-	stripeURL := fs.String("stripe-url", ride.DefaultStripeURL, "Stripe API base URL (the fake Stripe, stripe-mock, or Stripe)")
+	stripeURL := fs.String("stripe-url", "", "Stripe API base `URL`, required: the fake Stripe's (rides fakestripe), stripe-mock's,\nor https://api.stripe.com with -stripe-key")
 	stripeKey := exampleprog.SecretString(fs, "stripe-key", "STRIPE_API_KEY", "sk_test_rides", "Stripe secret `key` (default $STRIPE_API_KEY, or sk_test_rides when it is empty)")
 	lockTTL := fs.Duration("lock-ttl", 0, "idempotency key lease (default 90s)")
 	crashRate := fs.Float64("crash-rate", 0, "probability of a simulated crash at each fault point (for chaos testing)")
@@ -127,9 +127,16 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
 	accept := fs.Bool("accept", false, "answer 202 Accepted once the ride is created, with its status at GET /rides/status/{key},\nand charge in the background")
+	fraudCheck := fs.Bool("fraud-check", false, "serve the workflow's next definition, which checks for fraud before the charge;\nrides started under the first one finish under it")
 	pollOnly := fs.Bool("poll-only", false, "River polls instead of using LISTEN/NOTIFY: needed behind PgBouncer in transaction pooling mode\n(whose URL also needs default_query_exec_mode=cache_describe)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
+	}
+	if *stripeURL == "" {
+		// No default: a demo that quietly charged through the real Stripe
+		// API, or failed to reach it, would surprise either way.
+		fmt.Fprintln(stderr, "rides serve: -stripe-url is required: the fake Stripe's URL (start it with rides fakestripe), stripe-mock's, or https://api.stripe.com with -stripe-key")
+		return exampleprog.ErrUsage
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -161,6 +168,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		WithoutWorker: *noWorker,
 		PollOnly:      *pollOnly,
 		Accept:        *accept,
+		FraudCheck:    *fraudCheck,
 	}
 	if *noCompleter {
 		cfg.Client.Completer.Interval = -1

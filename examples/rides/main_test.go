@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
@@ -343,9 +345,131 @@ func TestServeFailsAtOnceOnAnAddressInUse(t *testing.T) {
 	defer ln.Close()
 	var out bytes.Buffer
 	// No database at all: the address must be refused before one is needed.
-	code := program.Run(context.Background(), []string{"serve", "-addr", ln.Addr().String(), "-database-url", "postgres://nobody@127.0.0.1:1/none"}, &out, &out)
+	code := program.Run(context.Background(), []string{"serve", "-addr", ln.Addr().String(), "-database-url", "postgres://nobody@127.0.0.1:1/none", "-stripe-url", "http://127.0.0.1:1"}, &out, &out)
 	if want := fmt.Sprintf("rides: listen tcp %s: bind: address already in use\n", ln.Addr()); code != 1 || out.String() != want {
 		t.Errorf("exited %d with %q, want 1 with %q", code, out.String(), want)
+	}
+}
+
+// serve has no default Stripe: without -stripe-url it says what to give
+// and exits 2 before it listens or connects, instead of sending charges to
+// the real Stripe API.
+func TestServeRequiresAStripeURL(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close() // an address in use: serve must complain of the flag first
+	var out bytes.Buffer
+	code := program.Run(context.Background(), []string{"serve", "-addr", ln.Addr().String(), "-database-url", "postgres://nobody@127.0.0.1:1/none"}, &out, &out)
+	if code != 2 || !strings.Contains(out.String(), "-stripe-url is required") || !strings.Contains(out.String(), "rides fakestripe") {
+		t.Errorf("serve without -stripe-url exited %d with %q, want 2 naming -stripe-url and the fake Stripe", code, out.String())
+	}
+}
+
+// rawRequest sends request to addr as bytes, so that a test can send what
+// Go's HTTP client would not, and returns the problem answered.
+func rawRequest(t *testing.T, addr, request string) (*http.Response, problem) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, request); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%.40q: %v", request, err)
+	}
+	defer res.Body.Close()
+	var p problem
+	if err := json.NewDecoder(res.Body).Decode(&p); err != nil {
+		t.Fatalf("%.40q: %d, not a problem: %v", request, res.StatusCode, err)
+	}
+	return res, p
+}
+
+// problem is the part of a problem+json answer the tests read.
+type problem struct {
+	Type   string
+	Status int
+	Detail string
+}
+
+func rideRequest(authorization, key string) string {
+	body := "origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"
+	return "POST /rides HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n" +
+		"Authorization: " + authorization + "\r\nIdempotency-Key: " + key + "\r\n" +
+		fmt.Sprintf("Content-Length: %d\r\nConnection: close\r\n\r\n", len(body)) + body
+}
+
+// An Authorization header that is not UTF-8 is the client's mistake, which
+// no retry can mend: 400, not the 503 that Postgres refusing the lookup
+// would give.
+func TestServeRefusesAnAuthorizationThatIsNotUTF8(t *testing.T) {
+	t.Parallel()
+	addr := freeAddr(t)
+	c := start(t, "serve", "-addr", addr, "-database-url", pgtest.DSN(t), "-stripe-url", "http://127.0.0.1:1", "-no-worker")
+	c.waitListening(t, addr)
+	res, p := rawRequest(t, addr, rideRequest("user\xff@example.com", "not-utf8"))
+	if res.StatusCode != http.StatusBadRequest || p.Type != "urn:atomicphase:problem:invalid-request" || !strings.Contains(p.Detail, "UTF-8") {
+		t.Errorf("Authorization with byte 0xFF: %d %+v, want 400 invalid-request saying UTF-8", res.StatusCode, p)
+	}
+}
+
+// When the store is down while the rider is looked up, the answer is the
+// library's outage answer: 503, store-unavailable, Retry-After; and once
+// the store is back the same request succeeds.
+func TestServeAnswersAnOutageDuringTheRiderLookupAsStoreUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	addr := freeAddr(t)
+	c := start(t, "serve", "-addr", addr, "-database-url", dsn, "-stripe-url", "http://127.0.0.1:1",
+		"-no-worker", "-no-completer", "-no-reaper")
+	c.waitListening(t, addr)
+
+	// The outage: the database takes no new connections, and its sessions
+	// end. The switch is thrown from the server's admin database.
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, pgtest.Server(t).AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) }) // after the outage's end, below
+	db := cfg.Database
+	outage := func(down bool) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %q ALLOW_CONNECTIONS %t`, db, !down)); err != nil {
+			t.Fatal(err)
+		}
+		if down {
+			_, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, db)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	outage(true)
+	t.Cleanup(func() { outage(false) })
+	res, p := rawRequest(t, addr, rideRequest(ride.UserEmail, "outage-1"))
+	if res.StatusCode != http.StatusServiceUnavailable || p.Type != "urn:atomicphase:problem:store-unavailable" || res.Header.Get("Retry-After") == "" {
+		t.Errorf("rider lookup during the outage: %d %+v (Retry-After %q), want 503 store-unavailable with Retry-After",
+			res.StatusCode, p, res.Header.Get("Retry-After"))
+	}
+	outage(false)
+	// The same request after the outage reaches the workflow: its charge
+	// fails (no Stripe at -stripe-url), which is a 5xx of the workflow's
+	// own, not the lookup's.
+	res, p = rawRequest(t, addr, rideRequest(ride.UserEmail, "outage-1"))
+	if p.Type == "urn:atomicphase:problem:store-unavailable" || res.StatusCode < 500 {
+		t.Errorf("the same request after the outage: %d %+v, want it past the rider lookup", res.StatusCode, p)
 	}
 }
 
@@ -357,7 +481,7 @@ func TestServeThroughPgBouncer(t *testing.T) {
 	ctx := context.Background()
 	bouncer := pgtest.BouncerDSN(t)
 	var refused bytes.Buffer
-	code := program.Run(ctx, []string{"serve", "-addr", freeAddr(t), "-database-url", bouncer, "-poll-only"}, &refused, &refused)
+	code := program.Run(ctx, []string{"serve", "-addr", freeAddr(t), "-database-url", bouncer, "-stripe-url", "http://127.0.0.1:1", "-poll-only"}, &refused, &refused)
 	if code != 1 || !strings.Contains(refused.String(), "default_query_exec_mode=cache_describe") {
 		t.Fatalf("serve through the bouncer in pgx's default mode exited %d, want 1 saying which mode to set:\n%s", code, refused.String())
 	}

@@ -1,3 +1,5 @@
+//go:build otel
+
 package main
 
 import (
@@ -25,7 +27,10 @@ import (
 // otlpEndpointEnv turns telemetry on: the OTLP/HTTP endpoint of a
 // collector, such as http://localhost:4318. The exporters also read the
 // other OTEL_EXPORTER_OTLP_* variables (headers, TLS, timeouts), and the
-// resource OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+// resource OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES. The exporters
+// are compiled in only with the build tag otel (go run -tags otel), because
+// they and their gRPC and protobuf dependencies double the modules and the
+// time of a first build.
 const otlpEndpointEnv = "OTEL_EXPORTER_OTLP_ENDPOINT"
 
 // telemetry exports the API's traces and metrics over OTLP/HTTP. The zero

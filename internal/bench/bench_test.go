@@ -12,6 +12,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -255,13 +256,17 @@ func name(k Kind) string { return strings.ReplaceAll(k.String(), " ", "-") }
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// BenchmarkCounts measures the statement behind Client.Counts and the keys
-// gauges, which scans the keys table, with 10 thousand and, when
-// ATOMICPHASE_BENCH_LARGE is set, a million finished keys in the table.
+// BenchmarkCounts measures the operator's reads on a table of 10 thousand
+// and, when ATOMICPHASE_BENCH_LARGE is set, 10 million finished keys (plus
+// a few unfinished ones, as in steady state): Client.Counts, which counts
+// the unfinished keys from the partial indexes and estimates the finished
+// ones of a large table from its statistics; the first page of every key,
+// the page after its first 20 000 keys, reached by its cursor; and the first page of
+// one state's keys.
 func BenchmarkCounts(b *testing.B) {
 	sizes := []int{10_000}
 	if os.Getenv(envLarge) != "" {
-		sizes = append(sizes, 1_000_000)
+		sizes = append(sizes, 10_000_000)
 	}
 	for _, rows := range sizes {
 		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
@@ -270,10 +275,38 @@ func BenchmarkCounts(b *testing.B) {
 			if err := env.LoadFinished(ctx, rows, 0); err != nil {
 				b.Fatal(err)
 			}
-			for b.Loop() {
-				if _, err := store.Count(ctx, env.Pool, time.Minute); err != nil {
+			// A hundred dead keys among them.
+			if _, err := env.Pool.Exec(ctx, `UPDATE idempotency_keys SET hold = 'dead', finished_at = NULL,
+				recovery_point = 'started' WHERE id IN (SELECT id FROM idempotency_keys ORDER BY id LIMIT 100)`); err != nil {
+				b.Fatal(err)
+			}
+			deep := keyrow.ListFilter{}
+			for range 20 {
+				page, err := store.List(ctx, env.Pool, keyrow.ListFilter{After: deep.After, Limit: 1000})
+				if err != nil {
 					b.Fatal(err)
 				}
+				deep.After = page.Next
+			}
+			for _, bc := range []struct {
+				name string
+				op   func() error
+			}{
+				{"counts", func() error { _, err := store.Count(ctx, env.Pool, time.Minute); return err }},
+				{"list-first-page", func() error { _, err := store.List(ctx, env.Pool, keyrow.ListFilter{}); return err }},
+				{"list-page-after-20000-keys", func() error { _, err := store.List(ctx, env.Pool, deep); return err }},
+				{"list-dead", func() error {
+					_, err := store.List(ctx, env.Pool, keyrow.ListFilter{State: keyrow.StateDead})
+					return err
+				}},
+			} {
+				b.Run(bc.name, func(b *testing.B) {
+					for b.Loop() {
+						if err := bc.op(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package exampleprog
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -100,6 +101,14 @@ func OpenDatabase(ctx context.Context, d Database) (pool *pgxpool.Pool, closeDB 
 	}
 	if err != nil {
 		stop()
+		// When the server answered, its answer is the cause (a database
+		// that does not exist, a refused login); pgx lists it after the
+		// attempts before it, such as the TLS that sslmode=prefer asks
+		// for first and a server without TLS refuses.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			err = pgErr
+		}
 		return nil, nil, fmt.Errorf("connect to %s: %w", where, err)
 	}
 	if d.Migrate != nil {

@@ -7,12 +7,18 @@ import (
 	"flag"
 	"io"
 	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // greet is a program whose demo command greets -name and whose fail
 // command fails.
@@ -170,6 +176,23 @@ func TestOpenDatabaseSaysWhereAndGivesUpOnASilentServer(t *testing.T) {
 	}
 	if took > 30*time.Second {
 		t.Errorf("gave up after %v, want about connect_timeout", took)
+	}
+}
+
+// A database that does not exist, on a server reached over TCP where pgx
+// first asks for TLS, is reported by the server's answer, without the
+// refused TLS attempt before it.
+func TestOpenDatabaseReportsTheServersAnswer(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgconn.ParseConfig(pgtest.Server(t).AdminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(cfg.User, cfg.Password), Host: pgtest.TCPAddr(t),
+		Path: "/no_such_database", RawQuery: "sslmode=prefer&connect_timeout=10"}
+	_, _, err = exampleprog.OpenDatabase(context.Background(), exampleprog.Database{URL: u.String()})
+	if err == nil || !strings.Contains(err.Error(), `database "no_such_database" does not exist`) || strings.Contains(err.Error(), "TLS") {
+		t.Fatalf("error %v, want the server's answer alone", err)
 	}
 }
 

@@ -281,10 +281,25 @@ type binaries struct {
 	initdb, postgres string
 }
 
-// findBinaries looks for initdb and postgres side by side: on PATH, in
-// pg_config --bindir, and in the versioned directories Debian and Red Hat
-// packages install them to without putting them on PATH.
+// EnvBinDir names the environment variable holding the directory of the
+// PostgreSQL server binaries to run (initdb and postgres, side by side).
+// When it is set, [Start] looks nowhere else, so that one of several
+// installed versions can be chosen, or the local binaries hidden by naming
+// a directory without them.
+const EnvBinDir = "ATOMICPHASE_POSTGRES_BINDIR"
+
+// findBinaries looks for initdb and postgres side by side: in the directory
+// EnvBinDir names when it is set, or else on PATH, in pg_config --bindir,
+// and in the versioned directories Debian and Red Hat packages install them
+// to without putting them on PATH.
 func findBinaries() (binaries, error) {
+	if dir := os.Getenv(EnvBinDir); dir != "" {
+		b := binariesIn(dir)
+		if !isExecutable(b.initdb) || !isExecutable(b.postgres) {
+			return binaries{}, fmt.Errorf("pgcluster: initdb and postgres not found in %s, which %s names", dir, EnvBinDir)
+		}
+		return b, nil
+	}
 	var dirs []string
 	if path, err := exec.LookPath("postgres"); err == nil {
 		dirs = append(dirs, filepath.Dir(path))
@@ -299,12 +314,16 @@ func findBinaries() (binaries, error) {
 		dirs = append(dirs, matches...)
 	}
 	for _, dir := range dirs {
-		b := binaries{initdb: filepath.Join(dir, "initdb"), postgres: filepath.Join(dir, "postgres")}
+		b := binariesIn(dir)
 		if isExecutable(b.initdb) && isExecutable(b.postgres) {
 			return b, nil
 		}
 	}
 	return binaries{}, errors.New("pgcluster: initdb and postgres not found on PATH, in pg_config --bindir, or under /usr/lib/postgresql")
+}
+
+func binariesIn(dir string) binaries {
+	return binaries{initdb: filepath.Join(dir, "initdb"), postgres: filepath.Join(dir, "postgres")}
 }
 
 // majorVersion returns the major version in a path such as

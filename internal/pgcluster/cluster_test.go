@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -111,6 +112,62 @@ func TestClusterStopRemovesEverything(t *testing.T) {
 	}
 }
 
+// TestBinDirIsTheOnlyPlaceLooked checks that a directory named by EnvBinDir
+// without the server binaries fails Start, even though binaries are
+// installed elsewhere on the machine, and that the error names the variable.
+func TestBinDirIsTheOnlyPlaceLooked(t *testing.T) {
+	t.Setenv(EnvBinDir, t.TempDir())
+	c, err := Start(context.Background())
+	if err == nil {
+		c.Stop()
+		t.Fatalf("Start with %s naming an empty directory succeeded", EnvBinDir)
+	}
+	if !strings.Contains(err.Error(), EnvBinDir) {
+		t.Errorf("Start error does not name %s: %v", EnvBinDir, err)
+	}
+}
+
+// TestBinDirChoosesTheBinaries checks that a cluster runs the initdb and
+// postgres of the directory EnvBinDir names.
+func TestBinDirChoosesTheBinaries(t *testing.T) {
+	found, err := findBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A directory of links to them, readable by the postgres OS user that
+	// the server runs as under root.
+	dir, err := os.MkdirTemp("", "pgcluster-bindir-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{found.initdb, found.postgres} {
+		target, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(dir, filepath.Base(path))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv(EnvBinDir, dir)
+	c := startCluster(t)
+	if want := filepath.Join(dir, "postgres"); c.bins.postgres != want {
+		t.Errorf("cluster runs %s, want %s", c.bins.postgres, want)
+	}
+	conn, err := pgx.Connect(context.Background(), c.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.Ping(context.Background()); err != nil {
+		t.Error(err)
+	}
+}
+
 // helperEnv makes the test binary run TestHelperProcess as a cluster owner
 // that TestClusterDiesWithKilledOwner kills.
 const helperEnv = "PGCLUSTER_HELPER_PROCESS"
@@ -137,6 +194,7 @@ func TestHelperProcess(t *testing.T) {
 
 func TestClusterAndBouncerDieWithKilledOwner(t *testing.T) {
 	t.Parallel()
+	needBouncer(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	cmd.Stderr = os.Stderr

@@ -13,7 +13,9 @@
 //
 // [Start] runs initdb and postgres found side by side on PATH, in
 // pg_config --bindir, or under /usr/lib/postgresql/*/bin or
-// /usr/pgsql-*/bin, newest major version first. Running as root, it runs them
+// /usr/pgsql-*/bin, newest major version first; or, when the environment
+// variable ATOMICPHASE_POSTGRES_BINDIR ([EnvBinDir]) names a directory, only
+// there. Running as root, it runs them
 // as the OS user postgres, because both refuse to run as root.
 //
 // A [Cluster] listens only on a Unix socket in its own temporary directory,

@@ -8,10 +8,22 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/atomicphase/atomicphase/internal/testenv"
 )
+
+// needBouncer skips or fails t, as testenv decides, when the pgbouncer
+// program is missing.
+func needBouncer(t *testing.T) {
+	t.Helper()
+	if _, err := findBouncer(); err != nil {
+		testenv.SkipWithout(t, "pgbouncer", err)
+	}
+}
 
 func startBouncer(t *testing.T, c *Cluster, poolSize int) *Bouncer {
 	t.Helper()
+	needBouncer(t)
 	b, err := StartBouncer(context.Background(), BouncerConfig{Server: c.DSN("postgres"), PoolSize: poolSize})
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +49,7 @@ func backendPID(t *testing.T, conn *pgx.Conn) uint32 {
 func TestBouncerHandsServerSessionsFromTransactionToTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	needBouncer(t) // before the cluster: skipping should cost nothing
 	b := startBouncer(t, startCluster(t), 4)
 	connect := func() *pgx.Conn {
 		conn, err := pgx.Connect(ctx, b.DSN("postgres"))
@@ -84,6 +97,7 @@ func TestBouncerHandsServerSessionsFromTransactionToTransaction(t *testing.T) {
 
 func TestBouncerStopRemovesEverything(t *testing.T) {
 	t.Parallel()
+	needBouncer(t)
 	ctx := context.Background()
 	c := startCluster(t)
 	b, err := StartBouncer(ctx, BouncerConfig{Server: c.DSN("postgres")})

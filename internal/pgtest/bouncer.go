@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
+	"github.com/atomicphase/atomicphase/internal/testenv"
 )
 
 // Bouncer is a PgBouncer in transaction pooling mode, as described by
@@ -22,18 +23,17 @@ type Bouncer = pgcluster.Bouncer
 // reached through the PgBouncer that the tests of this binary share, in
 // transaction pooling mode in front of the shared server: each transaction
 // runs on whichever of the database's few server sessions is free. The
-// first call starts the bouncer; if it cannot start (pgbouncer is not
-// installed, say), t fails saying how to install it.
+// first call starts the bouncer. Without the pgbouncer program t is skipped
+// in one line saying how to install it, or fails when the environment
+// requires pgbouncer ([testenv.RequireEnv]); other failures to start it
+// fail t.
 //
 // The DSN sets no query exec mode: pgx's default, cache_statement, fails
 // behind the bouncer, which is what a test of that failure wants.
 // BouncerPool sets the mode a pool needs.
 func BouncerDSN(t testing.TB) string {
 	t.Helper()
-	b, err := sharedBouncer()
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := SharedBouncer(t)
 	cfg, err := pgconn.ParseConfig(DSN(t))
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
@@ -63,10 +63,14 @@ func BouncerPoolWith(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Poo
 
 // SharedBouncer returns the bouncer that BouncerDSN's databases are reached
 // through, starting it if no test has yet, for a test that reads its admin
-// console.
+// console or builds DSNs of its own; without the pgbouncer program it skips
+// or fails t as BouncerDSN does.
 func SharedBouncer(t testing.TB) *Bouncer {
 	t.Helper()
 	b, err := sharedBouncer()
+	if errors.Is(err, pgcluster.ErrNoBouncer) {
+		testenv.SkipWithout(t, "pgbouncer", pgcluster.ErrNoBouncer)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +89,8 @@ type Route struct {
 
 // Routes returns the ways tests of convergence reach their databases:
 // directly (PoolWith), and through PgBouncer in transaction pooling mode
-// (BouncerPoolWith).
+// (BouncerPoolWith, which skips the test's pgbouncer subtest on a machine
+// without the pgbouncer program).
 func Routes() []Route {
 	return []Route{{Name: "direct", PoolWith: PoolWith}, {Name: "pgbouncer", PoolWith: BouncerPoolWith}}
 }

@@ -26,7 +26,9 @@
 //     binaries on this machine (initdb and postgres on PATH, in
 //     pg_config --bindir, or under /usr/lib/postgresql). It listens only on
 //     a Unix socket in a temporary directory and runs with durability turned
-//     off.
+//     off. The environment variable ATOMICPHASE_POSTGRES_BINDIR
+//     ([pgcluster.EnvBinDir]) names the one directory to take them from, to
+//     test against another PostgreSQL version; Docker is then not tried.
 //
 // When none works, the test fails with a message naming all three fixes; it
 // is never skipped.
@@ -43,8 +45,10 @@
 // database's few server sessions is free. It is started in front of the
 // shared server, whichever source that came from (an external server from
 // EnvDSN included, with the login EnvDSN names), from the pgbouncer program
-// (Debian and Ubuntu: apt-get install pgbouncer); without it those tests
-// fail saying so. [Routes] runs a test both ways.
+// (Debian and Ubuntu: apt-get install pgbouncer). Without it those tests
+// skip in one line saying so, unless ATOMICPHASE_TEST_REQUIRE lists
+// pgbouncer ([testenv.RequireEnv]), as CI does: then they fail. [Routes]
+// runs a test both ways.
 //
 // # Cleanup
 //

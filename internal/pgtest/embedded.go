@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
@@ -31,9 +32,15 @@ type throwaway struct {
 
 // startThrowaway starts a container when Docker is healthy and a Cluster
 // otherwise. A container that fails to start (an image that cannot be
-// pulled, say) also falls back to a Cluster.
+// pulled, say) also falls back to a Cluster. When pgcluster.EnvBinDir names
+// the server binaries to run, Docker is not tried: the caller chose them.
 func startThrowaway(ctx context.Context, mentionEnv bool) (throwaway, error) {
-	dockerErr := dockerHealthy(ctx)
+	var dockerErr error
+	if os.Getenv(pgcluster.EnvBinDir) != "" {
+		dockerErr = fmt.Errorf("not tried: %s is set", pgcluster.EnvBinDir)
+	} else {
+		dockerErr = dockerHealthy(ctx)
+	}
 	if dockerErr == nil {
 		tw, err := startContainer(ctx)
 		if err == nil {

@@ -8,7 +8,6 @@ import (
 	"github.com/georgysavva/scany/v2/pgxscan"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // ClaimParams selects the unfinished keys the completer may take.
@@ -257,28 +256,3 @@ func Expire(ctx context.Context, q Querier, workflow string, retention time.Dura
 const stuckWhere = `finished_at IS NULL AND hold IS NULL
     AND (lock_expires_at IS NULL OR lock_expires_at <= now())
     AND last_run_at <= now() - $1::interval`
-
-// countSQL puts every key in exactly one state: finished, held (unknown or
-// dead), in flight (live lease), and the rest split by idleness into stuck
-// and waiting.
-const countSQL = `
-SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
-       count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()),
-       count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL
-                          AND (lock_expires_at IS NULL OR lock_expires_at <= now())
-                          AND last_run_at > now() - $1::interval),
-       count(*) FILTER (WHERE ` + stuckWhere + `),
-       count(*) FILTER (WHERE finished_at IS NULL AND hold = 'unknown'),
-       count(*) FILTER (WHERE finished_at IS NULL AND hold = 'dead')
-FROM idempotency_keys`
-
-// Count returns how many keys are in each state; a key counts as stuck once
-// idle for stuckAfter.
-func Count(ctx context.Context, q Querier, stuckAfter time.Duration) (keyrow.Counts, error) {
-	var c keyrow.Counts
-	err := q.QueryRow(ctx, countSQL, stuckAfter).Scan(&c.Finished, &c.InFlight, &c.Waiting, &c.Stuck, &c.Unknown, &c.Dead)
-	if err != nil {
-		return c, fmt.Errorf("store: count: %w", err)
-	}
-	return c, nil
-}

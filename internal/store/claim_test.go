@@ -101,7 +101,7 @@ func TestBuryGivesUpOnlyOnIdleKeysTheCompleterFailedEnough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := keysOf(dead), []string{"abandoned", "abandoned-more"}; n != 2 || !slices.Equal(slices.Sorted(slices.Values(got)), want) {
+	if got, want := keysOf(dead.Keys), []string{"abandoned", "abandoned-more"}; n != 2 || !slices.Equal(slices.Sorted(slices.Values(got)), want) {
 		t.Fatalf("bury moved %d keys, dead are %q; want %q", n, got, want)
 	}
 	if info := inspect(t, db, "acme", "client-retried"); info.Hold != "" || info.Attempts != 10 || info.Failures != 0 {

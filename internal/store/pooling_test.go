@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -10,6 +11,7 @@ import (
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/internal/testenv"
 )
 
 func TestProbePoolingTellsTransactionPoolingFromSessionPooling(t *testing.T) {
@@ -17,6 +19,9 @@ func TestProbePoolingTellsTransactionPoolingFromSessionPooling(t *testing.T) {
 	ctx := context.Background()
 	// A session pooler in front of the shared server, for this test alone.
 	session, err := pgcluster.StartBouncer(ctx, pgcluster.BouncerConfig{Server: pgtest.Server(t).AdminDSN, SessionPooling: true})
+	if errors.Is(err, pgcluster.ErrNoBouncer) {
+		testenv.SkipWithout(t, "pgbouncer", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -645,23 +645,3 @@ func jsonOrNull(b []byte) []byte {
 	}
 	return b
 }
-
-// unlockSQL frees a lease whoever holds it. A holder that is still running
-// is fenced out by the cleared token and stops at its next write.
-const unlockSQL = `
-UPDATE idempotency_keys
-SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL
-WHERE tenant = $1 AND idempotency_key = $2 AND lock_token IS NOT NULL`
-
-// Unlock frees the lease on an unfinished key regardless of who holds it,
-// keeping its recovery point, so the next request or the completer resumes it
-// at once. It is the operator's escape hatch for a key whose holder is known
-// to be dead, and the way tests get past a crashed holder without waiting
-// out the TTL. It reports whether a lease was freed.
-func Unlock(ctx context.Context, q Querier, tenant, key string) (bool, error) {
-	tag, err := q.Exec(ctx, unlockSQL, tenant, key)
-	if err != nil {
-		return false, fmt.Errorf("store: unlock: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
-}

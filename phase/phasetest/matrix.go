@@ -263,7 +263,7 @@ func (m *matrix[Req, State]) completerTook(ctx context.Context, t *testing.T, ke
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(stuck, func(r keyrow.Row) bool { return r.ID == row.ID }) {
+	if !slices.ContainsFunc(stuck.Keys, func(r keyrow.Row) bool { return r.ID == row.ID }) {
 		t.Fatalf("the completer did not take key %s although its lease is free, because the key has not been idle "+
 			"for the completer's MinIdle: for WithCompleter, build the client with Config.Completer.MinIdle = -1 "+
 			"(and Backoff = -1), so that it takes a key as soon as its lease is free; the default waits %v",

@@ -98,6 +98,15 @@ func TestChaosKillsAndTerminatedSessions(t *testing.T) {
 	runChaos(t, scenario{traffic: 45 * time.Second})
 }
 
+// TestChaosRollingDeploy runs the old and the new version of the API side by
+// side, as a rolling deploy does, through kills and terminated sessions,
+// then stops the old one: no ride charged twice or skipped past its fraud
+// check, and every key finished by the new version.
+func TestChaosRollingDeploy(t *testing.T) {
+	t.Parallel()
+	runChaos(t, scenario{traffic: 30 * time.Second, rolling: true})
+}
+
 func TestChaosPostgresRestart(t *testing.T) {
 	t.Parallel()
 	runChaos(t, scenario{traffic: 30 * time.Second, restartPostgres: true})
@@ -115,6 +124,11 @@ type scenario struct {
 	// accept runs the API processes with -accept: 202 Accepted once the
 	// ride is created, the charge in the background.
 	accept bool
+	// rolling is a rolling deploy caught halfway: the first API process
+	// serves the workflow's first definition, the others its next one
+	// (-fraud-check), and the first is stopped for good when the traffic
+	// ends, so that the upgraded processes finish every key.
+	rolling bool
 	// replication puts the rides database on a primary with a streaming
 	// standby and fails over during the traffic (see failOvers). The API
 	// processes are then neither killed nor cut off: the failover is the
@@ -193,6 +207,9 @@ func runChaos(t *testing.T, sc scenario) {
 		t.Fatal(err)
 	}
 	times.traffic = time.Since(began) - times.setup
+	if sc.rolling {
+		s.apis[0].kill() // the last process of the old version goes
+	}
 
 	s.setFaults(ctx, `{"fail_before_charge_rate": 0, "timeout_after_charge_rate": 0}`)
 	settled, report, err := s.settle(ctx)
@@ -230,6 +247,9 @@ func runChaos(t *testing.T, sc scenario) {
 	}
 	if sc.replication != noReplication {
 		checks = append(checks, fo.checks(sc.replication)...)
+	}
+	if sc.rolling {
+		checks = append(checks, s.deployChecks(ctx)...)
 	}
 	t.Log("\n" + summary(&counts, fo, st, settled, report, checks, times))
 	for _, c := range checks {
@@ -277,6 +297,8 @@ type system struct {
 	killing sync.Mutex
 	spared  int
 	logDir  string
+	// rolling is set for a rolling deploy (scenario.rolling).
+	rolling bool
 }
 
 // setup starts the rides database, migrated and seeded, the fake Stripe,
@@ -291,7 +313,7 @@ func setup(t *testing.T, sc scenario) *system {
 	// The processes' binary builds while the databases start.
 	go ridesBinary()
 	ctx := t.Context()
-	s := &system{t: t, spared: -1}
+	s := &system{t: t, spared: -1, rolling: sc.rolling}
 	var dsn string
 	var err error
 	var stripeDSN func() string
@@ -372,6 +394,9 @@ func setup(t *testing.T, sc scenario) *system {
 			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"}
 		if sc.accept {
 			args = append(args, "-accept")
+		}
+		if sc.rolling && i > 0 {
+			args = append(args, "-fraud-check")
 		}
 		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, args...))
 	}
@@ -600,6 +625,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 			Reaper:    recovery.ReaperConfig{Interval: -1},
 		},
 		WithoutWorker: true,
+		FraudCheck:    s.rolling,
 	})
 	if err != nil {
 		return out, ride.Report{}, err
@@ -616,7 +642,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 		if err != nil {
 			return out, ride.Report{}, err
 		}
-		for _, k := range dead {
+		for _, k := range dead.Keys {
 			s.t.Logf("retrying dead key %s/%s (attempts %d, failures %d, recovery point %s, last error %q)",
 				k.Tenant, k.Key, k.Attempts, k.Failures, k.RecoveryPoint, k.LastError)
 			if err := app.Client.Retry(ctx, k.Tenant, k.Key); err != nil && !errors.Is(err, keyrow.ErrNotHeld) {
@@ -634,6 +660,46 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 		if !sleep(ctx, 250*time.Millisecond) {
 			return out, report, ctx.Err()
 		}
+	}
+}
+
+// deployChecks are the invariants of a rolling deploy: every ride finished
+// under the definition it started with, so each ride of the checked
+// definition was checked exactly once and none of the first was; and both
+// definitions served rides.
+func (s *system) deployChecks(ctx context.Context) []check {
+	first, err := ride.NewWorkflow(nil, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	next, err := ride.NewCheckedWorkflow(nil, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var firstRides, nextRides, uncheckedNext, checkedFirst, otherDefinition int
+	err = s.pool.QueryRow(ctx, `
+		WITH r AS (
+		    SELECT k.definition,
+		           (SELECT count(*) FROM audit_records a
+		            WHERE a.action = $3 AND a.resource_type = 'ride' AND a.resource_id = rides.id) AS checks
+		    FROM rides JOIN idempotency_keys k ON k.id = rides.idempotency_key_id)
+		SELECT count(*) FILTER (WHERE definition = $1),
+		       count(*) FILTER (WHERE definition = $2),
+		       count(*) FILTER (WHERE definition = $2 AND checks <> 1),
+		       count(*) FILTER (WHERE definition = $1 AND checks <> 0),
+		       count(*) FILTER (WHERE definition NOT IN ($1, $2))
+		FROM r`, first.Definition(), next.Definition(), ride.FraudCheckPhase).
+		Scan(&firstRides, &nextRides, &uncheckedNext, &checkedFirst, &otherDefinition)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Logf("rolling deploy: %d rides under the first definition, %d under the checked one", firstRides, nextRides)
+	return []check{
+		{"rides of the checked definition not checked exactly once", uncheckedNext, 0},
+		{"rides of the first definition checked", checkedFirst, 0},
+		{"rides under neither definition", otherDefinition, 0},
+		{"first definition served rides", min(firstRides, 1), 1},
+		{"checked definition served rides", min(nextRides, 1), 1},
 	}
 }
 

@@ -119,9 +119,6 @@ func Seed(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// DefaultStripeURL is Stripe's API.
-const DefaultStripeURL = "https://api.stripe.com"
-
 // NewStripeClient returns a stripe-go client for the API at baseURL (Stripe
 // itself, the example's fake Stripe, or stripe-mock). stripe-go's own
 // network retries are turned off: the workflow retries through its resumed
@@ -165,6 +162,10 @@ type Config struct {
 	// the receipt in the background (the completer finishes what a crash
 	// leaves). Otherwise the API answers when the receipt is queued.
 	Accept bool
+	// FraudCheck serves the next definition of the workflow, with a fraud
+	// check before the charge (NewCheckedWorkflow), and keeps the first
+	// one registered, so that its rides in flight finish as they began.
+	FraudCheck bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -212,11 +213,20 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	registered := []phase.Registered{w}
+	if cfg.FraudCheck {
+		// New rides run the checked definition; rides started before the
+		// deploy drain on the one they started with.
+		if w, err = NewCheckedWorkflow(cfg.Stripe, jobs); err != nil {
+			return nil, err
+		}
+		registered = append([]phase.Registered{w}, registered...)
+	}
 	pc := cfg.Client
 	if pc.Logger == nil {
 		pc.Logger = cfg.Logger
 	}
-	client, err := phase.NewClient(cfg.Pool, &pc, w)
+	client, err := phase.NewClient(cfg.Pool, &pc, registered...)
 	if err != nil {
 		return nil, err
 	}

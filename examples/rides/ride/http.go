@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,11 +19,20 @@ import (
 
 // tenant identifies the rider by the email in Authorization, as the
 // original does. This is a demo: a real service authenticates the caller.
+//
+// What the client sent is checked before the lookup, so that the lookup
+// can fail only for the server's reasons: Postgres refuses text that is not
+// UTF-8, and such a header would otherwise read as an outage that no retry
+// can end.
 func tenant(pool *pgxpool.Pool) func(r *http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
 		email := strings.TrimSpace(r.Header.Get("Authorization"))
 		if email == "" {
 			return "", errors.New("send the rider's email in the Authorization header")
+		}
+		if !utf8.ValidString(email) || strings.ContainsRune(email, 0) {
+			return "", &phase.RequestError{Status: http.StatusBadRequest,
+				Detail: "the Authorization header must be the rider's email, in UTF-8 without NUL"}
 		}
 		var id int64
 		err := pool.QueryRow(r.Context(), `SELECT id FROM users WHERE email = $1`, email).Scan(&id)
@@ -30,7 +40,7 @@ func tenant(pool *pgxpool.Pool) func(r *http.Request) (string, error) {
 			return "", fmt.Errorf("no rider with email %q", email)
 		}
 		if err != nil {
-			return "", &phase.RequestError{Status: http.StatusServiceUnavailable, Detail: "could not look up the rider; retry later"}
+			return "", fmt.Errorf("look up the rider: %w: %w", phase.ErrUnavailable, err)
 		}
 		return email, nil
 	}

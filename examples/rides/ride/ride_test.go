@@ -425,3 +425,48 @@ func TestReceiptsAreSentOncePerRide(t *testing.T) {
 	}
 	e.verify(t)
 }
+
+// TestAddingAFraudCheckConvergesForRidesInFlight deploys the workflow's next
+// definition, with a fraud check before the charge, over rides crashed at
+// every point of the first: the upgraded process, which keeps the first
+// definition registered, finishes each with one ride and one charge, and
+// no ride it started under the first definition is checked.
+func TestAddingAFraudCheckConvergesForRidesInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 10)
+	upgraded, err := ride.New(ride.Config{
+		Pool: e.pool, Stripe: e.sc, Logger: quiet, FraudCheck: true,
+		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	request := func(string) ride.Request { return ride.Request{OriginLat: 1, OriginLon: 2, TargetLat: 3, TargetLon: 4} }
+	from := phasetest.Config[ride.Request, ride.State]{Client: e.app.Client, DB: e.pool, Workflow: e.app.Workflow,
+		Tenant: ride.UserEmail, Request: request}
+	to := phasetest.Config[ride.Request, ride.State]{Client: upgraded.Client, DB: e.pool, Workflow: upgraded.Workflow,
+		Tenant: ride.UserEmail, Request: request, WithCompleter: true, Compare: phasetest.IgnoreFields("ride_id"),
+		Check: func(t testing.TB, s phasetest.Scenario) {
+			row, err := upgraded.Client.Inspect(context.Background(), s.Tenant, s.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rideID int64
+			var checks int
+			err = e.pool.QueryRow(context.Background(), `
+				SELECT r.id, (SELECT count(*) FROM audit_records a WHERE a.action = $2 AND a.resource_id = r.id)
+				FROM rides r WHERE r.idempotency_key_id = $1`, s.ID, ride.FraudCheckPhase).Scan(&rideID, &checks)
+			if err != nil {
+				t.Fatalf("ride of %s: %v", s.Key, err)
+			}
+			wantChecks := 0
+			if row.Definition == upgraded.Workflow.Definition() {
+				wantChecks = 1
+			}
+			if _, charges := e.chargesForKey(t, s.Key); charges != 1 || checks != wantChecks {
+				t.Fatalf("%s (definition %s): %d charges and %d fraud checks, want 1 and %d", s.Key, row.Definition, charges, checks, wantChecks)
+			}
+		}}
+	phasetest.UpgradeMatrix(t, from, to)
+	e.verify(t)
+}

@@ -3,6 +3,7 @@ package ride_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/internal/testenv"
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -21,17 +23,18 @@ import (
 // checked against; it validates every request against Stripe's OpenAPI spec.
 const stripeMockVersion = "v0.203.0"
 
-// stripeMock builds stripe-mock (once per machine) and starts it, or skips
-// the test saying why it cannot.
+// stripeMock starts stripe-mock, building it first into stripeMockDir when
+// it is not there, or skips the test saying why it cannot (the build needs
+// the Go module proxy).
 func stripeMock(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(os.TempDir(), "atomicphase-stripe-mock-"+stripeMockVersion)
+	dir := stripeMockDir(t)
 	bin := filepath.Join(dir, "stripe-mock")
 	if _, err := os.Stat(bin); err != nil {
 		cmd := exec.Command("go", "install", "github.com/stripe/stripe-mock@"+stripeMockVersion)
 		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Skipf("cannot build stripe-mock %s (needs the Go module proxy): %v\n%s", stripeMockVersion, err, out)
+			testenv.SkipWithout(t, "stripe-mock", fmt.Errorf("cannot build stripe-mock %s with go install (needs the Go module proxy): %v\n%s", stripeMockVersion, err, out))
 		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -42,7 +45,7 @@ func stripeMock(t *testing.T) string {
 	ln.Close()
 	cmd := exec.Command(bin, "-http-addr", addr)
 	if err := cmd.Start(); err != nil {
-		t.Skipf("cannot start stripe-mock: %v", err)
+		testenv.SkipWithout(t, "stripe-mock", err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	deadline := time.Now().Add(30 * time.Second)
@@ -57,6 +60,20 @@ func stripeMock(t *testing.T) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// stripeMockDir is where the stripe-mock binary (about 33 MB) is kept
+// between test runs: atomicphase/stripe-mock-<version> in the user's cache
+// directory (os.UserCacheDir: $XDG_CACHE_HOME or ~/.cache on Linux,
+// ~/Library/Caches on macOS), so that it is built once per machine and
+// version and is found where caches are cleaned. Without a cache directory
+// it is built into the test's temporary directory, removed afterwards.
+func stripeMockDir(t *testing.T) string {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return t.TempDir()
+	}
+	return filepath.Join(cache, "atomicphase", "stripe-mock-"+stripeMockVersion)
 }
 
 func TestChargePhaseSendsValidStripeRequests(t *testing.T) {

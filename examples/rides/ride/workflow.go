@@ -70,8 +70,26 @@ type charge struct {
 // NewWorkflow declares the rides workflow: started → ride_created →
 // charge_created → (receipt queued, response stored) finished.
 func NewWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx]) (*phase.Workflow[Request, State], error) {
-	return phase.New(WorkflowName,
-		phase.Local("ride_created", createRide),
+	return newWorkflow(sc, jobs, false)
+}
+
+// NewCheckedWorkflow declares the next definition of the rides workflow,
+// as a deploy brings it: a fraud check between the ride and its charge
+// (started → ride_created → fraud_checked → charge_created → finished). A
+// process that serves it keeps NewWorkflow's definition registered too, so
+// that rides started before the deploy finish as they began, without a
+// check, and rides started after it are never charged unchecked by a
+// process that has not been upgraded yet (see docs/changing-a-workflow.md).
+func NewCheckedWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx]) (*phase.Workflow[Request, State], error) {
+	return newWorkflow(sc, jobs, true)
+}
+
+func newWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx], fraudCheck bool) (*phase.Workflow[Request, State], error) {
+	phases := []phase.Phase[Request, State]{phase.Local("ride_created", createRide)}
+	if fraudCheck {
+		phases = append(phases, phase.Local(FraudCheckPhase, checkFraud))
+	}
+	return phase.New(WorkflowName, append(phases,
 		phase.Foreign("charge_created",
 			func(ctx context.Context, run *Run) (charge, error) { return chargeRide(ctx, sc, run) },
 			recordCharge,
@@ -79,7 +97,25 @@ func NewWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx]) (*phase.Workflow
 		phase.Local("receipt_queued", func(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
 			return queueReceipt(ctx, tx, jobs, run)
 		}),
-	)
+	)...)
+}
+
+// FraudCheckPhase is the phase NewCheckedWorkflow adds; it leaves an audit
+// record with this action for every ride it checks.
+const FraudCheckPhase = "fraud_checked"
+
+// checkFraud stands for a fraud check: it reads the rider's rides and
+// records that the ride was checked, in the phase's transaction.
+func checkFraud(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
+	_, err := tx.Exec(ctx, `
+		INSERT INTO audit_records (action, data, resource_id, resource_type, user_id)
+		SELECT $1, jsonb_build_object('rides_today', count(*)), $2, 'ride', $3
+		FROM rides WHERE user_id = $3 AND created_at > now() - interval '1 day'`,
+		FraudCheckPhase, run.State.RideID, run.State.UserID)
+	if err != nil {
+		return phase.Result{}, fmt.Errorf("fraud check: %w", err)
+	}
+	return phase.Next(), nil
 }
 
 func createRide(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {

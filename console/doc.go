@@ -1,0 +1,30 @@
+// Package console is a web console for operators of an atomicphase
+// database: an http.Handler the application mounts behind its own
+// authentication, or that 'atomicphase console' serves for a database URL.
+//
+// # Pages
+//
+// The overview counts each workflow's keys by state, with the age of the
+// oldest unfinished key and the keys of the last hour; the key list
+// filters by state, workflow, tenant, key prefix and age, a page at a time;
+// a key's page shows its request as stored, its state, the workflow's
+// phases (which it passed, the downstream key of each foreign one), its
+// lease, attempts, failures, last error, timestamps, stored response and
+// audit. Its actions (unlock, retry, resolve an unknown outcome as
+// happened with the call's output or as not happened, and bulk retry or
+// unlock of a filtered list with a count first) each need an explicit
+// confirmation and are recorded in the audit, which has a page too.
+//
+// # Security
+//
+// Nobody gets in by default: Config.Authorizer, which the application
+// supplies, names the person behind each request and says whether they may
+// only read or also act. Every state change is a POST that must carry the
+// console's CSRF token (a random value in a SameSite=Strict cookie, echoed
+// in the form) and pass Go's cross-origin protection. Every page is
+// rendered by html/template, which escapes every stored value for the
+// place it appears in (request bodies, keys and tenants are written by
+// clients), under a Content-Security-Policy that allows only the console's
+// own script and style files: no inline script, no framing, forms posting
+// only to the console. Config.ReadOnly removes every action.
+package console

@@ -1,0 +1,465 @@
+package console
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// states in the order the pages show them.
+var states = []keyrow.State{keyrow.StateInFlight, keyrow.StateWaiting, keyrow.StateStuck,
+	keyrow.StateUnknown, keyrow.StateDead, keyrow.StateFinished}
+
+var funcs = template.FuncMap{
+	"ago":    ago,
+	"dur":    round,
+	"pretty": pretty,
+	"body":   body,
+	"status": status,
+	"keyURL": keyURL,
+	"states": func() []keyrow.State { return states },
+	"label":  func(s keyrow.State) string { return strings.ReplaceAll(string(s), "_", " ") },
+	"count":  count,
+	"listURL": func(state keyrow.State, workflow string) template.URL {
+		return listURL(keyrow.ListFilter{State: state, Workflow: workflow})
+	},
+}
+
+func ago(t any) string {
+	var at time.Time
+	switch v := t.(type) {
+	case time.Time:
+		at = v
+	case *time.Time:
+		if v == nil {
+			return "—"
+		}
+		at = *v
+	}
+	return round(time.Since(at)) + " ago (" + at.UTC().Format("2006-01-02 15:04:05 UTC") + ")"
+}
+
+func round(d time.Duration) string {
+	switch {
+	case d >= time.Hour:
+		return d.Round(time.Minute).String()
+	case d >= time.Second:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// pretty indents JSON for reading; html/template escapes the result.
+func pretty(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if len(raw) == 0 {
+		return "—"
+	}
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+// body shows a stored response body as text, or base64 when it is not.
+func body(b []byte) string {
+	if utf8.Valid(b) {
+		return pretty(b)
+	}
+	return fmt.Sprintf("(%d bytes, not text; base64) %s", len(b), base64.StdEncoding.EncodeToString(b))
+}
+
+// status names where a key stands.
+func status(k *keyrow.Row) string {
+	switch {
+	case k.FinishedAt != nil:
+		return "finished"
+	case k.Hold != "":
+		return string(k.Hold)
+	case k.LeaseLeft > 0:
+		return "in flight"
+	}
+	return "runnable"
+}
+
+func count(c keyrow.Counts, s keyrow.State) int {
+	switch s {
+	case keyrow.StateFinished:
+		return c.Finished
+	case keyrow.StateInFlight:
+		return c.InFlight
+	case keyrow.StateWaiting:
+		return c.Waiting
+	case keyrow.StateStuck:
+		return c.Stuck
+	case keyrow.StateUnknown:
+		return c.Unknown
+	case keyrow.StateDead:
+		return c.Dead
+	}
+	return 0
+}
+
+// keyURL is the relative address of a key's page. Its parts are
+// percent-encoded, so it is safe as a template.URL whatever the key holds.
+func keyURL(tenant, key string) template.URL {
+	return template.URL("key?" + url.Values{"tenant": {tenant}, "key": {key}}.Encode())
+}
+
+func filterValues(f keyrow.ListFilter) url.Values {
+	v := url.Values{}
+	set := func(name, value string) {
+		if value != "" {
+			v.Set(name, value)
+		}
+	}
+	set("state", string(f.State))
+	set("workflow", f.Workflow)
+	set("tenant", f.Tenant)
+	set("prefix", f.KeyPrefix)
+	if f.OlderThan > 0 {
+		v.Set("older", f.OlderThan.String())
+	}
+	if f.NewerThan > 0 {
+		v.Set("newer", f.NewerThan.String())
+	}
+	set("after", f.After)
+	return v
+}
+
+func listURL(f keyrow.ListFilter) template.URL {
+	return template.URL("keys?" + filterValues(f).Encode())
+}
+
+// parseFilter reads a key filter from a query or a form.
+func parseFilter(v url.Values) (keyrow.ListFilter, error) {
+	f := keyrow.ListFilter{State: keyrow.State(v.Get("state")), Workflow: v.Get("workflow"), Tenant: v.Get("tenant"),
+		KeyPrefix: v.Get("prefix"), After: v.Get("after")}
+	if f.State != "" && !slices.Contains(states, f.State) {
+		return f, errors.New("unknown state")
+	}
+	for name, d := range map[string]*time.Duration{"older": &f.OlderThan, "newer": &f.NewerThan} {
+		if s := v.Get(name); s != "" {
+			var err error
+			if *d, err = time.ParseDuration(s); err != nil || *d < 0 {
+				return f, fmt.Errorf("%s than: write a duration such as 90s, 15m or 2h", name)
+			}
+		}
+	}
+	return f, nil
+}
+
+type overviewData struct {
+	Workflows []workflowCounts
+	// Definitions counts the unfinished keys of each workflow definition.
+	Definitions []keyrow.DefinitionCount
+	Total       keyrow.Counts
+	phase.Overview
+}
+
+type workflowCounts struct {
+	Name string
+	keyrow.Counts
+}
+
+func (c *console) overview(w http.ResponseWriter, r *http.Request, rq *request) {
+	o, err := c.cfg.Client.Overview(r.Context())
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	defs, err := c.cfg.Client.Definitions(r.Context())
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	d := overviewData{Overview: *o, Definitions: defs}
+	for name, n := range o.Workflows {
+		d.Workflows = append(d.Workflows, workflowCounts{name, n})
+		d.Total.Finished += n.Finished
+		d.Total.FinishedEstimated = d.Total.FinishedEstimated || n.FinishedEstimated
+		d.Total.InFlight += n.InFlight
+		d.Total.Waiting += n.Waiting
+		d.Total.Stuck += n.Stuck
+		d.Total.Unknown += n.Unknown
+		d.Total.Dead += n.Dead
+	}
+	slices.SortFunc(d.Workflows, func(a, b workflowCounts) int { return strings.Compare(a.Name, b.Name) })
+	c.render(w, r, rq, http.StatusOK, "overview", "Overview", d, "")
+}
+
+type keysData struct {
+	Filter keyrow.ListFilter
+	Older  string
+	Newer  string
+	Keys   []keyrow.Row
+	Next   template.URL
+	First  template.URL
+	Paged  bool
+	// Bulk links preview the bulk actions on the filter.
+	RetryURL, UnlockURL template.URL
+}
+
+func (c *console) keys(w http.ResponseWriter, r *http.Request, rq *request) {
+	f, err := parseFilter(r.URL.Query())
+	d := keysData{Filter: f, Older: r.URL.Query().Get("older"), Newer: r.URL.Query().Get("newer")}
+	if err != nil {
+		c.render(w, r, rq, http.StatusBadRequest, "keys", "Keys", d, err.Error())
+		return
+	}
+	page, err := c.cfg.Client.List(r.Context(), f)
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	d.Keys = page.Keys
+	all := f
+	all.After = ""
+	d.First, d.Paged = listURL(all), f.After != ""
+	if page.Next != "" {
+		next := f
+		next.After = page.Next
+		d.Next = listURL(next)
+	}
+	for _, a := range []struct {
+		action string
+		url    *template.URL
+	}{{keyrow.ActionRetry, &d.RetryURL}, {keyrow.ActionUnlock, &d.UnlockURL}} {
+		v := filterValues(all)
+		v.Set("action", a.action)
+		*a.url = template.URL("bulk?" + v.Encode())
+	}
+	c.render(w, r, rq, http.StatusOK, "keys", "Keys", d, "")
+}
+
+type keyData struct {
+	*phase.KeyDetail
+	Status string
+	// Awaiting is the phase whose outcome an unknown key awaits, when the
+	// workflow is registered.
+	Awaiting string
+}
+
+func (c *console) key(w http.ResponseWriter, r *http.Request, rq *request) {
+	c.showKey(w, r, rq, r.URL.Query().Get("tenant"), r.URL.Query().Get("key"), http.StatusOK, "")
+}
+
+func (c *console) showKey(w http.ResponseWriter, r *http.Request, rq *request, tenant, key string, code int, errMsg string) {
+	d, err := c.cfg.Client.Describe(r.Context(), tenant, key)
+	if errors.Is(err, keyrow.ErrNotFound) {
+		c.fail(w, r, rq, http.StatusNotFound, "There is no such key.")
+		return
+	}
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	kd := keyData{KeyDetail: d, Status: status(&d.Row)}
+	for _, p := range d.Phases {
+		if !p.Passed {
+			if p.Foreign && kd.Awaiting == "" {
+				kd.Awaiting = p.Name
+			}
+			if !p.Foreign {
+				break
+			}
+		}
+	}
+	c.render(w, r, rq, code, "key", "Key "+key, kd, errMsg)
+}
+
+// confirmed reports whether the form's confirmation box was ticked.
+func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "yes" }
+
+// done redirects to the key's page with a flash message.
+func done(w http.ResponseWriter, tenant, key, flash string) {
+	seeOther(w, string(keyURL(tenant, key))+"&done="+flash)
+}
+
+// seeOther redirects to a page of the console. The address stays
+// relative, for the browser to resolve against the console's own:
+// http.Redirect would resolve it against the path after the mount's
+// prefix was stripped.
+func seeOther(w http.ResponseWriter, rel string) {
+	w.Header().Set("Location", rel)
+	w.WriteHeader(http.StatusSeeOther)
+}
+
+func (c *console) unlock(w http.ResponseWriter, r *http.Request, rq *request) {
+	tenant, key := r.PostFormValue("tenant"), r.PostFormValue("key")
+	if !confirmed(r) {
+		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "Tick the box to confirm the unlock.")
+		return
+	}
+	freed, err := c.cfg.Client.Unlock(phase.WithActor(r.Context(), rq.who.Name), tenant, key)
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	done(w, tenant, key, map[bool]string{true: "unlocked", false: "unheld"}[freed])
+}
+
+func (c *console) retry(w http.ResponseWriter, r *http.Request, rq *request) {
+	tenant, key := r.PostFormValue("tenant"), r.PostFormValue("key")
+	if !confirmed(r) {
+		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "Tick the box to confirm the retry.")
+		return
+	}
+	row, err := c.cfg.Client.Inspect(r.Context(), tenant, key)
+	if err == nil && row.Hold == keyrow.HoldUnknown && r.PostFormValue("confirm_unknown") != "yes" {
+		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest,
+			"This key's last call may have happened: retrying makes it again. Resolve it instead, or confirm that repeating it is safe.")
+		return
+	}
+	if err == nil {
+		err = c.cfg.Client.Retry(phase.WithActor(r.Context(), rq.who.Name), tenant, key)
+	}
+	switch {
+	case errors.Is(err, keyrow.ErrNotHeld):
+		c.showKey(w, r, rq, tenant, key, http.StatusConflict, "The key is not on hold (any more); nothing changed.")
+	case errors.Is(err, keyrow.ErrNotFound):
+		c.fail(w, r, rq, http.StatusNotFound, "There is no such key.")
+	case err != nil:
+		c.storeFailed(w, r, rq, err)
+	default:
+		done(w, tenant, key, "retried")
+	}
+}
+
+func (c *console) resolve(w http.ResponseWriter, r *http.Request, rq *request) {
+	tenant, key := r.PostFormValue("tenant"), r.PostFormValue("key")
+	res := keyrow.Resolution{RecoveryPoint: r.PostFormValue("at")}
+	switch r.PostFormValue("outcome") {
+	case "happened":
+		res.Happened = true
+		res.Output = json.RawMessage(r.PostFormValue("output"))
+		if !json.Valid(res.Output) {
+			c.showKey(w, r, rq, tenant, key, http.StatusUnprocessableEntity, "The output is not valid JSON.")
+			return
+		}
+	case "not_happened":
+	default:
+		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "Say whether the call happened.")
+		return
+	}
+	if !confirmed(r) {
+		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "Tick the box to confirm that you checked with the provider.")
+		return
+	}
+	_, err := c.cfg.Client.Resolve(phase.WithActor(r.Context(), rq.who.Name), tenant, key, res)
+	switch {
+	case errors.Is(err, phase.ErrInvalidResolution):
+		c.showKey(w, r, rq, tenant, key, http.StatusUnprocessableEntity, "Nothing recorded: "+err.Error())
+	case errors.Is(err, keyrow.ErrNotUnknown):
+		c.showKey(w, r, rq, tenant, key, http.StatusConflict,
+			"Nothing recorded: the key is no longer held as unknown at that recovery point, or a run holds it. Look again.")
+	case errors.Is(err, keyrow.ErrNotFound):
+		c.fail(w, r, rq, http.StatusNotFound, "There is no such key.")
+	case err != nil:
+		c.storeFailed(w, r, rq, err)
+	default:
+		done(w, tenant, key, "resolved")
+	}
+}
+
+type bulkData struct {
+	Action  string
+	Filter  keyrow.ListFilter
+	Fields  url.Values
+	Count   int
+	Unknown bool
+	Back    template.URL
+}
+
+// bulkRequest reads a bulk action and its filter from a query or a form.
+func bulkRequest(v url.Values) (bulkData, error) {
+	d := bulkData{Action: v.Get("action"), Unknown: v.Get("confirm_unknown") == "yes"}
+	if d.Action != keyrow.ActionRetry && d.Action != keyrow.ActionUnlock {
+		return d, errors.New("unknown bulk action")
+	}
+	if d.Unknown && d.Action != keyrow.ActionRetry {
+		return d, errors.New("only a retry can include unknown keys")
+	}
+	f, err := parseFilter(v)
+	if err != nil {
+		return d, err
+	}
+	f.After = ""
+	d.Filter, d.Fields, d.Back = f, filterValues(f), listURL(f)
+	return d, nil
+}
+
+func (c *console) bulkPreview(w http.ResponseWriter, r *http.Request, rq *request) {
+	d, err := bulkRequest(r.URL.Query())
+	if err != nil {
+		c.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return
+	}
+	if d.Count, err = c.cfg.Client.BulkPreview(r.Context(), d.Action, d.Filter, d.Unknown); err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	c.render(w, r, rq, http.StatusOK, "bulk", "Bulk "+d.Action, d, "")
+}
+
+func (c *console) bulk(w http.ResponseWriter, r *http.Request, rq *request) {
+	d, err := bulkRequest(r.PostForm)
+	if err != nil {
+		c.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !confirmed(r) {
+		c.fail(w, r, rq, http.StatusBadRequest, "Tick the box to confirm the bulk action.")
+		return
+	}
+	n, err := c.cfg.Client.Bulk(phase.WithActor(r.Context(), rq.who.Name), d.Action, d.Filter, d.Unknown)
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	flash := "bulk"
+	if n == 0 {
+		flash = "bulk-empty"
+	}
+	seeOther(w, "audit?done="+flash)
+}
+
+type auditData struct {
+	Entries []keyrow.AuditEntry
+	Next    template.URL
+}
+
+func (c *console) audit(w http.ResponseWriter, r *http.Request, rq *request) {
+	before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
+	const limit = keyrow.DefaultListLimit
+	entries, err := c.cfg.Client.Audit(r.Context(), max(before, 0), limit)
+	if err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	d := auditData{Entries: entries}
+	if len(entries) == limit {
+		d.Next = template.URL("audit?before=" + strconv.FormatInt(entries[limit-1].ID, 10))
+	}
+	c.render(w, r, rq, http.StatusOK, "audit", "Audit", d, "")
+}
+
+// storeFailed logs an error of the store and answers 503: its text may
+// hold stored values, so it is not shown.
+func (c *console) storeFailed(w http.ResponseWriter, r *http.Request, rq *request, err error) {
+	c.cfg.Logger.Error("console: the store failed", "path", r.URL.Path, "err", err)
+	c.fail(w, r, rq, http.StatusServiceUnavailable, "The database did not answer; the error is in the application's log.")
+}

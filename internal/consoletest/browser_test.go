@@ -1,0 +1,254 @@
+package consoletest_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/atomicphase/atomicphase/internal/consoletest"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// browser starts headless Chromium on a fresh profile, or skips the test
+// when it is not installed (unless ATOMICPHASE_TEST_REQUIRE names
+// chromium, as CI's does).
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		if strings.Contains(os.Getenv("ATOMICPHASE_TEST_REQUIRE"), "chromium") {
+			t.Fatal("chromium is not installed and ATOMICPHASE_TEST_REQUIRE requires it (Debian: apt-get install chromium)")
+		}
+		t.Skip("chromium is not installed (Debian: apt-get install chromium)")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1100, 760))
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+	})
+	// The first call starts the browser, which lives as long as its
+	// context: no timeout on that one.
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancelTimeout)
+	return ctx
+}
+
+// screenshot saves the page as name.png in $ATOMICPHASE_CONSOLE_SCREENSHOTS
+// when it names a directory (docs/img for the docs), and does nothing
+// otherwise.
+func screenshot(name string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		dir := os.Getenv("ATOMICPHASE_CONSOLE_SCREENSHOTS")
+		if dir == "" {
+			return nil
+		}
+		png, err := chromedp.CaptureScreenshot()(ctx, t)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
+	})
+}
+
+// run runs the steps and fails the test on an error.
+func run(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// get runs one action that returns a value and fails the test on an error.
+func get[T any](t *testing.T, ctx context.Context, a chromedp.Action[T]) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// text returns the text of the first element sel selects.
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	return get(t, ctx, chromedp.Text(chromedp.CSS(sel)))
+}
+
+// noScriptRan asserts that no hostile payload set window.pwned.
+func noScriptRan(t *testing.T, ctx context.Context, where string) {
+	t.Helper()
+	pwned := get(t, ctx, chromedp.Evaluate[string](`String(window.pwned)`))
+	if pwned != "undefined" {
+		t.Fatalf("%s: a stored payload ran (window.pwned = %q)", where, pwned)
+	}
+}
+
+// css selects by a CSS selector.
+func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+
+func TestOperatorFindsAnUnknownOutcomeAndResolvesIt(t *testing.T) {
+	t.Parallel()
+	f := consoletest.New(t)
+	srv := httptest.NewServer(f.Handler(t, false))
+	t.Cleanup(srv.Close)
+	ctx := browser(t)
+
+	run(t, ctx, "overview",
+		chromedp.Navigate(srv.URL+"/as?user=alice"),
+		chromedp.WaitVisible(css(`table.counts`)),
+		screenshot("console-overview"))
+	overview := text(t, ctx, "main")
+	for _, want := range []string{"payments", "unknown outcomes", "dead", "keys in the last hour"} {
+		if !strings.Contains(overview, want) {
+			t.Errorf("the overview does not show %q:\n%s", want, overview)
+		}
+	}
+	noScriptRan(t, ctx, "overview")
+
+	// Filter the list down to acme's unknown outcomes.
+	run(t, ctx, "filter",
+		chromedp.Navigate(srv.URL+"/console/keys"),
+		chromedp.WaitVisible(css(`form.filter`)),
+		chromedp.SetValue(css(`select[name=state]`), "unknown"),
+		chromedp.SendKeys(css(`input[name=tenant]`), "acme"),
+		chromedp.Click(css(`form.filter button`)),
+		chromedp.WaitVisible(css(`form.filter input[name=tenant][value=acme]`)),
+		screenshot("console-keys"))
+	rows := text(t, ctx, "table.keys tbody")
+	if !strings.Contains(rows, f.UnknownKey) || strings.Contains(rows, "order-1") || strings.Contains(rows, "globex") {
+		t.Fatalf("the unknown keys of acme are:\n%s\nwant %s and no other", rows, f.UnknownKey)
+	}
+	noScriptRan(t, ctx, "key list")
+
+	// Open the key, say the charge happened, and see it finish.
+	run(t, ctx, "open the key",
+		chromedp.Click(css(`a[href*="`+f.UnknownKey+`"]`)),
+		chromedp.WaitVisible(css(`#resolve-happened`)))
+	detail := text(t, ctx, "main")
+	for _, want := range []string{"order_created", "charged", "downstream key", "timed out", `"amount": 1200`} {
+		if !strings.Contains(detail, want) {
+			t.Errorf("the key's page does not show %q:\n%s", want, detail)
+		}
+	}
+	run(t, ctx, "resolve",
+		chromedp.SendKeys(css(`#resolve-happened textarea[name=output]`), `{"charge_id":"ch_from_the_dashboard"}`),
+		chromedp.Click(css(`#resolve-happened input[name=confirm]`)),
+		screenshot("console-resolve"),
+		chromedp.Click(css(`#resolve-happened button`)),
+		chromedp.WaitVisible(css(`p.flash`)),
+		screenshot("console-resolved"))
+	flash, status, detail := text(t, ctx, "p.flash"), text(t, ctx, "h1 .st"), text(t, ctx, "main")
+	if status != "finished" || !strings.Contains(flash, "resolution is recorded") || !strings.Contains(detail, "ch_from_the_dashboard") {
+		t.Fatalf("after resolving: status %q, flash %q; page:\n%s", status, flash, detail)
+	}
+	if !strings.Contains(detail, "alice") || !strings.Contains(detail, "resolve") {
+		t.Errorf("the key's audit does not show alice's resolution:\n%s", detail)
+	}
+	row, err := f.Client.Inspect(context.Background(), "acme", f.UnknownKey)
+	if err != nil || row.RecoveryPoint != keyrow.Finished {
+		t.Fatalf("stored key: %+v, %v; want finished", row, err)
+	}
+}
+
+func TestTheBrowserCannotActWithoutTheTokenOrAccess(t *testing.T) {
+	t.Parallel()
+	f := consoletest.New(t)
+	srv := httptest.NewServer(f.Handler(t, false))
+	t.Cleanup(srv.Close)
+	ctx := browser(t)
+	keyPage := srv.URL + "/console/key?" + url.Values{"tenant": {"acme"}, "key": {"order-in-flight"}}.Encode()
+
+	// The console's own page posts the unlock form without its token.
+	run(t, ctx, "alice's key page",
+		chromedp.Navigate(srv.URL+"/as?user=alice"),
+		chromedp.Navigate(keyPage),
+		chromedp.WaitVisible(css(`form[action="unlock"]`)))
+	status := get(t, ctx, chromedp.Evaluate[int](`fetch("unlock", {method: "POST",
+		body: new URLSearchParams({tenant: "acme", key: "order-in-flight", confirm: "yes"})}).then(r => r.status)`,
+		chromedp.EvalAwaitPromise))
+	if status != 403 {
+		t.Fatalf("POST without the CSRF token = %d, want 403", status)
+	}
+	if row, err := f.Client.Inspect(context.Background(), "acme", "order-in-flight"); err != nil || row.LockExpiresAt == nil {
+		t.Fatalf("the refused POST freed the lease: %+v, %v", row, err)
+	}
+
+	run(t, ctx, "reader",
+		chromedp.Navigate(srv.URL+"/as?user=bob"),
+		chromedp.Navigate(keyPage),
+		chromedp.WaitVisible(css(`dl.facts`)))
+	if page := text(t, ctx, "main"); strings.Contains(page, "Actions") || !strings.Contains(page, "order-in-flight") {
+		t.Fatalf("a reader's key page:\n%s\nwant the key without actions", page)
+	}
+	run(t, ctx, "stranger",
+		chromedp.Navigate(srv.URL+"/as?user=mallory"),
+		chromedp.Navigate(keyPage),
+		chromedp.WaitVisible(css(`main h1`)))
+	if page := text(t, ctx, "main"); !strings.Contains(page, "not allowed") || strings.Contains(page, "order-in-flight") {
+		t.Fatalf("a stranger's page:\n%s\nwant a refusal", page)
+	}
+}
+
+func TestHostileKeysTenantsAndBodiesRenderInert(t *testing.T) {
+	t.Parallel()
+	f := consoletest.New(t)
+	srv := httptest.NewServer(f.Handler(t, false))
+	t.Cleanup(srv.Close)
+	ctx := browser(t)
+	run(t, ctx, "key list",
+		chromedp.Navigate(srv.URL+"/as?user=alice"),
+		chromedp.WaitVisible(css(`table.counts`)),
+		chromedp.Navigate(srv.URL+"/console/keys"),
+		chromedp.WaitVisible(css(`table.keys`)))
+	list := text(t, ctx, "table.keys")
+	for _, want := range []string{consoletest.HostileTenant, consoletest.HostileKey, consoletest.HostileURLKey} {
+		if !strings.Contains(list, want) {
+			t.Errorf("the list does not show %q as text", want)
+		}
+	}
+	for _, h := range get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("a")].map(a => a.href)`)) {
+		if !strings.HasPrefix(h, srv.URL+"/") {
+			t.Errorf("a link leaves the console: %q", h)
+		}
+	}
+	noScriptRan(t, ctx, "key list")
+
+	for _, tk := range [][2]string{{consoletest.HostileTenant, "order-h1"}, {"acme", consoletest.HostileKey}, {"acme", consoletest.HostileURLKey}} {
+		run(t, ctx, "hostile key",
+			chromedp.Navigate(srv.URL+"/console/key?"+url.Values{"tenant": {tk[0]}, "key": {tk[1]}}.Encode()),
+			chromedp.WaitVisible(css(`dl.facts`)))
+		page := text(t, ctx, "main")
+		elements := get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("main img, main script, main a[href^=javascript]").length`))
+		if elements != 0 || !strings.Contains(page, `</pre><script>window.pwned=`) || !strings.Contains(page, tk[1]) {
+			t.Errorf("key %q: %d images, scripts or script links in the page; the body and key shown as text: %v %v",
+				tk[1], elements, strings.Contains(page, `</pre><script>window.pwned=`), strings.Contains(page, tk[1]))
+		}
+		noScriptRan(t, ctx, "key "+tk[1])
+	}
+	run(t, ctx, "screenshot", screenshot("console-hostile"))
+}

@@ -1,0 +1,37 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// countDefinitionsSQL counts the unfinished keys of each workflow
+// definition. Its two halves are served by the partial indexes
+// idempotency_keys_unfinished and idempotency_keys_held, which hold only
+// unfinished keys (a finished key has no hold), so it reads no finished key
+// however many the table holds.
+const countDefinitionsSQL = `
+SELECT workflow, definition, count(*) AS unfinished, sum(held) AS held, min(created_at) AS oldest
+FROM (
+    SELECT workflow, definition, 0 AS held, created_at FROM idempotency_keys
+    WHERE finished_at IS NULL AND hold IS NULL
+    UNION ALL
+    SELECT workflow, definition, 1, created_at FROM idempotency_keys
+    WHERE hold IS NOT NULL
+) AS keys
+GROUP BY workflow, definition
+ORDER BY workflow, definition`
+
+// CountDefinitions returns how many unfinished keys each workflow
+// definition has.
+func CountDefinitions(ctx context.Context, q Querier) ([]keyrow.DefinitionCount, error) {
+	counts := []keyrow.DefinitionCount{}
+	if err := pgxscan.Select(ctx, q, &counts, countDefinitionsSQL); err != nil {
+		return nil, fmt.Errorf("store: count definitions: %w", err)
+	}
+	return counts, nil
+}

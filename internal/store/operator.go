@@ -1,0 +1,692 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// args numbers a statement's parameters as conditions are added to it.
+type args []any
+
+// add appends v and returns its placeholder.
+func (a *args) add(v any) string {
+	*a = append(*a, v)
+	return "$" + strconv.Itoa(len(*a))
+}
+
+// ordered reports whether a listing of state runs idle longest first, on
+// last_run_at, rather than newest first, on the id.
+func ordered(state keyrow.State) bool {
+	switch state {
+	case keyrow.StateInFlight, keyrow.StateWaiting, keyrow.StateStuck, keyrow.StateUnknown, keyrow.StateDead:
+		return true
+	}
+	return false
+}
+
+// filterWhere returns the conditions that select f's keys, without its
+// cursor. The conditions of the unfinished states imply the predicates of
+// the partial indexes idempotency_keys_unfinished (runnable keys) and
+// idempotency_keys_held (keys on hold), so the planner reads only those
+// few rows however many finished keys the table holds.
+func filterWhere(f keyrow.ListFilter, a *args) ([]string, error) {
+	if f.Limit < 0 || f.StuckAfter < 0 || f.OlderThan < 0 || f.NewerThan < 0 {
+		return nil, errors.New("Limit, StuckAfter, OlderThan and NewerThan must not be negative")
+	}
+	const free = `(lock_expires_at IS NULL OR lock_expires_at <= now())`
+	var w []string
+	switch f.State {
+	case "":
+	case keyrow.StateFinished:
+		w = append(w, `finished_at IS NOT NULL`)
+	case keyrow.StateInFlight:
+		w = append(w, `finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()`)
+	case keyrow.StateWaiting:
+		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at > now() - `+a.add(f.StuckAfter)+`::interval`)
+	case keyrow.StateStuck:
+		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at <= now() - `+a.add(f.StuckAfter)+`::interval`)
+	case keyrow.StateUnknown, keyrow.StateDead:
+		w = append(w, `hold = '`+string(f.State)+`'`)
+	default:
+		return nil, fmt.Errorf("unknown state %q", f.State)
+	}
+	if f.Workflow != "" {
+		w = append(w, `workflow = `+a.add(f.Workflow))
+	}
+	if f.Tenant != "" {
+		w = append(w, `tenant = `+a.add(f.Tenant))
+	}
+	if f.KeyPrefix != "" {
+		w = append(w, `starts_with(idempotency_key, `+a.add(f.KeyPrefix)+`)`)
+	}
+	if f.OlderThan > 0 {
+		w = append(w, `created_at <= now() - `+a.add(f.OlderThan)+`::interval`)
+	}
+	if f.NewerThan > 0 {
+		w = append(w, `created_at >= now() - `+a.add(f.NewerThan)+`::interval`)
+	}
+	return w, nil
+}
+
+// listSQL builds the statement of a listing page: f's conditions, its
+// cursor, and one row more than the page, which tells whether another
+// page follows.
+//
+// Listings of unfinished states page on (last_run_at, id) through the
+// partial indexes on last_run_at; the rest page on the id, newest first,
+// through the primary key, whose UUIDv7s sort by creation time. Either
+// way a page reads about as many index entries as it returns, however deep
+// in the listing it starts, with no OFFSET to skip.
+func listSQL(f keyrow.ListFilter, limit int) (string, args, error) {
+	var a args
+	w, err := filterWhere(f, &a)
+	if err != nil {
+		return "", nil, err
+	}
+	order := `id DESC`
+	if ordered(f.State) {
+		order = `last_run_at, id`
+	}
+	if f.After != "" {
+		at, id, err := parseCursor(f.After, ordered(f.State))
+		if err != nil {
+			return "", nil, err
+		}
+		if ordered(f.State) {
+			// The plain bound is what the index can range-scan on.
+			t, i := a.add(at), a.add(id)
+			w = append(w, `last_run_at >= `+t+` AND (last_run_at, id) > (`+t+`, `+i+`)`)
+		} else {
+			w = append(w, `id < `+a.add(id))
+		}
+	}
+	sql := `SELECT ` + keyInfoColumns + `
+FROM idempotency_keys`
+	if len(w) > 0 {
+		sql += `
+WHERE ` + strings.Join(w, `
+  AND `)
+	}
+	sql += `
+ORDER BY ` + order + `
+LIMIT ` + a.add(limit+1)
+	return sql, a, nil
+}
+
+// cursor returns the Next of a page ending with row.
+func cursor(row *keyrow.Row, byIdle bool) string {
+	if byIdle {
+		return strconv.FormatInt(row.LastRunAt.UnixMicro(), 10) + "_" + row.ID.String()
+	}
+	return row.ID.String()
+}
+
+func parseCursor(s string, byIdle bool) (time.Time, [16]byte, error) {
+	var at time.Time
+	rest := s
+	if byIdle {
+		micros, id, ok := strings.Cut(s, "_")
+		n, err := strconv.ParseInt(micros, 10, 64)
+		if !ok || err != nil {
+			return at, uuid.Nil, fmt.Errorf("invalid cursor %q for this listing", s)
+		}
+		at, rest = time.UnixMicro(n), id
+	}
+	id, err := uuid.Parse(rest)
+	if err != nil {
+		return at, uuid.Nil, fmt.Errorf("invalid cursor %q for this listing", s)
+	}
+	return at, id, nil
+}
+
+// List returns one page of the keys f selects: those idle longest first
+// for the unfinished states, newest first otherwise. Like Inspect, it is a
+// plain read.
+func List(ctx context.Context, q Querier, f keyrow.ListFilter) (keyrow.Page, error) {
+	limit := cmp.Or(f.Limit, keyrow.DefaultListLimit)
+	sql, a, err := listSQL(f, limit)
+	if err != nil {
+		return keyrow.Page{}, fmt.Errorf("store: list: %w", err)
+	}
+	page := keyrow.Page{Keys: []keyrow.Row{}}
+	if err := pgxscan.Select(ctx, q, &page.Keys, sql, a...); err != nil {
+		return keyrow.Page{}, fmt.Errorf("store: list: %w", err)
+	}
+	if len(page.Keys) > limit {
+		page.Keys = page.Keys[:limit]
+		page.Next = cursor(&page.Keys[limit-1], ordered(f.State))
+	}
+	return page, nil
+}
+
+// exactCountPages is the table size, in pages, up to which Count counts
+// finished keys exactly: 32 MiB of 8 KiB pages, read in milliseconds.
+// Beyond it, the count is estimated from the planner's statistics.
+const exactCountPages = 4096
+
+// tableSizeSQL is the table's estimated rows per page and its current size
+// in pages: the planner's own way of estimating a table's rows (reltuples
+// / relpages scaled to the current size), which stays close between the
+// ANALYZE runs of autovacuum. reltuples is -1 before the first one.
+const tableSizeSQL = `
+SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0 THEN c.reltuples / c.relpages END AS per_page,
+       pg_relation_size(c.oid) / current_setting('block_size')::int AS pages
+FROM pg_class c
+WHERE c.oid = 'idempotency_keys'::regclass`
+
+// countUnfinishedSQL counts the unfinished keys of each workflow by state.
+// Each half reads one partial index's rows only (the runnable keys, the
+// keys on hold), never a finished key.
+const countUnfinishedSQL = `
+SELECT workflow,
+       count(*) FILTER (WHERE lock_expires_at > now()) AS in_flight,
+       count(*) FILTER (WHERE (lock_expires_at IS NULL OR lock_expires_at <= now())
+                          AND last_run_at > now() - $1::interval) AS waiting,
+       count(*) FILTER (WHERE (lock_expires_at IS NULL OR lock_expires_at <= now())
+                          AND last_run_at <= now() - $1::interval) AS stuck,
+       0 AS unknown, 0 AS dead
+FROM idempotency_keys
+WHERE finished_at IS NULL AND hold IS NULL
+GROUP BY workflow
+UNION ALL
+SELECT workflow, 0, 0, 0, count(*) FILTER (WHERE hold = 'unknown'), count(*) FILTER (WHERE hold = 'dead')
+FROM idempotency_keys
+WHERE hold IS NOT NULL
+GROUP BY workflow`
+
+// countFinishedSQL counts finished keys by workflow, reading every one: for
+// small tables only.
+const countFinishedSQL = `
+SELECT workflow, count(*) FROM idempotency_keys WHERE finished_at IS NOT NULL GROUP BY workflow`
+
+// workflowShareSQL is the share of the table's rows each common workflow
+// has, from the statistics ANALYZE keeps.
+const workflowShareSQL = `
+SELECT v.workflow, v.share
+FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(workflow, share)
+WHERE s.schemaname = current_schema() AND s.tablename = 'idempotency_keys' AND s.attname = 'workflow'`
+
+// CountByWorkflow returns the keys of each workflow by state, a key
+// counting as stuck once idle for stuckAfter. The unfinished states are
+// counted exactly from the partial indexes. Finished keys are counted
+// exactly in a table of up to exactCountPages pages; in a larger one they
+// are estimated from the table's statistics (its estimated rows, each
+// workflow's share of them, less its unfinished keys), so that the count
+// costs the same at ten million keys as at ten thousand.
+func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (map[string]keyrow.Counts, error) {
+	counts := map[string]keyrow.Counts{}
+	rows, err := q.Query(ctx, countUnfinishedSQL, stuckAfter)
+	if err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
+	var (
+		workflow string
+		c        keyrow.Counts
+	)
+	_, err = pgx.ForEachRow(rows, []any{&workflow, &c.InFlight, &c.Waiting, &c.Stuck, &c.Unknown, &c.Dead}, func() error {
+		sum := counts[workflow]
+		sum.InFlight += c.InFlight
+		sum.Waiting += c.Waiting
+		sum.Stuck += c.Stuck
+		sum.Unknown += c.Unknown
+		sum.Dead += c.Dead
+		counts[workflow] = sum
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
+	var (
+		perPage *float64
+		pages   int64
+	)
+	if err := q.QueryRow(ctx, tableSizeSQL).Scan(&perPage, &pages); err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
+	if pages <= exactCountPages || perPage == nil {
+		// Without statistics (the table was never analyzed) there is
+		// nothing to estimate from; autovacuum analyzes a table soon after
+		// it grows.
+		rows, err := q.Query(ctx, countFinishedSQL)
+		if err != nil {
+			return nil, fmt.Errorf("store: count: %w", err)
+		}
+		var n int
+		_, err = pgx.ForEachRow(rows, []any{&workflow, &n}, func() error {
+			sum := counts[workflow]
+			sum.Finished = n
+			counts[workflow] = sum
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("store: count: %w", err)
+		}
+		return counts, nil
+	}
+	total := *perPage * float64(pages)
+	rows, err = q.Query(ctx, workflowShareSQL)
+	if err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
+	var share float64
+	_, err = pgx.ForEachRow(rows, []any{&workflow, &share}, func() error {
+		sum := counts[workflow]
+		sum.Finished = max(int(share*total)-sum.Unfinished(), 0)
+		sum.FinishedEstimated = true
+		counts[workflow] = sum
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
+	for w, c := range counts {
+		c.FinishedEstimated = true
+		counts[w] = c
+	}
+	return counts, nil
+}
+
+// Count returns how many keys are in each state, a key counting as stuck
+// once idle for stuckAfter, counted as CountByWorkflow counts them.
+func Count(ctx context.Context, q Querier, stuckAfter time.Duration) (keyrow.Counts, error) {
+	byWorkflow, err := CountByWorkflow(ctx, q, stuckAfter)
+	if err != nil {
+		return keyrow.Counts{}, err
+	}
+	var total keyrow.Counts
+	for _, c := range byWorkflow {
+		total.Finished += c.Finished
+		total.FinishedEstimated = total.FinishedEstimated || c.FinishedEstimated
+		total.InFlight += c.InFlight
+		total.Waiting += c.Waiting
+		total.Stuck += c.Stuck
+		total.Unknown += c.Unknown
+		total.Dead += c.Dead
+	}
+	return total, nil
+}
+
+// activitySQL reads the age of the oldest runnable unfinished key, from
+// the partial index's rows, and the keys first seen in the last hour. The
+// library writes UUIDv7 ids, which begin with their creation time in
+// milliseconds, so the last hour's keys are a range of the primary key,
+// counted from the index alone: the lower bound is the UUID of the hour's
+// first millisecond with every other bit zero.
+const activitySQL = `
+SELECT (SELECT now() - min(created_at) FROM idempotency_keys WHERE finished_at IS NULL AND hold IS NULL),
+       (SELECT count(*) FROM idempotency_keys
+        WHERE id >= (SELECT (substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-0000-0000-000000000000')::uuid
+                     FROM lpad(to_hex((extract(epoch FROM now() - interval '1 hour') * 1000)::bigint), 12, '0') AS h))`
+
+// Activity returns how long the oldest runnable unfinished key has gone
+// without finishing (zero when there is none) and how many keys were first
+// seen in the last hour.
+func Activity(ctx context.Context, q Querier) (oldest time.Duration, lastHour int, err error) {
+	var age *time.Duration
+	if err := q.QueryRow(ctx, activitySQL).Scan(&age, &lastHour); err != nil {
+		return 0, 0, fmt.Errorf("store: activity: %w", err)
+	}
+	if age != nil {
+		oldest = *age
+	}
+	return oldest, lastHour, nil
+}
+
+// actorKey carries the actor of operator actions in a context.
+type actorKey struct{}
+
+// WithActor returns ctx naming who performs the operator actions made
+// with it, for the audit.
+func WithActor(ctx context.Context, actor string) context.Context {
+	return context.WithValue(ctx, actorKey{}, actor)
+}
+
+// Actor returns the actor ctx names, "unnamed" when it names none.
+func Actor(ctx context.Context) string {
+	if a, _ := ctx.Value(actorKey{}).(string); a != "" {
+		return a
+	}
+	return "unnamed"
+}
+
+// snapshot is the part of a key row the audit keeps before and after an
+// action, of the row called t in the statement.
+func snapshot(t string) string {
+	return strings.NewReplacer("t.", t+".").Replace(`jsonb_build_object(
+        'recovery_point', t.recovery_point, 'hold', t.hold, 'locked_at', t.locked_at,
+        'lock_expires_at', t.lock_expires_at, 'last_run_at', t.last_run_at, 'attempts', t.attempts,
+        'failures', t.failures, 'last_error', t.last_error, 'resolution', t.resolution)`)
+}
+
+// action is an operator's change to the keys that match where: the
+// assignments set, made only to rows for which where still holds once
+// locked, at most limit of them.
+type action struct {
+	name   string
+	set    string
+	where  []string
+	a      args
+	detail any
+	limit  int
+	// bulk skips rows that a run holds locked rather than waiting for
+	// them; a single key's action waits.
+	bulk bool
+}
+
+// act applies the action in one statement, which also writes one audit
+// row per key changed, and returns how many keys it changed. The rows are
+// locked FOR NO KEY UPDATE, as the completer's claim locks them, and their
+// conditions checked again on the locked version: an action never changes
+// a key that left the state it acts on meanwhile (READ COMMITTED re-checks
+// the UPDATE's conditions against the newest row version).
+func act(ctx context.Context, q Querier, x action) (int, error) {
+	detail, err := json.Marshal(x.detail)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	a := x.a
+	where := strings.Join(x.where, " AND ")
+	skip := ""
+	if x.bulk {
+		skip = " SKIP LOCKED"
+	}
+	sql := `
+WITH target AS (
+    SELECT id, ` + snapshot("t") + ` AS before
+    FROM idempotency_keys t
+    WHERE ` + where + `
+    ORDER BY id
+    LIMIT ` + a.add(x.limit) + `
+    FOR NO KEY UPDATE` + skip + `
+), changed AS (
+    UPDATE idempotency_keys k
+    SET ` + x.set + `
+    FROM target
+    WHERE k.id = target.id AND ` + where + `
+    RETURNING k.tenant, k.idempotency_key, target.before, ` + snapshot("k") + ` AS after
+)
+INSERT INTO atomicphase_audit (actor, action, tenant, idempotency_key, before, after, detail)
+SELECT ` + a.add(Actor(ctx)) + `, ` + a.add(x.name) + `, tenant, idempotency_key, before, after, ` + a.add(detail) + `
+FROM changed`
+	tag, err := q.Exec(ctx, sql, a...)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// actOnKey applies the action to the tenant's key; when it changed
+// nothing, it returns keyrow.ErrNotFound for a missing key and notInState
+// otherwise.
+func actOnKey(ctx context.Context, q Querier, x action, tenant, key string, notInState error) error {
+	x.where = append(x.where, `tenant = `+x.a.add(tenant), `idempotency_key = `+x.a.add(key))
+	x.limit = 1
+	n, err := act(ctx, q, x)
+	if err != nil || n == 1 {
+		return err
+	}
+	// Nothing changed, so this read only chooses the error to report.
+	var exists bool
+	if err := q.QueryRow(ctx, existsSQL, tenant, key).Scan(&exists); err != nil {
+		return fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	if !exists {
+		return keyrow.ErrNotFound
+	}
+	return notInState
+}
+
+// The assignments and conditions of each action.
+const (
+	unlockSet   = `locked_at = NULL, lock_expires_at = NULL, lock_token = NULL`
+	unlockWhere = `lock_token IS NOT NULL AND finished_at IS NULL`
+	// retrySet moves last_run_at to now because the reaper closes
+	// runnable keys idle for the whole retention as abandoned: a key that
+	// sat dead for days would otherwise race the completer to the
+	// reaper's next run.
+	retrySet   = `hold = NULL, failures = 0, call_pending = NULL, last_run_at = now(), resolution = NULL`
+	retryWhere = `hold IS NOT NULL`
+)
+
+// Unlock frees the lease on an unfinished key regardless of who holds it,
+// keeping its recovery point, so the next request or the completer resumes it
+// at once. It is the operator's escape hatch for a key whose holder is known
+// to be dead, and the way tests get past a crashed holder without waiting
+// out the TTL. A holder that is still running is fenced out by the cleared
+// token and stops at its next write. It reports whether a lease was freed,
+// and audits the change under the actor of ctx.
+func Unlock(ctx context.Context, q Querier, tenant, key string) (bool, error) {
+	err := actOnKey(ctx, q, action{name: keyrow.ActionUnlock, set: unlockSet, where: []string{unlockWhere}}, tenant, key, keyrow.ErrNotLocked)
+	if errors.Is(err, keyrow.ErrNotLocked) || errors.Is(err, keyrow.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Retry makes a key on hold runnable again, keeping its recovery point,
+// state and last error: the next client request resumes it at once, and the
+// completer once the key has been idle for its MinIdle. The completer then
+// allows the key its full MaxAttempts of failures again.
+//
+// Retrying a dead key is always safe. Retrying an unknown key is the
+// operator's word that the uncertain foreign call did not happen, or may
+// happen twice: the resumed run repeats it instead of reconciling it. Any
+// resolution recorded for the key is dropped.
+//
+// Retry leaves a lease alone. It waits for a concurrent writer (a run
+// releasing the key, Bury) and checks the hold on the row version that
+// writer committed. It returns ErrNotFound when there is no such key and
+// ErrNotHeld when the key is not on hold, and audits the change under the
+// actor of ctx.
+func Retry(ctx context.Context, q Querier, tenant, key string) error {
+	return actOnKey(ctx, q, action{name: keyrow.ActionRetry, set: retrySet, where: []string{retryWhere}}, tenant, key, keyrow.ErrNotHeld)
+}
+
+// Resolve records r on the tenant's key, which must be held as unknown at
+// r.RecoveryPoint with no live lease: the check and the write are one
+// statement, so a resolution made from a stale view of the key is refused
+// with keyrow.ErrNotUnknown. The completer's backoff on the key is reset.
+// The change is audited under the actor of ctx.
+func Resolve(ctx context.Context, q Querier, tenant, key string, r keyrow.Resolution) error {
+	if r.Happened && len(r.Output) == 0 {
+		return errors.New("store: resolve: a call that happened needs its output")
+	}
+	if !r.Happened {
+		r.Output = nil
+	}
+	enc, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("store: resolve: %w", err)
+	}
+	x := action{name: keyrow.ActionResolve, detail: r}
+	x.set = `resolution = ` + x.a.add(enc) + `, failures = 0`
+	x.where = []string{`hold = 'unknown' AND finished_at IS NULL AND (lock_expires_at IS NULL OR lock_expires_at <= now())`,
+		`recovery_point = ` + x.a.add(r.RecoveryPoint)}
+	return actOnKey(ctx, q, x, tenant, key, keyrow.ErrNotUnknown)
+}
+
+// BulkLimit is the most keys one bulk action changes.
+const BulkLimit = 1000
+
+// Bulk names a bulk action.
+type Bulk string
+
+// The bulk actions.
+const (
+	// BulkRetry retries dead keys, and unknown keys when confirmed.
+	BulkRetry Bulk = keyrow.ActionRetry
+	// BulkUnlock frees the leases of unfinished keys.
+	BulkUnlock Bulk = keyrow.ActionUnlock
+)
+
+// bulkAction is the action b on the keys f selects. Retrying includes keys
+// held as unknown only with confirmUnknown.
+func bulkAction(b Bulk, f keyrow.ListFilter, confirmUnknown bool) (action, error) {
+	if f.After != "" {
+		return action{}, errors.New("a bulk action takes no cursor")
+	}
+	x := action{name: string(b), bulk: true, limit: cmp.Or(f.Limit, BulkLimit), detail: map[string]any{"filter": f}}
+	if x.limit > BulkLimit {
+		return action{}, fmt.Errorf("at most %d keys at once", BulkLimit)
+	}
+	w, err := filterWhere(f, &x.a)
+	if err != nil {
+		return action{}, err
+	}
+	switch b {
+	case BulkRetry:
+		x.set = retrySet
+		x.where = append(w, retryWhere)
+		if !confirmUnknown {
+			x.where = append(x.where, `hold = 'dead'`)
+		}
+	case BulkUnlock:
+		x.set, x.where = unlockSet, append(w, unlockWhere)
+	default:
+		return action{}, fmt.Errorf("unknown bulk action %q", b)
+	}
+	return x, nil
+}
+
+// BulkPreview counts the keys that BulkAct with the same arguments would
+// change if it ran now (at most f.Limit, or BulkLimit), changing nothing.
+func BulkPreview(ctx context.Context, q Querier, b Bulk, f keyrow.ListFilter, confirmUnknown bool) (int, error) {
+	x, err := bulkAction(b, f, confirmUnknown)
+	if err != nil {
+		return 0, fmt.Errorf("store: preview %s: %w", b, err)
+	}
+	sql := `SELECT count(*) FROM (SELECT FROM idempotency_keys WHERE ` + strings.Join(x.where, " AND ") +
+		` LIMIT ` + x.a.add(x.limit) + `) AS matching`
+	var n int
+	if err := q.QueryRow(ctx, sql, x.a...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: preview %s: %w", b, err)
+	}
+	return n, nil
+}
+
+// BulkAct applies b to the keys f selects (at most f.Limit, or
+// BulkLimit), each as the single-key action would, skipping keys that a
+// run holds locked at that moment, and returns how many it changed. Every
+// key changed is audited under the actor of ctx, with the filter.
+func BulkAct(ctx context.Context, q Querier, b Bulk, f keyrow.ListFilter, confirmUnknown bool) (int, error) {
+	x, err := bulkAction(b, f, confirmUnknown)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", b, err)
+	}
+	return act(ctx, q, x)
+}
+
+// takeResolutionSQL clears the key's resolution and returns it, for the
+// holder identified by the token; no row when there is none or the lease is
+// no longer the holder's.
+const takeResolutionSQL = `
+WITH taken AS (
+    SELECT id, resolution FROM idempotency_keys
+    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL
+    FOR NO KEY UPDATE
+)
+UPDATE idempotency_keys k SET resolution = NULL
+FROM taken
+WHERE k.id = taken.id AND k.lock_token = $2
+RETURNING taken.resolution`
+
+// TakeResolution returns the operator's resolution recorded on the key the
+// caller holds, and clears it, so it is acted on once; nil when there is
+// none.
+func TakeResolution(ctx context.Context, q Querier, id, token uuid.UUID) (*keyrow.Resolution, error) {
+	var r keyrow.Resolution
+	err := q.QueryRow(ctx, takeResolutionSQL, [16]byte(id), [16]byte(token)).Scan(&r)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: take resolution: %w", err)
+	}
+	return &r, nil
+}
+
+// claimKeySQL takes the lease on one unfinished key, runnable or held as
+// unknown, whose lease is free or expired, as claimSQL takes due keys.
+const claimKeySQL = `
+UPDATE idempotency_keys k
+SET locked_at = now(), lock_expires_at = now() + $3::interval, lock_token = gen_random_uuid(),
+    last_run_at = now(), attempts = k.attempts + 1
+WHERE tenant = $1 AND idempotency_key = $2 AND finished_at IS NULL
+  AND (hold IS NULL OR hold = 'unknown')
+  AND (lock_expires_at IS NULL OR lock_expires_at <= now())
+RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
+          k.phase_state AS state, k.request_params AS params, k.request_fingerprint AS fingerprint,
+          coalesce(k.hold, '') AS hold, k.definition, coalesce(k.call_pending, '') AS call_pending,
+          k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
+
+// ClaimKey takes the lease on the tenant's key, as the completer's claim
+// does, so that it can be run at once; nil when the key is finished, dead,
+// missing or held by a live lease.
+func ClaimKey(ctx context.Context, q Querier, tenant, key string, ttl time.Duration) (*Row, error) {
+	var rows []*Row
+	sent := time.Now()
+	if err := pgxscan.Select(ctx, q, &rows, claimKeySQL, tenant, key, ttl); err != nil {
+		return nil, fmt.Errorf("store: claim key: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	rows[0].TakenAt = sent
+	return rows[0], nil
+}
+
+// Fingerprint returns the stored request fingerprint of the tenant's key,
+// from which its downstream keys derive (keyrow.DownstreamKey).
+func Fingerprint(ctx context.Context, q Querier, tenant, key string) ([]byte, error) {
+	var fp []byte
+	err := q.QueryRow(ctx, `SELECT request_fingerprint FROM idempotency_keys WHERE tenant = $1 AND idempotency_key = $2`,
+		tenant, key).Scan(&fp)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, keyrow.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: fingerprint: %w", err)
+	}
+	return fp, nil
+}
+
+// AuditFilter selects audit entries: those of one key when Tenant and Key
+// are set, before the entry Before when it is positive, at most Limit.
+type AuditFilter struct {
+	Tenant, Key string
+	Before      int64
+	Limit       int
+}
+
+// Audit returns the audit entries f selects, newest first.
+func Audit(ctx context.Context, q Querier, f AuditFilter) ([]keyrow.AuditEntry, error) {
+	var (
+		a args
+		w = []string{"true"}
+	)
+	if f.Tenant != "" || f.Key != "" {
+		w = append(w, `tenant = `+a.add(f.Tenant), `idempotency_key = `+a.add(f.Key))
+	}
+	if f.Before > 0 {
+		w = append(w, `id < `+a.add(f.Before))
+	}
+	sql := `SELECT id, at, actor, action, tenant, idempotency_key AS key, before, after, detail
+FROM atomicphase_audit WHERE ` + strings.Join(w, " AND ") + ` ORDER BY id DESC LIMIT ` + a.add(cmp.Or(f.Limit, keyrow.DefaultListLimit))
+	entries := []keyrow.AuditEntry{}
+	if err := pgxscan.Select(ctx, q, &entries, sql, a...); err != nil {
+		return nil, fmt.Errorf("store: audit: %w", err)
+	}
+	return entries, nil
+}

@@ -1,0 +1,317 @@
+package phase
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// WithActor returns ctx naming who performs the operator actions made with
+// it (Unlock, Retry, Resolve, Bulk), for the audit that records each of
+// them. Actions made without one are recorded as by "unnamed".
+func WithActor(ctx context.Context, actor string) context.Context {
+	return store.WithActor(ctx, actor)
+}
+
+// Overview is the state of every key at a glance, as an operator's first
+// page shows it.
+type Overview struct {
+	// Workflows counts each workflow's keys by state (see
+	// Client.CountsByWorkflow).
+	Workflows map[string]keyrow.Counts
+	// OldestUnfinished is how long ago the oldest runnable unfinished key
+	// (in flight, waiting or stuck) was first seen; zero when there is none.
+	OldestUnfinished time.Duration
+	// LastHour counts the keys first seen in the last hour.
+	LastHour int
+}
+
+// CountsByWorkflow returns the keys of each workflow by state, a key
+// counting as stuck once idle for the completer's MinIdle. Like Counts, it
+// counts the unfinished keys exactly, from the partial indexes that hold
+// them, and the finished keys of a large table from its statistics.
+func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts, error) {
+	return store.CountByWorkflow(ctx, c.pool, c.cfg.Completer.MinIdle)
+}
+
+// Overview returns the counts of every workflow, the age of the oldest
+// runnable unfinished key and the keys of the last hour. None of it reads
+// the finished keys of a large table.
+func (c *Client) Overview(ctx context.Context) (*Overview, error) {
+	counts, err := c.CountsByWorkflow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	oldest, lastHour, err := store.Activity(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	return &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour}, nil
+}
+
+// KeyDetail is everything an operator sees of one key: its row, where it
+// stands in its workflow, and the operator actions taken on it.
+type KeyDetail struct {
+	keyrow.Row
+	// Phases are the workflow's phases in declared order when the
+	// workflow is registered with the client; nil otherwise.
+	Phases []PhaseDetail
+	// Audit holds the operator actions on the key, newest first (at most
+	// keyrow.DefaultListLimit of them).
+	Audit []keyrow.AuditEntry
+}
+
+// PhaseDetail is one phase of a key's workflow.
+type PhaseDetail struct {
+	Name string
+	// Foreign is set for a phase that makes a foreign call;
+	// DownstreamKey is the idempotency key that call sends for this key.
+	Foreign       bool
+	DownstreamKey string
+	// Passed is set for the phases up to the key's recovery point: each
+	// committed, or did not apply to this key's request.
+	Passed bool
+}
+
+// Describe returns everything stored about the tenant's key with the
+// phases of its workflow and its audit, or keyrow.ErrNotFound.
+func (c *Client) Describe(ctx context.Context, tenant, key string) (*KeyDetail, error) {
+	row, err := store.Inspect(ctx, c.pool, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	d := &KeyDetail{Row: *row}
+	if d.Audit, err = store.Audit(ctx, c.pool, store.AuditFilter{Tenant: tenant, Key: key}); err != nil {
+		return nil, err
+	}
+	w, ok := c.describer(row)
+	if !ok {
+		return d, nil
+	}
+	fp, err := store.Fingerprint(ctx, c.pool, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	names, foreign := w.phaseKinds()
+	passed := slices.Index(names, row.RecoveryPoint)
+	if row.RecoveryPoint == keyrow.Finished {
+		passed = len(names)
+	}
+	for i, name := range names {
+		p := PhaseDetail{Name: name, Foreign: foreign[i], Passed: i <= passed}
+		if p.Foreign {
+			p.DownstreamKey = keyrow.DownstreamKey(c.cfg.DownstreamKeyPrefix, tenant, key, fp, name)
+		}
+		d.Phases = append(d.Phases, p)
+	}
+	return d, nil
+}
+
+// describer returns the registered workflow that runs row's definition as
+// its own; an adopted definition, whose recovery points the run maps
+// first, is not described.
+func (c *Client) describer(row *keyrow.Row) (described, bool) {
+	rt, ok := c.routes[defKey{row.Workflow, row.Definition}]
+	if !ok || len(rt.moves) > 0 {
+		return nil, false
+	}
+	w, ok := rt.w.(described)
+	return w, ok
+}
+
+// described is what Describe and Resolve need of a registered workflow.
+type described interface {
+	phaseKinds() (names []string, foreign []bool)
+	checkOutput(row *keyrow.Row, output json.RawMessage) (phase string, err error)
+}
+
+func (w *Workflow[Req, State]) phaseKinds() ([]string, []bool) {
+	foreign := make([]bool, len(w.phases))
+	for i := range w.phases {
+		foreign[i] = w.phases[i].foreign != nil
+	}
+	return w.Phases(), foreign
+}
+
+// checkOutput finds the foreign phase whose outcome row awaits, as a run
+// of the key would, and decodes output into that phase's output type.
+func (w *Workflow[Req, State]) checkOutput(row *keyrow.Row, output json.RawMessage) (string, error) {
+	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts, Resumed: true}
+	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
+		return "", fmt.Errorf("decode stored request: %w", err)
+	}
+	if len(row.State) > 0 && !bytes.Equal(row.State, []byte("null")) {
+		if err := json.Unmarshal(row.State, &run.State); err != nil {
+			return "", fmt.Errorf("decode stored state: %w", err)
+		}
+	}
+	i, err := w.next(row.RecoveryPoint)
+	if err != nil {
+		return "", err
+	}
+	x := &execution[Req, State]{w: w, run: run}
+	if i, err = x.applicable(i); err != nil {
+		return "", err
+	}
+	if i == len(w.phases) || w.phases[i].foreign == nil {
+		return "", fmt.Errorf("no foreign phase follows recovery point %q", row.RecoveryPoint)
+	}
+	p := &w.phases[i]
+	if output != nil {
+		if _, err := p.foreign.decode(output); err != nil {
+			return p.name, fmt.Errorf("phase %s: output does not decode as its record function takes it: %w", p.name, err)
+		}
+	}
+	return p.name, nil
+}
+
+// decodeOutput decodes an operator's JSON into a phase's output type,
+// refusing fields the type does not have (a misspelt field would
+// otherwise leave its value zero) and anything after the value.
+func decodeOutput[Out any](data json.RawMessage) (Out, error) {
+	var out Out
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&out); err != nil {
+		return out, err
+	}
+	if dec.More() {
+		return out, errors.New("more than one JSON value")
+	}
+	return out, nil
+}
+
+// ErrInvalidResolution wraps the reason a resolution was refused before
+// anything was recorded: its output does not decode into the phase's
+// output type, or no foreign phase awaits an outcome at its recovery point.
+var ErrInvalidResolution = errors.New("phase: invalid resolution")
+
+// Resolve records an operator's resolution of the key's unknown outcome
+// and, when the key's workflow is registered with the client, runs the key
+// at once: a call that Happened is recorded with r.Output by the phase's
+// record function (the one given to Foreign), one that did not is made
+// again with the same downstream key. It returns the key as the run left
+// it. A client without the workflow only records the resolution, and the
+// completer of a process that has it acts on it at its next pass over the
+// key.
+//
+// The resolution holds only while the key is held as unknown at
+// r.RecoveryPoint with no live lease: otherwise nothing is recorded and
+// the error is keyrow.ErrNotUnknown (the key moved on since the operator
+// looked) or keyrow.ErrNotFound. With the workflow registered, r.Output is
+// first decoded into the phase's output type, unknown fields refused, and
+// an error wrapping ErrInvalidResolution returned when it does not fit.
+// The run decodes it again in any case, and keeps the key on hold if it
+// does not fit. The resolution is audited under the actor of ctx (see
+// WithActor).
+func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resolution) (*keyrow.Row, error) {
+	row, err := store.Inspect(ctx, c.pool, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	w, known := c.describer(row)
+	if known && row.Hold == keyrow.HoldUnknown && row.RecoveryPoint == r.RecoveryPoint {
+		var output json.RawMessage
+		if r.Happened {
+			output = r.Output
+		}
+		if _, err := w.checkOutput(row, output); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidResolution, err)
+		}
+	}
+	if err := store.Resolve(ctx, c.pool, tenant, key, r); err != nil {
+		return nil, err
+	}
+	if known {
+		if err := c.runNow(ctx, tenant, key); err != nil {
+			c.cfg.Logger.Warn("resolved key did not finish its run; it stays for the completer",
+				"workflow", row.Workflow, "tenant", tenant, "key", key, "err", err)
+		}
+	}
+	return store.Inspect(ctx, c.pool, tenant, key)
+}
+
+// runNow takes the lease on the key and runs it as the completer would,
+// unless another run holds it.
+func (c *Client) runNow(ctx context.Context, tenant, key string) error {
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	if !c.enter() {
+		return ErrStopped
+	}
+	defer c.inflight.Done()
+	row, err := store.ClaimKey(ctx, c.pool, tenant, key, c.cfg.LockTTL)
+	if err != nil || row == nil {
+		return err
+	}
+	return c.resume(ctx, row)
+}
+
+// BulkPreview counts the keys that Bulk with the same arguments would
+// change if it ran now, changing nothing.
+func (c *Client) BulkPreview(ctx context.Context, action string, f keyrow.ListFilter, confirmUnknown bool) (int, error) {
+	return store.BulkPreview(ctx, c.pool, store.Bulk(action), c.filter(f), confirmUnknown)
+}
+
+// Bulk applies an operator action to every key f selects, up to f.Limit
+// or 1000: keyrow.ActionRetry retries the dead keys among them (and those
+// held as unknown when confirmUnknown is set, repeating their last foreign
+// call), keyrow.ActionUnlock frees their leases. Each key changes as Retry
+// or Unlock would change it, keys that a run holds locked at that moment
+// are skipped, and each change is audited under the actor of ctx with the
+// filter. It returns how many keys changed; BulkPreview counts them first.
+func (c *Client) Bulk(ctx context.Context, action string, f keyrow.ListFilter, confirmUnknown bool) (int, error) {
+	return store.BulkAct(ctx, c.pool, store.Bulk(action), c.filter(f), confirmUnknown)
+}
+
+// filter applies the client's defaults to f.
+func (c *Client) filter(f keyrow.ListFilter) keyrow.ListFilter {
+	if f.StuckAfter == 0 {
+		f.StuckAfter = c.cfg.Completer.MinIdle
+	}
+	return f
+}
+
+// Audit returns the operator actions recorded, newest first: up to limit
+// (keyrow.DefaultListLimit when zero) of those before the entry with id
+// before (all when zero).
+func (c *Client) Audit(ctx context.Context, before int64, limit int) ([]keyrow.AuditEntry, error) {
+	return store.Audit(ctx, c.pool, store.AuditFilter{Before: before, Limit: limit})
+}
+
+// resolved acts on an operator's resolution, when one was recorded for
+// the key at its recovery point, of the unknown outcome of the phase at
+// index i: it records the call's output (Happened) or makes the call again
+// (not happened), and reports done. The resolution is taken off the key
+// first, so it is acted on once.
+func (x *execution[Req, State]) resolved(ctx context.Context, i int) (resp *keyrow.Response, done bool, err error) {
+	r, err := store.TakeResolution(ctx, x.c.pool, x.row.ID, x.row.LockToken)
+	if err != nil {
+		return nil, true, x.release(ctx, fmt.Errorf("phase: read the operator's resolution: %w", err), keyrow.HoldUnknown)
+	}
+	if r == nil || r.RecoveryPoint != x.rp || i == len(x.w.phases) || x.w.phases[i].foreign == nil {
+		return nil, false, nil
+	}
+	p := &x.w.phases[i]
+	x.run.phase = p.identity()
+	x.c.cfg.Logger.Info("acting on the operator's resolution", "workflow", x.w.name, "tenant", x.run.Tenant,
+		"key", x.run.Key, "phase", p.name, "happened", r.Happened)
+	if !r.Happened {
+		resp, err := x.from(ctx, i, nil)
+		return resp, true, err
+	}
+	rec, err := p.foreign.decode(r.Output)
+	if err != nil {
+		return nil, true, x.release(ctx, fmt.Errorf("phase %s: the operator's resolution does not decode: %w", p.name, err), keyrow.HoldUnknown)
+	}
+	resp, err = x.from(ctx, i, rec)
+	return resp, true, err
+}
