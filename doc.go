@@ -66,8 +66,10 @@
 //	mux.Handle("POST /rides", handler)
 //	err = client.Start(ctx) // the completer and the reaper; client.Stop(ctx) on shutdown
 //
-// The handler answers a retry of a finished key with the stored response,
-// byte for byte (with Idempotent-Replayed: true); a retry while the first
+// The handler answers a retry of a finished key with the stored response:
+// the same status and body, with only the headers that describe the
+// resource, never a cookie (with Idempotent-Replayed: true; see
+// docs/stored-responses.md); a retry while the first
 // request still runs with 409 and Retry-After; a key reused with another
 // payload with 422; a crashed request's retry by resuming it.
 //
@@ -78,8 +80,8 @@
 // lease expires by the database clock and the next request takes it over,
 // while the old holder, if it is only slow, is fenced out of every write and
 // of its next foreign call. When no client comes back, the client's
-// completer resumes abandoned keys, and its reaper deletes finished keys once
-// their retention is over.
+// completer resumes abandoned keys, and its reaper deletes the finished keys
+// of its workflows once the retention each key recorded is over.
 //
 // Every phase commit waits for the WAL flush, as the server's
 // synchronous_commit says; taking and renewing a lease do not. A lease lost

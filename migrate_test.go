@@ -492,4 +492,41 @@ func ExampleMigrations() {
 	// 004_comment_downstream_keys
 	// 005_record_definitions
 	// 006_operator_actions
+	// 007_scrub_replayed_headers
+	// 008_record_retention
+}
+
+func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := emptyConn(t)
+	ms := atomicphase.Migrations()
+	if _, err := atomicphase.MigrateWith(ctx, conn, ms[:5]); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, conn, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+    recovery_point, finished_at, response_status, response_headers, response_body)
+VALUES
+    ('acme', 'login', 'signup', sha256('login'), '{}', 'finished', now(), 201,
+     '{"Content-Type": ["application/json"], "Set-Cookie": ["session=secret"], "authorization": ["Bearer x"], "Location": ["/users/1"]}', '{}'),
+    ('acme', 'plain', 'signup', sha256('plain'), '{}', 'finished', now(), 201, '{"Content-Type": ["application/json"]}', '{}'),
+    ('acme', 'none', 'signup', sha256('none'), '{}', 'finished', now(), 204, NULL, '')`)
+	if err := atomicphase.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"login": `{"Location": ["/users/1"], "Content-Type": ["application/json"]}`,
+		"plain": `{"Content-Type": ["application/json"]}`,
+		"none":  "",
+	}
+	for key, headers := range want {
+		var got *string
+		if err := conn.QueryRow(ctx, `SELECT response_headers::text FROM idempotency_keys WHERE idempotency_key = $1`, key).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if (got == nil) != (headers == "") || (got != nil && *got != headers) {
+			t.Errorf("key %s: stored headers after the migration = %v, want %q", key, got, headers)
+		}
+	}
 }

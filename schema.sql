@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     definition          text        NOT NULL DEFAULT '',
     call_pending        text,
     resolution          jsonb,
+    retain_for          interval,
 
     CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key)
 )
@@ -79,7 +80,7 @@ COMMENT ON COLUMN idempotency_keys.lock_token IS
 COMMENT ON COLUMN idempotency_keys.response_status IS
     'Stored HTTP status, replayed on every retry once the key is finished.';
 COMMENT ON COLUMN idempotency_keys.response_headers IS
-    'Stored response headers (name to list of values), replayed with the status.';
+    'Stored response headers (name to list of values) that describe the resource, replayed with the status; never cookies, credentials, hop-by-hop headers or Date (see phase.StoreConfig).';
 COMMENT ON COLUMN idempotency_keys.response_body IS
     'Stored response body, byte for byte, so a replay is identical to the first answer.';
 COMMENT ON COLUMN idempotency_keys.attempts IS
@@ -92,6 +93,8 @@ COMMENT ON COLUMN idempotency_keys.definition IS
     'Identity of the workflow definition the key started under (phase.Workflow.Definition); only a process that registered it, or adopts it, resumes the key. Empty for keys written before definitions were recorded.';
 COMMENT ON COLUMN idempotency_keys.call_pending IS
     'The phase whose foreign call, not safe to repeat, was about to be sent when this was written; cleared when the phase commits or the call fails for sure. A run that finds it set reconciles the call instead of sending it again.';
+COMMENT ON COLUMN idempotency_keys.retain_for IS
+    'How long the key is kept once finished, recorded when it was created (phase.StoreConfig.Retention); no reaper deletes it sooner. NULL for keys written before retentions were recorded: the reaper of their workflow applies its own.';
 
 COMMENT ON COLUMN idempotency_keys.resolution IS
     'An operator''s resolution of an unknown outcome, for the phase after the recovery point it names: happened (with the call''s output) or not happened. The next run takes it (and clears it) instead of calling the phase''s reconcile function. NULL almost always.';
@@ -110,9 +113,10 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_held
     ON idempotency_keys (hold, last_run_at)
     WHERE hold IS NOT NULL;
 
--- The reaper's scan: finished keys by age.
-CREATE INDEX IF NOT EXISTS idempotency_keys_finished
-    ON idempotency_keys (finished_at)
+-- The reaper's scan: finished keys of one workflow by age. Each reaper
+-- deletes only the keys of the workflows its process runs.
+CREATE INDEX IF NOT EXISTS idempotency_keys_finished_by_workflow
+    ON idempotency_keys (workflow, finished_at)
     WHERE finished_at IS NOT NULL;
 
 -- Operator actions, one row per key changed, written in the statement that

@@ -198,7 +198,7 @@ func (w *Workflow[Req, State]) StatusHandler(c *Client, cfg StatusConfig) (http.
 			return
 		}
 		if row.ResponseStatus != nil {
-			writeStored(rw, &keyrow.Response{Status: *row.ResponseStatus, Header: row.ResponseHeader, Body: row.ResponseBody}, true)
+			writeStored(rw, w.store.replayed(&keyrow.Response{Status: *row.ResponseStatus, Header: row.ResponseHeader, Body: row.ResponseBody}), true)
 			return
 		}
 		st := acceptedStatus{Status: "processing", RecoveryPoint: row.RecoveryPoint}

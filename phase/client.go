@@ -133,6 +133,9 @@ type Registered interface {
 	// completer, or acquired by a request to another definition.
 	resume(ctx context.Context, c *Client, row *store.Row, rt route, byCompleter bool) (*keyrow.Response, error)
 	adopted() []adoption
+	// retention is how long the workflow's keys are kept; zero means the
+	// client's reaper retention.
+	retention() time.Duration
 }
 
 // defKey names a workflow definition as a key row records it.
@@ -192,6 +195,22 @@ func routesOf(workflows []Registered) (map[defKey]route, error) {
 		}
 	}
 	return routes, nil
+}
+
+// reapScopes are the workflows whose keys a client's reaper judges: those
+// it runs, under their own names and those they adopt keys from, each kept
+// for its workflow's retention (the longest, when several registered
+// workflows run keys of one name).
+func reapScopes(routes map[defKey]route, retention time.Duration) []maint.Scope {
+	keep := make(map[string]time.Duration)
+	for k, rt := range routes {
+		keep[k.workflow] = max(keep[k.workflow], cmp.Or(rt.w.retention(), retention))
+	}
+	scopes := make([]maint.Scope, 0, len(keep))
+	for _, name := range slices.Sorted(maps.Keys(keep)) {
+		scopes = append(scopes, maint.Scope{Workflow: name, Retention: keep[name]})
+	}
+	return scopes
 }
 
 // ErrNotRegistered is returned when running or serving a workflow that was
@@ -274,7 +293,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if len(c.Middleware) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
-	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger)
+	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
 	return cl, nil
 }
 
@@ -480,5 +499,5 @@ func (c *Client) Retry(ctx context.Context, tenant, key string) error {
 // changing nothing: how many finished keys it would delete and how many
 // abandoned keys it would close with a terminal response.
 func (c *Client) ReapCandidates(ctx context.Context) (finished, abandoned int, err error) {
-	return store.ReapCandidates(ctx, c.pool, c.cfg.Reaper.Retention)
+	return c.reaper.Candidates(ctx)
 }

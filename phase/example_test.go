@@ -204,3 +204,32 @@ func ExampleNewClient() {
 	}
 	// Output: new 201 1 0
 }
+
+func ExampleWorkflow_StoreResponses() {
+	ctx := context.Background()
+	pool, done := exampleDB(ctx)
+	defer done()
+	w := transfers()
+	// Transfers are kept 30 days, whatever the reapers of other services
+	// sharing the table keep theirs; a retry also gets the X-Transfer-Id
+	// header, beside those that describe the resource.
+	if err := w.StoreResponses(phase.StoreConfig{
+		Retention:     30 * 24 * time.Hour,
+		ReplayHeaders: []string{"X-Transfer-Id"},
+	}); err != nil {
+		log.Fatal(err)
+	}
+	client, err := phase.NewClient(pool, nil, w)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := w.Run(ctx, client, "acme", "k1", Transfer{Amount: 100}); err != nil {
+		log.Fatal(err)
+	}
+	var kept time.Duration
+	if err := pool.QueryRow(ctx, `SELECT retain_for FROM idempotency_keys`).Scan(&kept); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(kept)
+	// Output: 720h0m0s
+}

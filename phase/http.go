@@ -80,6 +80,12 @@ type HTTPConfig[Req any] struct {
 	// StatusLocation returns the URL at which the status of key is read
 	// (see Workflow.StatusHandler). Required with AcceptAfter.
 	StatusLocation func(r *http.Request, key string) string
+	// AdjustReplay, when set, may change a replayed response before it is
+	// sent: its status, headers and body, as stored (see
+	// Workflow.StoreResponses). It runs for every replay, never for the
+	// response of the request that ran. Headers the request's middleware
+	// already set on the ResponseWriter are kept over the stored ones.
+	AdjustReplay func(r *http.Request, resp *keyrow.Response)
 }
 
 // DecodeJSON decodes a JSON request body into Req, refusing unknown fields
@@ -118,7 +124,9 @@ func isTooBig(err error) bool {
 // Idempotency-Key header; w must be registered with c. It parses the key
 // (bare or RFC 8941 quoted), finds the tenant and decodes the request with
 // cfg's functions, and answers: the stored response (replays carry
-// Idempotent-Replayed: true and identical bytes); and otherwise an
+// Idempotent-Replayed: true, the identical status and body, and only the
+// stored headers, never over one the request's middleware set; every
+// stored answer carries Content-Length); and otherwise an
 // application/problem+json body (RFC 9457) that says whether retrying with
 // the same key is safe:
 //
@@ -230,6 +238,17 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 	}
 	switch out.Kind {
 	case OutcomeReplay:
+		if h.cfg.AdjustReplay != nil {
+			resp := *out.Response
+			resp.Header = out.Response.Header.Clone()
+			if err := protect("AdjustReplay", "", func() error { h.cfg.AdjustReplay(r, &resp); return nil }); err != nil {
+				h.c.cfg.Logger.Error("panic in user code; the stored response was not sent", "workflow", h.w.name, "key", key, "err", err)
+				WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
+					"this request was already processed, but its stored response could not be sent because of a server bug; retry with the same Idempotency-Key to get it", 0)
+				return
+			}
+			out.Response = &resp
+		}
 		writeStored(rw, out.Response, true)
 	case OutcomeNew, OutcomeResumed:
 		writeStored(rw, out.Response, false)
@@ -351,16 +370,33 @@ func requestErrorDetail(err error) string {
 	return msg
 }
 
+// writeStored sends a response the workflow gave, with Content-Length. The
+// response of the run goes out with all of its headers; a replay carries
+// only the stored ones (see Workflow.StoreResponses), and never replaces a
+// header that the current request's middleware has already set, such as a
+// request id or a rate limit, which belong to this request.
 func writeStored(rw http.ResponseWriter, resp *keyrow.Response, replayed bool) {
 	hdr := rw.Header()
 	for k, v := range resp.Header {
+		if replayed && len(hdr.Values(k)) > 0 {
+			continue
+		}
 		hdr[k] = v
 	}
 	if replayed {
 		hdr.Set(ReplayedHeader, "true")
 	}
+	if bodyAllowed(resp.Status) {
+		hdr.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
 	rw.WriteHeader(resp.Status)
 	_, _ = rw.Write(resp.Body)
+}
+
+// bodyAllowed reports whether a response with status may carry a body and
+// so a Content-Length.
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
 // problemType prefixes the type URI of every problem the library answers.

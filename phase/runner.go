@@ -2,6 +2,7 @@ package phase
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -211,7 +212,8 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	}
 
 	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Definition: w.definition,
-		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL}
+		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL,
+		Retention: cmp.Or(w.store.retention, c.cfg.Reaper.Retention)}
 	// A key is looked up at most twice more: under the fingerprint keys
 	// stored before definitions hold, and under the definition it started
 	// with.
@@ -232,7 +234,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 		case store.Replay:
 			ev.Kind, ev.Status = EventReplayed, row.Response.Status
 			c.observe(ctx, ev)
-			return &Outcome{Kind: OutcomeReplay, Response: row.Response}, nil
+			return &Outcome{Kind: OutcomeReplay, Response: w.store.replayed(row.Response)}, nil
 		case store.Mismatch:
 			if !legacyTried {
 				// The key may hold the earlier kind of fingerprint, of its
@@ -355,6 +357,8 @@ func (c *Client) downstreamBase(row *store.Row) string {
 }
 
 func (w *Workflow[Req, State]) adopted() []adoption { return w.adoptions }
+
+func (w *Workflow[Req, State]) retention() time.Duration { return w.store.retention }
 
 // resume continues a key whose lease the caller holds, from its stored
 // request: one the completer claimed, or one a request found under another
@@ -795,7 +799,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	var w store.Write
 	if res.response != nil {
-		w, err = x.lease.Finish(state, *res.response)
+		w, err = x.lease.Finish(state, x.w.store.stored(*res.response))
 	} else {
 		w, err = x.lease.Advance(p.identity(), state)
 	}

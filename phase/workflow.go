@@ -40,6 +40,7 @@ type Workflow[Req, State any] struct {
 	index      map[string]int
 	definition string
 	adoptions  []adoption
+	store      storePolicy
 }
 
 // adoption is an older definition whose keys a workflow resumes, with the
@@ -59,7 +60,8 @@ func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Re
 	if len(phases) == 0 {
 		return nil, fmt.Errorf("phase: workflow %q has no phases", name)
 	}
-	w := &Workflow[Req, State]{name: name, phases: phases, index: make(map[string]int, len(phases))}
+	w := &Workflow[Req, State]{name: name, phases: phases, index: make(map[string]int, len(phases)),
+		store: defaultStorePolicy()}
 	for i, p := range phases {
 		switch {
 		case keyrow.CheckName(p.name) != nil:
@@ -227,9 +229,11 @@ type Result struct {
 // Next ends a phase by committing it and moving to the next applicable one.
 func Next() Result { return Result{} }
 
-// Respond ends the workflow with a terminal response. The response is
-// stored with the phase's commit, byte for byte, and replayed on every retry
-// of the key.
+// Respond ends the workflow with a terminal response, whatever its status.
+// The caller that ran the request gets it whole; the key stores its status
+// and body, byte for byte, with the headers that describe the resource (see
+// Workflow.StoreResponses), in the phase's commit, and every retry of the
+// key gets that back.
 func Respond(status int, header http.Header, body []byte) Result {
 	if body == nil {
 		body = []byte{}

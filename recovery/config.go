@@ -92,8 +92,11 @@ const (
 // ReaperConfig configures the reaper of a phase.Client. Zero values mean
 // the default.
 type ReaperConfig struct {
-	// Retention is how long a finished key is kept and replayed. Defaults
-	// to DefaultRetention.
+	// Retention is how long a finished key is kept and replayed, for the
+	// workflows that set none of their own (phase.StoreConfig.Retention).
+	// The reaper judges only the keys of the client's workflows, and never
+	// deletes a key before the retention recorded on it when it was
+	// created. Defaults to DefaultRetention.
 	Retention time.Duration
 	// BatchSize is how many keys one delete removes. Defaults to
 	// DefaultReapBatch.

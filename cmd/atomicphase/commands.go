@@ -162,8 +162,11 @@ deletes, batch after batch, the finished keys whose response is older than
 the retention. Keys it closes are deleted a retention later. Keys in flight
 or held as unknown are never touched.
 
-Use the application reaper's retention: with a shorter one, a client that
-retries a deleted key runs its request again.
+It judges the keys of every workflow, and never deletes or closes a key
+before the retention the key recorded when it was created (its workflow's
+phase.StoreConfig.Retention). Keys stored before retentions were recorded
+have none: for them, use the application reaper's retention, since with a
+shorter one a client that retries a deleted key runs its request again.
 
 With -dry-run, reap counts what a run would do and changes nothing. It
 counts rows that a request happens to hold locked at that moment, which a

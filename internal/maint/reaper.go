@@ -15,33 +15,78 @@ import (
 
 // Reaper deletes finished keys once their retention is over, in small
 // batches, and closes abandoned keys first so that they can be deleted too.
+// It judges only the keys of the workflows it was given, each with its own
+// retention, and never deletes a key before the retention the key recorded.
 type Reaper struct {
-	cfg  recovery.ReaperConfig
-	pool *pgxpool.Pool
-	log  *slog.Logger
-	bg   Background
+	cfg    recovery.ReaperConfig
+	pool   *pgxpool.Pool
+	log    *slog.Logger
+	bg     Background
+	scopes []Scope
 }
 
-// NewReaper returns a reaper; cfg must have its defaults applied.
-func NewReaper(cfg recovery.ReaperConfig, pool *pgxpool.Pool, log *slog.Logger) *Reaper {
-	return &Reaper{cfg: cfg, pool: pool, log: log}
+// Scope is the keys of one workflow that a reaper judges, and how long it
+// keeps them at least.
+type Scope struct {
+	Workflow  string
+	Retention time.Duration
+}
+
+// NewReaper returns a reaper over the keys of scopes, each workflow named
+// once; cfg must have its defaults applied. With no scopes it judges the
+// keys of every workflow, with cfg.Retention: that is the reaper of a
+// process that runs no workflow, such as the atomicphase command.
+func NewReaper(cfg recovery.ReaperConfig, pool *pgxpool.Pool, log *slog.Logger, scopes []Scope) *Reaper {
+	return &Reaper{cfg: cfg, pool: pool, log: log, scopes: scopes}
+}
+
+// Scopes returns the workflows the reaper judges now: those it was given,
+// or every workflow that has finished keys, with the configured retention.
+func (r *Reaper) Scopes(ctx context.Context) ([]Scope, error) {
+	if len(r.scopes) > 0 {
+		return r.scopes, nil
+	}
+	names, err := store.FinishedWorkflows(ctx, r.pool)
+	if err != nil {
+		return nil, err
+	}
+	scopes := make([]Scope, len(names))
+	for i, n := range names {
+		scopes[i] = Scope{Workflow: n, Retention: r.cfg.Retention}
+	}
+	return scopes, nil
+}
+
+// Candidates reports what RunOnce would do if it started now, changing
+// nothing.
+func (r *Reaper) Candidates(ctx context.Context) (finished, abandoned int, err error) {
+	if len(r.scopes) == 0 {
+		return store.ReapCandidates(ctx, r.pool, "", r.cfg.Retention)
+	}
+	for _, s := range r.scopes {
+		f, a, err := store.ReapCandidates(ctx, r.pool, s.Workflow, s.Retention)
+		if err != nil {
+			return finished, abandoned, err
+		}
+		finished, abandoned = finished+f, abandoned+a
+	}
+	return finished, abandoned, nil
 }
 
 // RunOnce closes abandoned keys and deletes expired ones, batch after
 // batch with a pause between batches, until none is left or ctx ends.
 func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 	var res recovery.ReapResult
-	for {
-		start := time.Now()
-		n, err := store.Expire(ctx, r.pool, r.cfg.Retention, r.cfg.BatchSize)
+	expire := r.scopes
+	if len(expire) == 0 {
+		expire = []Scope{{Retention: r.cfg.Retention}}
+	}
+	for _, s := range expire {
+		n, err := r.batches(ctx, func() (int, error) {
+			return store.Expire(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize)
+		})
 		res.Expired += n
 		if err != nil {
-			return res, err
-		}
-		if n < r.cfg.BatchSize {
-			break
-		}
-		if err := r.pause(ctx, time.Since(start)); err != nil {
 			return res, err
 		}
 	}
@@ -49,21 +94,39 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 		r.observe(ctx, recovery.Event{Kind: recovery.EventExpired, Count: res.Expired})
 		r.log.Warn("abandoned keys closed with a terminal response", "count", res.Expired)
 	}
-	for {
-		start := time.Now()
-		n, err := store.Reap(ctx, r.pool, r.cfg.Retention, r.cfg.BatchSize)
+	scopes, err := r.Scopes(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, s := range scopes {
+		n, err := r.batches(ctx, func() (int, error) {
+			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize)
+			if n > 0 {
+				r.observe(ctx, recovery.Event{Kind: recovery.EventReaped, Count: n, Workflow: s.Workflow})
+			}
+			return n, err
+		})
 		res.Deleted += n
-		if n > 0 {
-			r.observe(ctx, recovery.Event{Kind: recovery.EventReaped, Count: n})
-		}
 		if err != nil {
 			return res, err
 		}
-		if n < r.cfg.BatchSize {
-			return res, nil
+	}
+	return res, nil
+}
+
+// batches runs batch until it changes fewer keys than a batch holds, with a
+// pause between two, and returns how many keys the batches changed.
+func (r *Reaper) batches(ctx context.Context, batch func() (int, error)) (int, error) {
+	total := 0
+	for {
+		start := time.Now()
+		n, err := batch()
+		total += n
+		if err != nil || n < r.cfg.BatchSize {
+			return total, err
 		}
 		if err := r.pause(ctx, time.Since(start)); err != nil {
-			return res, err
+			return total, err
 		}
 	}
 }

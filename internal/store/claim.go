@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/jackc/pgx/v5"
+
 )
 
 // ClaimParams selects the unfinished keys the completer may take.
@@ -134,41 +136,79 @@ func Bury(ctx context.Context, q Querier, workflows, definitions []string, maxFa
 	return int(tag.RowsAffected()), nil
 }
 
-// reapableWhere selects the finished keys whose retention ($1) is over.
-// reapSQL deletes them and ReapCandidates counts them, so a dry run reports
-// what a run deletes.
-const reapableWhere = `finished_at < now() - $1::interval`
+// reapableWhere selects the finished keys whose retention is over: both the retention the key recorded when it was created (keys
+// written before retentions were recorded have none) and the reaper's own
+// ($1). A key is thus never deleted before the retention it was created
+// with, whichever process reaps it. reapSQL deletes them and ReapCandidates
+// counts them, so a dry run reports what a run deletes.
+const reapableWhere = `finished_at < now() - $1::interval
+      AND finished_at < now() - coalesce(retain_for, $1::interval)`
 
-// reapSQL deletes one batch of finished keys older than the retention.
-// SKIP LOCKED keeps it from waiting on, or blocking, a request that is
-// replaying one of them; a small LIMIT keeps each transaction short.
+// reapSQL deletes one batch of finished keys of one workflow past their
+// retention. The index idempotency_keys_finished_by_workflow serves it in
+// order, from the workflow's oldest key up to the reaper's retention, so a
+// batch reads only that workflow's keys, never those of workflows kept
+// longer. SKIP LOCKED keeps it from waiting on, or blocking, a request that
+// is replaying one of them; a small LIMIT keeps each transaction short.
 const reapSQL = `
 DELETE FROM idempotency_keys
 WHERE id IN (
     SELECT id FROM idempotency_keys
-    WHERE ` + reapableWhere + `
+    WHERE workflow = $2 AND ` + reapableWhere + `
     ORDER BY finished_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )`
 
-// Reap deletes up to limit finished keys whose response was stored more than
-// retention ago and reports how many it deleted. Unfinished keys, in flight
-// or on hold, are never deleted.
-func Reap(ctx context.Context, q Querier, retention time.Duration, limit int) (int, error) {
-	tag, err := q.Exec(ctx, reapSQL, retention, limit)
+// Reap deletes up to limit finished keys of workflow whose response was
+// stored more than retention ago, and more than the retention the key
+// recorded, and reports how many it deleted. Unfinished keys, in flight or
+// on hold, are never deleted.
+func Reap(ctx context.Context, q Querier, workflow string, retention time.Duration, limit int) (int, error) {
+	tag, err := q.Exec(ctx, reapSQL, retention, workflow, limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reap: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// abandonedWhere selects the keys abandoned before finishing: dead, or
-// runnable and idle for the whole retention ($1), with no live lease.
-// expireSQL closes them and ReapCandidates counts them.
+// finishedWorkflowsSQL lists the workflows that have finished keys, reading
+// one index entry per workflow (a loose index scan over
+// idempotency_keys_finished_by_workflow) however many keys each has.
+const finishedWorkflowsSQL = `
+WITH RECURSIVE w AS (
+    (SELECT workflow FROM idempotency_keys WHERE finished_at IS NOT NULL ORDER BY workflow LIMIT 1)
+    UNION ALL
+    SELECT (SELECT k.workflow FROM idempotency_keys k
+            WHERE k.finished_at IS NOT NULL AND k.workflow > w.workflow
+            ORDER BY k.workflow LIMIT 1)
+    FROM w WHERE w.workflow IS NOT NULL
+)
+SELECT workflow FROM w WHERE workflow IS NOT NULL`
+
+// FinishedWorkflows returns the names of the workflows that have finished
+// keys, for a reaper that judges every workflow's keys.
+func FinishedWorkflows(ctx context.Context, q Querier) ([]string, error) {
+	rows, err := q.Query(ctx, finishedWorkflowsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("store: finished workflows: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("store: finished workflows: %w", err)
+	}
+	return names, nil
+}
+
+// abandonedWhere selects the keys of workflow $2 (every workflow when $2
+// is empty) abandoned before finishing: dead, or runnable and idle for the
+// whole retention, the reaper's ($1) and the one the key recorded, with no
+// live lease. expireSQL closes them and ReapCandidates counts them.
 const abandonedWhere = `finished_at IS NULL
+      AND ($2 = '' OR workflow = $2)
       AND (hold = 'dead' OR hold IS NULL)
       AND last_run_at < now() - $1::interval
+      AND last_run_at < now() - coalesce(retain_for, $1::interval)
       AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
 
 // expireSQL gives abandoned keys (dead, or runnable but untouched for the
@@ -193,15 +233,16 @@ SET recovery_point = 'finished', finished_at = now(), hold = NULL,
 WHERE id IN (
     SELECT id FROM idempotency_keys
     WHERE ` + abandonedWhere + `
-    LIMIT $2
+    LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED
 )`
 
-// Expire stores a terminal "abandoned" response on up to limit keys that
-// were abandoned before finishing (dead, or never touched for retention)
-// and reports how many it changed.
-func Expire(ctx context.Context, q Querier, retention time.Duration, limit int) (int, error) {
-	tag, err := q.Exec(ctx, expireSQL, retention, limit)
+// Expire stores a terminal "abandoned" response on up to limit keys of
+// workflow (of every workflow when it is empty) that were abandoned before
+// finishing (dead, or never touched for retention, and for the retention
+// the key recorded) and reports how many it changed.
+func Expire(ctx context.Context, q Querier, workflow string, retention time.Duration, limit int) (int, error) {
+	tag, err := q.Exec(ctx, expireSQL, retention, workflow, limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: expire: %w", err)
 	}

@@ -137,7 +137,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 	db := pgtest.Pool(t)
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
 	age(t, db, "acme", "k1", "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '2 days'")
-	if n, err := store.Expire(ctx, db, 24*time.Hour, 10); err != nil || n != 1 {
+	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 10); err != nil || n != 1 {
 		t.Fatalf("expire = %d, %v; want the key closed", n, err)
 	}
 	if got := read(t, db, "acme", "k1"); got.Token != nil {
@@ -224,8 +224,8 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 			return err
 		}},
 		{"bury", func() error { _, err := store.Bury(ctx, db, []string{"test"}, nil, 1, 0); return err }},
-		{"expire", func() error { _, err := store.Expire(ctx, db, time.Hour, 2); return err }},
-		{"reap", func() error { _, err := store.Reap(ctx, db, time.Hour, 2); return err }},
+		{"expire", func() error { _, err := store.Expire(ctx, db, "", time.Hour, 2); return err }},
+		{"reap", func() error { _, err := store.Reap(ctx, db, "test", time.Hour, 2); return err }},
 		{"time passes", func() error {
 			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_expires_at = lock_expires_at - interval '1 minute',
 				last_run_at = last_run_at - interval '2 hours', finished_at = finished_at - interval '2 hours'

@@ -49,20 +49,21 @@ const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1
 // It reads a snapshot and locks nothing, so unlike a real run it also
 // counts rows that a request happens to hold locked at that moment.
 const reapCandidatesSQL = `
-SELECT (SELECT count(*) FROM idempotency_keys WHERE ` + reapableWhere + `),
+SELECT (SELECT count(*) FROM idempotency_keys WHERE ($2 = '' OR workflow = $2) AND ` + reapableWhere + `),
        (SELECT count(*) FROM idempotency_keys WHERE ` + abandonedWhere + `)`
 
-// ReapCandidates reports what a reaper run with this retention would do if
-// it started now, changing nothing: how many finished keys it would delete
+// ReapCandidates reports what a reaper run over workflow's keys (every
+// workflow's when it is empty) with this retention would do if it started
+// now, changing nothing: how many finished keys it would delete
 // (Reap) and how many abandoned keys it would close with a terminal response
 // (Expire). A run closes abandoned keys before deleting, and a key it closes
 // is deleted only a retention later, so the two numbers do not overlap.
 // Retention must be positive, as the reaper's is.
-func ReapCandidates(ctx context.Context, q Querier, retention time.Duration) (finished, abandoned int, err error) {
+func ReapCandidates(ctx context.Context, q Querier, workflow string, retention time.Duration) (finished, abandoned int, err error) {
 	if retention <= 0 {
 		return 0, 0, errors.New("store: reap candidates: retention must be positive")
 	}
-	if err := q.QueryRow(ctx, reapCandidatesSQL, retention).Scan(&finished, &abandoned); err != nil {
+	if err := q.QueryRow(ctx, reapCandidatesSQL, retention, workflow).Scan(&finished, &abandoned); err != nil {
 		return 0, 0, fmt.Errorf("store: reap candidates: %w", err)
 	}
 	return finished, abandoned, nil

@@ -314,7 +314,7 @@ func TestRetryKeepsAnOldKeyFromBeingExpiredAsAbandoned(t *testing.T) {
 	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := store.Expire(ctx, db, 24*time.Hour, 100); err != nil || n != 0 {
+	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 100); err != nil || n != 0 {
 		t.Fatalf("expire after retry = %d, %v; want the retried key left to run", n, err)
 	}
 }
@@ -369,7 +369,7 @@ func TestReapCandidatesCountsWhatTheReaperThenDoes(t *testing.T) {
 		age(t, db, "acme", key, "last_run_at = now() - interval '2 days'")
 	}
 
-	finished, abandoned, err := store.ReapCandidates(ctx, db, retention)
+	finished, abandoned, err := store.ReapCandidates(ctx, db, "", retention)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,18 +380,18 @@ func TestReapCandidatesCountsWhatTheReaperThenDoes(t *testing.T) {
 		t.Fatalf("after dry run counts = %+v, %v; want nothing changed", c, err)
 	}
 
-	expired, err := store.Expire(ctx, db, retention, 100)
+	expired, err := store.Expire(ctx, db, "", retention, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted, err := store.Reap(ctx, db, retention, 100)
+	deleted, err := store.Reap(ctx, db, "test", retention, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if deleted != finished || expired != abandoned {
 		t.Fatalf("reaper deleted %d and expired %d, dry run said %d and %d", deleted, expired, finished, abandoned)
 	}
-	if _, _, err := store.ReapCandidates(ctx, db, 0); err == nil {
+	if _, _, err := store.ReapCandidates(ctx, db, "", 0); err == nil {
 		t.Fatal("ReapCandidates with zero retention succeeded, want an error")
 	}
 }

@@ -124,6 +124,10 @@ type Request struct {
 	Params []byte
 	// TTL is the lease length. It must be positive.
 	TTL time.Duration
+	// Retention is how long the key is kept once finished, recorded on a
+	// new key so that no reaper deletes it sooner; zero records none, and
+	// the reaper of the key's workflow applies its own.
+	Retention time.Duration
 }
 
 // acquireSQL inserts a new key or takes over an existing one, in one
@@ -146,6 +150,9 @@ type Request struct {
 // taken row's stored request comes back only when the row was not inserted:
 // a new key's request is the caller's own.
 //
+// A new key records its retention ($10), which a takeover leaves as it
+// was: the key is kept as long as the run that created it promised.
+//
 // A new key's id ($8) is a UUIDv7, ordered by time, so that new rows go to
 // the right edge of the primary key's index instead of a random page.
 //
@@ -165,8 +172,8 @@ WITH found AS (
 ), taken AS (
     INSERT INTO idempotency_keys AS k
         (id, tenant, idempotency_key, workflow, definition, request_fingerprint, request_params,
-         locked_at, lock_expires_at, lock_token, attempts)
-    SELECT $8, $1, $2, $3, $9, $4, $5, now(), now() + $6::interval, $7, 1
+         locked_at, lock_expires_at, lock_token, attempts, retain_for)
+    SELECT $8, $1, $2, $3, $9, $4, $5, now(), now() + $6::interval, $7, 1, $10::interval
     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
     WHERE NOT EXISTS (
         SELECT FROM found
@@ -215,6 +222,10 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 	if req.TTL <= 0 {
 		return 0, nil, errors.New("store: acquire: lease TTL must be positive")
 	}
+	var retention *time.Duration
+	if req.Retention > 0 {
+		retention = &req.Retention
+	}
 	if err := keyrow.CheckTenant(req.Tenant); err != nil {
 		return 0, nil, fmt.Errorf("store: acquire: %w", err)
 	}
@@ -236,7 +247,7 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 		sent := time.Now()
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
 			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id),
-			req.Definition), req)
+			req.Definition, retention), req)
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
 			// The upsert met a row committed by a concurrent transaction after
 			// this statement's snapshot was taken: ON CONFLICT sees the latest
