@@ -180,11 +180,10 @@ func routesOf(workflows []Registered) (map[defKey]route, error) {
 			}
 			if a.workflow != w.Name() {
 				alias := defKey{a.workflow, w.Definition()}
-				if prev, dup := routes[alias]; !dup || prev.w == w {
-					routes[alias] = route{w: w}
-				} else if err := add(alias, route{w: w}); err != nil {
-					return nil, err
+				if prev, dup := routes[alias]; dup && prev.w != w {
+					return nil, fmt.Errorf("phase: definition %s of workflow %q is run by two registered workflows", alias.definition, alias.workflow)
 				}
+				routes[alias] = route{w: w}
 			}
 		}
 	}
