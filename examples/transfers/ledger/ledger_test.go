@@ -13,10 +13,13 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 func TestCrashesAndPairedFaultsAtEveryPointSettleOncePerPath(t *testing.T) {
@@ -502,4 +505,47 @@ func TestOtherPathsMethodsAndCallersAreAnsweredAsProblems(t *testing.T) {
 				res.StatusCode, res.Header.Get("Content-Type"), p, res.Header.Get("Allow"), tc.status, tc.allow)
 		}
 	}
+}
+
+// TestAddingALimitCheckConvergesForTransfersInFlight deploys a definition of
+// the transfers workflow with a limit check between the hold and the payout,
+// which adopts the first definition, over external transfers crashed at
+// every point of the first: each settles once, with one paid payout.
+func TestAddingALimitCheckConvergesForTransfersInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	from := e.open(t, "alice", "EUR", 1_000_000)
+	const amount = 100
+	checked, err := ledger.TransfersWith(e.payouts,
+		phase.Local("limits_checked", func(ctx context.Context, tx pgx.Tx, run *phase.Run[ledger.Transfer, ledger.State]) (phase.Result, error) {
+			var held int64
+			err := tx.QueryRow(ctx, `SELECT held FROM ledger_accounts WHERE id = $1`, run.Req.FromAccount).Scan(&held)
+			return phase.Next(), err
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checked.Adopt(ledger.WorkflowName, e.wf.Definition(), nil); err != nil {
+		t.Fatal(err)
+	}
+	upgraded, err := phase.NewClient(e.db, &phase.Config{Logger: quiet,
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, checked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	request := func(string) ledger.Transfer {
+		return ledger.Transfer{FromAccount: from.ID, Amount: amount, Currency: "EUR", PayoutDestination: "dest_alice"}
+	}
+	phasetest.UpgradeMatrix(t,
+		phasetest.Config[ledger.Transfer, ledger.State]{Client: e.client, DB: e.db, Workflow: e.wf, Tenant: "alice", Request: request},
+		phasetest.Config[ledger.Transfer, ledger.State]{Client: upgraded, DB: e.db, Workflow: checked, Tenant: "alice", Request: request,
+			WithCompleter: true, Compare: phasetest.IgnoreFields("transfer_id", "payout_id"),
+			Check: func(t testing.TB, s phasetest.Scenario) {
+				id, status, payoutID, found := e.transfer(t, "alice", s.Key)
+				payouts := e.payoutsFor(t, id)
+				if !found || status != "settled" || len(payouts) != 1 || payouts[0].ID != payoutID || payouts[0].Status != payoutprovider.StatusPaid {
+					t.Fatalf("%s: transfer %d is %q with payouts %+v, want settled with its one payout paid", s.Key, id, status, payouts)
+				}
+			}})
+	e.verify(t)
 }

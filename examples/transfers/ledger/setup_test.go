@@ -39,6 +39,7 @@ type env struct {
 	db       *pgxpool.Pool
 	provider *payoutprovider.Server
 	wf       *phase.Workflow[ledger.Transfer, ledger.State]
+	payouts  *payoutprovider.Client
 	client   *phase.Client
 	events   *phasetest.Events
 	// api serves the ledger; each request crashes at each fault point with
@@ -67,7 +68,8 @@ func setup(t testing.TB, crashRate float64) *env {
 	providerSrv := httptest.NewServer(e.provider)
 	t.Cleanup(providerSrv.Close)
 	var err error
-	if e.wf, err = ledger.Transfers(payoutprovider.NewClient(providerSrv.URL, noKeepAlive)); err != nil {
+	e.payouts = payoutprovider.NewClient(providerSrv.URL, noKeepAlive)
+	if e.wf, err = ledger.Transfers(e.payouts); err != nil {
 		t.Fatal(err)
 	}
 	e.client, err = phase.NewClient(db, &phase.Config{

@@ -85,17 +85,23 @@ const isolation = pgx.ReadCommitted
 // Transfers returns the transfers workflow, whose external payouts go
 // through payouts. Register it with a phase.Client and serve it with Handler.
 func Transfers(payouts *payoutprovider.Client) (*phase.Workflow[Transfer, State], error) {
+	return transfers(payouts)
+}
+
+// transfers is Transfers with afterHold declared between the hold and the
+// payout, as a later definition of the workflow might add them.
+func transfers(payouts *payoutprovider.Client, afterHold ...phase.Phase[Transfer, State]) (*phase.Workflow[Transfer, State], error) {
 	if payouts == nil {
 		return nil, errors.New("ledger: transfers: a payout provider client is required")
 	}
-	return phase.New(WorkflowName,
-		phase.Local(PhaseFundsHeld, holdFunds).Isolation(isolation),
+	phases := append([]phase.Phase[Transfer, State]{phase.Local(PhaseFundsHeld, holdFunds).Isolation(isolation)}, afterHold...)
+	return phase.New(WorkflowName, append(phases,
 		phase.Foreign(PhasePayoutSent, sendPayout(payouts), recordPayout).
 			Repeatable().
 			Isolation(isolation).
 			When(func(run *transferRun) bool { return run.Req.External() }),
 		phase.Local(PhaseSettled, settle).Isolation(isolation),
-	)
+	)...)
 }
 
 type transferRun = phase.Run[Transfer, State]
