@@ -12,9 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
@@ -338,67 +335,6 @@ func TestPhaseIsolationLevelIsHonoured(t *testing.T) {
 	want := `"read committed;serializable;repeatable read;serializable;"` + "\n"
 	if string(out.Response.Body) != want {
 		t.Fatalf("levels %s, want %s", out.Response.Body, want)
-	}
-}
-
-// receiptArgs is a River job enqueued by a phase.
-type receiptArgs struct {
-	Key string `json:"key"`
-}
-
-func (receiptArgs) Kind() string { return "receipt" }
-
-// TestRiverInsertTxAsAPhasesFirstStatementIsTransactional enqueues a River
-// job as the first thing a phase does, when BEGIN has not been sent yet: the
-// job commits with the phase, or not at all, and BEGIN still travels with
-// River's statement.
-func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db, counter := pgtest.CountingPool(t, nil)
-	migrator, err := rivermigrate.New(riverpgxv5.New(db), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		t.Fatal(err)
-	}
-	// River sends a pg_notify with an insert at most once per FetchCooldown
-	// and queue: the warm-up's, so that the counted run sends none, however
-	// long the machine takes between the two (100 ms by default).
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Logger: quiet, FetchCooldown: time.Hour, FetchPollInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, w := effectsWorkflow(t, db, func(ctx context.Context, tx pgx.Tx, key string) error {
-		_, err := jobs.InsertTx(ctx, tx, receiptArgs{Key: key}, nil)
-		return err
-	})
-	if _, err := w.Run(ctx, c, "acme", "warm-up", order{}); err != nil {
-		t.Fatal(err)
-	}
-	counter.Reset()
-	if _, err := w.Run(ctx, c, "acme", "ok", order{}); err != nil {
-		t.Fatal(err)
-	}
-	// Acquire; BEGIN with River's insert; the advance with COMMIT; the
-	// second phase's finish alone.
-	if counter.RoundTrips() != 4 {
-		t.Errorf("%d round trips, want 4: %q", counter.RoundTrips(), counter.SQL())
-	}
-	if _, err := w.Run(ctx, c, "acme", "fail", order{}); err == nil {
-		t.Fatal("the failing run succeeded")
-	}
-	rows, err := db.Query(ctx, `SELECT args->>'key' FROM river_job ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(keys, []string{"warm-up", "ok"}) {
-		t.Fatalf("jobs for %q, want only the successful runs'", keys)
 	}
 }
 
