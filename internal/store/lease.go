@@ -55,7 +55,7 @@ func (l *Lease) Renew(ctx context.Context, q Querier) error {
 }
 
 // renew is Renew, which also marks the foreign call of phase as possibly
-// under way when phase is not empty (see MarkCall).
+// under way when phase is not empty (see markCallSQL).
 func (l *Lease) renew(ctx context.Context, q Querier, phase string) error {
 	sent := time.Now()
 	_, err := renew(ctx, q, l.ID, l.Token, l.TTL, phase)
@@ -144,7 +144,7 @@ func (l *Lease) MarkLost() {
 //
 // A non-empty mark names a phase whose call is not safe to repeat: Keep
 // then always renews first, in a statement that also records the call as
-// possibly under way (see MarkCall), so that a run after a crash during the
+// possibly under way (see markCallSQL), so that a run after a crash during the
 // work reconciles the call instead of making it again.
 func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration, mark string) (workCtx context.Context, stop func(), err error) {
 	if err := l.Err(); err != nil {

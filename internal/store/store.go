@@ -598,12 +598,8 @@ func Renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duratio
 	return renew(ctx, q, id, token, ttl, "")
 }
 
-// MarkCall renews the lease as Renew does and records that the foreign call
-// of phase may be under way, waiting for the record to be flushed.
-func MarkCall(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration, phase string) (time.Duration, error) {
-	return renew(ctx, q, id, token, ttl, phase)
-}
-
+// renew is Renew, which also records, with markCallSQL, that the foreign
+// call of phase may be under way when phase is not empty.
 func renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration, phase string) (time.Duration, error) {
 	if ttl <= 0 {
 		return 0, errors.New("store: renew: lease TTL must be positive")
