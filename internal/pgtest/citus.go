@@ -42,7 +42,8 @@ func Citus(t testing.TB) *pgcluster.Citus {
 		if err := pgcluster.CitusInstalled(); err != nil {
 			citusShared.err = err
 		} else {
-			ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+			// Three servers to initialise, on a machine that may be busy.
+			ctx, cancel := context.WithTimeout(context.Background(), 3*startTimeout)
 			defer cancel()
 			citusShared.cluster, citusShared.err = pgcluster.StartCitus(ctx, 2,
 				fmt.Sprintf("citus.shard_count=%d", citusShards))

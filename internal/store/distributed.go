@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -220,4 +221,55 @@ func IsDistributed(ctx context.Context, q Querier) (bool, error) {
 		return false, fmt.Errorf("store: look for citus: %w", err)
 	}
 	return distributed, nil
+}
+
+// actDistributed is act on a distributed key table, where Citus refuses a
+// row lock over many shards: in one transaction, an unlocked scan proposes
+// the keys, and act's statement then runs for each one on its shard alone,
+// which locks it, checks its conditions again, changes it and audits it.
+// It costs a round trip per key, which an operator's action can afford.
+func actDistributed(ctx context.Context, q Querier, x action, detail []byte) (int, error) {
+	b, ok := q.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return 0, fmt.Errorf("store: %s: a distributed key table needs a pool or a transaction", x.name)
+	}
+	tx, err := b.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	scan := x.a
+	rows, err := tx.Query(ctx, `SELECT tenant, idempotency_key FROM idempotency_keys t WHERE `+strings.Join(x.where, " AND ")+
+		` ORDER BY id LIMIT `+scan.add(x.limit), scan...)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	var tenant, key string
+	type target struct{ tenant, key string }
+	var targets []target
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &key}, func() error {
+		targets = append(targets, target{tenant, key})
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	changed := 0
+	for _, t := range targets {
+		one := x
+		one.a = slices.Clone(x.a)
+		one.where = append(slices.Clone(x.where), `tenant = `+one.a.add(t.tenant), `idempotency_key = `+one.a.add(t.key))
+		one.limit = 1
+		n, err := actStatement(ctx, tx, one, detail)
+		if err != nil {
+			return 0, err
+		}
+		changed += n
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	return changed, nil
 }

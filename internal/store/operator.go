@@ -396,6 +396,19 @@ func act(ctx context.Context, q Querier, x action) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("store: %s: %w", x.name, err)
 	}
+	distributed, err := IsDistributed(ctx, q)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	if distributed {
+		return actDistributed(ctx, q, x, detail)
+	}
+	return actStatement(ctx, q, x, detail)
+}
+
+// actStatement is act's one statement. The audit's snapshot of the changed
+// row is built outside RETURNING, where Citus refuses functions.
+func actStatement(ctx context.Context, q Querier, x action, detail []byte) (int, error) {
 	a := x.a
 	where := strings.Join(x.where, " AND ")
 	skip := ""
@@ -415,10 +428,11 @@ WITH target AS (
     SET ` + x.set + `
     FROM target
     WHERE k.id = target.id AND ` + where + `
-    RETURNING k.tenant, k.idempotency_key, target.before, ` + snapshot("k") + ` AS after
+    RETURNING k.tenant, k.idempotency_key, target.before, k.recovery_point, k.hold, k.locked_at,
+        k.lock_expires_at, k.last_run_at, k.attempts, k.failures, k.last_error, k.resolution
 )
 INSERT INTO atomicphase_audit (actor, action, tenant, idempotency_key, before, after, detail)
-SELECT ` + a.add(Actor(ctx)) + `, ` + a.add(x.name) + `, tenant, idempotency_key, before, after, ` + a.add(detail) + `
+SELECT ` + a.add(Actor(ctx)) + `, ` + a.add(x.name) + `, tenant, idempotency_key, before, ` + snapshot("changed") + `, ` + a.add(detail) + `
 FROM changed`
 	tag, err := q.Exec(ctx, sql, a...)
 	if err != nil {
