@@ -31,7 +31,8 @@ func request(t testing.TB, tenant, key, body string) store.Request {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return store.Request{Tenant: tenant, Key: key, Workflow: "test", Fingerprint: fp, Params: []byte(body), TTL: ttl}
+	return store.Request{Tenant: tenant, Key: key, Workflow: "test", Fingerprint: fp, Params: []byte(body), TTL: ttl,
+		Distributed: pgtest.OnCitus()}
 }
 
 func acquire(t testing.TB, db store.Querier, req store.Request) (store.Outcome, *store.Row) {
