@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/atomicphase/atomicphase/internal/fakeapi"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi"
 )
 
 // Faults is a Server's plan of failures. Only payout requests about to
