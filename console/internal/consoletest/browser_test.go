@@ -13,7 +13,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/atomicphase/atomicphase/internal/consoletest"
+	"github.com/atomicphase/atomicphase/console/internal/consoletest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
