@@ -183,3 +183,59 @@ func TestReadmeBuildOutputIsIgnored(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsNameOnlyTestsThatExist checks every test the README and the
+// guides name: some test function of the module starts with the name (a
+// guide may name a family, TestCheckRefuses..., or a -run prefix).
+func TestDocsNameOnlyTestsThatExist(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readmes, err := filepath.Glob("examples/*/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(append(pages, "README.md"), readmes...)
+
+	testFunc := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]*)\(`)
+	var tests []string
+	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range testFunc.FindAllStringSubmatch(string(src), -1) {
+			tests = append(tests, m[1])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tests) < 100 {
+		t.Fatalf("found only %d test functions", len(tests))
+	}
+
+	named := regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9_]*`)
+	for _, page := range pages {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range named.FindAllString(string(text), -1) {
+			if !slices.ContainsFunc(tests, func(test string) bool { return strings.HasPrefix(test, name) }) {
+				t.Errorf("%s names %s, but no test function of the module starts with that name", page, name)
+			}
+		}
+	}
+}
