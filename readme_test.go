@@ -57,11 +57,7 @@ func TestReadmeIsAFrontPage(t *testing.T) {
 // TestDocLinksResolve checks every relative link in the README and the
 // guides: the file exists, and a #fragment names a heading in it.
 func TestDocLinksResolve(t *testing.T) {
-	pages, err := filepath.Glob("docs/*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pages = append(pages, "README.md", "examples/rides/README.md", "examples/transfers/README.md")
+	pages := docPages(t)
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	for _, page := range pages {
 		text, err := os.ReadFile(page)
@@ -188,19 +184,9 @@ func TestReadmeBuildOutputIsIgnored(t *testing.T) {
 // guides name: some test function of the module starts with the name (a
 // guide may name a family, TestCheckRefuses..., or a -run prefix).
 func TestDocsNameOnlyTestsThatExist(t *testing.T) {
-	pages, err := filepath.Glob("docs/*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readmes, err := filepath.Glob("examples/*/README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pages = append(append(pages, "README.md"), readmes...)
-
 	testFunc := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]*)\(`)
 	var tests []string
-	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -227,7 +213,7 @@ func TestDocsNameOnlyTestsThatExist(t *testing.T) {
 	}
 
 	named := regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9_]*`)
-	for _, page := range pages {
+	for _, page := range docPages(t) {
 		text, err := os.ReadFile(page)
 		if err != nil {
 			t.Fatal(err)
@@ -238,4 +224,18 @@ func TestDocsNameOnlyTestsThatExist(t *testing.T) {
 			}
 		}
 	}
+}
+
+// docPages returns the README, the guides and the examples' READMEs.
+func docPages(t *testing.T) []string {
+	t.Helper()
+	var pages []string
+	for _, pattern := range []string{"README.md", "docs/*.md", "examples/*/README.md"} {
+		found, err := filepath.Glob(pattern)
+		if err != nil || len(found) == 0 {
+			t.Fatalf("%s: found %v, %v", pattern, found, err)
+		}
+		pages = append(pages, found...)
+	}
+	return pages
 }
