@@ -80,18 +80,18 @@ var benchKeys atomic.Int64
 // through otelphase with each of the providers.
 func BenchmarkRun(b *testing.B) {
 	pool := pgtest.Pool(b)
-	w, err := phase.New("orders",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("orders",
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[order, string]) (string, error) { return "ch_1", nil },
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string], id string) (phase.Result, error) {
+			func(ctx context.Context, run *phase.Input[order, string]) (string, error) { return "ch_1", nil },
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string], id string) (phase.Result, error) {
 				run.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			return phase.JSON(http.StatusCreated, run.State), nil
 		}),
 	)

@@ -39,12 +39,12 @@ func ExampleNewMiddleware() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	greet, err := phase.New("greet",
+	greet, err := phase.NewWorkflow("greet",
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Run[string, string]) (string, error) {
+			func(ctx context.Context, run *phase.Input[string, string]) (string, error) {
 				return "hello " + run.Req, nil // a call to another service, with run.DownstreamKey()
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[string, string], greeting string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[string, string], greeting string) (phase.Result, error) {
 				return phase.JSON(http.StatusOK, greeting), nil
 			}),
 	)

@@ -66,15 +66,15 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 		t.Fatal(err)
 	}
 	e.mw = mw
-	e.w, err = phase.New("orders",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+	e.w, err = phase.NewWorkflow("orders",
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			_, span := e.tracer.Start(ctx, "app.insert")
 			defer span.End()
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[order, string]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, string]) (string, error) {
 				_, span := e.tracer.Start(ctx, "provider.charge")
 				defer span.End()
 				e.downstream.Store(run.DownstreamKey())
@@ -84,11 +84,11 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 				}
 				return "ch_1", nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string], id string) (phase.Result, error) {
 				run.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			if e.failDone.Load() {
 				return phase.Result{}, errors.New("receipt printer on fire")
 			}

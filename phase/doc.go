@@ -4,15 +4,15 @@
 // # Workflows
 //
 // A [Workflow] is a named, ordered list of phases over a request type and a
-// state type, declared with [New]. Each phase's name is the recovery point
-// it commits; started and finished are reserved. The state is committed with
+// state type, declared with [NewWorkflow]. Each phase's name is the recovery
+// point it commits; started and finished are reserved. The state is committed with
 // every phase, so a later phase, or a resumed run in another process, reads
 // what earlier ones produced.
 //
 // Two kinds of phase make "at most one foreign side effect per phase" a
 // matter of the API's shape: [Local] phases do database work in one
 // transaction; [Foreign] phases make exactly one call, outside any
-// transaction, with a downstream idempotency key ([Run.DownstreamKey]), and
+// transaction, with a downstream idempotency key ([Input.DownstreamKey]), and
 // record its outcome in a short transaction. [Phase.When] lets a phase apply
 // only to some requests; [Phase.Repeatable] and [Reconciled] say what to do
 // when a call's outcome is unknown.
@@ -27,8 +27,8 @@
 //
 // [NewClient] builds the one [Client] a process needs from a pool and a
 // [Config] whose zero values are documented defaults. Workflows are
-// registered with it: [Workflow.Run] and [Workflow.Handler] refuse a
-// workflow the client does not know, and the client's completer claims only
+// registered with it: [Workflow.Run] and [Handler] refuse a workflow the
+// client does not know, and the client's completer claims only
 // keys of its workflows, so during a rolling deploy a process never takes
 // keys it cannot run. [Client.Start] runs the completer and the reaper
 // (package recovery) in the background; [Client.Stop] stops them and lets
@@ -55,8 +55,8 @@
 // stored response, reports a conflict or mismatch, or runs the phases after
 // the stored recovery point. Each phase commits together with its fenced
 // advance; an error rolls the phase back, frees the lease and keeps the
-// recovery point, so the next retry resumes. [Workflow.Handler] adapts this
-// to net/http and answers every error as RFC 9457 problem+json that says
+// recovery point, so the next retry resumes. [Handler] adapts this to
+// net/http and answers every error as RFC 9457 problem+json that says
 // whether retrying with the same key is safe.
 //
 // # Requests that finish in the background
@@ -68,8 +68,8 @@
 // expires and the completer, or the client's next retry, resumes it after
 // its last committed phase: one effect per phase still. A retry of the
 // request answers 202 again while the run goes on (not 409), and the
-// stored final response once it is done. [Workflow.StatusHandler] serves
-// the status: 202 with the recovery point until the key is finished, then
+// stored final response once it is done. [StatusHandler] serves the
+// status: 202 with the recovery point until the key is finished, then
 // its stored response; a tenant only ever sees its own keys. Package caller
 // follows a 202 by polling its Location.
 //

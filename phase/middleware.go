@@ -84,7 +84,7 @@ type PhaseInfo struct {
 	// Phase is the phase's name, which is also its recovery point.
 	Phase string
 	// DownstreamKey is the idempotency key of the phase's foreign call
-	// (Run.DownstreamKey); empty for a local phase.
+	// (Input.DownstreamKey); empty for a local phase.
 	DownstreamKey string
 	// Reconcile is set when Call wraps the phase's reconcile function,
 	// which finds out what became of a call whose outcome is unknown,

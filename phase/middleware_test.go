@@ -109,23 +109,23 @@ func (e *stepsEnv) takeSeen() []string {
 func setupSteps(t *testing.T) *stepsEnv {
 	t.Helper()
 	e := &stepsEnv{outer: &recorder{name: "a"}, inner: &recorder{name: "b"}}
-	w, err := phase.New("steps",
-		phase.Local("first", func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("steps",
+		phase.Local("first", func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string]) (phase.Result, error) {
 			e.saw(ctx, "first")
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[int, string]) (string, error) {
+			func(ctx context.Context, run *phase.Input[int, string]) (string, error) {
 				e.saw(ctx, "call "+run.DownstreamKey())
 				return "ch_1", nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
 				e.saw(ctx, "record")
 				run.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("final", func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string]) (phase.Result, error) {
+		phase.Local("final", func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string]) (phase.Result, error) {
 			e.saw(ctx, "final")
 			if e.failFinal.Load() {
 				return phase.Result{}, errors.New("final phase failed")
@@ -233,7 +233,7 @@ func TestMiddlewareWrapsCompleterPassesAndTheRunsTheyResume(t *testing.T) {
 
 func TestNewClientRefusesANilMiddleware(t *testing.T) {
 	t.Parallel()
-	w, err := phase.New("one", phase.Local("only", func(context.Context, pgx.Tx, *phase.Run[int, int]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("one", phase.Local("only", func(context.Context, pgx.Tx, *phase.Input[int, int]) (phase.Result, error) {
 		return phase.JSON(http.StatusOK, 1), nil
 	}))
 	if err != nil {
@@ -249,19 +249,19 @@ func TestMiddlewareWrapsTheReconcileOfAnUnknownCall(t *testing.T) {
 	t.Parallel()
 	m := &recorder{name: "a"}
 	var reconciledIn string
-	w, err := phase.New("payouts", phase.Reconciled(
+	w, err := phase.NewWorkflow("payouts", phase.Reconciled(
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Run[int, string]) (string, error) {
-				return "", phase.OutcomeUnknown(errors.New("provider timed out"))
+			func(ctx context.Context, run *phase.Input[int, string]) (string, error) {
+				return "", phase.MaybeHappened(errors.New("provider timed out"))
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
 				return phase.JSON(http.StatusOK, id), nil
 			}),
-		func(ctx context.Context, run *phase.Run[int, string]) (string, phase.Resolution, error) {
+		func(ctx context.Context, run *phase.Input[int, string]) (string, phase.Resolution, error) {
 			reconciledIn = pathOf(ctx)
 			return "po_1", phase.Happened, nil
 		},
-		func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
 			return phase.JSON(http.StatusOK, id), nil
 		}))
 	if err != nil {

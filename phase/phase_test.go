@@ -316,13 +316,13 @@ func TestUnknownOutcomeOfUnrepeatableCallParksTheKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	calls := 0
-	w, err := phase.New("notify",
+	w, err := phase.NewWorkflow("notify",
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Run[order, struct{}]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
 				calls++
-				return "", phase.OutcomeUnknown(errors.New("SMTP connection dropped after DATA"))
+				return "", phase.MaybeHappened(errors.New("SMTP connection dropped after DATA"))
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 				return phase.JSON(200, "sent"), nil
 			}))
 	if err != nil {
@@ -351,14 +351,14 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `CREATE TABLE notes (n text)`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := phase.New("steal",
+	w, err := phase.NewWorkflow("steal",
 		phase.Foreign("called",
-			func(ctx context.Context, run *phase.Run[order, struct{}]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
 				// Another run takes the key over while this call is out.
 				_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE id = $1`, run.ID)
 				return "done", err
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 				_, err := tx.Exec(ctx, `INSERT INTO notes VALUES ('recorded')`)
 				return phase.JSON(200, "ok"), err
 			}))
@@ -388,8 +388,8 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 	db := pgtest.Pool(t)
 	attempts := 0
 	failures := 2
-	w, err := phase.New("flaky",
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{ Tries int }]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("flaky",
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{ Tries int }]) (phase.Result, error) {
 			attempts++
 			run.State.Tries++
 			if attempts <= failures {
@@ -441,7 +441,7 @@ func TestStoreUnreachableFailsClosedBeforeAnySideEffect(t *testing.T) {
 
 func TestWorkflowDeclarationErrors(t *testing.T) {
 	t.Parallel()
-	noop := func(context.Context, pgx.Tx, *phase.Run[order, struct{}]) (phase.Result, error) {
+	noop := func(context.Context, pgx.Tx, *phase.Input[order, struct{}]) (phase.Result, error) {
 		return phase.Next(), nil
 	}
 	for _, tc := range []struct {
@@ -455,14 +455,14 @@ func TestWorkflowDeclarationErrors(t *testing.T) {
 		{"empty name", []phase.Phase[order, struct{}]{phase.Local("", noop)}},
 		{"repeatable local", []phase.Phase[order, struct{}]{phase.Local("a", noop).Repeatable()}},
 		{"reconciled local", []phase.Phase[order, struct{}]{phase.Reconciled(phase.Local("a", noop),
-			func(context.Context, *phase.Run[order, struct{}]) (int, phase.Resolution, error) {
+			func(context.Context, *phase.Input[order, struct{}]) (int, phase.Resolution, error) {
 				return 0, phase.Happened, nil
 			},
-			func(context.Context, pgx.Tx, *phase.Run[order, struct{}], int) (phase.Result, error) {
+			func(context.Context, pgx.Tx, *phase.Input[order, struct{}], int) (phase.Result, error) {
 				return phase.Next(), nil
 			})}},
 	} {
-		if _, err := phase.New("w", tc.phases...); err == nil {
+		if _, err := phase.NewWorkflow("w", tc.phases...); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
 		}
 	}
@@ -471,7 +471,7 @@ func TestWorkflowDeclarationErrors(t *testing.T) {
 func TestWorkflowWithoutResponseFailsInsteadOfCommitting(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
-	w, err := phase.New("mute", phase.Local("only", func(context.Context, pgx.Tx, *phase.Run[order, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("mute", phase.Local("only", func(context.Context, pgx.Tx, *phase.Input[order, struct{}]) (phase.Result, error) {
 		return phase.Next(), nil
 	}))
 	if err != nil {

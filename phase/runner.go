@@ -306,7 +306,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 		} else {
 			c.observe(ctx, ev)
 			row.Params = params
-			run := &Run[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
+			run := &Input[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
 				Resumed: kind == store.Resumed, downstream: c.downstreamBase(row)}
 			resp, err = w.execute(ctx, c, run, row, false)
 		}
@@ -367,7 +367,7 @@ func (w *Workflow[Req, State]) retention() time.Duration { return w.store.retent
 func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store.Row, rt route, byCompleter bool) (*keyrow.Response, error) {
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
-	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
+	run := &Input[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
 		Resumed: true, downstream: c.downstreamBase(row)}
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		err = fmt.Errorf("phase: decode stored request: %w", err)
@@ -413,7 +413,7 @@ func (w *Workflow[Req, State]) adopt(ctx context.Context, c *Client, row *store.
 }
 
 // execute runs the phases after row's recovery point while holding its lease.
-func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[Req, State], row *store.Row, byCompleter bool) (*keyrow.Response, error) {
+func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Input[Req, State], row *store.Row, byCompleter bool) (*keyrow.Response, error) {
 	x := &execution[Req, State]{w: w, c: c, run: run, row: row, byCompleter: byCompleter,
 		lease: store.NewLease(row.ID, row.LockToken, c.cfg.LockTTL), rp: row.RecoveryPoint}
 	x.lease.Proven(row.TakenAt)
@@ -448,7 +448,7 @@ var errForOperator = errors.New("an operator must resolve it")
 type execution[Req, State any] struct {
 	w     *Workflow[Req, State]
 	c     *Client
-	run   *Run[Req, State]
+	run   *Input[Req, State]
 	row   *store.Row
 	lease *store.Lease
 	// byCompleter is set for the completer's runs, whose failures count
@@ -684,7 +684,7 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	case cut && !errors.Is(err, ErrOutcomeUnknown):
 		// The call was cut short by its limit, the run's, or shutdown: it
 		// may have reached the provider.
-		return nil, OutcomeUnknown(fmt.Errorf("phase %s: call stopped: %w", p.name, err))
+		return nil, MaybeHappened(fmt.Errorf("phase %s: call stopped: %w", p.name, err))
 	default:
 		x.callFailed = true
 		return nil, fmt.Errorf("phase %s: %w", p.name, err)

@@ -37,12 +37,12 @@ func effectsWorkflow(t testing.TB, db *pgxpool.Pool) *phase.Workflow[job, struct
 	if _, err := db.Exec(context.Background(), `CREATE TABLE effects (ikey text NOT NULL, n int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := phase.New("effects",
-		phase.Local("effect_recorded", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("effects",
+		phase.Local("effect_recorded", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, run.Key, run.Req.N)
 			return phase.Next(), err
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 			return phase.JSON(201, run.Req), nil
 		}))
 	if err != nil {
@@ -214,7 +214,7 @@ func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 		t.Fatalf("counts %+v %v; want the key counted as waiting or stuck", counts, err)
 	}
 	// A process that knows the workflow finishes it.
-	next, err := phase.New("next-release-workflow", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[struct{}, struct{}]) (phase.Result, error) {
+	next, err := phase.NewWorkflow("next-release-workflow", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[struct{}, struct{}]) (phase.Result, error) {
 		return phase.JSON(200, "ok"), nil
 	}))
 	if err != nil {
@@ -229,14 +229,14 @@ func TestRunningAnUnregisteredWorkflowIsAnError(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
-	other, err := phase.New("other", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+	other, err := phase.NewWorkflow("other", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 		return phase.JSON(200, "ok"), nil
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := client(t, db, nil, other)
-	if _, err := w.Handler(c, phase.HTTPConfig[job]{Tenant: func(*http.Request) (string, error) { return "acme", nil }}); !errors.Is(err, phase.ErrNotRegistered) {
+	if _, err := phase.Handler(c, w, phase.HTTPConfig[job]{Tenant: func(*http.Request) (string, error) { return "acme", nil }}); !errors.Is(err, phase.ErrNotRegistered) {
 		t.Fatalf("Handler of an unregistered workflow: %v, want ErrNotRegistered", err)
 	}
 	if _, err := w.Run(context.Background(), c, "acme", "k1", job{N: 1}); !errors.Is(err, phase.ErrNotRegistered) {
@@ -265,12 +265,12 @@ func (m *mailer) send(key string) error {
 	m.calls++
 	if m.refuse {
 		m.refuse = false
-		return phase.OutcomeUnknown(errors.New("connection reset before the server read the message"))
+		return phase.MaybeHappened(errors.New("connection reset before the server read the message"))
 	}
 	m.sent[key] = true
 	if m.lose {
 		m.lose = false
-		return phase.OutcomeUnknown(errors.New("timeout waiting for the server's answer"))
+		return phase.MaybeHappened(errors.New("timeout waiting for the server's answer"))
 	}
 	return nil
 }
@@ -283,7 +283,7 @@ func (m *mailer) wasSent(key string) bool {
 
 func mailWorkflow(t testing.TB, m *mailer) *phase.Workflow[job, struct{ Sent bool }] {
 	t.Helper()
-	type run = phase.Run[job, struct{ Sent bool }]
+	type run = phase.Input[job, struct{ Sent bool }]
 	record := func(ctx context.Context, tx pgx.Tx, r *run, sent bool) (phase.Result, error) {
 		r.State.Sent = sent
 		return phase.JSON(200, map[string]bool{"sent": sent}), nil
@@ -298,7 +298,7 @@ func mailWorkflow(t testing.TB, m *mailer) *phase.Workflow[job, struct{ Sent boo
 		}
 		return false, phase.NotHappened, nil
 	}, record)
-	w, err := phase.New("mail", send)
+	w, err := phase.NewWorkflow("mail", send)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +359,7 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 	db := pgtest.Pool(t)
 	var broken atomic.Bool
 	broken.Store(true)
-	w, err := phase.New("fragile", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("fragile", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 		if broken.Load() {
 			return phase.Result{}, errors.New("downstream bug")
 		}

@@ -71,7 +71,7 @@ type Scenario struct {
 	// Tenant and Key identify the scenario's idempotency key.
 	Tenant string
 	Key    string
-	// ID is the key row's id, the phase.Run.ID its phases saw: the column
+	// ID is the key row's id, the phase.Input.ID its phases saw: the column
 	// that links the rows a workflow writes to its key.
 	ID uuid.UUID
 	// Response is the key's final, stored response.

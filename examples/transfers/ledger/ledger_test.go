@@ -517,7 +517,7 @@ func TestAddingALimitCheckConvergesForTransfersInFlight(t *testing.T) {
 	from := e.open(t, "alice", "EUR", 1_000_000)
 	const amount = 100
 	checked, err := ledger.TransfersWith(e.payouts,
-		phase.Local("limits_checked", func(ctx context.Context, tx pgx.Tx, run *phase.Run[ledger.Transfer, ledger.State]) (phase.Result, error) {
+		phase.Local("limits_checked", func(ctx context.Context, tx pgx.Tx, run *phase.Input[ledger.Transfer, ledger.State]) (phase.Result, error) {
 			var held int64
 			err := tx.QueryRow(ctx, `SELECT held FROM ledger_accounts WHERE id = $1`, run.Req.FromAccount).Scan(&held)
 			return phase.Next(), err
