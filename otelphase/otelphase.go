@@ -162,9 +162,9 @@ func (m *Middleware) Run(ctx context.Context, run *phase.RunInfo, next func(cont
 	m.runs.Add(ctx, 1, metric.WithAttributes(metricAttrs...))
 	if out != nil {
 		switch out.Kind {
-		case phase.OutcomeReplay:
+		case phase.OutcomeReplayed:
 			m.replays.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow)))
-		case phase.OutcomeInProgress, phase.OutcomeOnHold:
+		case phase.OutcomeInFlight, phase.OutcomeOnHold:
 			m.conflicts.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow), outcome))
 		}
 	}
@@ -224,26 +224,13 @@ func (m *Middleware) Pass(ctx context.Context, next func(context.Context) (recov
 	return res, err
 }
 
-// outcomeName names how a run ended: the atomicphase.outcome attribute.
+// outcomeName names how a run ended: the atomicphase.outcome attribute,
+// the phase.OutcomeKind itself, or "error".
 func outcomeName(out *phase.Outcome, err error) string {
 	if err != nil || out == nil {
 		return "error"
 	}
-	switch out.Kind {
-	case phase.OutcomeNew:
-		return "new"
-	case phase.OutcomeResumed:
-		return "resumed"
-	case phase.OutcomeReplay:
-		return "replay"
-	case phase.OutcomeInProgress:
-		return "in_progress"
-	case phase.OutcomeMismatch:
-		return "mismatch"
-	case phase.OutcomeOnHold:
-		return "on_hold"
-	}
-	return out.Kind.String()
+	return string(out.Kind)
 }
 
 // errorType names the kind of a run's or phase's error: the error.type

@@ -148,7 +148,7 @@ func TestRunIsASpanTreeUnderTheCallersSpan(t *testing.T) {
 	if _, err := e.w.Run(context.Background(), e.c, "rider@example.com", "k1", order{Item: "ride"}); err != nil {
 		t.Fatal(err)
 	}
-	want = "atomicphase.run atomicphase.outcome=replay atomicphase.recovery_point=finished atomicphase.completer=false atomicphase.status=201\n"
+	want = "atomicphase.run atomicphase.outcome=replayed atomicphase.recovery_point=finished atomicphase.completer=false atomicphase.status=201\n"
 	if got := e.tree(); got != want {
 		t.Errorf("replay spans:\n%s\nwant:\n%s", got, want)
 	}
@@ -215,8 +215,8 @@ func TestMetricsCountRunsByOutcomeReplaysConflictsAndPhaseDurations(t *testing.T
 		}
 	}
 	run("k1", ride, phase.OutcomeNew)
-	run("k1", ride, phase.OutcomeReplay)
-	run("k1", ride, phase.OutcomeReplay)
+	run("k1", ride, phase.OutcomeReplayed)
+	run("k1", ride, phase.OutcomeReplayed)
 	run("k1", order{Item: "boat"}, phase.OutcomeMismatch)
 
 	// A second request while the first is in its call is refused.
@@ -227,7 +227,7 @@ func TestMetricsCountRunsByOutcomeReplaysConflictsAndPhaseDurations(t *testing.T
 		done <- err
 	}()
 	<-e.entered
-	run("k2", ride, phase.OutcomeInProgress)
+	run("k2", ride, phase.OutcomeInFlight)
 	close(e.block)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -244,13 +244,13 @@ func TestMetricsCountRunsByOutcomeReplaysConflictsAndPhaseDurations(t *testing.T
 	}
 	assertSums(t, rm, "atomicphase.runs", map[string]int64{
 		"atomicphase.completer=false,atomicphase.outcome=new,atomicphase.workflow=orders":                     2,
-		"atomicphase.completer=false,atomicphase.outcome=replay,atomicphase.workflow=orders":                  2,
+		"atomicphase.completer=false,atomicphase.outcome=replayed,atomicphase.workflow=orders":                2,
 		"atomicphase.completer=false,atomicphase.outcome=mismatch,atomicphase.workflow=orders":                1,
-		"atomicphase.completer=false,atomicphase.outcome=in_progress,atomicphase.workflow=orders":             1,
+		"atomicphase.completer=false,atomicphase.outcome=in_flight,atomicphase.workflow=orders":               1,
 		"atomicphase.completer=false,atomicphase.outcome=error,atomicphase.workflow=orders,error.type=failed": 1,
 	})
 	assertSums(t, rm, "atomicphase.replays", map[string]int64{"atomicphase.workflow=orders": 2})
-	assertSums(t, rm, "atomicphase.conflicts", map[string]int64{"atomicphase.outcome=in_progress,atomicphase.workflow=orders": 1})
+	assertSums(t, rm, "atomicphase.conflicts", map[string]int64{"atomicphase.outcome=in_flight,atomicphase.workflow=orders": 1})
 	assertHistogramCounts(t, rm, "atomicphase.phase.duration", map[string]uint64{
 		"atomicphase.phase=created,atomicphase.workflow=orders":                3,
 		"atomicphase.phase=charged,atomicphase.workflow=orders":                3,

@@ -18,7 +18,7 @@ import (
 // after the client's Observer.
 type listenerKey struct{}
 
-func withListener(ctx context.Context, f func(Event)) context.Context {
+func withListener(ctx context.Context, f func(keyrow.Event)) context.Context {
 	return context.WithValue(ctx, listenerKey{}, f)
 }
 
@@ -63,8 +63,8 @@ func (h *handler[Req, State]) runAccepting(ctx context.Context, tenant, key stri
 	}
 	acceptedCh := make(chan struct{})
 	var once sync.Once
-	ctx = withListener(ctx, func(ev Event) {
-		if (ev.Kind == EventPhaseCommitted || ev.Kind == EventResumed) && ev.RecoveryPoint != keyrow.Finished &&
+	ctx = withListener(ctx, func(ev keyrow.Event) {
+		if (ev.Kind == keyrow.EventPhaseCommitted || ev.Kind == keyrow.EventResumed) && ev.RecoveryPoint != keyrow.Finished &&
 			h.w.accepted(h.cfg.AcceptAfter, ev.RecoveryPoint) {
 			once.Do(func() { close(acceptedCh) })
 		}

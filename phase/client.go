@@ -74,7 +74,7 @@ type Config struct {
 	DownstreamKeyPrefix string
 	// Logger receives the client's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Observer, when set, receives every Event of every run.
+	// Observer, when set, receives every keyrow.Event of every run.
 	Observer Observer
 	// Middleware wraps every run, phase, foreign call and completer pass,
 	// the first outermost: the place for tracing (see Middleware).

@@ -405,14 +405,14 @@ func TestARenamedWorkflowAdoptsItsKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2 := process(t, db, v2)
-	if out := retry(t, c2, v2, "finished"); out.Kind != phase.OutcomeReplay || !bytes.Equal(out.Response.Body, first.Response.Body) {
+	if out := retry(t, c2, v2, "finished"); out.Kind != phase.OutcomeReplayed || !bytes.Equal(out.Response.Body, first.Response.Body) {
 		t.Fatalf("retry of a finished key under the new name: %v, want its replay", out.Kind)
 	}
 	if out := retry(t, c2, v2, "unfinished"); out.Kind != phase.OutcomeResumed {
 		t.Fatalf("retry of an unfinished key under the new name: %v, want it resumed", out.Kind)
 	}
 	// And again, now that it carries the new definition.
-	if out := retry(t, c2, v2, "unfinished"); out.Kind != phase.OutcomeReplay {
+	if out := retry(t, c2, v2, "unfinished"); out.Kind != phase.OutcomeReplayed {
 		t.Fatalf("second retry: %v, want a replay", out.Kind)
 	}
 	if n := s.charges.count(); n != 2 {

@@ -148,8 +148,10 @@
 // # Observing
 //
 // [Config.Logger] receives structured logs with workflow, tenant, key and
-// recovery_point attributes; [Config.Observer] receives an [Event], with the
-// run's context, for everything that happens to a key.
+// recovery_point attributes; [Config.Observer] receives a [keyrow.Event],
+// with the run's context, for everything that happens to a key. Events and
+// outcomes share one spelling ([OutcomeInFlight] is reported as
+// keyrow.EventInFlight, "in_flight").
 //
 // [Config.Middleware] wraps each run, phase, foreign call and completer
 // pass in a function that takes and returns its context, as River's

@@ -103,7 +103,7 @@ func ExampleWorkflow_Run() {
 	}
 	// Output:
 	// new 201 {"transfer_id":1,"payout_id":"po_bank"}
-	// replay 201 {"transfer_id":1,"payout_id":"po_bank"}
+	// replayed 201 {"transfer_id":1,"payout_id":"po_bank"}
 }
 
 func ExampleHandler() {

@@ -316,7 +316,7 @@ func TestPausedHolderDoesNotSendItsCallAfterATakeover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if out.Kind != phase.OutcomeInProgress || time.Now().After(deadline) {
+		if out.Kind != phase.OutcomeInFlight || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -376,10 +376,10 @@ func TestTakenOverHolderThatMeetsTheNewHoldersRowsIsToldItLostTheKey(t *testing.
 	if a.Code != http.StatusConflict || problemType(t, a) != "request-in-progress" {
 		t.Fatalf("A after waking: %d %s, want 409 request-in-progress", a.Code, a.Body.String())
 	}
-	if n := e.events.Count(phase.EventFailed); n != 0 {
+	if n := e.events.Count(keyrow.EventFailed); n != 0 {
 		t.Fatalf("%d runs reported failed, want none: A lost its lease", n)
 	}
-	if n := e.events.Count(phase.EventLeaseLost); n != 1 {
+	if n := e.events.Count(keyrow.EventLeaseLost); n != 1 {
 		t.Fatalf("%d lease-lost events, want A's", n)
 	}
 	row, err := e.c.Inspect(ctx, "acme", "k1")

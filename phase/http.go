@@ -237,7 +237,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		return
 	}
 	switch out.Kind {
-	case OutcomeReplay:
+	case OutcomeReplayed:
 		if h.cfg.AdjustReplay != nil {
 			resp := *out.Response
 			resp.Header = out.Response.Header.Clone()
@@ -252,7 +252,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		writeStored(rw, out.Response, true)
 	case OutcomeNew, OutcomeResumed:
 		writeStored(rw, out.Response, false)
-	case OutcomeInProgress:
+	case OutcomeInFlight:
 		h.inProgress(rw, r, tenant, key, out)
 	case OutcomeOnHold:
 		detail := "the outcome of this request is being reconciled with a downstream service; retry later with the same Idempotency-Key"

@@ -55,7 +55,7 @@ func (m *recorder) Run(ctx context.Context, run *phase.RunInfo, next func(contex
 	out, err := next(m.enter(ctx, "run"))
 	result := "error"
 	if err == nil {
-		result = out.Kind.String()
+		result = string(out.Kind)
 	}
 	m.record("run %s %s/%s completer=%t from=%s attempt=%d: %s", run.Workflow, run.Tenant, run.Key,
 		run.ByCompleter, run.RecoveryPoint, run.Attempt, result)
@@ -181,10 +181,10 @@ func TestMiddlewareWrapsRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
 
 	// A replay runs no phase; its run ends with the outcome and the
 	// recovery point it found.
-	if out, err := e.w.Run(ctx, e.c, "acme", "k1", 1); err != nil || out.Kind != phase.OutcomeReplay {
+	if out, err := e.w.Run(ctx, e.c, "acme", "k1", 1); err != nil || out.Kind != phase.OutcomeReplayed {
 		t.Fatalf("replay: %v, %v", out, err)
 	}
-	if got, want := e.inner.steps()[5:], []string{"run steps acme/k1 completer=false from=finished attempt=0: replay"}; !slices.Equal(got, want) {
+	if got, want := e.inner.steps()[5:], []string{"run steps acme/k1 completer=false from=finished attempt=0: replayed"}; !slices.Equal(got, want) {
 		t.Errorf("replay recorded %q, want %q", got, want)
 	}
 	// A request that can never run still ends its run, with its error.

@@ -282,8 +282,8 @@ func TestServerErrorIsNotStoredAndTheRetryResumes(t *testing.T) {
 	if orders != 1 || e.pay.chargesFor(orderID) != 1 {
 		t.Fatalf("%d orders, %d charges after resume; want 1 and 1", orders, e.pay.chargesFor(orderID))
 	}
-	if e.events.Count(phase.EventResumed) != 1 || e.events.Count(phase.EventFailed) != 1 {
-		t.Fatalf("events resumed=%d failed=%d, want 1 and 1", e.events.Count(phase.EventResumed), e.events.Count(phase.EventFailed))
+	if e.events.Count(keyrow.EventResumed) != 1 || e.events.Count(keyrow.EventFailed) != 1 {
+		t.Fatalf("events resumed=%d failed=%d, want 1 and 1", e.events.Count(keyrow.EventResumed), e.events.Count(keyrow.EventFailed))
 	}
 }
 
@@ -378,8 +378,8 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 	if err := db.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM notes), recovery_point FROM idempotency_keys`).Scan(&notes, &rp); err != nil {
 		t.Fatal(err)
 	}
-	if notes != 0 || rp != keyrow.Started || events.Count(phase.EventLeaseLost) != 1 {
-		t.Fatalf("notes=%d recovery point %q lease-lost events %d; want nothing committed", notes, rp, events.Count(phase.EventLeaseLost))
+	if notes != 0 || rp != keyrow.Started || events.Count(keyrow.EventLeaseLost) != 1 {
+		t.Fatalf("notes=%d recovery point %q lease-lost events %d; want nothing committed", notes, rp, events.Count(keyrow.EventLeaseLost))
 	}
 }
 
@@ -411,8 +411,8 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	// State changes of failed attempts are discarded: the answer is 1.
-	if string(out.Response.Body) != "1\n" || attempts != 3 || events.Count(phase.EventRetried) != 2 {
-		t.Fatalf("body %q after %d attempts, %d retries; want 1 after 3 attempts and 2 retries", out.Response.Body, attempts, events.Count(phase.EventRetried))
+	if string(out.Response.Body) != "1\n" || attempts != 3 || events.Count(keyrow.EventRetried) != 2 {
+		t.Fatalf("body %q after %d attempts, %d retries; want 1 after 3 attempts and 2 retries", out.Response.Body, attempts, events.Count(keyrow.EventRetried))
 	}
 
 	attempts, failures = 0, 100

@@ -72,52 +72,36 @@ func protect(what, phase string, f func() error) (err error) {
 	return f()
 }
 
-// OutcomeKind says what a run found its key in.
-type OutcomeKind int
+// OutcomeKind says what a run found its key in, and so what it did. Its
+// value is the name metrics and logs use; a refused run reports the event
+// of the same name (keyrow.EventInFlight, EventOnHold, EventElsewhere,
+// EventMismatch).
+type OutcomeKind string
 
 // The kinds of Outcome. New and Resumed runs executed phases; the others did
 // nothing.
 const (
 	// OutcomeNew: the key was new and the run ran it to its response.
-	OutcomeNew OutcomeKind = iota + 1
+	OutcomeNew OutcomeKind = "new"
 	// OutcomeResumed: the key was unfinished and free; the run continued it
 	// after its last committed phase to its response.
-	OutcomeResumed
-	// OutcomeReplay: the key was finished; Response is its stored response.
-	OutcomeReplay
-	// OutcomeInProgress: another run holds the key's lease.
-	OutcomeInProgress
+	OutcomeResumed OutcomeKind = "resumed"
+	// OutcomeReplayed: the key was finished; Response is its stored
+	// response.
+	OutcomeReplayed OutcomeKind = "replayed"
+	// OutcomeInFlight: another run holds the key's lease.
+	OutcomeInFlight OutcomeKind = "in_flight"
 	// OutcomeMismatch: the key was first used with another request.
-	OutcomeMismatch
+	OutcomeMismatch OutcomeKind = "mismatch"
 	// OutcomeOnHold: the key is on hold (Outcome.Hold says why).
-	OutcomeOnHold
+	OutcomeOnHold OutcomeKind = "on_hold"
 	// OutcomeElsewhere: the key is unfinished under a definition of the
 	// workflow that this process neither runs nor adopts, or at a
 	// recovery point the adopting workflow cannot place; Definition names
 	// it. Nothing was run: a process that runs that definition finishes
 	// the key.
-	OutcomeElsewhere
+	OutcomeElsewhere OutcomeKind = "elsewhere"
 )
-
-func (k OutcomeKind) String() string {
-	switch k {
-	case OutcomeNew:
-		return "new"
-	case OutcomeResumed:
-		return "resumed"
-	case OutcomeReplay:
-		return "replay"
-	case OutcomeInProgress:
-		return "in progress"
-	case OutcomeMismatch:
-		return "mismatch"
-	case OutcomeOnHold:
-		return "on hold"
-	case OutcomeElsewhere:
-		return "elsewhere"
-	}
-	return fmt.Sprintf("OutcomeKind(%d)", int(k))
-}
 
 // Outcome is the result of running a key.
 type Outcome struct {
@@ -229,13 +213,12 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 			return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
 		}
 		info.RecoveryPoint = row.RecoveryPoint
-		ev := Event{Workflow: w.name, Tenant: tenant, Key: key, RecoveryPoint: row.RecoveryPoint}
-		switch kind {
-		case store.Replay:
-			ev.Kind, ev.Status = EventReplayed, row.Response.Status
-			c.observe(ctx, ev)
-			return &Outcome{Kind: OutcomeReplay, Response: w.store.replayed(row.Response)}, nil
-		case store.Mismatch:
+		ev := keyrow.Event{Workflow: w.name, Tenant: tenant, Key: key, RecoveryPoint: row.RecoveryPoint}
+		switch found := outcomeOf(kind); found {
+		case OutcomeReplayed:
+			ev.Status = row.Response.Status
+			return c.refuse(ctx, ev, &Outcome{Kind: found, Response: w.store.replayed(row.Response)})
+		case OutcomeMismatch:
 			if !legacyTried {
 				// The key may hold the earlier kind of fingerprint, of its
 				// workflow's name and the re-encoded request.
@@ -245,10 +228,8 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 					continue
 				}
 			}
-			ev.Kind = EventMismatch
-			c.observe(ctx, ev)
-			return &Outcome{Kind: OutcomeMismatch}, nil
-		case store.Elsewhere:
+			return c.refuse(ctx, ev, &Outcome{Kind: found})
+		case OutcomeElsewhere:
 			rt, ok := c.routes[defKey{row.Workflow, row.Definition}]
 			switch {
 			case ok && rt.w.Name() == w.name && !rerouted:
@@ -259,18 +240,13 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 				continue
 			case row.Workflow != w.name && (!ok || rt.w.Name() != w.name):
 				// Another workflow's key, which this one does not adopt.
-				ev.Kind = EventMismatch
-				c.observe(ctx, ev)
-				return &Outcome{Kind: OutcomeMismatch}, nil
+				return c.refuse(ctx, ev, &Outcome{Kind: OutcomeMismatch})
 			}
-			ev.Kind = EventConflict
-			c.observe(ctx, ev)
-			return &Outcome{Kind: OutcomeElsewhere, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)}, nil
-		case store.Parked:
-			ev.Kind = EventConflict
-			c.observe(ctx, ev)
-			return &Outcome{Kind: OutcomeOnHold, Hold: row.Hold, RetryAfter: lockttl.RetryAfter(0)}, nil
-		case store.Held:
+			return c.refuse(ctx, ev, &Outcome{Kind: found, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)})
+		case OutcomeOnHold:
+			ev.Hold = row.Hold
+			return c.refuse(ctx, ev, &Outcome{Kind: found, Hold: row.Hold, RetryAfter: lockttl.RetryAfter(0)})
+		case OutcomeInFlight:
 			if left := time.Until(waitUntil); left > 0 {
 				t := time.NewTimer(min(pause, left, row.LeaseLeft))
 				select {
@@ -282,14 +258,12 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 				pause = min(2*pause, 500*time.Millisecond)
 				continue
 			}
-			ev.Kind = EventConflict
-			c.observe(ctx, ev)
-			return &Outcome{Kind: OutcomeInProgress, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}, nil
+			return c.refuse(ctx, ev, &Outcome{Kind: found, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)})
 		}
 		info.Attempt = row.Attempts
-		ev.Kind = EventAcquired
+		ev.Kind = keyrow.EventAcquired
 		if kind == store.Resumed {
-			ev.Kind = EventResumed
+			ev.Kind = keyrow.EventResumed
 		}
 		var resp *keyrow.Response
 		if rerouted {
@@ -319,6 +293,46 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 		}
 		return out, nil
 	}
+}
+
+// outcomeOf names what the store found when a run took a key: the one place
+// the store's outcomes map to those a user sees.
+func outcomeOf(found store.Outcome) OutcomeKind {
+	switch found {
+	case store.New:
+		return OutcomeNew
+	case store.Resumed:
+		return OutcomeResumed
+	case store.Replay:
+		return OutcomeReplayed
+	case store.Held:
+		return OutcomeInFlight
+	case store.Mismatch:
+		return OutcomeMismatch
+	case store.Parked:
+		return OutcomeOnHold
+	case store.Elsewhere:
+		return OutcomeElsewhere
+	}
+	panic(fmt.Sprintf("phase: unknown store outcome %v", found))
+}
+
+// refusedEvents are the events of the outcomes in which a run ran nothing,
+// each spelled as its outcome.
+var refusedEvents = map[OutcomeKind]keyrow.EventKind{
+	OutcomeReplayed:  keyrow.EventReplayed,
+	OutcomeInFlight:  keyrow.EventInFlight,
+	OutcomeOnHold:    keyrow.EventOnHold,
+	OutcomeElsewhere: keyrow.EventElsewhere,
+	OutcomeMismatch:  keyrow.EventMismatch,
+}
+
+// refuse ends a run that ran nothing with out, reporting ev as the event of
+// out's kind.
+func (c *Client) refuse(ctx context.Context, ev keyrow.Event, out *Outcome) (*Outcome, error) {
+	ev.Kind = refusedEvents[out.Kind]
+	c.observe(ctx, ev)
+	return out, nil
 }
 
 // acquireFailed classifies an error of taking the lease. Nothing was done.
@@ -379,7 +393,7 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store
 			return nil, err
 		}
 	}
-	c.observe(ctx, Event{Kind: EventResumed, Workflow: w.name, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
+	c.observe(ctx, keyrow.Event{Kind: keyrow.EventResumed, Workflow: w.name, Tenant: row.Tenant, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
 	return w.execute(ctx, c, run, row, byCompleter)
 }
 
@@ -618,9 +632,9 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	if err != nil {
 		return nil, x.fail(ctx, err)
 	}
-	ev := Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Duration: time.Since(start)}
+	ev := keyrow.Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Duration: time.Since(start)}
 	if res.response != nil {
-		ev.Kind, ev.RecoveryPoint, ev.Status = EventFinished, keyrow.Finished, res.response.Status
+		ev.Kind, ev.RecoveryPoint, ev.Status = keyrow.EventFinished, keyrow.Finished, res.response.Status
 		x.c.observe(ctx, ev)
 		x.debug(ctx, "key finished", "recovery_point", keyrow.Finished, "status", res.response.Status)
 		if err := x.inject(ctx, Point{p.name, BeforeResponse}); err != nil {
@@ -629,7 +643,7 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 		return res.response, nil
 	}
 	x.rp = p.identity()
-	ev.Kind, ev.RecoveryPoint = EventPhaseCommitted, x.rp
+	ev.Kind, ev.RecoveryPoint = keyrow.EventPhaseCommitted, x.rp
 	x.c.observe(ctx, ev)
 	x.debug(ctx, "phase committed", "recovery_point", x.rp)
 	return nil, nil
@@ -710,7 +724,7 @@ func (x *execution[Req, State]) commit(ctx context.Context, i int, body LocalFun
 		if !retryable(err) || attempt >= x.c.cfg.MaxPhaseRetries {
 			return Result{}, x.storeError(ctx, err)
 		}
-		x.c.observe(ctx, Event{Kind: EventRetried, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key,
+		x.c.observe(ctx, keyrow.Event{Kind: keyrow.EventRetried, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key,
 			RecoveryPoint: x.rp, Phase: p.name, Err: err})
 		t := time.NewTimer(backoff/2 + rand.N(backoff))
 		select {
@@ -837,11 +851,11 @@ func (x *execution[Req, State]) restoreState() {
 // freeing the lease showed that the run had been taken over.
 func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 	x.restoreState()
-	ev := Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, RecoveryPoint: x.rp, Phase: x.run.phase, Err: err}
+	ev := keyrow.Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, RecoveryPoint: x.rp, Phase: x.run.phase, Err: err}
 	log := x.c.cfg.Logger
 	attrs := []any{"workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key, "recovery_point", x.rp, "phase", x.run.phase}
 	if errors.Is(err, ErrCrash) {
-		ev.Kind = EventCrashed
+		ev.Kind = keyrow.EventCrashed
 		x.c.observe(ctx, ev)
 		log.Warn("run crashed by fault injection; lease kept", attrs...)
 		return err
@@ -861,19 +875,19 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 	var pe *PanicError
 	switch {
 	case errors.Is(err, keyrow.ErrLeaseLost):
-		ev.Kind = EventLeaseLost
+		ev.Kind = keyrow.EventLeaseLost
 		x.c.observe(ctx, ev)
 		log.Warn("lease lost; stopped without committing", append(attrs, "err", err)...)
 	case errors.Is(err, ErrOutcomeUnknown):
-		ev.Kind = EventUnknown
+		ev.Kind = keyrow.EventUnknown
 		x.c.observe(ctx, ev)
 		log.Warn("foreign call outcome unknown", append(attrs, "err", err)...)
 	case errors.As(err, &pe):
-		ev.Kind = EventFailed
+		ev.Kind = keyrow.EventFailed
 		x.c.observe(ctx, ev)
 		log.Error("panic in user code; lease freed, recovery point kept", append(attrs, "where", pe.Where, "panic", pe.Value, "stack", string(pe.Stack))...)
 	default:
-		ev.Kind = EventFailed
+		ev.Kind = keyrow.EventFailed
 		x.c.observe(ctx, ev)
 		level := slog.LevelError
 		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
@@ -915,11 +929,11 @@ func (x *execution[Req, State]) inject(ctx context.Context, at Point) error {
 	return inj.Inject(ctx, at)
 }
 
-func (c *Client) observe(ctx context.Context, ev Event) {
+func (c *Client) observe(ctx context.Context, ev keyrow.Event) {
 	if c.cfg.Observer != nil {
 		c.cfg.Observer(ctx, ev)
 	}
-	if l, ok := ctx.Value(listenerKey{}).(func(Event)); ok {
+	if l, ok := ctx.Value(listenerKey{}).(func(keyrow.Event)); ok {
 		l(ev)
 	}
 }

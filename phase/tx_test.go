@@ -389,7 +389,7 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 		t.Fatalf("%d rows (%v), want 2", n, err)
 	}
 	counter.Reset()
-	if out, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil || out.Kind != phase.OutcomeReplay {
+	if out, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil || out.Kind != phase.OutcomeReplayed {
 		t.Fatalf("replay: %v %v", out, err)
 	}
 	if counter.RoundTrips() != 1 || counter.Statements() != 1 {

@@ -47,7 +47,8 @@
 // # Metrics
 //
 // [Observer] receives the completer's and reaper's events (completed,
-// failed, dead, reaped, expired), as phase.Config.Observer receives a run's;
-// the client's Counts gives the gauges. [Metrics] tallies events for any
+// completer_failed, dead, reaped, expired), from the same list,
+// keyrow.EventKind, as phase.Config.Observer receives a run's; the client's
+// Counts gives the gauges. [Metrics] tallies events for any
 // metrics library to read.
 package recovery

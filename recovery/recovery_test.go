@@ -186,11 +186,11 @@ func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 	w := effectsWorkflow(t, db)
 	// A key of a workflow that only a newer (or older) deployment runs.
 	abandon(t, db, "next-release-workflow", "k1", `{}`)
-	var events []recovery.Event
+	var events []keyrow.Event
 	var mu sync.Mutex
 	c := client(t, db, func(c *phase.Config) {
 		c.Completer.MaxAttempts = 1
-		c.Completer.Observer = func(_ context.Context, ev recovery.Event) {
+		c.Completer.Observer = func(_ context.Context, ev keyrow.Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, ev)
@@ -323,7 +323,7 @@ func TestUnknownOutcomeIsReconciledToDoneWithoutRepeatingTheCall(t *testing.T) {
 		t.Fatalf("completer: %+v %v", res, err)
 	}
 	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
-	if err != nil || out.Kind != phase.OutcomeReplay || string(out.Response.Body) != "{\"sent\":true}\n" {
+	if err != nil || out.Kind != phase.OutcomeReplayed || string(out.Response.Body) != "{\"sent\":true}\n" {
 		t.Fatalf("after reconcile: %+v %v", out, err)
 	}
 	if m.calls != 1 {
@@ -345,7 +345,7 @@ func TestUnknownOutcomeIsReconciledToRetryAndCalledAgain(t *testing.T) {
 		t.Fatalf("completer: %+v %v", res, err)
 	}
 	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
-	if err != nil || out.Kind != phase.OutcomeReplay || string(out.Response.Body) != "{\"sent\":true}\n" {
+	if err != nil || out.Kind != phase.OutcomeReplayed || string(out.Response.Body) != "{\"sent\":true}\n" {
 		t.Fatalf("after retry: %+v %v", out, err)
 	}
 	if m.calls != 2 || len(m.sent) != 1 {
@@ -374,14 +374,14 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 	}
 	var (
 		mu   sync.Mutex
-		dead []recovery.Event
+		dead []keyrow.Event
 	)
 	c := client(t, db, func(c *phase.Config) {
 		c.Completer.MaxAttempts = 3
-		c.Completer.Observer = func(_ context.Context, ev recovery.Event) {
+		c.Completer.Observer = func(_ context.Context, ev keyrow.Event) {
 			mu.Lock()
 			defer mu.Unlock()
-			if ev.Kind == recovery.EventDead {
+			if ev.Kind == keyrow.EventDead {
 				dead = append(dead, ev)
 			}
 		}
@@ -507,7 +507,7 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 		t.Fatalf("%d expired keys left, %d deleted; want all 50 old keys gone", oldFinishedLeft, res.Deleted)
 	}
 	out, err := w.Run(ctx, rn, "acme", "dead", job{N: 3})
-	if err != nil || out.Kind != phase.OutcomeReplay || out.Response.Status != 500 {
+	if err != nil || out.Kind != phase.OutcomeReplayed || out.Response.Status != 500 {
 		t.Fatalf("late retry of the abandoned key: %+v %v, want a replayed terminal 500", out, err)
 	}
 }

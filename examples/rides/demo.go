@@ -16,6 +16,7 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
 	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -150,9 +151,9 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 		{"rides", int64(report.Rides), "one per key: the ride is the first phase"},
 		{"charges at Stripe", int64(report.Charges), "one per created ride"},
 		{"receipts", int64(report.Receipts), "one per created ride"},
-		{"server crashes", counts[string(phase.EventCrashed)], "runs stopped at a random fault point"},
-		{"resumed", counts[string(phase.EventResumed)], "runs that took over an unfinished key"},
-		{"finished by the completer", counts[string(recovery.EventCompleted)], "keys it finished before any retry did"},
+		{"server crashes", counts[string(keyrow.EventCrashed)], "runs stopped at a random fault point"},
+		{"resumed", counts[string(keyrow.EventResumed)], "runs that took over an unfinished key"},
+		{"finished by the completer", counts[string(keyrow.EventCompleted)], "keys it finished before any retry did"},
 		{"Stripe faults", stripeSrv.Stats().FaultsInjected, "failures before a charge, drops after"},
 		{"double charges", int64(report.DoubleCharged), "must be 0"},
 		{"charges without a ride", int64(report.ChargesWithoutRide), "must be 0"},

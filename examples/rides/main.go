@@ -31,6 +31,7 @@ import (
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
 	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -340,5 +341,5 @@ var silence = slog.New(slog.NewTextHandler(io.Discard, nil))
 // metrics counts run and recovery events for the demo's summary.
 func metrics() (*recovery.Metrics, phase.Observer) {
 	m := &recovery.Metrics{}
-	return m, func(_ context.Context, ev phase.Event) { m.Count(string(ev.Kind), 1) }
+	return m, func(_ context.Context, ev keyrow.Event) { m.Count(string(ev.Kind), 1) }
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
 	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -510,21 +511,21 @@ func (t *traffic) checks(unfinished int) []ledger.Check {
 // tally counts the events of the runs and of the completer.
 type tally struct {
 	mu        sync.Mutex
-	phases    map[phase.EventKind]int
+	phases    map[keyrow.EventKind]int
 	completed int
 }
 
-func (t *tally) phase(_ context.Context, ev phase.Event) {
+func (t *tally) phase(_ context.Context, ev keyrow.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.phases == nil {
-		t.phases = map[phase.EventKind]int{}
+		t.phases = map[keyrow.EventKind]int{}
 	}
 	t.phases[ev.Kind]++
 }
 
-func (t *tally) completer(_ context.Context, ev recovery.Event) {
-	if ev.Kind == recovery.EventCompleted {
+func (t *tally) completer(_ context.Context, ev keyrow.Event) {
+	if ev.Kind == keyrow.EventCompleted {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		t.completed += ev.Count
@@ -535,9 +536,9 @@ func (t *tally) write(w io.Writer, provider payoutprovider.Stats) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	fmt.Fprintf(w, "server:   %d runs crashed, %d resumed after a crash or failure, %d replayed; %d payout outcomes unknown and repeated;\n",
-		t.phases[phase.EventCrashed], t.phases[phase.EventResumed], t.phases[phase.EventReplayed], t.phases[phase.EventUnknown])
+		t.phases[keyrow.EventCrashed], t.phases[keyrow.EventResumed], t.phases[keyrow.EventReplayed], t.phases[keyrow.EventUnknown])
 	fmt.Fprintf(w, "          %d serialization failures retried; %d keys finished by the completer\n",
-		t.phases[phase.EventRetried], t.completed)
+		t.phases[keyrow.EventRetried], t.completed)
 	fmt.Fprintf(w, "provider: %d payouts made (%d refused by the destination), %d answers replayed, %d faults injected\n",
 		provider.Paid+provider.Failed, provider.Failed, provider.Replays, provider.FaultsInjected)
 }

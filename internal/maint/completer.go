@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -63,7 +64,7 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	}
 	res.Buried = buried
 	if buried > 0 {
-		c.observe(ctx, recovery.Event{Kind: recovery.EventDead, Count: buried})
+		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: buried})
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
@@ -102,9 +103,9 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 
 func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 	err := c.resumer(ctx, row)
-	ev := recovery.Event{Kind: recovery.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
+	ev := keyrow.Event{Kind: keyrow.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
 	if err != nil {
-		ev.Kind, ev.Err = recovery.EventFailed, err
+		ev.Kind, ev.Err = keyrow.EventCompleterFailed, err
 	}
 	if errors.Is(err, ErrHandedBack) {
 		return err
@@ -145,7 +146,7 @@ func (c *Completer) Start(ctx context.Context) error {
 // resumed later.
 func (c *Completer) Stop(ctx context.Context) error { return c.bg.Stop(ctx) }
 
-func (c *Completer) observe(ctx context.Context, ev recovery.Event) {
+func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {
 	if c.cfg.Observer != nil {
 		c.cfg.Observer(ctx, ev)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -91,7 +92,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 		}
 	}
 	if res.Expired > 0 {
-		r.observe(ctx, recovery.Event{Kind: recovery.EventExpired, Count: res.Expired})
+		r.observe(ctx, keyrow.Event{Kind: keyrow.EventExpired, Count: res.Expired})
 		r.log.Warn("abandoned keys closed with a terminal response", "count", res.Expired)
 	}
 	scopes, err := r.Scopes(ctx)
@@ -102,7 +103,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 		n, err := r.batches(ctx, func() (int, error) {
 			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize)
 			if n > 0 {
-				r.observe(ctx, recovery.Event{Kind: recovery.EventReaped, Count: n, Workflow: s.Workflow})
+				r.observe(ctx, keyrow.Event{Kind: keyrow.EventReaped, Count: n, Workflow: s.Workflow})
 			}
 			return n, err
 		})
@@ -161,7 +162,7 @@ func (r *Reaper) Start(ctx context.Context) error {
 // Stop ends the background runs and waits for the current one, or for ctx.
 func (r *Reaper) Stop(ctx context.Context) error { return r.bg.Stop(ctx) }
 
-func (r *Reaper) observe(ctx context.Context, ev recovery.Event) {
+func (r *Reaper) observe(ctx context.Context, ev keyrow.Event) {
 	if r.cfg.Observer != nil {
 		r.cfg.Observer(ctx, ev)
 	}

@@ -4,25 +4,25 @@ import (
 	"context"
 	"sync"
 
-	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // Events records a client's events for a test to count; pass its Observe
 // method as phase.Config.Observer. It is safe for concurrent use.
 type Events struct {
 	mu     sync.Mutex
-	events []phase.Event
+	events []keyrow.Event
 }
 
 // Observe records ev.
-func (l *Events) Observe(_ context.Context, ev phase.Event) {
+func (l *Events) Observe(_ context.Context, ev keyrow.Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.events = append(l.events, ev)
 }
 
 // Count returns how many events of kind were recorded.
-func (l *Events) Count(kind phase.EventKind) int {
+func (l *Events) Count(kind keyrow.EventKind) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
@@ -35,10 +35,10 @@ func (l *Events) Count(kind phase.EventKind) int {
 }
 
 // Of returns the events recorded for key, in order.
-func (l *Events) Of(key string) []phase.Event {
+func (l *Events) Of(key string) []keyrow.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []phase.Event
+	var out []keyrow.Event
 	for _, ev := range l.events {
 		if ev.Key == key {
 			out = append(out, ev)

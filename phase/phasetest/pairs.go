@@ -160,8 +160,8 @@ func (m *matrix[Req, State]) held(t *testing.T, key, first string, p phase.Point
 
 	out := m.run(s.ctx, t, s.key)
 	switch {
-	case out.Kind == phase.OutcomeInProgress && out.RetryAfter > 0:
-	case out.Kind == phase.OutcomeReplay:
+	case out.Kind == phase.OutcomeInFlight && out.RetryAfter > 0:
+	case out.Kind == phase.OutcomeReplayed:
 		s.answers = append(s.answers, out.Response)
 	default:
 		t.Fatalf("a duplicate request while the %s run holds the key at %s: the key was %s, want in progress with a Retry-After, or a replay",
