@@ -104,7 +104,7 @@
 //     parsing, request fingerprints and downstream keys.
 //   - lockttl: the lease's rules: TTL, renewal, Retry-After.
 //   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
-//     calls and completer passes, as a [phase.Middleware]. Only programs
+//     calls and completer passes, as a [phase.Hook]. Only programs
 //     that import it depend on OpenTelemetry.
 //   - cmd/atomicphase: inspect, list, unlock, retry and reap keys; migrate.
 //   - examples/quickstart: the README's complete program;

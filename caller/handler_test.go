@@ -79,7 +79,11 @@ func newShop(t *testing.T, injector phase.Injector, accept ...bool) *shop {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := phase.NewClient(s.pool, &phase.Config{LockTTL: time.Second, Injector: injector,
+	var hooks []phase.Hook
+	if injector != nil {
+		hooks = append(hooks, injector)
+	}
+	client, err := phase.NewClient(s.pool, &phase.Config{LockTTL: time.Second, Hooks: hooks,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, w)
 	if err != nil {
 		t.Fatal(err)

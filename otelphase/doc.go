@@ -1,10 +1,10 @@
 // Package otelphase traces and measures a phase.Client with OpenTelemetry.
-// It is a phase.Middleware; the core packages do not depend on
+// Its [Hook] is a phase.Hook; the core packages do not depend on
 // OpenTelemetry, only programs that import this package do.
 //
-//	mw, err := otelphase.NewMiddleware(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
-//	c, err := phase.NewClient(pool, &phase.Config{Middleware: []phase.Middleware{mw}}, rides)
-//	reg, err := mw.ObserveKeys(c) // the keys gauge; reg.Unregister() when done
+//	hook, err := otelphase.New(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
+//	c, err := phase.NewClient(pool, &phase.Config{Hooks: []phase.Hook{hook}}, rides)
+//	reg, err := hook.ObserveKeys(c) // the keys gauge; reg.Unregister() when done
 //
 // # Spans
 //

@@ -17,7 +17,7 @@ import (
 	"github.com/atomicphase/atomicphase/phase"
 )
 
-func ExampleNewMiddleware() {
+func ExampleNew() {
 	ctx := context.Background()
 	dsn, drop, err := pgtest.NewDatabase(ctx, "example") // your application's database
 	if err != nil {
@@ -35,7 +35,7 @@ func ExampleNewMiddleware() {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 
-	mw, err := otelphase.NewMiddleware(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
+	mw, err := otelphase.New(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func ExampleNewMiddleware() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := phase.NewClient(pool, &phase.Config{Middleware: []phase.Middleware{mw}}, greet)
+	c, err := phase.NewClient(pool, &phase.Config{Hooks: []phase.Hook{mw}}, greet)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -37,7 +37,7 @@ type order struct {
 type env struct {
 	c        *phase.Client
 	w        *phase.Workflow[order, string]
-	mw       *otelphase.Middleware
+	mw       *otelphase.Hook
 	spans    *tracetest.InMemoryExporter
 	reader   *sdkmetric.ManualReader
 	tracer   trace.Tracer
@@ -61,7 +61,7 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
 	e.tracer = tp.Tracer("test")
 	cfg.TracerProvider, cfg.MeterProvider = tp, mp
-	mw, err := otelphase.NewMiddleware(&cfg)
+	mw, err := otelphase.New(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,9 +99,9 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 		t.Fatal(err)
 	}
 	e.c, err = phase.NewClient(pgtest.Pool(t), &phase.Config{
-		Logger:     quiet,
-		Middleware: []phase.Middleware{mw},
-		Completer:  recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+		Logger:    quiet,
+		Hooks:     []phase.Hook{mw},
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
 	}, e.w)
 	if err != nil {
 		t.Fatal(err)
@@ -309,10 +309,10 @@ func TestKeysGaugeReadsCountsAtMostOncePerInterval(t *testing.T) {
 	}
 }
 
-func TestNewMiddlewareRefusesANegativeCountsInterval(t *testing.T) {
+func TestNewRefusesANegativeCountsInterval(t *testing.T) {
 	t.Parallel()
-	if _, err := otelphase.NewMiddleware(&otelphase.Config{CountsInterval: -time.Second}); err == nil {
-		t.Fatal("NewMiddleware accepted a negative CountsInterval")
+	if _, err := otelphase.New(&otelphase.Config{CountsInterval: -time.Second}); err == nil {
+		t.Fatal("New accepted a negative CountsInterval")
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 )
 
 // listenerKey carries a function that a run calls with each of its events,
-// after the client's Observer.
+// after the client's observers.
 type listenerKey struct{}
 
 func withListener(ctx context.Context, f func(keyrow.Event)) context.Context {

@@ -99,7 +99,7 @@ func TestAcceptedRunThatCrashesIsResumed(t *testing.T) {
 	t.Parallel()
 	e, h, status := acceptEnv(t, func(cfg *phase.Config) {
 		cfg.LockTTL = time.Second
-		cfg.Injector = phase.CrashAt(phase.Point{Phase: "charged", Stage: phase.AfterCall})
+		cfg.Hooks = append(cfg.Hooks, phase.CrashAt(phase.Point{Phase: "charged", Stage: phase.AfterCall}))
 	})
 	body := `{"item":"book","amount":500}`
 	if rec := post(h, "k1", body); rec.Code != http.StatusAccepted {

@@ -74,14 +74,10 @@ type Config struct {
 	DownstreamKeyPrefix string
 	// Logger receives the client's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Observer, when set, receives every keyrow.Event of every run.
-	Observer Observer
-	// Middleware wraps every run, phase, foreign call and completer pass,
-	// the first outermost: the place for tracing (see Middleware).
-	Middleware []Middleware
-	// Injector, when set, is consulted at every fault point (see Point).
-	// A context from WithInjector overrides it for one run.
-	Injector Injector
+	// Hooks observe, wrap and fault the client's work: each receives what
+	// the interfaces it implements say (see Hook). Wrappers apply in
+	// order, the first outermost. Defaults to none.
+	Hooks []Hook
 	// Completer configures the completer that Start runs.
 	Completer recovery.CompleterConfig
 	// Reaper configures the reaper that Start runs.
@@ -98,9 +94,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LockTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 || c.MaxPhaseRetries < -1 {
 		return c, errors.New("phase: Config.LockTTL, RetryBackoff, WaitForInFlight and MaxPhaseRetries must not be negative")
-	}
-	if slices.Contains(c.Middleware, nil) {
-		return c, errors.New("phase: Config.Middleware holds a nil Middleware")
 	}
 	c.LockTTL = cmp.Or(c.LockTTL, lockttl.DefaultTTL)
 	if err := lockttl.Check(c.LockTTL); err != nil {
@@ -229,8 +222,9 @@ var ErrStopped = errors.New("phase: client is stopping")
 // Config.Reaper.Interval to -1 (or never calls Start); a process that only
 // completes registers its workflows and calls Start without serving.
 type Client struct {
-	cfg  Config
-	pool *pgxpool.Pool
+	cfg   Config
+	hooks hooks
+	pool  *pgxpool.Pool
 	// poolConfig is a copy of the pool's configuration, made once.
 	poolConfig *pgxpool.Config
 	routes     map[defKey]route
@@ -279,7 +273,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, pool: pool, poolConfig: pool.Config(), routes: routes}
+	hs, err := sortHooks(c.Hooks)
+	if err != nil {
+		return nil, err
+	}
+	cl := &Client{cfg: c, hooks: hs, pool: pool, poolConfig: pool.Config(), routes: routes}
 	keys := slices.SortedFunc(maps.Keys(routes), func(a, b defKey) int {
 		return cmp.Or(cmp.Compare(a.workflow, b.workflow), cmp.Compare(a.definition, b.definition))
 	})
@@ -289,10 +287,13 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
 	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LockTTL, c.Logger)
-	if len(c.Middleware) > 0 {
+	if len(cl.hooks.passes) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
 	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	if len(cl.hooks.observers) > 0 {
+		cl.completer.Observe, cl.reaper.Observe = cl.observe, cl.observe
+	}
 	return cl, nil
 }
 

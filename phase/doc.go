@@ -138,25 +138,28 @@
 //
 // # Fault injection
 //
-// A run consults an [Injector] at every fault [Point] (before a transaction,
-// before a foreign call, in it once the lease is renewed, after it, before
-// and after commit, before the response). [ErrCrash] stops the run as a killed process would: the
-// transaction rolls back and the lease is kept. [Recorder] discovers a
+// A run consults its [Injector] hooks at every fault [Point] (before a
+// transaction, before a foreign call, in it once the lease is renewed,
+// after it, before and after commit, before the response); [WithInjector]
+// gives one run its own. [ErrCrash] stops the run as a killed process
+// would: the transaction rolls back and the lease is kept. [Recorder] discovers a
 // workflow's points, [CrashAt] crashes at one, and package phasetest runs the
 // whole crash matrix in a workflow author's tests.
 //
-// # Observing
+// # Hooks
 //
 // [Config.Logger] receives structured logs with workflow, tenant, key and
-// recovery_point attributes; [Config.Observer] receives a [keyrow.Event],
-// with the run's context, for everything that happens to a key. Events and
-// outcomes share one spelling ([OutcomeInFlight] is reported as
-// keyrow.EventInFlight, "in_flight").
-//
-// [Config.Middleware] wraps each run, phase, foreign call and completer
-// pass in a function that takes and returns its context, as River's
-// middleware and pgx's tracers do: a span a [Middleware] starts there is the
-// parent of everything the step does, the phase's own SQL and the foreign
-// call's HTTP request included. Package otelphase is the OpenTelemetry
-// one; this package does not depend on OpenTelemetry.
+// recovery_point attributes. Everything else that watches or steers a
+// client is a [Hook] in [Config.Hooks], found by the interfaces it
+// implements, as pgx finds a tracer's: an [Observer] receives a
+// [keyrow.Event], with the run's or pass's context, for everything that
+// happens to a key in runs, the completer and the reaper; a [RunWrapper],
+// [PhaseWrapper], [CallWrapper] or [PassWrapper] wraps each run, phase,
+// foreign call or completer pass in a function that takes and returns its
+// context, so a span it starts is the parent of everything the step does,
+// the phase's own SQL and the foreign call's HTTP request included; an
+// [Injector] injects faults. Events and outcomes share one spelling
+// ([OutcomeInFlight] is reported as keyrow.EventInFlight, "in_flight").
+// Package otelphase is the OpenTelemetry hook; this package does not
+// depend on OpenTelemetry.
 package phase

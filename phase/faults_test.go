@@ -493,12 +493,12 @@ func TestStoreLostMidRunIs503SafeToRetry(t *testing.T) {
 			t.Parallel()
 			pool, cut := switchedPool(t)
 			e := setupPool(t, pool, func(c *phase.Config) {
-				c.Injector = phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
+				c.Hooks = []phase.Hook{phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
 					if when == "between phases" && at == (phase.Point{Phase: "charged", Stage: phase.BeforeTx}) {
 						cut()
 					}
 					return nil
-				})
+				})}
 			})
 			if when == "during the call" {
 				e.pay.fail = func(string) error { cut(); return nil }

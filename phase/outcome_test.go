@@ -78,7 +78,7 @@ func TestKeyOnHoldIsReportedOnHoldWithItsHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Observer: events.Observe, Logger: quiet}, w)
+	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Hooks: []phase.Hook{events}, Logger: quiet}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -366,7 +366,7 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := &phasetest.Events{}
-	rn, err := phase.NewClient(db, &phase.Config{Observer: events.Observe}, w)
+	rn, err := phase.NewClient(db, &phase.Config{Hooks: []phase.Hook{events}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +402,7 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := &phasetest.Events{}
-	rn, err := phase.NewClient(db, &phase.Config{Observer: events.Observe, MaxPhaseRetries: 3}, w)
+	rn, err := phase.NewClient(db, &phase.Config{Hooks: []phase.Hook{events}, MaxPhaseRetries: 3}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, c *Client, tenant, key s
 // runAs is Run with the fingerprint of the request as sent, when there is
 // one.
 func (w *Workflow[Req, State]) runAs(ctx context.Context, c *Client, tenant, key string, req Req, fp *[32]byte) (*Outcome, error) {
-	if len(c.cfg.Middleware) == 0 {
+	if len(c.hooks.runs) == 0 {
 		var info RunInfo
 		info.Tenant, info.Key = tenant, key
 		return w.run(ctx, c, &info, req, fp)
@@ -151,7 +151,7 @@ func (w *Workflow[Req, State]) runAs(ctx context.Context, c *Client, tenant, key
 	return c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) { return w.run(ctx, c, info, req, fp) })
 }
 
-// run is Run inside the client's middleware; it fills in info.
+// run is Run inside the client's run wrappers; it fills in info.
 func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo, req Req, sent *[32]byte) (*Outcome, error) {
 	tenant, key := info.Tenant, info.Key
 	if err := c.registered(w); err != nil {
@@ -546,7 +546,7 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 		rec recordFn[Req, State]
 		res Resolution
 	)
-	err = x.c.through(ctx, x.phaseInfo(i, true), true, func(ctx context.Context) error {
+	err = x.c.throughCall(ctx, x.phaseInfo(i, true), func(ctx context.Context) error {
 		return protect("reconcile of phase", p.name, func() (err error) {
 			rec, res, err = p.foreign.reconcile(ctx, x.run)
 			return err
@@ -572,13 +572,14 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	return x.from(ctx, i, rec)
 }
 
-// throughPhase runs the phase at index i through the client's middleware.
+// throughPhase runs the phase at index i through the client's phase
+// wrappers.
 func (x *execution[Req, State]) throughPhase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
-	if len(x.c.cfg.Middleware) == 0 {
+	if len(x.c.hooks.phases) == 0 {
 		return x.phase(ctx, i, rec)
 	}
 	var resp *keyrow.Response
-	err := x.c.through(ctx, x.phaseInfo(i, false), false, func(ctx context.Context) (err error) {
+	err := x.c.throughPhase(ctx, x.phaseInfo(i, false), func(ctx context.Context) (err error) {
 		resp, err = x.phase(ctx, i, rec)
 		return err
 	})
@@ -586,23 +587,23 @@ func (x *execution[Req, State]) throughPhase(ctx context.Context, i int, rec rec
 }
 
 // throughCall makes the call of the foreign phase at index i through the
-// client's middleware.
+// client's call wrappers.
 func (x *execution[Req, State]) throughCall(ctx context.Context, i int) (recordFn[Req, State], error) {
 	p := &x.w.phases[i]
-	if len(x.c.cfg.Middleware) == 0 {
+	if len(x.c.hooks.calls) == 0 {
 		return x.call(ctx, p)
 	}
-	// Declared here, not as named results, so that only runs with
-	// middleware pay for the closure's captures.
+	// Declared here, not as named results, so that only runs with call
+	// wrappers pay for the closure's captures.
 	var rec recordFn[Req, State]
-	err := x.c.through(ctx, x.phaseInfo(i, false), true, func(ctx context.Context) (err error) {
+	err := x.c.throughCall(ctx, x.phaseInfo(i, false), func(ctx context.Context) (err error) {
 		rec, err = x.call(ctx, p)
 		return err
 	})
 	return rec, err
 }
 
-// phaseInfo describes the phase at index i to the client's middleware.
+// phaseInfo describes the phase at index i to the client's wrappers.
 func (x *execution[Req, State]) phaseInfo(i int, reconcile bool) *PhaseInfo {
 	p := &x.w.phases[i]
 	info := &PhaseInfo{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Reconcile: reconcile}
@@ -919,23 +920,15 @@ func (x *execution[Req, State]) debug(ctx context.Context, msg string, args ...a
 }
 
 func (x *execution[Req, State]) inject(ctx context.Context, at Point) error {
-	inj, _ := ctx.Value(injectorKey{}).(Injector)
-	if inj == nil {
-		inj = x.c.cfg.Injector
+	if inj, _ := ctx.Value(injectorKey{}).(Injector); inj != nil {
+		return inj.Inject(ctx, at)
 	}
-	if inj == nil {
-		return nil
+	for _, inj := range x.c.hooks.injectors {
+		if err := inj.Inject(ctx, at); err != nil {
+			return err
+		}
 	}
-	return inj.Inject(ctx, at)
-}
-
-func (c *Client) observe(ctx context.Context, ev keyrow.Event) {
-	if c.cfg.Observer != nil {
-		c.cfg.Observer(ctx, ev)
-	}
-	if l, ok := ctx.Value(listenerKey{}).(func(keyrow.Event)); ok {
-		l(ev)
-	}
+	return nil
 }
 
 // hasNUL reports whether encoding/json output holds an escaped NUL

@@ -192,7 +192,7 @@ func setupPool(t testing.TB, db *pgxpool.Pool, mutate ...func(*phase.Config)) *e
 	}
 	e := &env{db: db, pay: newPayments(), events: &phasetest.Events{}}
 	e.w = ordersWorkflow(t, e.pay)
-	cfg := phase.Config{Observer: e.events.Observe, Logger: quiet}
+	cfg := phase.Config{Hooks: []phase.Hook{e.events}, Logger: quiet}
 	for _, m := range mutate {
 		m(&cfg)
 	}

@@ -439,7 +439,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 		}
 		return nil
 	})
-	rn, err := phase.NewClient(db, &phase.Config{LockTTL: ttl, Injector: pause}, w)
+	rn, err := phase.NewClient(db, &phase.Config{LockTTL: ttl, Hooks: []phase.Hook{pause}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,11 +2,8 @@ package recovery
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"time"
-
-	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // Defaults for CompleterConfig's zero values.
@@ -55,9 +52,6 @@ type CompleterConfig struct {
 	// MaxAttempts is how many times the completer fails an abandoned key
 	// before moving it to the dead hold. Defaults to DefaultMaxAttempts.
 	MaxAttempts int
-	// Observer, when set, receives the completer's events:
-	// keyrow.EventCompleted, EventCompleterFailed and EventDead.
-	Observer Observer
 }
 
 // WithDefaults returns c with every zero field set to its default, or an
@@ -112,9 +106,6 @@ type ReaperConfig struct {
 	// most half the reaper's time however slow load makes its batches.
 	// Defaults to DefaultReapPause; -1 means none.
 	Pause time.Duration
-	// Observer, when set, receives keyrow.EventReaped and
-	// keyrow.EventExpired.
-	Observer Observer
 }
 
 // WithDefaults returns c with every zero field set to its default, or an
@@ -159,8 +150,3 @@ type ReapResult struct {
 	// Deleted keys were finished and past retention.
 	Deleted int
 }
-
-// Observer receives the completer's or reaper's events (see keyrow.Event)
-// with the context of the pass that caused them, so a tracer can attach
-// them to its span. It must be fast and safe for concurrent use.
-type Observer func(ctx context.Context, ev keyrow.Event)

@@ -46,9 +46,9 @@
 //
 // # Metrics
 //
-// [Observer] receives the completer's and reaper's events (completed,
-// completer_failed, dead, reaped, expired), from the same list,
-// keyrow.EventKind, as phase.Config.Observer receives a run's; the client's
-// Counts gives the gauges. [Metrics] tallies events for any
+// The completer's and reaper's events (completed, completer_failed, dead,
+// reaped, expired) are in the one list of keyrow.EventKind, with a run's,
+// and reach the observers among the client's hooks (phase.Config.Hooks);
+// the client's Counts gives the gauges. [Metrics] tallies events for any
 // metrics library to read.
 package recovery

@@ -17,7 +17,8 @@ type Metrics struct {
 }
 
 // Observe adds ev, once for a run's event and Count times for an event of
-// the completer or reaper; use it as an Observer.
+// the completer or reaper; give it to a client as
+// phase.ObserverFunc(m.Observe).
 func (m *Metrics) Observe(_ context.Context, ev keyrow.Event) {
 	m.Count(string(ev.Kind), max(ev.Count, 1))
 }

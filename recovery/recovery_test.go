@@ -190,11 +190,11 @@ func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 	var mu sync.Mutex
 	c := client(t, db, func(c *phase.Config) {
 		c.Completer.MaxAttempts = 1
-		c.Completer.Observer = func(_ context.Context, ev keyrow.Event) {
+		c.Hooks = []phase.Hook{phase.ObserverFunc(func(_ context.Context, ev keyrow.Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, ev)
-		}
+		})}
 	}, w)
 	for range 3 {
 		res, err := c.Complete(ctx)
@@ -378,13 +378,13 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 	)
 	c := client(t, db, func(c *phase.Config) {
 		c.Completer.MaxAttempts = 3
-		c.Completer.Observer = func(_ context.Context, ev keyrow.Event) {
+		c.Hooks = []phase.Hook{phase.ObserverFunc(func(_ context.Context, ev keyrow.Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			if ev.Kind == keyrow.EventDead {
 				dead = append(dead, ev)
 			}
-		}
+		})}
 	}, w)
 	res, err := c.Complete(ctx)
 	if err != nil || res.Failed != 3 || res.Buried != 1 || len(dead) != 1 {
@@ -509,5 +509,41 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 	out, err := w.Run(ctx, rn, "acme", "dead", job{N: 3})
 	if err != nil || out.Kind != phase.OutcomeReplayed || out.Response.Status != 500 {
 		t.Fatalf("late retry of the abandoned key: %+v %v, want a replayed terminal 500", out, err)
+	}
+}
+
+// One observer, given once in the client's hooks, counts the events of
+// runs, of the completer and of the reaper, from one list.
+func TestOneObserverSeesRunsTheCompleterAndTheReaper(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w := effectsWorkflow(t, db)
+	metrics := &recovery.Metrics{}
+	rn := client(t, db, func(c *phase.Config) { c.Hooks = []phase.Hook{phase.ObserverFunc(metrics.Observe)} }, w)
+	if _, err := w.Run(ctx, rn, "acme", "served", job{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, db, w.Name(), "abandoned", `{"n":2}`)
+	if res, err := rn.Complete(ctx); err != nil || res.Completed != 1 {
+		t.Fatalf("pass: %+v %v, want the abandoned key completed", res, err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET finished_at = now() - interval '2 days'`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := rn.Reap(ctx); err != nil || res.Deleted != 2 {
+		t.Fatalf("reap: %+v %v, want both keys deleted", res, err)
+	}
+	got := metrics.Snapshot()
+	for kind, want := range map[keyrow.EventKind]int64{
+		keyrow.EventAcquired:  1, // the served key
+		keyrow.EventResumed:   1, // the completer's run of the abandoned key
+		keyrow.EventFinished:  2,
+		keyrow.EventCompleted: 1,
+		keyrow.EventReaped:    2,
+	} {
+		if got[string(kind)] != want {
+			t.Errorf("%s: %d events, want %d (all: %v)", kind, got[string(kind)], want, got)
+		}
 	}
 }

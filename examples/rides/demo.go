@@ -75,7 +75,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 	defer stopStripe()
 
 	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", tel.httpClient())
-	m, observe := metrics()
+	m := &recovery.Metrics{}
 	var crashing atomic.Bool
 	crashing.Store(true)
 	app, err := ride.New(ride.Config{
@@ -83,13 +83,10 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 		Stripe: sc,
 		Client: phase.Config{
 			// A short lease so crashed requests are resumed within the demo.
-			LockTTL:  2 * time.Second,
-			Injector: crashes(*crashRate, &crashing),
-			Observer: observe,
+			LockTTL: 2 * time.Second,
 			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
-				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second, Observer: m.Observe},
-			Reaper:     recovery.ReaperConfig{Observer: m.Observe},
-			Middleware: tel.middleware(),
+				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second},
+			Hooks: append(tel.hooks(), crashes(*crashRate, &crashing), phase.ObserverFunc(m.Observe)),
 		},
 		Logger: silence,
 	})

@@ -101,7 +101,7 @@ func (e *Env) open(ctx context.Context) error {
 	// The client is never started: the completer and the reaper do not run
 	// beside the requests measured. Nothing logs below Info, as in
 	// production.
-	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Observer: e.observe}, e.workflow, e.rides)
+	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Hooks: []phase.Hook{phase.ObserverFunc(e.observe)}}, e.workflow, e.rides)
 	if err != nil {
 		return err
 	}

@@ -36,8 +36,11 @@ type Completer struct {
 	ttl                    time.Duration
 	log                    *slog.Logger
 	bg                     Background
-	// Around, when set, wraps every pass (the client's middleware).
+	// Around, when set, wraps every pass (the client's pass wrappers).
 	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
+	// Observe, when set, receives the completer's events (the client's
+	// observers).
+	Observe func(ctx context.Context, ev keyrow.Event)
 }
 
 // NewCompleter returns a completer for the keys of the workflow definitions
@@ -147,8 +150,8 @@ func (c *Completer) Start(ctx context.Context) error {
 func (c *Completer) Stop(ctx context.Context) error { return c.bg.Stop(ctx) }
 
 func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {
-	if c.cfg.Observer != nil {
-		c.cfg.Observer(ctx, ev)
+	if c.Observe != nil {
+		c.Observe(ctx, ev)
 	}
 }
 

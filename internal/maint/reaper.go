@@ -24,6 +24,9 @@ type Reaper struct {
 	log    *slog.Logger
 	bg     Background
 	scopes []Scope
+	// Observe, when set, receives the reaper's events (the client's
+	// observers).
+	Observe func(ctx context.Context, ev keyrow.Event)
 }
 
 // Scope is the keys of one workflow that a reaper judges, and how long it
@@ -163,8 +166,8 @@ func (r *Reaper) Start(ctx context.Context) error {
 func (r *Reaper) Stop(ctx context.Context) error { return r.bg.Stop(ctx) }
 
 func (r *Reaper) observe(ctx context.Context, ev keyrow.Event) {
-	if r.cfg.Observer != nil {
-		r.cfg.Observer(ctx, ev)
+	if r.Observe != nil {
+		r.Observe(ctx, ev)
 	}
 }
 

@@ -5,11 +5,14 @@ import (
 	"sync"
 
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
 )
 
-// Events records a client's events for a test to count; pass its Observe
-// method as phase.Config.Observer. It is safe for concurrent use.
+// Events records a client's events for a test to count; it is a
+// phase.Observer: give it in phase.Config.Hooks. It is safe for concurrent
+// use.
 type Events struct {
+	phase.HookDefaults
 	mu     sync.Mutex
 	events []keyrow.Event
 }

@@ -421,6 +421,7 @@ func (s *pair[Req, State]) end() {
 // gate is an Injector that pauses a run the first time it reaches a point,
 // until the test lets it go on or crash there.
 type gate struct {
+	phase.HookDefaults
 	at     phase.Point
 	once   sync.Once
 	paused chan struct{} // closed when the run reaches at

@@ -21,15 +21,17 @@ import (
 
 type pathKey struct{}
 
-// pathOf returns the steps the middleware entered to reach ctx.
+// pathOf returns the steps the wrappers entered to reach ctx.
 func pathOf(ctx context.Context) string {
 	s, _ := ctx.Value(pathKey{}).(string)
 	return s
 }
 
-// recorder is a Middleware that extends the context's path on every step
-// and records each step when it ends, innermost first.
+// recorder is a hook that wraps runs, phases, calls and passes: it extends
+// the context's path on every step and records each step when it ends,
+// innermost first.
 type recorder struct {
+	phase.HookDefaults
 	name string
 	mu   sync.Mutex
 	log  []string
@@ -51,7 +53,7 @@ func (m *recorder) steps() []string {
 	return slices.Clone(m.log)
 }
 
-func (m *recorder) Run(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
+func (m *recorder) WrapRun(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
 	out, err := next(m.enter(ctx, "run"))
 	result := "error"
 	if err == nil {
@@ -62,19 +64,19 @@ func (m *recorder) Run(ctx context.Context, run *phase.RunInfo, next func(contex
 	return out, err
 }
 
-func (m *recorder) Phase(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
+func (m *recorder) WrapPhase(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	err := next(m.enter(ctx, "phase"))
 	m.record("phase %s downstream=%t err=%t", p.Phase, p.DownstreamKey != "", err != nil)
 	return err
 }
 
-func (m *recorder) Call(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
+func (m *recorder) WrapCall(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	err := next(m.enter(ctx, "call"))
 	m.record("call %s %s reconcile=%t err=%t", p.Phase, p.DownstreamKey, p.Reconcile, err != nil)
 	return err
 }
 
-func (m *recorder) Pass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
+func (m *recorder) WrapPass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
 	res, err := next(m.enter(ctx, "pass"))
 	m.record("pass claimed=%d completed=%d", res.Claimed, res.Completed)
 	return res, err
@@ -138,9 +140,9 @@ func setupSteps(t *testing.T) *stepsEnv {
 	}
 	e.w = w
 	e.c, err = phase.NewClient(pgtest.Pool(t), &phase.Config{
-		Logger:     quiet,
-		Middleware: []phase.Middleware{e.outer, e.inner},
-		Completer:  recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+		Logger:    quiet,
+		Hooks:     []phase.Hook{e.outer, e.inner},
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
 	}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +150,7 @@ func setupSteps(t *testing.T) *stepsEnv {
 	return e
 }
 
-func TestMiddlewareWrapsRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
+func TestHooksWrapRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
 	t.Parallel()
 	e := setupSteps(t)
 	ctx := context.Background()
@@ -175,7 +177,7 @@ func TestMiddlewareWrapsRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
 			"run steps acme/k1 completer=false from=started attempt=1: new",
 		}
 		if got := m.steps(); !slices.Equal(got, want) {
-			t.Errorf("middleware %s recorded\n%q\nwant\n%q", m.name, got, want)
+			t.Errorf("hook %s recorded\n%q\nwant\n%q", m.name, got, want)
 		}
 	}
 
@@ -196,7 +198,7 @@ func TestMiddlewareWrapsRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
 	}
 }
 
-func TestMiddlewareWrapsCompleterPassesAndTheRunsTheyResume(t *testing.T) {
+func TestHooksWrapCompleterPassesAndTheRunsTheyResume(t *testing.T) {
 	t.Parallel()
 	e := setupSteps(t)
 	ctx := context.Background()
@@ -231,7 +233,7 @@ func TestMiddlewareWrapsCompleterPassesAndTheRunsTheyResume(t *testing.T) {
 	}
 }
 
-func TestNewClientRefusesANilMiddleware(t *testing.T) {
+func TestNewClientRefusesANilHookAndOneThatDoesNothing(t *testing.T) {
 	t.Parallel()
 	w, err := phase.NewWorkflow("one", phase.Local("only", func(context.Context, pgx.Tx, *phase.Input[int, int]) (phase.Result, error) {
 		return phase.JSON(http.StatusOK, 1), nil
@@ -239,13 +241,19 @@ func TestNewClientRefusesANilMiddleware(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = phase.NewClient(pgtest.Pool(t), &phase.Config{Middleware: []phase.Middleware{phase.MiddlewareDefaults{}, nil}}, w)
+	_, err = phase.NewClient(pgtest.Pool(t), &phase.Config{Hooks: []phase.Hook{&recorder{}, nil}}, w)
 	if err == nil {
-		t.Fatal("NewClient accepted a nil middleware")
+		t.Fatal("NewClient accepted a nil hook")
+	}
+	// A hook that implements none of the hook interfaces, such as one
+	// whose method was misnamed, would silently do nothing.
+	_, err = phase.NewClient(pgtest.Pool(t), &phase.Config{Hooks: []phase.Hook{phase.HookDefaults{}}}, w)
+	if err == nil || !strings.Contains(err.Error(), "implements none") {
+		t.Fatalf("NewClient accepted a hook that implements nothing: %v", err)
 	}
 }
 
-func TestMiddlewareWrapsTheReconcileOfAnUnknownCall(t *testing.T) {
+func TestHooksWrapTheReconcileOfAnUnknownCall(t *testing.T) {
 	t.Parallel()
 	m := &recorder{name: "a"}
 	var reconciledIn string
@@ -267,7 +275,7 @@ func TestMiddlewareWrapsTheReconcileOfAnUnknownCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet, Middleware: []phase.Middleware{m},
+	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet, Hooks: []phase.Hook{m},
 		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
 	if err != nil {
 		t.Fatal(err)
