@@ -194,16 +194,20 @@ func (c *Client) throughPass(ctx context.Context, pass func(context.Context) (re
 
 // throughPhase runs step, a phase, through c's phase wrappers.
 func (c *Client) throughPhase(ctx context.Context, info *PhaseInfo, step func(context.Context) error) error {
-	return wrap(c.hooks.phases, step, func(h PhaseWrapper, inner func(context.Context) error) func(context.Context) error {
-		return func(ctx context.Context) error { return h.WrapPhase(ctx, info, inner) }
-	})(ctx)
+	return throughStep(ctx, c.hooks.phases, PhaseWrapper.WrapPhase, info, step)
 }
 
 // throughCall runs step, a foreign call or reconcile function, through c's
 // call wrappers.
 func (c *Client) throughCall(ctx context.Context, info *PhaseInfo, step func(context.Context) error) error {
-	return wrap(c.hooks.calls, step, func(h CallWrapper, inner func(context.Context) error) func(context.Context) error {
-		return func(ctx context.Context) error { return h.WrapCall(ctx, info, inner) }
+	return throughStep(ctx, c.hooks.calls, CallWrapper.WrapCall, info, step)
+}
+
+// throughStep runs step, described by info, through hs, each applied with
+// its method m.
+func throughStep[H any](ctx context.Context, hs []H, m func(H, context.Context, *PhaseInfo, func(context.Context) error) error, info *PhaseInfo, step func(context.Context) error) error {
+	return wrap(hs, step, func(h H, inner func(context.Context) error) func(context.Context) error {
+		return func(ctx context.Context) error { return m(h, ctx, info, inner) }
 	})(ctx)
 }
 

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -487,5 +489,44 @@ func TestWorkflowWithoutResponseFailsInsteadOfCommitting(t *testing.T) {
 	var rp string
 	if err := db.QueryRow(context.Background(), `SELECT recovery_point FROM idempotency_keys`).Scan(&rp); err != nil || rp != keyrow.Started {
 		t.Fatalf("recovery point %q (%v), want started: the phase must not commit", rp, err)
+	}
+}
+
+// A phase's When is asked once per run at each point it could apply: the
+// commit before it decides which phase comes next, and the run goes on
+// there without asking again.
+func TestWhenIsAskedOnceWhereThePhaseCouldApply(t *testing.T) {
+	t.Parallel()
+	var asked atomic.Int32
+	w, err := phase.NewWorkflow("asked",
+		phase.Local("first", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.Next(), nil
+		}),
+		phase.Local("maybe", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.Next(), nil
+		}).When(func(in *phase.Input[order, orderState]) bool {
+			asked.Add(1)
+			return !in.Req.Express
+		}),
+		phase.Local("last", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, "done"), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, express := range []bool{false, true} {
+		asked.Store(0)
+		key := fmt.Sprintf("express-%t", express)
+		out, err := w.Run(context.Background(), c, "acme", key, order{Item: "lamp", Express: express})
+		if err != nil || out.Kind != phase.OutcomeNew {
+			t.Fatalf("%s: %+v %v", key, out, err)
+		}
+		if n := asked.Load(); n != 1 {
+			t.Errorf("%s: When asked %d times, want once", key, n)
+		}
 	}
 }

@@ -151,27 +151,48 @@ func (w *Workflow[Req, State]) runAs(ctx context.Context, c *Client, tenant, key
 	return c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) { return w.run(ctx, c, info, req, fp) })
 }
 
-// run is Run inside the client's run wrappers; it fills in info.
+// run is Run inside the client's run wrappers; it fills in info. Each step
+// does one job: request checks what the key will store, admit lets the run
+// in, acquire takes the key or answers without running, and start runs it.
 func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo, req Req, sent *[32]byte) (*Outcome, error) {
-	tenant, key := info.Tenant, info.Key
 	if err := c.registered(w); err != nil {
 		return nil, err
 	}
-	if err := keyrow.CheckTenant(tenant); err != nil {
+	kreq, err := w.request(c, info.Tenant, info.Key, req, sent)
+	if err != nil {
 		return nil, err
 	}
-	if err := keyrow.CheckKey(key); err != nil {
+	ctx, leave, err := c.admit(ctx, w.name, info.Tenant, info.Key)
+	if err != nil {
 		return nil, err
+	}
+	defer leave()
+	taken, out, err := w.acquire(ctx, c, info, &kreq)
+	if out != nil || err != nil {
+		return out, err
+	}
+	return w.start(ctx, c, info, taken, req, kreq.Params)
+}
+
+// request checks that req can be stored under (tenant, key) and returns
+// what taking the key stores: req's JSON, and the fingerprint of the
+// request as sent, or else of that JSON.
+func (w *Workflow[Req, State]) request(c *Client, tenant, key string, req Req, sent *[32]byte) (store.Request, error) {
+	if err := keyrow.CheckTenant(tenant); err != nil {
+		return store.Request{}, err
+	}
+	if err := keyrow.CheckKey(key); err != nil {
+		return store.Request{}, err
 	}
 	var params []byte
 	if err := protect("encoding the request", "", func() (err error) {
 		params, err = json.Marshal(req)
 		return err
 	}); err != nil {
-		return nil, fmt.Errorf("phase: encode request: %w", err)
+		return store.Request{}, fmt.Errorf("phase: encode request: %w", err)
 	}
 	if hasNUL(params) {
-		return nil, fmt.Errorf("%w: a string in the request holds a NUL character (\\u0000)", ErrInvalidRequest)
+		return store.Request{}, fmt.Errorf("%w: a string in the request holds a NUL character (\\u0000)", ErrInvalidRequest)
 	}
 	var fp [32]byte
 	if sent != nil {
@@ -179,28 +200,51 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	} else {
 		var err error
 		if fp, err = keyrow.RequestFingerprint("", "application/json", params); err != nil {
-			return nil, fmt.Errorf("phase: fingerprint request: %w", err)
+			return store.Request{}, fmt.Errorf("phase: fingerprint request: %w", err)
 		}
 	}
-	if !c.enter() {
-		return nil, ErrStopped
-	}
-	defer c.inflight.Done()
-	ctx, cancel := c.runContext(ctx)
-	defer cancel()
-	if err := c.ready(ctx); err != nil {
-		if errors.Is(err, ErrTransactionPooler) {
-			return nil, err
-		}
-		return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
-	}
-
-	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Definition: w.definition,
+	return store.Request{Tenant: tenant, Key: key, Workflow: w.name, Definition: w.definition,
 		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL,
-		Retention: cmp.Or(w.store.retention, c.cfg.Reaper.Retention)}
-	// A key is looked up at most twice more: under the fingerprint keys
-	// stored before definitions hold, and under the definition it started
-	// with.
+		Retention: cmp.Or(w.store.retention, c.cfg.Reaper.Retention)}, nil
+}
+
+// admit lets a run in unless the client is stopping, bounds it by
+// RunTimeout and by Stop giving up on it, and checks the pool (once per
+// client); leave ends the run.
+func (c *Client) admit(ctx context.Context, workflow, tenant, key string) (_ context.Context, leave func(), err error) {
+	if !c.enter() {
+		return nil, nil, ErrStopped
+	}
+	ctx, cancel, stop := c.bound(ctx)
+	leave = func() {
+		stop()
+		cancel()
+		c.inflight.Done()
+	}
+	if err := c.ready(ctx); err != nil {
+		if !errors.Is(err, ErrTransactionPooler) {
+			err = c.acquireFailed(ctx, workflow, tenant, key, err)
+		}
+		leave()
+		return nil, nil, err
+	}
+	return ctx, leave, nil
+}
+
+// taken is a key whose lease a run took.
+type taken struct {
+	row *store.Row
+	// resumed is set for a key that was unfinished; rerouted for one that
+	// runs under the definition it started with, another of the workflow's.
+	resumed, rerouted bool
+}
+
+// acquire takes the key's lease with one statement, or returns the outcome
+// of a run that runs nothing. A key is looked up at most twice more: under
+// the fingerprint keys stored before definitions hold, and under the
+// definition it started with. A key another run holds is waited for, up to
+// WaitForInFlight.
+func (w *Workflow[Req, State]) acquire(ctx context.Context, c *Client, info *RunInfo, kreq *store.Request) (taken, *Outcome, error) {
 	legacyTried, rerouted := false, false
 	var waitUntil time.Time
 	if c.cfg.WaitForInFlight > 0 {
@@ -208,27 +252,30 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	}
 	pause := 10 * time.Millisecond
 	for {
-		kind, row, err := store.Acquire(ctx, c.pool, kreq)
+		kind, row, err := store.Acquire(ctx, c.pool, *kreq)
 		if err != nil {
-			return nil, c.acquireFailed(ctx, w.name, tenant, key, err)
+			return taken{}, nil, c.acquireFailed(ctx, w.name, kreq.Tenant, kreq.Key, err)
 		}
 		info.RecoveryPoint = row.RecoveryPoint
-		ev := keyrow.Event{Workflow: w.name, Tenant: tenant, Key: key, RecoveryPoint: row.RecoveryPoint}
+		ev := keyrow.Event{Workflow: w.name, Tenant: kreq.Tenant, Key: kreq.Key, RecoveryPoint: row.RecoveryPoint}
 		switch found := outcomeOf(kind); found {
+		case OutcomeNew, OutcomeResumed:
+			info.Attempt = row.Attempts
+			return taken{row: row, resumed: found == OutcomeResumed, rerouted: rerouted}, nil, nil
 		case OutcomeReplayed:
 			ev.Status = row.Response.Status
-			return c.refuse(ctx, ev, &Outcome{Kind: found, Response: w.store.replayed(row.Response)})
+			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found, Response: w.store.replayed(row.Response)}), nil
 		case OutcomeMismatch:
 			if !legacyTried {
 				// The key may hold the earlier kind of fingerprint, of its
 				// workflow's name and the re-encoded request.
 				legacyTried = true
-				if legacy, err := keyrow.Fingerprint(row.Workflow, params); err == nil && legacy != kreq.Fingerprint {
+				if legacy, err := keyrow.Fingerprint(row.Workflow, kreq.Params); err == nil && legacy != kreq.Fingerprint {
 					kreq.Fingerprint = legacy
 					continue
 				}
 			}
-			return c.refuse(ctx, ev, &Outcome{Kind: found})
+			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found}), nil
 		case OutcomeElsewhere:
 			rt, ok := c.routes[defKey{row.Workflow, row.Definition}]
 			switch {
@@ -240,59 +287,66 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 				continue
 			case row.Workflow != w.name && (!ok || rt.w.Name() != w.name):
 				// Another workflow's key, which this one does not adopt.
-				return c.refuse(ctx, ev, &Outcome{Kind: OutcomeMismatch})
+				return taken{}, c.refuse(ctx, ev, &Outcome{Kind: OutcomeMismatch}), nil
 			}
-			return c.refuse(ctx, ev, &Outcome{Kind: found, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)})
+			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)}), nil
 		case OutcomeOnHold:
 			ev.Hold = row.Hold
-			return c.refuse(ctx, ev, &Outcome{Kind: found, Hold: row.Hold, RetryAfter: lockttl.RetryAfter(0)})
+			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found, Hold: row.Hold, RetryAfter: lockttl.RetryAfter(0)}), nil
 		case OutcomeInFlight:
 			if left := time.Until(waitUntil); left > 0 {
 				t := time.NewTimer(min(pause, left, row.LeaseLeft))
 				select {
 				case <-ctx.Done():
 					t.Stop()
-					return nil, c.acquireFailed(ctx, w.name, tenant, key, ctx.Err())
+					return taken{}, nil, c.acquireFailed(ctx, w.name, kreq.Tenant, kreq.Key, ctx.Err())
 				case <-t.C:
 				}
 				pause = min(2*pause, 500*time.Millisecond)
 				continue
 			}
-			return c.refuse(ctx, ev, &Outcome{Kind: found, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)})
+			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}), nil
 		}
-		info.Attempt = row.Attempts
-		ev.Kind = keyrow.EventAcquired
-		if kind == store.Resumed {
+	}
+}
+
+// start runs a key the run took: the workflow's phases after its recovery
+// point with req, or, for a key rerouted to the definition it started
+// with, that definition's phases with the stored request.
+func (w *Workflow[Req, State]) start(ctx context.Context, c *Client, info *RunInfo, k taken, req Req, params []byte) (*Outcome, error) {
+	row := k.row
+	var (
+		resp *keyrow.Response
+		err  error
+	)
+	if k.rerouted {
+		if row.Params == nil {
+			row.Params = params
+		}
+		rt := c.routes[defKey{row.Workflow, row.Definition}]
+		resp, err = rt.w.resume(ctx, c, row, rt, false)
+		if errors.Is(err, ErrDefinitionElsewhere) {
+			return &Outcome{Kind: OutcomeElsewhere, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)}, nil
+		}
+	} else {
+		ev := keyrow.Event{Kind: keyrow.EventAcquired, Workflow: w.name, Tenant: info.Tenant, Key: info.Key, RecoveryPoint: row.RecoveryPoint}
+		if k.resumed {
 			ev.Kind = keyrow.EventResumed
 		}
-		var resp *keyrow.Response
-		if rerouted {
-			// The key runs under the definition it started with, from its
-			// stored request.
-			if row.Params == nil {
-				row.Params = params
-			}
-			rt := c.routes[defKey{row.Workflow, row.Definition}]
-			resp, err = rt.w.resume(ctx, c, row, rt, false)
-			if errors.Is(err, ErrDefinitionElsewhere) {
-				return &Outcome{Kind: OutcomeElsewhere, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)}, nil
-			}
-		} else {
-			c.observe(ctx, ev)
-			row.Params = params
-			run := &Input[Req, State]{Req: req, Tenant: tenant, Key: key, ID: row.ID, Attempt: row.Attempts,
-				Resumed: kind == store.Resumed, downstream: c.downstreamBase(row)}
-			resp, err = w.execute(ctx, c, run, row, false)
-		}
-		if err != nil {
-			return nil, err
-		}
-		out := &Outcome{Kind: OutcomeNew, Response: resp}
-		if kind == store.Resumed {
-			out.Kind = OutcomeResumed
-		}
-		return out, nil
+		c.observe(ctx, ev)
+		row.Params = params
+		in := &Input[Req, State]{Req: req, Tenant: info.Tenant, Key: info.Key, ID: row.ID, Attempt: row.Attempts,
+			Resumed: k.resumed, downstream: c.downstreamBase(row)}
+		resp, err = w.execute(ctx, c, in, row, false)
 	}
+	if err != nil {
+		return nil, err
+	}
+	out := &Outcome{Kind: OutcomeNew, Response: resp}
+	if k.resumed {
+		out.Kind = OutcomeResumed
+	}
+	return out, nil
 }
 
 // outcomeOf names what the store found when a run took a key: the one place
@@ -329,10 +383,10 @@ var refusedEvents = map[OutcomeKind]keyrow.EventKind{
 
 // refuse ends a run that ran nothing with out, reporting ev as the event of
 // out's kind.
-func (c *Client) refuse(ctx context.Context, ev keyrow.Event, out *Outcome) (*Outcome, error) {
+func (c *Client) refuse(ctx context.Context, ev keyrow.Event, out *Outcome) *Outcome {
 	ev.Kind = refusedEvents[out.Kind]
 	c.observe(ctx, ev)
-	return out, nil
+	return out
 }
 
 // acquireFailed classifies an error of taking the lease. Nothing was done.
@@ -352,17 +406,22 @@ func (c *Client) acquireFailed(ctx context.Context, workflow, tenant, key string
 
 // runContext bounds a run by RunTimeout and by Stop giving up on it.
 func (c *Client) runContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	var cancel context.CancelFunc
+	ctx, cancel, stop := c.bound(ctx)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// bound returns ctx bounded by RunTimeout and cancelled when Stop gives up
+// on runs; stop undoes the latter.
+func (c *Client) bound(ctx context.Context) (_ context.Context, cancel context.CancelFunc, stop func() bool) {
 	if c.cfg.RunTimeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RunTimeout)
 	} else {
 		ctx, cancel = context.WithCancel(ctx)
 	}
-	stop := context.AfterFunc(c.halt, cancel)
-	return ctx, func() {
-		stop()
-		cancel()
-	}
+	return ctx, cancel, context.AfterFunc(c.halt, cancel)
 }
 
 // downstreamBase is the part of the row's downstream keys before the phase.
@@ -474,27 +533,34 @@ type execution[Req, State any] struct {
 	// callFailed is set when a foreign call failed for sure: its provider
 	// refused it, so it did not happen.
 	callFailed bool
+	// next is the first phase that applies after the last one committed,
+	// found before its commit (see settle); -1 before a phase commits.
+	next int
 }
 
 // from runs the applicable phases from index i on, until one responds or
 // fails. A non-nil rec is the reconciled outcome of the foreign phase at i,
 // recorded instead of making its call.
 func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
-	for ; ; i++ {
-		if rec == nil {
-			var err error
-			if i, err = x.applicable(i); err != nil {
-				return nil, x.fail(ctx, err)
-			}
+	if rec == nil {
+		var err error
+		if i, err = x.applicable(i); err != nil {
+			return nil, x.fail(ctx, err)
 		}
+	}
+	for {
 		if i == len(x.w.phases) {
 			return nil, x.fail(ctx, ErrNoResponse)
 		}
+		x.next = -1
 		resp, err := x.throughPhase(ctx, i, rec)
 		if err != nil || resp != nil {
 			return resp, err
 		}
-		rec = nil
+		if x.next < 0 {
+			return nil, x.fail(ctx, fmt.Errorf("phase %s: a hook ended the phase without its commit or an error", x.w.phases[i].name))
+		}
+		i, rec = x.next, nil
 	}
 }
 
@@ -790,54 +856,80 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if err != nil {
 		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
-	if res.response == nil {
-		next, err := x.applicable(i + 1)
-		if err != nil {
-			return Result{}, err
-		}
-		if next == len(x.w.phases) {
-			return Result{}, fmt.Errorf("phase %s: %w", p.name, ErrNoResponse)
-		}
-	}
-	var state []byte
-	if err := protect("encoding the state", "", func() (err error) {
-		state, err = json.Marshal(x.run.State)
-		return err
-	}); err != nil {
-		return Result{}, fmt.Errorf("phase %s: encode state: %w", p.name, err)
-	}
-	if hasNUL(state) {
-		return Result{}, fmt.Errorf("phase %s: the state holds a NUL character (\\u0000), which cannot be stored", p.name)
+	next, state, err := x.settle(i, res)
+	if err != nil {
+		return Result{}, err
 	}
 	if err := x.inject(ctx, Point{p.name, BeforeCommit}); err != nil {
 		return Result{}, err
 	}
-	var w store.Write
-	if res.response != nil {
-		w, err = x.lease.Finish(state, x.w.store.stored(*res.response))
-	} else {
-		w, err = x.lease.Advance(p.identity(), state)
-	}
-	if err != nil {
-		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
-	}
-	if err := tx.commit(ctx, w); err != nil {
-		if errors.Is(err, keyrow.ErrLeaseLost) {
-			x.lease.MarkLost()
-			return Result{}, err
-		}
-		return Result{}, fmt.Errorf("phase %s: commit: %w", p.name, err)
+	if err := x.commitWrite(ctx, tx, p, res, state); err != nil {
+		return Result{}, err
 	}
 	if res.response == nil {
 		// The advance found the lease the run's own and extended it to a
 		// TTL from its transaction's start, which is after began.
 		x.lease.Proven(began)
+		x.next = next
 	}
 	x.committed = state
 	if err := x.inject(ctx, Point{p.name, AfterCommit}); err != nil {
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// settle decides what the phase at index i, ended with res, commits: the
+// state's JSON and, unless res responds, the index of the next phase that
+// applies. That phase is found before the commit, in the phase's open
+// transaction, because its When reads the state the phase just set, and a
+// workflow with no phase left to respond must fail rather than commit an
+// advance that nothing can follow.
+func (x *execution[Req, State]) settle(i int, res Result) (next int, state []byte, err error) {
+	p := &x.w.phases[i]
+	if res.response == nil {
+		if next, err = x.applicable(i + 1); err != nil {
+			return 0, nil, err
+		}
+		if next == len(x.w.phases) {
+			return 0, nil, fmt.Errorf("phase %s: %w", p.name, ErrNoResponse)
+		}
+	}
+	if err := protect("encoding the state", "", func() (err error) {
+		state, err = json.Marshal(x.run.State)
+		return err
+	}); err != nil {
+		return 0, nil, fmt.Errorf("phase %s: encode state: %w", p.name, err)
+	}
+	if hasNUL(state) {
+		return 0, nil, fmt.Errorf("phase %s: the state holds a NUL character (\\u0000), which cannot be stored", p.name)
+	}
+	return next, state, nil
+}
+
+// commitWrite commits tx with the lease's fenced write: the advance to p,
+// or the finish with res's response.
+func (x *execution[Req, State]) commitWrite(ctx context.Context, tx *phaseTx, p *Phase[Req, State], res Result, state []byte) error {
+	var (
+		w   store.Write
+		err error
+	)
+	if res.response != nil {
+		w, err = x.lease.Finish(state, x.w.store.stored(*res.response))
+	} else {
+		w, err = x.lease.Advance(p.identity(), state)
+	}
+	if err != nil {
+		return fmt.Errorf("phase %s: %w", p.name, err)
+	}
+	if err := tx.commit(ctx, w); err != nil {
+		if errors.Is(err, keyrow.ErrLeaseLost) {
+			x.lease.MarkLost()
+			return err
+		}
+		return fmt.Errorf("phase %s: commit: %w", p.name, err)
+	}
+	return nil
 }
 
 func (x *execution[Req, State]) restoreState() {
