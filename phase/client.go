@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/internal/maint"
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/lockttl"
@@ -193,14 +192,14 @@ func routesOf(workflows []Registered) (map[defKey]route, error) {
 // it runs, under their own names and those they adopt keys from, each kept
 // for its workflow's retention (the longest, when several registered
 // workflows run keys of one name).
-func reapScopes(routes map[defKey]route, retention time.Duration) []maint.Scope {
+func reapScopes(routes map[defKey]route, retention time.Duration) []recovery.Scope {
 	keep := make(map[string]time.Duration)
 	for k, rt := range routes {
 		keep[k.workflow] = max(keep[k.workflow], cmp.Or(rt.w.retention(), retention))
 	}
-	scopes := make([]maint.Scope, 0, len(keep))
+	scopes := make([]recovery.Scope, 0, len(keep))
 	for _, name := range slices.Sorted(maps.Keys(keep)) {
-		scopes = append(scopes, maint.Scope{Workflow: name, Retention: keep[name]})
+		scopes = append(scopes, recovery.Scope{Workflow: name, Retention: keep[name]})
 	}
 	return scopes
 }
@@ -228,8 +227,8 @@ type Client struct {
 	// poolConfig is a copy of the pool's configuration, made once.
 	poolConfig *pgxpool.Config
 	routes     map[defKey]route
-	completer  *maint.Completer
-	reaper     *maint.Reaper
+	completer  *recovery.Completer
+	reaper     *recovery.Reaper
 
 	mu       sync.Mutex
 	stopping bool
@@ -286,11 +285,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 		names[i], defs[i] = k.workflow, k.definition
 	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
-	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LockTTL, c.Logger)
+	cl.completer = recovery.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LockTTL, c.Logger)
 	if len(cl.hooks.passes) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
-	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	cl.reaper = recovery.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
 	if len(cl.hooks.observers) > 0 {
 		cl.completer.Observe, cl.reaper.Observe = cl.observe, cl.observe
 	}
@@ -392,7 +391,7 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 		}
 		resp, err := rt.w.resume(ctx, c, row, rt, true)
 		if errors.Is(err, ErrDefinitionElsewhere) || errors.Is(err, errForOperator) {
-			return nil, fmt.Errorf("%w: %w", maint.ErrHandedBack, err)
+			return nil, fmt.Errorf("%w: %w", recovery.ErrHandedBack, err)
 		}
 		if err != nil {
 			return nil, err

@@ -1,7 +1,4 @@
-// Package maint runs the services that keep the keys table healthy without
-// a client: the completer and the reaper. A phase.Client owns and starts
-// them; package recovery documents and configures them.
-package maint
+package recovery
 
 import (
 	"context"
@@ -14,53 +11,56 @@ import (
 
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
-	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // ErrHandedBack is wrapped by a Resumer's error for a key it handed back
 // for someone else to act on (a process that runs its definition, an
 // operator): the completer cannot do more with it now.
-var ErrHandedBack = errors.New("maint: key handed back for another process")
+var ErrHandedBack = errors.New("recovery: key handed back for another process")
 
 // Resumer continues a claimed key with its workflow, within the client's
-// run limits. It must free or keep the key's lease as any run does.
+// run limits. It must free or keep the key's lease as any run does. The
+// claimed row is the library's own type: a phase.Client gives the
+// Resumer, and builds the completer.
 type Resumer func(ctx context.Context, row *store.Row) error
 
-// Completer finishes keys that no client is waiting for.
+// Completer finishes keys that no client is waiting for. A phase.Client
+// builds one from Config.Completer and runs it; see the package
+// documentation for what a pass does.
 type Completer struct {
-	cfg     recovery.CompleterConfig
+	cfg     CompleterConfig
 	pool    *pgxpool.Pool
 	resumer Resumer
 	// workflows and definitions, pairwise, are the definitions it resumes.
 	workflows, definitions []string
 	ttl                    time.Duration
 	log                    *slog.Logger
-	bg                     Background
+	bg                     background
 	// Around, when set, wraps every pass (the client's pass wrappers).
-	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
+	Around func(ctx context.Context, pass func(context.Context) (PassResult, error)) (PassResult, error)
 	// Observe, when set, receives the completer's events (the client's
 	// observers).
 	Observe func(ctx context.Context, ev keyrow.Event)
 }
 
 // NewCompleter returns a completer for the keys of the workflow definitions
-// given pairwise by workflows and definitions, run by r. cfg must have its
-// defaults applied.
-func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
+// given pairwise by workflows and definitions, run by r, with leases of
+// ttl. cfg must have its defaults applied. phase.NewClient calls it.
+func NewCompleter(cfg CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
 	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
 // to BatchSize due keys, and resumes them.
-func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
+func (c *Completer) RunOnce(ctx context.Context) (PassResult, error) {
 	if c.Around != nil {
 		return c.Around(ctx, c.pass)
 	}
 	return c.pass(ctx)
 }
 
-func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
-	var res recovery.PassResult
+func (c *Completer) pass(ctx context.Context) (PassResult, error) {
+	var res PassResult
 	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.MinIdle)
 	if err != nil {
 		return res, err
@@ -122,8 +122,8 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 }
 
 // Drain runs passes until one finds nothing to claim, and returns the sum.
-func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
-	var total recovery.PassResult
+func (c *Completer) Drain(ctx context.Context) (PassResult, error) {
+	var total PassResult
 	for {
 		res, err := c.RunOnce(ctx)
 		total = total.Add(res)
