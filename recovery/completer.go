@@ -41,7 +41,12 @@ type Completer struct {
 	// Observe, when set, receives the completer's events (the client's
 	// observers).
 	Observe func(ctx context.Context, ev keyrow.Event)
+	// Distributed, when set, reports whether the key table is distributed
+	// with Citus, which claims keys another way.
+	Distributed func() bool
 }
+
+func distributed(f func() bool) bool { return f != nil && f() }
 
 // NewCompleter returns a completer for the keys of the workflow definitions
 // given pairwise by workflows and definitions, run by r, with leases of
@@ -72,7 +77,7 @@ func (c *Completer) pass(ctx context.Context) (PassResult, error) {
 	}
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
-		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl,
+		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
 	})
 	if err != nil {
 		return res, err

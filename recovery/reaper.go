@@ -27,6 +27,8 @@ type Reaper struct {
 	// Observe, when set, receives the reaper's events (the client's
 	// observers).
 	Observe func(ctx context.Context, ev keyrow.Event)
+	// Distributed: see Completer.Distributed.
+	Distributed func() bool
 }
 
 // Scope is the keys of one workflow that a reaper judges, and how long it
@@ -87,7 +89,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
 	}
 	for _, s := range expire {
 		n, err := r.batches(ctx, func() (int, error) {
-			return store.Expire(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize)
+			return store.Expire(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 		})
 		res.Expired += n
 		if err != nil {
@@ -104,7 +106,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
 	}
 	for _, s := range scopes {
 		n, err := r.batches(ctx, func() (int, error) {
-			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize)
+			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 			if n > 0 {
 				r.observe(ctx, keyrow.Event{Kind: keyrow.EventReaped, Count: n, Workflow: s.Workflow})
 			}
