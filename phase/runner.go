@@ -308,6 +308,8 @@ func (w *Workflow[Req, State]) acquire(ctx context.Context, c *Client, info *Run
 				continue
 			}
 			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}), nil
+		default:
+			return taken{}, nil, fmt.Errorf("phase: acquire: the store found the key %v, which this release does not know", kind)
 		}
 	}
 }
@@ -370,7 +372,7 @@ func outcomeOf(found store.Outcome) OutcomeKind {
 	case store.Elsewhere:
 		return OutcomeElsewhere
 	}
-	panic(fmt.Sprintf("phase: unknown store outcome %v", found))
+	return ""
 }
 
 // refusedEvents are the events of the outcomes in which a run ran nothing,
