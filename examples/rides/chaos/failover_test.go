@@ -195,12 +195,12 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 			LockTTL:   time.Second,
 			Completer: recovery.CompleterConfig{Interval: -1},
 			Reaper:    recovery.ReaperConfig{Interval: -1},
-			Injector: phase.InjectorFunc(func(_ context.Context, at phase.Point) error {
+			Hooks: []phase.Hook{phase.InjectorFunc(func(_ context.Context, at phase.Point) error {
 				if at == beforeCharge && crash.Load() {
 					return phase.ErrCrash
 				}
 				return nil
-			}),
+			})},
 		},
 	})
 	if err != nil {

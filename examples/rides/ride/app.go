@@ -235,11 +235,11 @@ func New(cfg Config) (*App, error) {
 		hcfg.AcceptAfter = "ride_created"
 		hcfg.StatusLocation = func(r *http.Request, key string) string { return "/rides/status/" + url.PathEscape(key) }
 	}
-	rides, err := w.Handler(client, hcfg)
+	rides, err := phase.Handler(client, w, hcfg)
 	if err != nil {
 		return nil, err
 	}
-	status, err := w.StatusHandler(client, phase.StatusConfig{Tenant: tenant(cfg.Pool)})
+	status, err := phase.StatusHandler(client, w, phase.StatusConfig{Tenant: tenant(cfg.Pool)})
 	if err != nil {
 		return nil, err
 	}

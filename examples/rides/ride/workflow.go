@@ -46,7 +46,7 @@ type State struct {
 }
 
 // Run is a run of the rides workflow.
-type Run = phase.Run[Request, State]
+type Run = phase.Input[Request, State]
 
 // Created is the 201 body of a ride.
 type Created struct {
@@ -89,7 +89,7 @@ func newWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx], fraudCheck bool)
 	if fraudCheck {
 		phases = append(phases, phase.Local(FraudCheckPhase, checkFraud))
 	}
-	return phase.New(WorkflowName, append(phases,
+	return phase.NewWorkflow(WorkflowName, append(phases,
 		phase.Foreign("charge_created",
 			func(ctx context.Context, run *Run) (charge, error) { return chargeRide(ctx, sc, run) },
 			recordCharge,
@@ -173,7 +173,7 @@ func chargeRide(ctx context.Context, sc *stripe.Client, run *Run) (charge, error
 	// A network error, a timeout or a Stripe 5xx: the charge may or may not
 	// exist. The phase is Repeatable, so the next run asks again with the
 	// same key and Stripe answers with whatever happened.
-	return charge{}, phase.OutcomeUnknown(err)
+	return charge{}, phase.MaybeHappened(err)
 }
 
 // ChargeKeyMetadata is the metadata key under which a charge carries the
