@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -805,4 +806,24 @@ func localBinariesJar(t *testing.T, xz string) []byte {
 		t.Fatal(err)
 	}
 	return jar.Bytes()
+}
+
+// go run ./examples/rides compiles neither stripe-go nor OpenTelemetry's
+// SDK and exporters: each was a large part of a cold first run
+// (docs/footprint.md). Tests and the otel build tag may use them.
+func TestDemoCompilesNeitherStripeGoNorTheOpenTelemetrySDK(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "github.com/jackc/pgx/v5") {
+		t.Fatalf("go list -deps listed %d packages, without pgx", len(deps))
+	}
+	for _, p := range deps {
+		if strings.HasPrefix(p, "github.com/stripe/") || strings.HasPrefix(p, "go.opentelemetry.io/otel/sdk") {
+			t.Errorf("the demo compiles %s", p)
+		}
+	}
 }
