@@ -251,6 +251,9 @@ type Client struct {
 	checked     bool
 	checkErr    error
 	checkPassed atomic.Bool
+	// distributed is Check's finding that the key table is distributed
+	// with Citus, which some statements must then be written for.
+	distributed atomic.Bool
 }
 
 // NewClient returns a client over pool, which must hold the migrated
@@ -293,6 +296,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 		cl.completer.Around = cl.throughPass
 	}
 	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	cl.completer.Distributed, cl.reaper.Distributed = cl.distributed.Load, cl.distributed.Load
 	return cl, nil
 }
 
@@ -409,7 +413,7 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 // callFailed clears the key's pending call: the run learnt that the call
 // did not happen.
 func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) (lost bool) {
-	err := store.ReleaseDetached(ctx, c.pool, row.ID, row.LockToken, lastErr, hold, byCompleter, callFailed)
+	err := store.ReleaseDetached(ctx, c.pool, row.Holder(), lastErr, hold, byCompleter, callFailed)
 	if errors.Is(err, keyrow.ErrLeaseLost) {
 		return true
 	}

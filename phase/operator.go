@@ -252,6 +252,7 @@ func (c *Client) runNow(ctx context.Context, tenant, key string) error {
 	if err != nil || row == nil {
 		return err
 	}
+	row.Distributed = c.distributed.Load()
 	return c.resume(ctx, row)
 }
 
@@ -293,7 +294,7 @@ func (c *Client) Audit(ctx context.Context, before int64, limit int) ([]keyrow.A
 // (not happened), and reports done. The resolution is taken off the key
 // first, so it is acted on once.
 func (x *execution[Req, State]) resolved(ctx context.Context, i int) (resp *keyrow.Response, done bool, err error) {
-	r, err := store.TakeResolution(ctx, x.c.pool, x.row.ID, x.row.LockToken)
+	r, err := store.TakeResolution(ctx, x.c.pool, x.row.Holder())
 	if err != nil {
 		return nil, true, x.release(ctx, fmt.Errorf("phase: read the operator's resolution: %w", err), keyrow.HoldUnknown)
 	}

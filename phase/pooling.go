@@ -89,7 +89,12 @@ func (c *Client) Check(ctx context.Context) error {
 	if c.checked {
 		return c.checkErr
 	}
-	err := c.checkPooling(ctx)
+	distributed, err := store.IsDistributed(ctx, c.pool)
+	if err != nil {
+		return fmt.Errorf("phase: check: %w", err)
+	}
+	c.distributed.Store(distributed)
+	err = c.checkPooling(ctx)
 	if err == nil || errors.Is(err, ErrTransactionPooler) {
 		c.checked, c.checkErr = true, err
 		c.checkPassed.Store(err == nil)

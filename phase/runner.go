@@ -213,7 +213,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 
 	kreq := store.Request{Tenant: tenant, Key: key, Workflow: w.name, Definition: w.definition,
 		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL,
-		Retention: cmp.Or(w.store.retention, c.cfg.Reaper.Retention)}
+		Retention: cmp.Or(w.store.retention, c.cfg.Reaper.Retention), Distributed: c.distributed.Load()}
 	// A key is looked up at most twice more: under the fingerprint keys
 	// stored before definitions hold, and under the definition it started
 	// with.
@@ -399,7 +399,7 @@ func (w *Workflow[Req, State]) adopt(ctx context.Context, c *Client, row *store.
 			"tenant", row.Tenant, "key", row.Key, "definition", from, "recovery_point", row.RecoveryPoint)
 		return err
 	}
-	if err := store.Adopt(ctx, c.pool, row.ID, row.LockToken, w.definition, point); err != nil {
+	if err := store.Adopt(ctx, c.pool, row.Holder(), w.definition, point); err != nil {
 		if !errors.Is(err, keyrow.ErrLeaseLost) {
 			c.release(ctx, row, err.Error(), row.Hold, false, false)
 			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -415,7 +415,7 @@ func (w *Workflow[Req, State]) adopt(ctx context.Context, c *Client, row *store.
 // execute runs the phases after row's recovery point while holding its lease.
 func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Run[Req, State], row *store.Row, byCompleter bool) (*keyrow.Response, error) {
 	x := &execution[Req, State]{w: w, c: c, run: run, row: row, byCompleter: byCompleter,
-		lease: store.NewLease(row.ID, row.LockToken, c.cfg.LockTTL), rp: row.RecoveryPoint}
+		lease: store.NewLease(row.Holder(), c.cfg.LockTTL), rp: row.RecoveryPoint}
 	x.lease.Proven(row.TakenAt)
 	if len(row.State) > 0 && !bytes.Equal(row.State, []byte("null")) {
 		if err := json.Unmarshal(row.State, &run.State); err != nil {

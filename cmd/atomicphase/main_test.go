@@ -116,16 +116,16 @@ func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *store.Row
 		return row
 	case "finished":
 		resp := keyrow.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
-		if err := store.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
+		if err := store.Finish(ctx, db, row.Holder(), []byte(`{"charge":"ch_1"}`), resp); err != nil {
 			t.Fatal(err)
 		}
 		return row
 	}
-	if err := store.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, row.Holder(), "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatal(err)
 	}
 	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "card declined", hold, false, false); err != nil {
 		t.Fatal(err)
 	}
 	return row

@@ -269,6 +269,6 @@ func acquireResult(traffic Result, latencies []time.Duration) Result {
 // start of every run.
 func (e *Env) ExpireScan(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
-	_, err := store.Expire(ctx, e.Pool, "", recovery.DefaultRetention, recovery.DefaultReapBatch)
+	_, err := store.Expire(ctx, e.Pool, "", recovery.DefaultRetention, recovery.DefaultReapBatch, false)
 	return time.Since(start), err
 }

@@ -37,7 +37,12 @@ type Completer struct {
 	bg                     Background
 	// Around, when set, wraps every pass (the client's middleware).
 	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
+	// Distributed, when set, reports whether the key table is distributed
+	// with Citus, which claims keys another way.
+	Distributed func() bool
 }
+
+func distributed(f func() bool) bool { return f != nil && f() }
 
 // NewCompleter returns a completer for the keys of the workflow definitions
 // given pairwise by workflows and definitions, run by r. cfg must have its
@@ -68,7 +73,7 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	}
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
-		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl,
+		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
 	})
 	if err != nil {
 		return res, err

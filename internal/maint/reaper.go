@@ -23,6 +23,8 @@ type Reaper struct {
 	log    *slog.Logger
 	bg     Background
 	scopes []Scope
+	// Distributed: see Completer.Distributed.
+	Distributed func() bool
 }
 
 // Scope is the keys of one workflow that a reaper judges, and how long it
@@ -83,7 +85,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 	}
 	for _, s := range expire {
 		n, err := r.batches(ctx, func() (int, error) {
-			return store.Expire(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize)
+			return store.Expire(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 		})
 		res.Expired += n
 		if err != nil {
@@ -100,7 +102,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 	}
 	for _, s := range scopes {
 		n, err := r.batches(ctx, func() (int, error) {
-			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize)
+			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 			if n > 0 {
 				r.observe(ctx, recovery.Event{Kind: recovery.EventReaped, Count: n, Workflow: s.Workflow})
 			}

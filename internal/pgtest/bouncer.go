@@ -88,11 +88,15 @@ type Route struct {
 }
 
 // Routes returns the ways tests of convergence reach their databases:
-// directly (PoolWith), and through PgBouncer in transaction pooling mode
+// directly (PoolWith), through PgBouncer in transaction pooling mode
 // (BouncerPoolWith, which skips the test's pgbouncer subtest on a machine
-// without the pgbouncer program).
+// without the pgbouncer program), and on a Citus cluster with the key table
+// distributed by tenant (CitusPool, which skips without Citus). On the Citus
+// route a test's database is a schema of the coordinator's postgres
+// database, which other tests share.
 func Routes() []Route {
-	return []Route{{Name: "direct", PoolWith: PoolWith}, {Name: "pgbouncer", PoolWith: BouncerPoolWith}}
+	return []Route{{Name: "direct", PoolWith: PoolWith}, {Name: "pgbouncer", PoolWith: BouncerPoolWith},
+		{Name: "citus", PoolWith: CitusPool}}
 }
 
 // bouncer is the one PgBouncer of this test binary, started by the first

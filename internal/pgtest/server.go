@@ -260,7 +260,7 @@ func stopShared() error {
 	srv := shared.srv
 	shared.srv, shared.err = nil, errors.New("pgtest: shared server used after Main stopped it")
 	// The bouncer goes first: it holds connections to the server.
-	bouncerErr := stopBouncer()
+	bouncerErr := errors.Join(stopBouncer(), stopCitus())
 	if srv == nil {
 		return bouncerErr
 	}

@@ -30,6 +30,9 @@ type ClaimParams struct {
 	MaxBackoff time.Duration
 	// TTL is the lease each claimed key gets.
 	TTL time.Duration
+	// Distributed: the key table is distributed with Citus (see
+	// Request.Distributed).
+	Distributed bool
 }
 
 // claimSQL takes the lease on due keys in one statement. FOR NO KEY UPDATE
@@ -53,16 +56,8 @@ type ClaimParams struct {
 const claimSQL = `
 WITH due AS (
     SELECT id FROM idempotency_keys
-    WHERE finished_at IS NULL
-      AND (hold IS NULL OR hold = 'unknown')
+    WHERE ` + dueWhere + `
       AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
-      -- The first bound alone is what the index can range-scan on; the
-      -- second adds the per-key backoff: none before the completer's first
-      -- failure, then Backoff doubling with each further one, capped.
-      AND last_run_at <= now() - $2::interval
-      AND last_run_at <= now() - $2::interval - CASE WHEN failures = 0 THEN interval '0'
-          ELSE least($3::interval * (2 ^ least(failures - 1, 30)), $4::interval) END
-      AND (lock_expires_at IS NULL OR lock_expires_at <= now())
     ORDER BY last_run_at
     LIMIT $1
     FOR NO KEY UPDATE SKIP LOCKED
@@ -72,16 +67,34 @@ SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_
     last_run_at = now(), attempts = k.attempts + 1
 FROM due
 WHERE k.id = due.id
-RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
+RETURNING ` + claimedColumns
+
+// claimedColumns are the columns a claim returns, named after Row's fields.
+const claimedColumns = `k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
           k.phase_state AS state, k.request_params AS params, k.request_fingerprint AS fingerprint,
           coalesce(k.hold, '') AS hold, k.definition, coalesce(k.call_pending, '') AS call_pending,
           k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
+
+// dueWhere selects the keys due for the completer, with $2 its idle
+// threshold, $3 and $4 its backoff and the backoff's cap. The first bound on
+// last_run_at alone is what the index can range-scan on; the second adds the
+// per-key backoff: none before the completer's first failure, then Backoff
+// doubling with each further one, capped.
+const dueWhere = `finished_at IS NULL
+      AND (hold IS NULL OR hold = 'unknown')
+      AND last_run_at <= now() - $2::interval
+      AND last_run_at <= now() - $2::interval - CASE WHEN failures = 0 THEN interval '0'
+          ELSE least($3::interval * (2 ^ least(failures - 1, 30)), $4::interval) END
+      AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
 
 // Claim takes the lease on up to p.Limit due keys of p.Workflows and returns
 // them with their stored request and state, ready to resume.
 func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	if len(p.Workflows) == 0 {
 		return nil, nil
+	}
+	if p.Distributed {
+		return claimDistributed(ctx, q, p)
 	}
 	// The statement's column names match Row's fields; the fields it does
 	// not return (LeaseLeft, Response, TakenAt) stay zero.
@@ -163,7 +176,13 @@ WHERE id IN (
 // stored more than retention ago, and more than the retention the key
 // recorded, and reports how many it deleted. Unfinished keys, in flight or
 // on hold, are never deleted.
-func Reap(ctx context.Context, q Querier, workflow string, retention time.Duration, limit int) (int, error) {
+//
+// On a distributed key table (distributed true) it proposes keys with an
+// unlocked scan and deletes those still past their retention.
+func Reap(ctx context.Context, q Querier, workflow string, retention time.Duration, limit int, distributed bool) (int, error) {
+	if distributed {
+		return changeProposed(ctx, q, "reap", reapCandidatesDistributedSQL, reapDistributedSQL, retention, workflow, limit)
+	}
 	tag, err := q.Exec(ctx, reapSQL, retention, workflow, limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reap: %w", err)
@@ -220,15 +239,7 @@ const abandonedWhere = `finished_at IS NULL
 // key does not hide it.
 const expireSQL = `
 UPDATE idempotency_keys
-SET recovery_point = 'finished', finished_at = now(), hold = NULL,
-    locked_at = NULL, lock_expires_at = NULL, lock_token = NULL,
-    response_status = 500, response_headers = '{"Content-Type":["application/problem+json"]}',
-    response_body = convert_to(json_build_object(
-        'type', 'urn:atomicphase:problem:request-abandoned',
-        'title', 'Request abandoned',
-        'status', 500,
-        'detail', 'processing of this request stopped before it finished and will not be retried; send a new request with a new Idempotency-Key'
-    )::text || E'\n', 'UTF8')
+SET ` + expireSet + `
 WHERE id IN (
     SELECT id FROM idempotency_keys
     WHERE ` + abandonedWhere + `
@@ -236,11 +247,28 @@ WHERE id IN (
     FOR NO KEY UPDATE SKIP LOCKED
 )`
 
+// expireSet closes an abandoned key with its terminal response.
+const expireSet = `recovery_point = 'finished', finished_at = now(), hold = NULL,
+    locked_at = NULL, lock_expires_at = NULL, lock_token = NULL,
+    response_status = 500, response_headers = '{"Content-Type":["application/problem+json"]}',
+    response_body = convert_to(json_build_object(
+        'type', 'urn:atomicphase:problem:request-abandoned',
+        'title', 'Request abandoned',
+        'status', 500,
+        'detail', 'processing of this request stopped before it finished and will not be retried; send a new request with a new Idempotency-Key'
+    )::text || E'\n', 'UTF8')`
+
 // Expire stores a terminal "abandoned" response on up to limit keys of
 // workflow (of every workflow when it is empty) that were abandoned before
 // finishing (dead, or never touched for retention, and for the retention
 // the key recorded) and reports how many it changed.
-func Expire(ctx context.Context, q Querier, workflow string, retention time.Duration, limit int) (int, error) {
+//
+// On a distributed key table (distributed true) it proposes keys with an
+// unlocked scan and closes those still abandoned.
+func Expire(ctx context.Context, q Querier, workflow string, retention time.Duration, limit int, distributed bool) (int, error) {
+	if distributed {
+		return changeProposed(ctx, q, "expire", expireCandidatesDistributedSQL, expireDistributedSQL, retention, workflow, limit)
+	}
 	tag, err := q.Exec(ctx, expireSQL, retention, workflow, limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: expire: %w", err)

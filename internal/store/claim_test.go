@@ -23,7 +23,7 @@ func fail(t *testing.T, db store.Querier, tenant, key string, n int, byCompleter
 		if !out.Acquiring() {
 			t.Fatalf("acquire %s/%s = %v, want the lease", tenant, key, out)
 		}
-		if err := store.Release(context.Background(), db, row.ID, row.LockToken, "provider down", "", byCompleter, false); err != nil {
+		if err := store.Release(context.Background(), db, row.Holder(), "provider down", "", byCompleter, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -46,17 +46,17 @@ func TestFailuresCountTheCompletersRunsAndResetOnProgress(t *testing.T) {
 	failures(2, "three client failures")
 
 	_, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`))
-	if err := store.Advance(ctx, db, row.ID, row.LockToken, "charged", nil, ttl); err != nil {
+	if err := store.Advance(ctx, db, row.Holder(), "charged", nil, ttl); err != nil {
 		t.Fatal(err)
 	}
 	failures(0, "a committed phase")
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", true, false); err != nil {
 		t.Fatal(err)
 	}
 	failures(1, "a completer failure")
 
 	_, row = acquire(t, db, request(t, "acme", "k1", `{"amount":100}`))
-	if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 201}); err != nil {
+	if err := store.Finish(ctx, db, row.Holder(), nil, keyrow.Response{Status: 201}); err != nil {
 		t.Fatal(err)
 	}
 	failures(0, "finishing")
@@ -85,7 +85,7 @@ func TestBuryGivesUpOnlyOnIdleKeysTheCompleterFailedEnough(t *testing.T) {
 	other := request(t, "acme", "other", `{}`)
 	other.Workflow = "other"
 	_, row := acquire(t, db, other)
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "provider down", "", true, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", true, false); err != nil {
 		t.Fatal(err)
 	}
 	age(t, db, "acme", "other", "failures = 10, last_run_at = now() - interval '1 hour'")
@@ -132,7 +132,7 @@ func TestClaimTakesOnlyDueKeysOfTheGivenWorkflows(t *testing.T) {
 		req := request(t, "acme", key, `{}`)
 		req.Workflow = "billing"
 		_, row := acquire(t, db, req)
-		if err := store.Release(ctx, db, row.ID, row.LockToken, "", "", false, false); err != nil {
+		if err := store.Release(ctx, db, row.Holder(), "", "", false, false); err != nil {
 			t.Fatal(err)
 		}
 		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")

@@ -102,22 +102,22 @@ func TestMalformedValuesNeverReachTheTable(t *testing.T) {
 
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
 	for _, point := range []string{"", keyrow.Started, keyrow.Finished, long(101), "a\x00"} {
-		if err := store.Advance(ctx, db, row.ID, row.LockToken, point, nil, ttl); err == nil {
+		if err := store.Advance(ctx, db, row.Holder(), point, nil, ttl); err == nil {
 			t.Errorf("advance to %q succeeded", point)
 		}
 	}
-	if err := store.Advance(ctx, db, row.ID, row.LockToken, "charged", nil, 0); err == nil {
+	if err := store.Advance(ctx, db, row.Holder(), "charged", nil, 0); err == nil {
 		t.Error("advance with no lease TTL succeeded")
 	}
-	if _, err := store.Renew(ctx, db, row.ID, row.LockToken, -time.Second); err == nil {
+	if _, err := store.Renew(ctx, db, row.Holder(), -time.Second); err == nil {
 		t.Error("renew with a negative TTL succeeded")
 	}
 	for _, status := range []int{0, 99, 600} {
-		if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: status}); err == nil {
+		if err := store.Finish(ctx, db, row.Holder(), nil, keyrow.Response{Status: status}); err == nil {
 			t.Errorf("finish with status %d succeeded", status)
 		}
 	}
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "", "parked", false, false); err == nil {
+	if err := store.Release(ctx, db, row.Holder(), "", "parked", false, false); err == nil {
 		t.Error("release with an unknown hold succeeded")
 	}
 	if got := read(t, db, "acme", "k1"); got.RecoveryPoint != keyrow.Started || got.Status != nil || got.Token == nil || *got.Token != row.LockToken {
@@ -137,7 +137,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 	db := pgtest.Pool(t)
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
 	age(t, db, "acme", "k1", "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '2 days'")
-	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 10); err != nil || n != 1 {
+	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 10, false); err != nil || n != 1 {
 		t.Fatalf("expire = %d, %v; want the key closed", n, err)
 	}
 	if got := read(t, db, "acme", "k1"); got.Token != nil {
@@ -149,13 +149,13 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, write := range map[string]func() error{
-		"advance": func() error { return store.Advance(ctx, db, row.ID, row.LockToken, "charged", nil, ttl) },
+		"advance": func() error { return store.Advance(ctx, db, row.Holder(), "charged", nil, ttl) },
 		"finish": func() error {
-			return store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 201})
+			return store.Finish(ctx, db, row.Holder(), nil, keyrow.Response{Status: 201})
 		},
-		"release": func() error { return store.Release(ctx, db, row.ID, row.LockToken, "late", "", false, false) },
+		"release": func() error { return store.Release(ctx, db, row.Holder(), "late", "", false, false) },
 		"renew": func() error {
-			_, err := store.Renew(ctx, db, row.ID, row.LockToken, ttl)
+			_, err := store.Renew(ctx, db, row.Holder(), ttl)
 			return err
 		},
 	} {
@@ -179,11 +179,10 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	rnd := rand.New(rand.NewPCG(seed, 3))
 	keys := []string{"k1", "k2", "k3", "k4"}
-	type holder struct{ id, token uuid.UUID }
-	var holders []holder // every lease ever taken, current or stale
-	pick := func() holder {
+	var holders []store.Holder // every lease ever taken, current or stale
+	pick := func() store.Holder {
 		if len(holders) == 0 {
-			return holder{uuid.New(), uuid.New()}
+			return store.Holder{Tenant: "acme", ID: uuid.New(), Token: uuid.New()}
 		}
 		return holders[rnd.IntN(len(holders))]
 	}
@@ -200,32 +199,32 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 			}
 			out, row, err := store.Acquire(ctx, db, request(t, "acme", keys[rnd.IntN(len(keys))], body))
 			if err == nil && out.Acquiring() {
-				holders = append(holders, holder{row.ID, row.LockToken})
+				holders = append(holders, row.Holder())
 			}
 			return err
 		}},
 		{"advance", func() error {
 			h := pick()
-			return store.Advance(ctx, db, h.id, h.token, fmt.Sprintf("phase_%d", rnd.IntN(3)), []byte(`{"n":1}`), ttl)
+			return store.Advance(ctx, db, h, fmt.Sprintf("phase_%d", rnd.IntN(3)), []byte(`{"n":1}`), ttl)
 		}},
-		{"finish", func() error { h := pick(); return store.Finish(ctx, db, h.id, h.token, nil, resp) }},
+		{"finish", func() error { h := pick(); return store.Finish(ctx, db, h, nil, resp) }},
 		{"release", func() error {
 			h := pick()
-			return store.Release(ctx, db, h.id, h.token, "failed", holds[rnd.IntN(len(holds))], rnd.IntN(2) == 0, false)
+			return store.Release(ctx, db, h, "failed", holds[rnd.IntN(len(holds))], rnd.IntN(2) == 0, false)
 		}},
-		{"renew", func() error { h := pick(); _, err := store.Renew(ctx, db, h.id, h.token, ttl); return err }},
+		{"renew", func() error { h := pick(); _, err := store.Renew(ctx, db, h, ttl); return err }},
 		{"unlock", func() error { _, err := store.Unlock(ctx, db, "acme", keys[rnd.IntN(len(keys))]); return err }},
 		{"retry", func() error { return store.Retry(ctx, db, "acme", keys[rnd.IntN(len(keys))]) }},
 		{"claim", func() error {
 			rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 2, MinIdle: 0, TTL: ttl})
 			for _, r := range rows {
-				holders = append(holders, holder{r.ID, r.LockToken})
+				holders = append(holders, r.Holder())
 			}
 			return err
 		}},
 		{"bury", func() error { _, err := store.Bury(ctx, db, []string{"test"}, nil, 1, 0); return err }},
-		{"expire", func() error { _, err := store.Expire(ctx, db, "", time.Hour, 2); return err }},
-		{"reap", func() error { _, err := store.Reap(ctx, db, "test", time.Hour, 2); return err }},
+		{"expire", func() error { _, err := store.Expire(ctx, db, "", time.Hour, 2, false); return err }},
+		{"reap", func() error { _, err := store.Reap(ctx, db, "test", time.Hour, 2, false); return err }},
 		{"time passes", func() error {
 			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_expires_at = lock_expires_at - interval '1 minute',
 				last_run_at = last_run_at - interval '2 hours', finished_at = finished_at - interval '2 hours'

@@ -6,17 +6,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/lockttl"
 )
 
 // Lease is a held lease on one key row.
 type Lease struct {
-	ID    uuid.UUID
-	Token uuid.UUID
-	TTL   time.Duration
+	Holder
+	TTL time.Duration
 
 	// id and token as statement arguments, made once for every write.
 	idArg, tokenArg any
@@ -30,22 +27,22 @@ type Lease struct {
 	proven time.Time
 }
 
-// NewLease returns the lease identified by a row id and its fencing token.
-// A TTL below lockttl.MinTTL is raised to it.
-func NewLease(id, token uuid.UUID, ttl time.Duration) *Lease {
-	return &Lease{ID: id, Token: token, TTL: max(ttl, lockttl.MinTTL), lost: make(chan struct{}),
-		idArg: [16]byte(id), tokenArg: [16]byte(token)}
+// NewLease returns the lease of holder h. A TTL below lockttl.MinTTL is
+// raised to it.
+func NewLease(h Holder, ttl time.Duration) *Lease {
+	return &Lease{Holder: h, TTL: max(ttl, lockttl.MinTTL), lost: make(chan struct{}),
+		idArg: [16]byte(h.ID), tokenArg: [16]byte(h.Token)}
 }
 
 // Advance is AdvanceWrite for this lease: it commits point and state and
 // renews the lease for its TTL.
 func (l *Lease) Advance(point string, state []byte) (Write, error) {
-	return advanceWrite(l.idArg, l.tokenArg, point, state, l.TTL)
+	return advanceWrite(l.idArg, l.tokenArg, l.Tenant, point, state, l.TTL)
 }
 
 // Finish is FinishWrite for this lease.
 func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite(l.idArg, l.tokenArg, state, resp)
+	return finishWrite(l.idArg, l.tokenArg, l.Tenant, state, resp)
 }
 
 // Renew extends the lease to TTL from now by the database clock. When the
@@ -58,7 +55,7 @@ func (l *Lease) Renew(ctx context.Context, q Querier) error {
 // under way when phase is not empty (see markCallSQL).
 func (l *Lease) renew(ctx context.Context, q Querier, phase string) error {
 	sent := time.Now()
-	_, err := renew(ctx, q, l.ID, l.Token, l.TTL, phase)
+	_, err := renew(ctx, q, l.Holder, l.TTL, phase)
 	switch {
 	case err == nil:
 		l.Proven(sent)

@@ -37,7 +37,7 @@ func lease(t *testing.T, db store.Querier, key string, ttl time.Duration) (*stor
 	if !out.Acquiring() {
 		t.Fatalf("acquire %s = %v, want the lease", key, out)
 	}
-	return row, store.NewLease(row.ID, row.LockToken, ttl)
+	return row, store.NewLease(row.Holder(), ttl)
 }
 
 // heldByAnother reports whether another request for the key finds it held.
@@ -108,7 +108,7 @@ func TestKeepWithAZeroOrTinyTTLRenewsWithoutPanicking(t *testing.T) {
 	}
 	for key, tiny := range map[string]time.Duration{"zero": 0, "tiny": time.Nanosecond} {
 		row, _ := lease(t, db, key, ttl)
-		l := store.NewLease(row.ID, row.LockToken, tiny)
+		l := store.NewLease(row.Holder(), tiny)
 		if l.TTL < lockttl.MinTTL {
 			t.Fatalf("NewLease with TTL %v kept %v, want at least %v", tiny, l.TTL, lockttl.MinTTL)
 		}
@@ -156,7 +156,7 @@ func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
 	if n := counter.Statements(); n != 1 {
 		t.Fatalf("%d statements after the failed Keep, want 1: %q", n, counter.SQL())
 	}
-	if _, err := store.Renew(ctx, db, taker.ID, taker.LockToken, ttl); err != nil {
+	if _, err := store.Renew(ctx, db, taker.Holder(), ttl); err != nil {
 		t.Fatalf("the new holder's lease: %v", err)
 	}
 }

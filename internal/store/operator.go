@@ -396,6 +396,19 @@ func act(ctx context.Context, q Querier, x action) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("store: %s: %w", x.name, err)
 	}
+	distributed, err := IsDistributed(ctx, q)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
+	if distributed {
+		return actDistributed(ctx, q, x, detail)
+	}
+	return actStatement(ctx, q, x, detail)
+}
+
+// actStatement is act's one statement. The audit's snapshot of the changed
+// row is built outside RETURNING, where Citus refuses functions.
+func actStatement(ctx context.Context, q Querier, x action, detail []byte) (int, error) {
 	a := x.a
 	where := strings.Join(x.where, " AND ")
 	skip := ""
@@ -415,10 +428,11 @@ WITH target AS (
     SET ` + x.set + `
     FROM target
     WHERE k.id = target.id AND ` + where + `
-    RETURNING k.tenant, k.idempotency_key, target.before, ` + snapshot("k") + ` AS after
+    RETURNING k.tenant, k.idempotency_key, target.before, k.recovery_point, k.hold, k.locked_at,
+        k.lock_expires_at, k.last_run_at, k.attempts, k.failures, k.last_error, k.resolution
 )
 INSERT INTO atomicphase_audit (actor, action, tenant, idempotency_key, before, after, detail)
-SELECT ` + a.add(Actor(ctx)) + `, ` + a.add(x.name) + `, tenant, idempotency_key, before, after, ` + a.add(detail) + `
+SELECT ` + a.add(Actor(ctx)) + `, ` + a.add(x.name) + `, tenant, idempotency_key, before, ` + snapshot("changed") + `, ` + a.add(detail) + `
 FROM changed`
 	tag, err := q.Exec(ctx, sql, a...)
 	if err != nil {
@@ -594,20 +608,20 @@ func BulkAct(ctx context.Context, q Querier, b Bulk, f keyrow.ListFilter, confir
 const takeResolutionSQL = `
 WITH taken AS (
     SELECT id, resolution FROM idempotency_keys
-    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL
+    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL AND tenant = $3
     FOR NO KEY UPDATE
 )
 UPDATE idempotency_keys k SET resolution = NULL
 FROM taken
-WHERE k.id = taken.id AND k.lock_token = $2
+WHERE k.id = taken.id AND k.lock_token = $2 AND k.tenant = $3
 RETURNING taken.resolution`
 
 // TakeResolution returns the operator's resolution recorded on the key the
 // caller holds, and clears it, so it is acted on once; nil when there is
 // none.
-func TakeResolution(ctx context.Context, q Querier, id, token uuid.UUID) (*keyrow.Resolution, error) {
+func TakeResolution(ctx context.Context, q Querier, h Holder) (*keyrow.Resolution, error) {
 	var r keyrow.Resolution
-	err := q.QueryRow(ctx, takeResolutionSQL, [16]byte(id), [16]byte(token)).Scan(&r)
+	err := q.QueryRow(ctx, takeResolutionSQL, [16]byte(h.ID), [16]byte(h.Token), h.Tenant).Scan(&r)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -618,18 +632,17 @@ func TakeResolution(ctx context.Context, q Querier, id, token uuid.UUID) (*keyro
 }
 
 // claimKeySQL takes the lease on one unfinished key, runnable or held as
-// unknown, whose lease is free or expired, as claimSQL takes due keys.
+// unknown, whose lease is free or expired, as claimSQL takes due keys. The
+// token ($4) comes from the caller: a distributed table refuses a volatile
+// function in an UPDATE.
 const claimKeySQL = `
 UPDATE idempotency_keys k
-SET locked_at = now(), lock_expires_at = now() + $3::interval, lock_token = gen_random_uuid(),
+SET locked_at = now(), lock_expires_at = now() + $3::interval, lock_token = $4,
     last_run_at = now(), attempts = k.attempts + 1
 WHERE tenant = $1 AND idempotency_key = $2 AND finished_at IS NULL
   AND (hold IS NULL OR hold = 'unknown')
   AND (lock_expires_at IS NULL OR lock_expires_at <= now())
-RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
-          k.phase_state AS state, k.request_params AS params, k.request_fingerprint AS fingerprint,
-          coalesce(k.hold, '') AS hold, k.definition, coalesce(k.call_pending, '') AS call_pending,
-          k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
+RETURNING ` + claimedColumns
 
 // ClaimKey takes the lease on the tenant's key, as the completer's claim
 // does, so that it can be run at once; nil when the key is finished, dead,
@@ -637,7 +650,7 @@ RETURNING k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point
 func ClaimKey(ctx context.Context, q Querier, tenant, key string, ttl time.Duration) (*Row, error) {
 	var rows []*Row
 	sent := time.Now()
-	if err := pgxscan.Select(ctx, q, &rows, claimKeySQL, tenant, key, ttl); err != nil {
+	if err := pgxscan.Select(ctx, q, &rows, claimKeySQL, tenant, key, ttl, [16]byte(uuid.New())); err != nil {
 		return nil, fmt.Errorf("store: claim key: %w", err)
 	}
 	if len(rows) == 0 {

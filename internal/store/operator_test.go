@@ -137,7 +137,7 @@ func TestResolveRecordsTheResolutionOnlyOnAKeyHeldAsUnknownAtThatPoint(t *testin
 		t.Fatalf("claim key = %+v, %v", row, err)
 	}
 	for i, want := range []bool{true, false} {
-		r, err := store.TakeResolution(ctx, db, row.ID, row.LockToken)
+		r, err := store.TakeResolution(ctx, db, row.Holder())
 		if err != nil || (r != nil) != want {
 			t.Fatalf("take %d = %+v, %v; want a resolution the first time only", i, r, err)
 		}
@@ -159,7 +159,7 @@ func TestTakeResolutionIsFencedByTheLease(t *testing.T) {
 	if again, err := store.ClaimKey(ctx, db, "acme", "k1", ttl); err != nil || again != nil {
 		t.Fatalf("second claim under a live lease = %+v, %v; want none", again, err)
 	}
-	if r, err := store.TakeResolution(ctx, db, row.ID, [16]byte{1}); err != nil || r != nil {
+	if r, err := store.TakeResolution(ctx, db, store.Holder{Tenant: "acme", ID: row.ID, Token: [16]byte{1}}); err != nil || r != nil {
 		t.Fatalf("take with another token = %+v, %v; want nothing", r, err)
 	}
 	if info := inspect(t, db, "acme", "k1"); info.Resolution == nil || info.Resolution.Happened {

@@ -33,16 +33,16 @@ func keyIn(t *testing.T, db store.Querier, tenant, key, state string) *store.Row
 	}
 	if state == "finished" {
 		resp := keyrow.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
-		if err := store.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"charge":"ch_1"}`), resp); err != nil {
+		if err := store.Finish(ctx, db, row.Holder(), []byte(`{"charge":"ch_1"}`), resp); err != nil {
 			t.Fatal(err)
 		}
 		return row
 	}
-	if err := store.Advance(ctx, db, row.ID, row.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, row.Holder(), "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatal(err)
 	}
 	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "card declined", hold, false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "card declined", hold, false, false); err != nil {
 		t.Fatal(err)
 	}
 	return row
@@ -314,7 +314,7 @@ func TestRetryKeepsAnOldKeyFromBeingExpiredAsAbandoned(t *testing.T) {
 	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 100); err != nil || n != 0 {
+	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 100, false); err != nil || n != 0 {
 		t.Fatalf("expire after retry = %d, %v; want the retried key left to run", n, err)
 	}
 }
@@ -380,11 +380,11 @@ func TestReapCandidatesCountsWhatTheReaperThenDoes(t *testing.T) {
 		t.Fatalf("after dry run counts = %+v, %v; want nothing changed", c, err)
 	}
 
-	expired, err := store.Expire(ctx, db, "", retention, 100)
+	expired, err := store.Expire(ctx, db, "", retention, 100, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted, err := store.Reap(ctx, db, "test", retention, 100)
+	deleted, err := store.Reap(ctx, db, "test", retention, 100, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,6 +60,26 @@ type Row struct {
 	// CallPending names the phase whose foreign call, not safe to repeat,
 	// may have been sent by a run that then stopped; empty otherwise.
 	CallPending string
+	// Distributed is true when the row was read from a key table
+	// distributed with Citus (see Request.Distributed); the lease taken on
+	// it then renews in the form Citus accepts.
+	Distributed bool
+}
+
+// Holder identifies a lease: the key's tenant and row id, and the fencing
+// token that the lease's holder was given. Every write of a holder names
+// the tenant, so that on a distributed key table it reaches one shard.
+type Holder struct {
+	Tenant string
+	ID     uuid.UUID
+	Token  uuid.UUID
+	// Distributed: see Row.Distributed.
+	Distributed bool
+}
+
+// Holder returns the holder of the lease that the caller took with r.
+func (r *Row) Holder() Holder {
+	return Holder{Tenant: r.Tenant, ID: r.ID, Token: r.LockToken, Distributed: r.Distributed}
 }
 
 // Outcome tells what Acquire found.
@@ -128,6 +148,10 @@ type Request struct {
 	// new key so that no reaper deletes it sooner; zero records none, and
 	// the reaper of the key's workflow applies its own.
 	Retention time.Duration
+	// Distributed selects the statement for a key table distributed with
+	// Citus (see atomicphase.Distribute), which refuses the one for a
+	// single Postgres.
+	Distributed bool
 }
 
 // acquireSQL inserts a new key or takes over an existing one, in one
@@ -245,7 +269,11 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 	}
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
-		row, outcome, err := scanAcquire(q.QueryRow(ctx, acquireSQL,
+		sql := acquireSQL
+		if req.Distributed {
+			sql = acquireDistributedSQL
+		}
+		row, outcome, err := scanAcquire(q.QueryRow(ctx, sql,
 			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id),
 			req.Definition, retention), req)
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
@@ -260,7 +288,7 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 		if err != nil {
 			return 0, nil, fmt.Errorf("store: acquire: %w", err)
 		}
-		row.Tenant, row.Key, row.Fingerprint = req.Tenant, req.Key, req.Fingerprint[:]
+		row.Tenant, row.Key, row.Fingerprint, row.Distributed = req.Tenant, req.Key, req.Fingerprint[:], req.Distributed
 		if outcome == New {
 			row.Params = req.Params
 		}
@@ -278,17 +306,27 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 		row                         Row
 		hold, lastError, pending    *string
 		token                       *uuid.UUID
+		expires                     *time.Time
 		inserted, acquired, sameReq bool
 		status                      *int32
 		headers                     []byte
 		body                        []byte
 	}
 	row := &v.row
+	// Column 9 is the lease's time left, or on a distributed table its
+	// expiry (see acquireDistributedSQL).
+	var left any = &row.LeaseLeft
+	if req.Distributed {
+		left = &v.expires
+	}
 	err := r.Scan(&row.ID, &row.Workflow, &row.Definition, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
-		&row.LeaseLeft, &v.inserted, &v.acquired, &v.sameReq, &v.status, &v.headers, &v.body, &v.lastError,
+		left, &v.inserted, &v.acquired, &v.sameReq, &v.status, &v.headers, &v.body, &v.lastError,
 		&v.pending, &row.Params)
 	if err != nil {
 		return nil, 0, err
+	}
+	if req.Distributed {
+		row.LeaseLeft = leaseLeftAt(v.expires, time.Now())
 	}
 	if v.pending != nil {
 		row.CallPending = *v.pending
@@ -378,7 +416,7 @@ var advanceSQL = fenced(`
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
     lock_expires_at = now() + $5::interval
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $6
 RETURNING 1`)
 
 // finishSQL stores the response, marks the key finished and frees the lease.
@@ -391,7 +429,7 @@ SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0, call_pending = NULL
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $7
 RETURNING 1`)
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
@@ -404,7 +442,7 @@ UPDATE idempotency_keys
 SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
     last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int,
     call_pending = CASE WHEN $6 THEN NULL ELSE call_pending END
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $7
 RETURNING 1`)
 
 // adoptSQL moves a key the caller holds to the definition of the workflow
@@ -413,18 +451,18 @@ RETURNING 1`)
 var adoptSQL = fenced(`
 UPDATE idempotency_keys
 SET definition = $3, recovery_point = $4
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $5
 RETURNING 1`)
 
 // Adopt records that the key the holder identified by token holds now runs
 // under definition, from recovery point point. It returns
 // keyrow.ErrLeaseLost, and changes nothing, when the token no longer
 // matches.
-func Adopt(ctx context.Context, q Querier, id, token uuid.UUID, definition, point string) error {
+func Adopt(ctx context.Context, q Querier, h Holder, definition, point string) error {
 	if err := keyrow.CheckName(point); err != nil || point == keyrow.Finished {
 		return fmt.Errorf("store: adopt: invalid recovery point %q", point)
 	}
-	return execFenced(ctx, q, adoptSQL, []any{[16]byte(id), [16]byte(token), definition, point})
+	return execFenced(ctx, q, adoptSQL, []any{[16]byte(h.ID), [16]byte(h.Token), definition, point, h.Tenant})
 }
 
 // markCallSQL records, before a foreign call that is not safe to repeat,
@@ -434,11 +472,13 @@ func Adopt(ctx context.Context, q Querier, id, token uuid.UUID, definition, poin
 const markCallSQL = `
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval, call_pending = $4
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
-RETURNING lock_expires_at - now()`
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $5
+RETURNING 1`
 
-// renewSQL extends a live lease by ttl from now and reports the new time
-// left. It is fenced like every other write.
+// renewSQL extends a live lease by ttl from now. It is fenced like every
+// other write. It returns a row when it matched, not the time left: that is
+// ttl, as now() is the same all through a statement, and a distributed
+// table refuses now() in RETURNING.
 //
 // Like acquireSQL, it commits without waiting for the WAL flush. A crash can
 // lose only the renewals of its last moments (the WAL writer flushes
@@ -450,8 +490,18 @@ const renewSQL = `
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
-RETURNING lock_expires_at - now()`
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $4
+RETURNING 1`
+
+// renewDistributedSQL is renewSQL for a key table distributed with Citus,
+// which refuses a volatile function (set_config) in an UPDATE's FROM, and
+// would apply the setting on the coordinator only: the renewal waits for
+// the WAL flush on the key's shard.
+const renewDistributedSQL = `
+UPDATE idempotency_keys
+SET lock_expires_at = now() + $3::interval
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $4
+RETURNING 1`
 
 // Write is one fenced write of a holder, ready to be sent on its own (Exec)
 // or queued in a batch, where it is pipelined with COMMIT (Queue). When the
@@ -471,12 +521,12 @@ func (w Write) Queue(b *pgx.Batch) { b.Queue(w.sql, w.args...) }
 // AdvanceWrite is the write that commits the recovery point and state of the
 // holder identified by token, and renews its lease for ttl. point must be a
 // phase name: neither keyrow.Started nor keyrow.Finished.
-func AdvanceWrite(id, token uuid.UUID, point string, state []byte, ttl time.Duration) (Write, error) {
-	return advanceWrite([16]byte(id), [16]byte(token), point, state, ttl)
+func AdvanceWrite(h Holder, point string, state []byte, ttl time.Duration) (Write, error) {
+	return advanceWrite([16]byte(h.ID), [16]byte(h.Token), h.Tenant, point, state, ttl)
 }
 
 // id and token are [16]byte values, passed as they are to pgx.
-func advanceWrite(id, token any, point string, state []byte, ttl time.Duration) (Write, error) {
+func advanceWrite(id, token any, tenant, point string, state []byte, ttl time.Duration) (Write, error) {
 	if err := keyrow.CheckName(point); err != nil {
 		return Write{}, fmt.Errorf("store: advance: recovery point %w", err)
 	}
@@ -486,13 +536,13 @@ func advanceWrite(id, token any, point string, state []byte, ttl time.Duration) 
 	if ttl <= 0 {
 		return Write{}, errors.New("store: advance: lease TTL must be positive")
 	}
-	return Write{advanceSQL, []any{id, token, point, jsonOrNull(state), ttl}}, nil
+	return Write{advanceSQL, []any{id, token, point, jsonOrNull(state), ttl, tenant}}, nil
 }
 
 // Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
 // changes nothing, when the token no longer matches.
-func Advance(ctx context.Context, q Querier, id, token uuid.UUID, point string, state []byte, ttl time.Duration) error {
-	w, err := AdvanceWrite(id, token, point, state, ttl)
+func Advance(ctx context.Context, q Querier, h Holder, point string, state []byte, ttl time.Duration) error {
+	w, err := AdvanceWrite(h, point, state, ttl)
 	if err != nil {
 		return err
 	}
@@ -502,11 +552,11 @@ func Advance(ctx context.Context, q Querier, id, token uuid.UUID, point string, 
 // FinishWrite is the write that stores resp as the key's final response,
 // marks the key finished and frees the lease of the holder identified by
 // token. resp.Status must be a valid HTTP status (100 to 599).
-func FinishWrite(id, token uuid.UUID, state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite([16]byte(id), [16]byte(token), state, resp)
+func FinishWrite(h Holder, state []byte, resp keyrow.Response) (Write, error) {
+	return finishWrite([16]byte(h.ID), [16]byte(h.Token), h.Tenant, state, resp)
 }
 
-func finishWrite(id, token any, state []byte, resp keyrow.Response) (Write, error) {
+func finishWrite(id, token any, tenant string, state []byte, resp keyrow.Response) (Write, error) {
 	if resp.Status < 100 || resp.Status > 599 {
 		return Write{}, fmt.Errorf("store: finish: invalid status %d", resp.Status)
 	}
@@ -518,13 +568,13 @@ func finishWrite(id, token any, state []byte, resp keyrow.Response) (Write, erro
 	if body == nil {
 		body = []byte{}
 	}
-	return Write{finishSQL, []any{id, token, jsonOrNull(state), resp.Status, headers, body}}, nil
+	return Write{finishSQL, []any{id, token, jsonOrNull(state), resp.Status, headers, body, tenant}}, nil
 }
 
 // Finish sends FinishWrite on its own. It returns ErrLeaseLost, and changes
 // nothing, when the token no longer matches.
-func Finish(ctx context.Context, q Querier, id, token uuid.UUID, state []byte, resp keyrow.Response) error {
-	w, err := FinishWrite(id, token, state, resp)
+func Finish(ctx context.Context, q Querier, h Holder, state []byte, resp keyrow.Response) error {
+	w, err := FinishWrite(h, state, resp)
 	if err != nil {
 		return err
 	}
@@ -563,7 +613,7 @@ func encodeHeader(h http.Header) ([]byte, error) {
 //
 // callFailed clears the key's pending call: the run knows that the call did
 // not happen (its provider refused it), so the next run may send it again.
-func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
+func Release(ctx context.Context, q Querier, h Holder, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
 	switch hold {
 	case "", keyrow.HoldUnknown, keyrow.HoldDead:
 	default:
@@ -573,7 +623,7 @@ func Release(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string
 	if byCompleter {
 		failed = 1
 	}
-	return execFenced(ctx, q, releaseSQL, []any{[16]byte(id), [16]byte(token), lastErr, string(hold), failed, callFailed})
+	return execFenced(ctx, q, releaseSQL, []any{[16]byte(h.ID), [16]byte(h.Token), lastErr, string(hold), failed, callFailed, h.Tenant})
 }
 
 // releaseTimeout bounds ReleaseDetached.
@@ -585,31 +635,34 @@ const releaseTimeout = 5 * time.Second
 // not lost work: it expires by itself and the key resumes then. Like
 // Release, it returns keyrow.ErrLeaseLost, having changed nothing, when
 // another run took the key over.
-func ReleaseDetached(ctx context.Context, q Querier, id, token uuid.UUID, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
+func ReleaseDetached(ctx context.Context, q Querier, h Holder, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	return Release(rctx, q, id, token, lastErr, hold, byCompleter, callFailed)
+	return Release(rctx, q, h, lastErr, hold, byCompleter, callFailed)
 }
 
 // Renew extends the holder's lease to ttl from now, by the database clock,
 // and returns the time left. It returns ErrLeaseLost when the token no
 // longer matches.
-func Renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration) (time.Duration, error) {
-	return renew(ctx, q, id, token, ttl, "")
+func Renew(ctx context.Context, q Querier, h Holder, ttl time.Duration) (time.Duration, error) {
+	return renew(ctx, q, h, ttl, "")
 }
 
 // renew is Renew, which also records, with markCallSQL, that the foreign
 // call of phase may be under way when phase is not empty.
-func renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duration, phase string) (time.Duration, error) {
+func renew(ctx context.Context, q Querier, h Holder, ttl time.Duration, phase string) (time.Duration, error) {
 	if ttl <= 0 {
 		return 0, errors.New("store: renew: lease TTL must be positive")
 	}
-	var left time.Duration
+	var one int
 	var err error
-	if phase == "" {
-		err = q.QueryRow(ctx, renewSQL, [16]byte(id), [16]byte(token), ttl).Scan(&left)
-	} else {
-		err = q.QueryRow(ctx, markCallSQL, [16]byte(id), [16]byte(token), ttl, phase).Scan(&left)
+	switch {
+	case phase != "":
+		err = q.QueryRow(ctx, markCallSQL, [16]byte(h.ID), [16]byte(h.Token), ttl, phase, h.Tenant).Scan(&one)
+	case h.Distributed:
+		err = q.QueryRow(ctx, renewDistributedSQL, [16]byte(h.ID), [16]byte(h.Token), ttl, h.Tenant).Scan(&one)
+	default:
+		err = q.QueryRow(ctx, renewSQL, [16]byte(h.ID), [16]byte(h.Token), ttl, h.Tenant).Scan(&one)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, keyrow.ErrLeaseLost
@@ -617,7 +670,7 @@ func renew(ctx context.Context, q Querier, id, token uuid.UUID, ttl time.Duratio
 	if err != nil {
 		return 0, fmt.Errorf("store: renew: %w", err)
 	}
-	return left, nil
+	return ttl, nil
 }
 
 func execFenced(ctx context.Context, q Querier, sql string, args []any) error {

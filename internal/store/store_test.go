@@ -113,7 +113,7 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	if out != store.New {
 		t.Fatalf("first acquire = %v, want new", out)
 	}
-	if err := store.Advance(ctx, db, old.ID, old.LockToken, "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, old.Holder(), "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatal(err)
 	}
 	if out, row := acquire(t, db, req); out != store.Held || row.LeaseLeft <= 0 || row.LeaseLeft > ttl {
@@ -130,17 +130,17 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	}
 	before := read(t, db, "acme", "k1")
 
-	if err := store.Advance(ctx, db, old.ID, old.LockToken, "shipped", []byte(`{}`), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Advance(ctx, db, old.Holder(), "shipped", []byte(`{}`), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Advance = %v, want ErrLeaseLost", err)
 	}
 	resp := keyrow.Response{Status: 201, Body: []byte("{}")}
-	if err := store.Finish(ctx, db, old.ID, old.LockToken, nil, resp); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Finish(ctx, db, old.Holder(), nil, resp); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Finish = %v, want ErrLeaseLost", err)
 	}
-	if err := store.Release(ctx, db, old.ID, old.LockToken, "boom", "", false, false); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Release(ctx, db, old.Holder(), "boom", "", false, false); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Release = %v, want ErrLeaseLost", err)
 	}
-	if _, err := store.Renew(ctx, db, old.ID, old.LockToken, ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if _, err := store.Renew(ctx, db, old.Holder(), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Renew = %v, want ErrLeaseLost", err)
 	}
 	after := read(t, db, "acme", "k1")
@@ -150,7 +150,7 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	}
 
 	// The new holder's writes go through.
-	if err := store.Finish(ctx, db, taker.ID, taker.LockToken, taker.State, resp); err != nil {
+	if err := store.Finish(ctx, db, taker.Holder(), taker.State, resp); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -175,7 +175,7 @@ func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
 	if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ('should not persist')`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := store.AdvanceWrite(old.ID, old.LockToken, "next", nil, ttl)
+	w, err := store.AdvanceWrite(old.Holder(), "next", nil, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestSameKeyUnderTwoTenantsIsTwoIndependentKeys(t *testing.T) {
 	if outA != store.New || outB != store.New || rowA.ID == rowB.ID {
 		t.Fatalf("outcomes %v/%v ids %v/%v, want two new rows", outA, outB, rowA.ID, rowB.ID)
 	}
-	if err := store.Finish(ctx, db, rowA.ID, rowA.LockToken, nil, keyrow.Response{Status: 201, Body: []byte("a")}); err != nil {
+	if err := store.Finish(ctx, db, rowA.Holder(), nil, keyrow.Response{Status: 201, Body: []byte("a")}); err != nil {
 		t.Fatal(err)
 	}
 	if out, row := acquire(t, db, a); out != store.Replay || string(row.Response.Body) != "a" {
@@ -223,7 +223,7 @@ func TestReplayReturnsStoredResponseByteForByte(t *testing.T) {
 	_, row := acquire(t, db, req)
 	body := []byte("{\"id\": 7,\n \"raw\":\"\\u00e9\x00\xff\"}")
 	hdr := http.Header{"Content-Type": {"application/json"}, "X-Multi": {"1", "2"}}
-	if err := store.Finish(ctx, db, row.ID, row.LockToken, []byte(`{"n":1}`), keyrow.Response{Status: 402, Header: hdr, Body: body}); err != nil {
+	if err := store.Finish(ctx, db, row.Holder(), []byte(`{"n":1}`), keyrow.Response{Status: 402, Header: hdr, Body: body}); err != nil {
 		t.Fatal(err)
 	}
 	// Same meaning, other spelling: still a replay.
@@ -246,10 +246,10 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 	db := pgtest.Pool(t)
 	req := request(t, "acme", "k1", `{}`)
 	_, row := acquire(t, db, req)
-	if err := store.Advance(ctx, db, row.ID, row.LockToken, "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
+	if err := store.Advance(ctx, db, row.Holder(), "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "stripe down", "", false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "stripe down", "", false, false); err != nil {
 		t.Fatal(err)
 	}
 	out, row := acquire(t, db, req)
@@ -257,7 +257,7 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 		t.Fatalf("after release: %v at %q attempts %d err %q, want resumed at ride_created, attempt 2",
 			out, row.RecoveryPoint, row.Attempts, row.LastError)
 	}
-	if err := store.Release(ctx, db, row.ID, row.LockToken, "timeout", keyrow.HoldUnknown, false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "timeout", keyrow.HoldUnknown, false, false); err != nil {
 		t.Fatal(err)
 	}
 	if out, row := acquire(t, db, req); out != store.Parked || row.Hold != keyrow.HoldUnknown {
@@ -284,7 +284,7 @@ func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 	}
 	row := assertOne("new", store.New, request(t, "acme", "k1", `{}`))
 	assertOne("held", store.Held, request(t, "acme", "k1", `{}`))
-	if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 200}); err != nil {
+	if err := store.Finish(ctx, db, row.Holder(), nil, keyrow.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
 	assertOne("replay", store.Replay, request(t, "acme", "k1", `{}`))
@@ -296,7 +296,7 @@ func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
-	left, err := store.Renew(ctx, db, row.ID, row.LockToken, time.Hour)
+	left, err := store.Renew(ctx, db, row.Holder(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +402,7 @@ func TestLeaseWritesDoNotWaitForTheFlushOfAnythingElse(t *testing.T) {
 	}
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
 	setting("acquire")
-	if _, err := store.Renew(ctx, db, row.ID, row.LockToken, ttl); err != nil {
+	if _, err := store.Renew(ctx, db, row.Holder(), ttl); err != nil {
 		t.Fatal(err)
 	}
 	setting("renew")
@@ -422,7 +422,7 @@ func TestReplayedHeadersAreTheStoredOnes(t *testing.T) {
 	} {
 		req := request(t, "acme", fmt.Sprintf("k%d", i), `{}`)
 		_, row := acquire(t, db, req)
-		if err := store.Finish(ctx, db, row.ID, row.LockToken, nil, keyrow.Response{Status: 201, Header: hdr, Body: []byte("{}")}); err != nil {
+		if err := store.Finish(ctx, db, row.Holder(), nil, keyrow.Response{Status: 201, Header: hdr, Body: []byte("{}")}); err != nil {
 			t.Fatal(err)
 		}
 		out, got := acquire(t, db, req)

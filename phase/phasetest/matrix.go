@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -141,6 +142,10 @@ type matrix[Req, State any] struct {
 	prefix    string
 	points    []phase.Point
 	crashFree *keyrow.Response
+	// lockWaitSQL is the statement that tells whether a run waits on a
+	// lock, chosen once for the database.
+	lockWaitOnce sync.Once
+	lockWaitSQL  string
 }
 
 func newMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) *matrix[Req, State] {

@@ -361,14 +361,41 @@ func (x *pausable) inTransaction() bool {
 	return !x.released && x.gate.reached() && x.gate.at.Stage == phase.BeforeCommit
 }
 
+// lockWaitSQL tells whether a session of the workflow's database waits on
+// a lock.
+const lockWaitSQL = `
+SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock')`
+
+// citusLockWaitSQL is lockWaitSQL on a Citus cluster, where a statement on
+// a distributed table waits on the node that holds its shard:
+// citus_stat_activity shows the sessions of every node. The statements a
+// node runs for the coordinator name the shards of the workflow's schema,
+// which tells them from those of other schemas in the same database; on
+// the coordinator itself a wait may be another schema's, which only makes
+// the matrix look once more before it goes on.
+const citusLockWaitSQL = `
+SELECT EXISTS (SELECT 1 FROM citus_stat_activity
+WHERE wait_event_type = 'Lock' AND datname = current_database()
+  AND (NOT is_worker_query OR position(current_schema() || '.' IN query) > 0))`
+
 // lockWaiting reports whether a session of the workflow's database waits on
 // a lock.
 func (s *pair[Req, State]) lockWaiting() bool {
 	s.t.Helper()
+	s.m.lockWaitOnce.Do(func() {
+		var citus bool
+		err := s.m.cfg.DB.QueryRow(s.ctx, `SELECT to_regclass('citus_stat_activity') IS NOT NULL`).Scan(&citus)
+		if err != nil {
+			s.t.Fatalf("look for lock waits: %v", err)
+		}
+		s.m.lockWaitSQL = lockWaitSQL
+		if citus {
+			s.m.lockWaitSQL = citusLockWaitSQL
+		}
+	})
 	var waiting bool
-	err := s.m.cfg.DB.QueryRow(s.ctx, `
-		SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-		WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+	err := s.m.cfg.DB.QueryRow(s.ctx, s.m.lockWaitSQL).Scan(&waiting)
 	if err != nil {
 		s.t.Fatalf("look for lock waits: %v", err)
 	}

@@ -1,0 +1,106 @@
+package atomicphase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoCitus is wrapped by the error of [Distribute] on a database where
+// the Citus extension is not installed.
+var ErrNoCitus = errors.New("the citus extension is not installed in this database (CREATE EXTENSION citus)")
+
+// DistributeSQL is the script [Distribute] runs, after the migrations, on a
+// Citus coordinator: it re-keys the key table and the operator audit by
+// tenant and distributes both by tenant, co-located. Teams that apply SQL
+// with their own tools run it once, after every migration and in one
+// transaction.
+//
+// The primary key of idempotency_keys becomes (tenant, id), because Citus
+// requires every unique constraint to include the distribution column; id
+// stays unique on its own (a UUIDv7 the library draws). An application
+// table that refers to a key must be distributed by the same tenant,
+// co-located with idempotency_keys, and refer to (tenant, key_id).
+const DistributeSQL = `
+ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey, ADD PRIMARY KEY (tenant, id);
+SELECT create_distributed_table('idempotency_keys', 'tenant');
+ALTER TABLE atomicphase_audit DROP CONSTRAINT atomicphase_audit_pkey, ADD PRIMARY KEY (tenant, id);
+SELECT create_distributed_table('atomicphase_audit', 'tenant', colocate_with => 'idempotency_keys');
+`
+
+// Distribute migrates the database (see [Migrate]) and then distributes the
+// key table by tenant across the nodes of a Citus cluster, so that every
+// statement about one key runs on the one node that holds it. db must
+// reach the Citus coordinator with the extension created. It does nothing
+// on a key table already distributed, and changes nothing when it fails.
+//
+// Keys in flight survive it: their rows, leases and tokens are copied as
+// they are, and their holders' next writes find them on their shards. The
+// key table is locked against writes while its rows are copied to the
+// shards, so a large table is best distributed in a quiet hour, or before
+// it fills.
+//
+// On plain Postgres it returns an error wrapping [ErrNoCitus]. A phase.Client
+// finds out by itself, on its first run, that the key table is distributed,
+// and then sends the statements written for Citus.
+func Distribute(ctx context.Context, db Beginner) error {
+	if err := Migrate(ctx, db); err != nil {
+		return err
+	}
+	tx, err := beginReadCommitted(ctx, db)
+	if err != nil {
+		return fmt.Errorf("atomicphase: distribute: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
+		return fmt.Errorf("atomicphase: distribute: lock: %w", err)
+	}
+	var citus bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citus); err != nil {
+		return fmt.Errorf("atomicphase: distribute: %w", err)
+	}
+	if !citus {
+		return fmt.Errorf("atomicphase: distribute: %w", ErrNoCitus)
+	}
+	var done bool
+	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+        WHERE logicalrelid = to_regclass('idempotency_keys'))`).Scan(&done)
+	if err != nil || done {
+		return err
+	}
+	if err := refusingReferences(ctx, tx); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, DistributeSQL); err != nil {
+		return fmt.Errorf("atomicphase: distribute: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("atomicphase: distribute: %w", err)
+	}
+	return nil
+}
+
+// refusingReferences fails when a table refers to idempotency_keys by its
+// id alone: the constraint cannot survive the new primary key, and Citus
+// could not keep it across shards.
+func refusingReferences(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, `
+SELECT conrelid::regclass::text || ' (' || conname || ')' FROM pg_catalog.pg_constraint
+WHERE confrelid = to_regclass('idempotency_keys') AND contype = 'f' ORDER BY 1`)
+	if err != nil {
+		return fmt.Errorf("atomicphase: distribute: %w", err)
+	}
+	refs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("atomicphase: distribute: %w", err)
+	}
+	if len(refs) > 0 {
+		return fmt.Errorf("atomicphase: distribute: foreign keys refer to idempotency_keys by id: %s; "+
+			"drop them, distribute, then distribute those tables by tenant (colocate_with => 'idempotency_keys') "+
+			"and refer to (tenant, key_id)", strings.Join(refs, ", "))
+	}
+	return nil
+}

@@ -1,0 +1,126 @@
+package atomicphase_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+func keyRequest(t *testing.T, key string, distributed bool) store.Request {
+	t.Helper()
+	fp, err := keyrow.Fingerprint("orders", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store.Request{Tenant: "acme", Key: key, Workflow: "orders", Fingerprint: fp, Params: []byte(`{}`),
+		TTL: time.Minute, Distributed: distributed}
+}
+
+// TestDistributeKeepsKeysInFlight distributes a key table that holds keys
+// mid-run, as a team moving an installed database to Citus does: a holder
+// that took its key before keeps its lease and token and finishes, a key
+// released mid-run resumes from its recovery point, and a finished key
+// replays. Before, the primary key (id) could not be distributed at all.
+func TestDistributeKeepsKeysInFlight(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusSchemaPool(t, nil)
+	ctx := context.Background()
+	if err := atomicphase.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	distributedNow := func() bool {
+		d, err := store.IsDistributed(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if distributedNow() {
+		t.Fatal("a migrated key table reads as distributed before Distribute")
+	}
+	acquire := func(key string, distributed bool) (store.Outcome, *store.Row) {
+		t.Helper()
+		out, row, err := store.Acquire(ctx, db, keyRequest(t, key, distributed))
+		if err != nil {
+			t.Fatalf("acquire %s: %v", key, err)
+		}
+		return out, row
+	}
+	_, holding := acquire("holding", false)
+	if err := store.Advance(ctx, db, holding.Holder(), "charged", []byte(`{"charge":"ch_1"}`), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_, released := acquire("released", false)
+	if err := store.Advance(ctx, db, released.Holder(), "charged", nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Release(ctx, db, released.Holder(), "provider down", "", false, false); err != nil {
+		t.Fatal(err)
+	}
+	_, finished := acquire("finished", false)
+	if err := store.Finish(ctx, db, finished.Holder(), nil, keyrow.Response{Status: 201, Body: []byte(`{"ok":true}`)}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := atomicphase.Distribute(ctx, db); err != nil {
+		t.Fatalf("distribute: %v", err)
+	}
+	if !distributedNow() {
+		t.Fatal("the key table does not read as distributed after Distribute")
+	}
+	if err := atomicphase.Distribute(ctx, db); err != nil {
+		t.Fatalf("distribute again: %v, want nothing done", err)
+	}
+
+	h := holding.Holder()
+	h.Distributed = true
+	if _, err := store.Renew(ctx, db, h, time.Minute); err != nil {
+		t.Fatalf("renew of the holder from before: %v", err)
+	}
+	if err := store.Finish(ctx, db, h, nil, keyrow.Response{Status: 201, Body: []byte(`{}`)}); err != nil {
+		t.Fatalf("finish of the holder from before: %v", err)
+	}
+	if out, row := acquire("released", true); out != store.Resumed || row.RecoveryPoint != "charged" {
+		t.Fatalf("released key = %v at %q, want Resumed at charged", out, row.RecoveryPoint)
+	}
+	if out, row := acquire("finished", true); out != store.Replay || string(row.Response.Body) != `{"ok":true}` {
+		t.Fatalf("finished key = %v %+v, want its response replayed", out, row.Response)
+	}
+	if out, _ := acquire("new", true); out != store.New {
+		t.Fatalf("new key = %v, want New", out)
+	}
+}
+
+// TestDistributeRefusesWhatItCannotKeep: on plain Postgres it says Citus
+// is missing; a table that refers to keys by id alone is named, and
+// nothing changes.
+func TestDistributeRefusesWhatItCannotKeep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	if err := atomicphase.Distribute(ctx, pgtest.Pool(t)); !errors.Is(err, atomicphase.ErrNoCitus) {
+		t.Fatalf("distribute on plain Postgres = %v, want ErrNoCitus", err)
+	}
+	db := pgtest.CitusSchemaPool(t, func(*pgxpool.Config) {})
+	if err := atomicphase.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `CREATE TABLE orders (key_id uuid REFERENCES idempotency_keys (id))`); err != nil {
+		t.Fatal(err)
+	}
+	err := atomicphase.Distribute(ctx, db)
+	if err == nil || !strings.Contains(err.Error(), "orders (orders_key_id_fkey)") {
+		t.Fatalf("distribute with a reference by id = %v, want it named", err)
+	}
+	if d, err := store.IsDistributed(ctx, db); err != nil || d {
+		t.Fatalf("after the refusal distributed = %v, %v; want nothing changed", d, err)
+	}
+}

@@ -1,0 +1,128 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
+	"github.com/atomicphase/atomicphase/internal/testenv"
+)
+
+// citusShards is the shard count of the test cluster's distributed tables:
+// enough that tenants spread over both workers, few enough that
+// distributing a table per test stays quick.
+const citusShards = 8
+
+// citusShared is the Citus cluster the tests of a binary share, started
+// by the first test that asks for it.
+var citusShared struct {
+	mu      sync.Mutex
+	cluster *pgcluster.Citus
+	err     error
+	started bool
+}
+
+// Citus returns the Citus cluster (a coordinator and two workers) that the
+// tests of this binary share, starting it if no test has yet. Without the
+// citus extension for the local server binaries, t is skipped in one line,
+// unless ATOMICPHASE_TEST_REQUIRE lists citus: then it fails.
+func Citus(t testing.TB) *pgcluster.Citus {
+	t.Helper()
+	citusShared.mu.Lock()
+	defer citusShared.mu.Unlock()
+	if !citusShared.started {
+		citusShared.started = true
+		if err := pgcluster.CitusInstalled(); err != nil {
+			citusShared.err = err
+		} else {
+			// Three servers to initialise, on a machine that may be busy.
+			ctx, cancel := context.WithTimeout(context.Background(), 3*startTimeout)
+			defer cancel()
+			citusShared.cluster, citusShared.err = pgcluster.StartCitus(ctx, 2,
+				fmt.Sprintf("citus.shard_count=%d", citusShards))
+			if citusShared.err != nil {
+				t.Fatalf("pgtest: %v", citusShared.err)
+			}
+		}
+	}
+	if citusShared.cluster == nil {
+		testenv.SkipWithout(t, "citus", citusShared.err)
+	}
+	return citusShared.cluster
+}
+
+// stopCitus stops the shared Citus cluster, if a test started it.
+func stopCitus() error {
+	citusShared.mu.Lock()
+	defer citusShared.mu.Unlock()
+	c := citusShared.cluster
+	citusShared.cluster, citusShared.err = nil, errors.New("pgtest: citus cluster used after Main stopped it")
+	if c == nil {
+		return nil
+	}
+	return c.Stop()
+}
+
+// CitusPool returns a pool on the shared Citus cluster's coordinator (see
+// Citus) whose statements run in a schema of t's own, where the
+// atomicphase schema is migrated and distributed by tenant
+// (atomicphase.Distribute): Citus cannot clone a database per test, so
+// tests there are kept apart by schema. The schema is dropped, with its
+// shards, when t finishes. configure, when not nil, is applied to the
+// pool's config first.
+func CitusPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	pool := CitusSchemaPool(t, configure)
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	if err := atomicphase.Distribute(ctx, pool); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return pool
+}
+
+// CitusSchemaPool is CitusPool without the atomicphase schema: the
+// schema of t's own is empty, for tests of migrating and distributing.
+func CitusSchemaPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	c := Citus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	admin := c.Coordinator.DSN("postgres")
+	schema := databaseName(t.Name())
+	if err := execAdmin(ctx, admin, "CREATE SCHEMA "+ident(schema)); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+		defer cancel()
+		if err := execAdmin(ctx, admin, "DROP SCHEMA "+ident(schema)+" CASCADE"); err != nil {
+			t.Error(err)
+		}
+	})
+	return poolOn(t, admin, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["search_path"] = schema
+		if configure != nil {
+			configure(cfg)
+		}
+	})
+}
+
+func execAdmin(ctx context.Context, dsn, stmt string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, stmt); err != nil {
+		return fmt.Errorf("pgtest: %s: %w", stmt, err)
+	}
+	return nil
+}

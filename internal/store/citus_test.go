@@ -1,0 +1,247 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// distributed is request for a key table distributed with Citus.
+func distributed(t testing.TB, tenant, key, body string) store.Request {
+	req := request(t, tenant, key, body)
+	req.Distributed = true
+	return req
+}
+
+// TestCitusAcquireMeetsEveryOutcome runs the one-statement acquire on a key
+// table distributed by tenant: Citus refuses acquireSQL (now() in ON
+// CONFLICT), and the distributed form must tell every case apart as the
+// plain one does.
+func TestCitusAcquireMeetsEveryOutcome(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+
+	if _, _, err := store.Acquire(ctx, db, request(t, "acme", "plain", `{}`)); err == nil {
+		t.Fatal("the plain acquire ran on a distributed table; want Citus to refuse it")
+	}
+	out, row := acquire(t, db, distributed(t, "acme", "k1", `{"amount":1}`))
+	if out != store.New || row.LockToken == uuid.Nil || !row.Distributed {
+		t.Fatalf("first acquire = %v, token %v, distributed %v; want New with a token", out, row.LockToken, row.Distributed)
+	}
+	held, hrow := acquire(t, db, distributed(t, "acme", "k1", `{"amount":1}`))
+	if held != store.Held || hrow.LeaseLeft <= 0 || hrow.LeaseLeft > ttl || hrow.LockToken != uuid.Nil {
+		t.Fatalf("duplicate = %v, lease left %v, token %v; want Held with at most %v left and no token", held, hrow.LeaseLeft, hrow.LockToken, ttl)
+	}
+	if mis, _ := acquire(t, db, distributed(t, "acme", "k1", `{"amount":2}`)); mis != store.Mismatch {
+		t.Fatalf("other payload = %v, want Mismatch", mis)
+	}
+	if err := store.Advance(ctx, db, row.Holder(), "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+		t.Fatalf("advance: %v", err)
+	}
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", false, false); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	res, rrow := acquire(t, db, distributed(t, "acme", "k1", `{"amount":1}`))
+	if res != store.Resumed || rrow.RecoveryPoint != "charged" || string(rrow.State) != `{"charge": "ch_1"}` ||
+		rrow.Attempts != 2 || rrow.LastError != "provider down" || string(rrow.Params) != `{"amount": 1}` {
+		t.Fatalf("after release = %v %+v; want Resumed at charged with the state, params and last error", res, rrow)
+	}
+	if _, err := store.Renew(ctx, db, rrow.Holder(), ttl); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	resp := keyrow.Response{Status: 201, Body: []byte(`{"id":"r1"}`)}
+	if err := store.Finish(ctx, db, rrow.Holder(), nil, resp); err != nil {
+		t.Fatalf("finish: %v", err)
+	}
+	rep, prow := acquire(t, db, distributed(t, "acme", "k1", `{"amount":1}`))
+	if rep != store.Replay || prow.Response == nil || prow.Response.Status != 201 || string(prow.Response.Body) != `{"id":"r1"}` {
+		t.Fatalf("after finish = %v %+v; want the stored 201 replayed", rep, prow.Response)
+	}
+	// The old holder is fenced out on every write.
+	if err := store.Advance(ctx, db, row.Holder(), "shipped", nil, ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("stale advance = %v, want ErrLeaseLost", err)
+	}
+	if _, err := store.Renew(ctx, db, row.Holder(), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("stale renew = %v, want ErrLeaseLost", err)
+	}
+	// Another tenant's key of the same name is another key.
+	if other, _ := acquire(t, db, distributed(t, "globex", "k1", `{"amount":2}`)); other != store.New {
+		t.Fatalf("same key, other tenant = %v, want New", other)
+	}
+}
+
+// TestCitusLostLeaseRollsBackTheBusinessRow: a phase's business row, in a
+// table co-located with the keys, commits only with the fenced advance.
+func TestCitusLostLeaseRollsBackTheBusinessRow(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	for _, stmt := range []string{
+		`CREATE TABLE orders (tenant text NOT NULL, key_id uuid NOT NULL, note text, PRIMARY KEY (tenant, key_id))`,
+		`SELECT create_distributed_table('orders', 'tenant', colocate_with => 'idempotency_keys')`,
+		`ALTER TABLE orders ADD FOREIGN KEY (tenant, key_id) REFERENCES idempotency_keys (tenant, id) ON DELETE CASCADE`,
+	} {
+		if _, err := db.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	_, old := acquire(t, db, distributed(t, "acme", "k1", `{}`))
+	expireLease(t, db, "acme", "k1")
+	if out, _ := acquire(t, db, distributed(t, "acme", "k1", `{}`)); out != store.Resumed {
+		t.Fatalf("takeover = %v, want Resumed", out)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1, $2, 'late')`, "acme", old.ID); err != nil {
+		t.Fatalf("business insert: %v", err)
+	}
+	if err := store.Advance(ctx, tx, old.Holder(), "ordered", nil, ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("advance of the old holder = %v, want ErrLeaseLost", err)
+	}
+	_ = tx.Rollback(ctx)
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("orders after the fenced rollback = %d, %v; want 0", n, err)
+	}
+}
+
+// expireLease ends the lease on the key by moving its expiry into the past.
+func expireLease(t testing.TB, db *pgxpool.Pool, tenant, key string) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `UPDATE idempotency_keys
+        SET lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '1 hour'
+        WHERE tenant = $1 AND idempotency_key = $2`, tenant, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCitusTwoCompletersClaimEveryKeyOnce: Citus refuses the claim's
+// FOR UPDATE SKIP LOCKED over many shards; two completers claiming at once
+// over thousands of abandoned keys of many tenants must take each key
+// exactly once, and leave none.
+func TestCitusTwoCompletersClaimEveryKeyOnce(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 8 })
+	ctx := context.Background()
+	const keys = 2000
+	_, err := db.Exec(ctx, `
+INSERT INTO idempotency_keys (id, tenant, idempotency_key, workflow, request_fingerprint, request_params, last_run_at)
+SELECT gen_random_uuid(), 'tenant-' || (i % 50), 'k' || i, 'test', '\x00', '{}', now() - interval '1 hour'
+FROM generate_series(1, $1) AS i`, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 10, TTL: ttl}); err == nil {
+		t.Fatal("the single-Postgres claim ran on a distributed table; want Citus to refuse it")
+	}
+	var mu sync.Mutex
+	claimedBy := map[uuid.UUID]int{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for c := range 2 {
+		wg.Go(func() {
+			for {
+				rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 100,
+					MinIdle: time.Minute, TTL: time.Hour, Distributed: true})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(rows) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, r := range rows {
+					if prev, ok := claimedBy[r.ID]; ok {
+						errs <- fmt.Errorf("key %s claimed by completer %d and %d", r.Key, prev, c)
+					}
+					if !r.Distributed || r.LockToken == uuid.Nil {
+						errs <- fmt.Errorf("claimed row %+v has no token or is not marked distributed", r)
+					}
+					claimedBy[r.ID] = c
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	per := [2]int{}
+	for _, c := range claimedBy {
+		per[c]++
+	}
+	if len(claimedBy) != keys {
+		t.Fatalf("claimed %d keys (%d and %d), want all %d", len(claimedBy), per[0], per[1], keys)
+	}
+	t.Logf("completer 0 claimed %d keys, completer 1 %d", per[0], per[1])
+	var free int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE lock_token IS NULL`).Scan(&free); err != nil || free != 0 {
+		t.Fatalf("%d keys left unclaimed (%v)", free, err)
+	}
+}
+
+// TestCitusReaperAndExpiryWork: the reaper's delete and the expiry's update
+// lock rows with SKIP LOCKED on a single Postgres, which Citus refuses over
+// many shards; their distributed forms close abandoned keys and delete
+// finished ones past retention, and leave the rest alone.
+func TestCitusReaperAndExpiryWork(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+INSERT INTO idempotency_keys (id, tenant, idempotency_key, workflow, request_fingerprint, request_params,
+    last_run_at, finished_at, recovery_point, response_status)
+SELECT gen_random_uuid(), 'tenant-' || (i % 7), 'k' || i, 'test', '\x00', '{}', now() - interval '3 days',
+       CASE WHEN i % 3 = 0 THEN now() - interval '3 days' WHEN i % 3 = 1 THEN now() END,
+       CASE WHEN i % 3 = 2 THEN 'started' ELSE 'finished' END,
+       CASE WHEN i % 3 = 2 THEN NULL ELSE 201 END
+FROM generate_series(1, 300) AS i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 100 old finished (i%3=0), 100 fresh finished (1), 100 abandoned (2).
+	if _, err := store.Reap(ctx, db, "test", 24*time.Hour, 1000, false); err == nil {
+		t.Fatal("the single-Postgres reap ran on a distributed table; want Citus to refuse it")
+	}
+	expired, err := store.Expire(ctx, db, "", 24*time.Hour, 1000, true)
+	if err != nil || expired != 100 {
+		t.Fatalf("expire = %d, %v; want the 100 abandoned keys", expired, err)
+	}
+	total := 0
+	for {
+		n, err := store.Reap(ctx, db, "test", 24*time.Hour, 64, true)
+		if err != nil {
+			t.Fatalf("reap: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	// The expired keys finished now: their retention starts now.
+	if total != 100 {
+		t.Fatalf("reaped %d keys, want the 100 finished over a day ago", total)
+	}
+	var left int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&left); err != nil || left != 200 {
+		t.Fatalf("%d keys left (%v), want 200", left, err)
+	}
+}
