@@ -45,11 +45,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // command is a rides command running in the test's process, as a process of
 // its own would run it.
 type command struct {
-	name   string
-	cancel context.CancelFunc
-	done   chan int
-	mu     sync.Mutex
-	output bytes.Buffer
+	name       string
+	cancel     context.CancelFunc
+	done       chan int
+	syncBuffer // the output
 }
 
 // start runs rides with args until stop.
@@ -60,18 +59,6 @@ func start(t *testing.T, args ...string) *command {
 	go func() { c.done <- program.Run(ctx, args, c, c) }()
 	t.Cleanup(func() { c.stop(t) })
 	return c
-}
-
-func (c *command) Write(b []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.output.Write(b)
-}
-
-func (c *command) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.output.String()
 }
 
 // waitListening waits until the command answers HTTP on addr, and fails t
