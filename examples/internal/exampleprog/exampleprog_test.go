@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
