@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
@@ -179,7 +178,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 
 // settle waits until no key of the run is unfinished and every created ride
 // has its receipt, or 30 seconds pass, and returns the final report.
-func settle(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since time.Time) (ride.Report, error) {
+func settle(ctx context.Context, pool *pgxpool.Pool, sc *ride.Stripe, since time.Time) (ride.Report, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		report, err := ride.Verify(ctx, pool, sc, since)

@@ -97,7 +97,7 @@ func (t *telemetry) handler(h http.Handler) http.Handler {
 }
 
 // httpClient returns a client for Stripe whose requests are spans under the
-// charge phase's call, or nil for stripe-go's default client.
+// charge phase's call, or nil for ride.NewStripeClient's default client.
 func (t *telemetry) httpClient() *http.Client {
 	if !t.on() {
 		return nil

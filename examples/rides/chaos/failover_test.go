@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
@@ -283,13 +282,14 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 
 // chargesByKey returns the IDs of the charges at Stripe by the rides
 // Idempotency-Key they were made for.
-func chargesByKey(t *testing.T, sc *stripe.Client) map[string][]string {
+func chargesByKey(t *testing.T, sc *ride.Stripe) map[string][]string {
 	t.Helper()
+	charges, err := sc.Charges(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string][]string{}
-	for ch, err := range sc.V1Charges.List(t.Context(), &stripe.ChargeListParams{}).All(t.Context()) {
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ch := range charges {
 		key := ch.Metadata[ride.ChargeKeyMetadata]
 		out[key] = append(out[key], ch.ID)
 	}
