@@ -345,7 +345,7 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 	}
 	for key, body := range responses {
 		out, err := e.w.Run(ctx, e.c, "acme", key, order{Item: "lamp", Amount: 2000})
-		if err != nil || out.Kind != phase.OutcomeReplay || !bytes.Equal(out.Response.Body, body) {
+		if err != nil || out.Kind != phase.OutcomeReplayed || !bytes.Equal(out.Response.Body, body) {
 			t.Fatalf("replay of %s: %v %v, want the bytes first answered", key, out, err)
 		}
 	}

@@ -101,7 +101,7 @@ func (e *Env) open(ctx context.Context) error {
 	// The client is never started: the completer and the reaper do not run
 	// beside the requests measured. Nothing logs below Info, as in
 	// production.
-	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Observer: e.observe}, e.workflow, e.rides)
+	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Hooks: []phase.Hook{phase.ObserverFunc(e.observe)}}, e.workflow, e.rides)
 	if err != nil {
 		return err
 	}
@@ -136,8 +136,8 @@ func (e *Env) Close() {
 // from pg_stat_statements.
 func (e *Env) Stats() bool { return e.stats }
 
-func (e *Env) observe(_ context.Context, ev phase.Event) {
-	if ev.Kind != phase.EventAcquired {
+func (e *Env) observe(_ context.Context, ev keyrow.Event) {
+	if ev.Kind != keyrow.EventAcquired {
 		return
 	}
 	if c := e.clock.Load(); c != nil {
@@ -266,7 +266,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 		}, nil
 	case LibraryReplay, LibraryConflict:
 		keys := make([]string, clients)
-		want := phase.OutcomeReplay
+		want := phase.OutcomeReplayed
 		for i := range keys {
 			keys[i] = uuid.NewString()
 			if err := e.holdOrFinish(ctx, keys[i], k == LibraryReplay); err != nil {
@@ -274,7 +274,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			}
 		}
 		if k == LibraryConflict {
-			want = phase.OutcomeInProgress
+			want = phase.OutcomeInFlight
 		}
 		return func(ctx context.Context, client int) error {
 			return e.runLibrary(ctx, e.workflow, keys[client], want)

@@ -166,16 +166,16 @@ const phases = 3
 // newWorkflow declares the library's three local phases: create the order,
 // confirm it, write the audit record and answer 201.
 func newWorkflow() (*phase.Workflow[Order, orderState], error) {
-	return phase.New("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+	return phase.NewWorkflow("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			id, err := createOrder(ctx, tx, run.Key, run.Req)
 			run.State.OrderID = id
 			return phase.Next(), err
 		}),
-		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			return phase.Next(), confirmOrder(ctx, tx, run.State.OrderID)
 		}),
-		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
 				return phase.Result{}, err
 			}
@@ -189,21 +189,21 @@ func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 // outside any transaction, and record the charge; write the audit record and
 // answer 201.
 func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
-	return phase.New("rides",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+	return phase.NewWorkflow("rides",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			id, err := createOrder(ctx, tx, run.Key, run.Req)
 			run.State.OrderID = id
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[Order, orderState]) (string, error) {
+			func(ctx context.Context, run *phase.Input[Order, orderState]) (string, error) {
 				return e.chargeOrder(ctx, run.DownstreamKey(), run.State.OrderID)
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState], chargeID string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState], chargeID string) (phase.Result, error) {
 				run.State.ChargeID = chargeID
 				return phase.Next(), recordCharge(ctx, tx, run.State.OrderID, chargeID)
 			}).Repeatable(),
-		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
 				return phase.Result{}, err
 			}
