@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,10 +16,10 @@ import (
 const clockTicks = 100
 
 // cpuClock returns a function that reads the CPU time used so far by this
-// process and by the server whose postmaster is pid: the postmaster, its
-// children (backends, WAL writer, checkpointer, autovacuum) and the
-// children it has reaped. It needs Linux's /proc.
-func cpuClock(postmaster int) (func() (time.Duration, error), error) {
+// process and by the servers whose postmasters are postmasters: each
+// postmaster, its children (backends, WAL writer, checkpointer,
+// autovacuum) and the children it has reaped. It needs Linux's /proc.
+func cpuClock(postmasters ...int) (func() (time.Duration, error), error) {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		return nil, errors.New("no /proc: CPU time is not measured")
 	}
@@ -50,12 +51,12 @@ func cpuClock(postmaster int) (func() (time.Duration, error), error) {
 			ppid, _ := strconv.Atoi(f[1])
 			var ticks int64
 			switch {
-			case pid == postmaster:
+			case slices.Contains(postmasters, pid):
 				for _, k := range []int{11, 12, 13, 14} { // utime, stime, cutime, cstime
 					n, _ := strconv.ParseInt(f[k], 10, 64)
 					ticks += n
 				}
-			case ppid == postmaster:
+			case slices.Contains(postmasters, ppid):
 				for _, k := range []int{11, 12} {
 					n, _ := strconv.ParseInt(f[k], 10, 64)
 					ticks += n
