@@ -545,6 +545,7 @@ SELECT query, calls, total_plan_time + total_exec_time, wal_bytes::bigint
 FROM public.pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND query NOT LIKE '%pg_stat_statements_reset%'
+  AND query NOT LIKE '%citus_stat_counters%'
   AND lower(query) NOT SIMILAR TO '(begin|commit|rollback)%'`)
 	if err != nil {
 		return fmt.Errorf("bench: read statement statistics: %w", err)
