@@ -126,11 +126,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if *extra != "" {
 			settings = append(settings, strings.Split(*extra, ",")...)
 		}
-		dsn, postmasters, stop, err := startServer(ctx, name, c.citus, settings, stderr)
+		nodes, stop, err := startServer(ctx, name, c.citus, settings, stderr)
 		if err != nil {
 			return fmt.Errorf("%w\n(or pass -database-url with a scratch database)", err)
 		}
-		err = measure(ctx, name, dsn, postmasters, *rounds, *round, *compare, *large && i == 0, stdout, stderr)
+		err = measure(ctx, name, nodes[0].dsn, nodes, *rounds, *round, *compare, *large && i == 0, stdout, stderr)
 		if stopErr := stop(); err == nil {
 			err = stopErr
 		}
@@ -141,35 +141,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// node is a server benchtable started: one Postgres, or a node of a Citus
+// cluster.
+type node struct {
+	name, dsn  string
+	postmaster int
+}
+
 // startServer starts a throwaway Postgres, or with citus a Citus cluster,
-// and returns the DSN to measure on, the PIDs of its postmasters and the
-// function that stops it.
-func startServer(ctx context.Context, name string, citus bool, settings []string, progress io.Writer) (string, []int, func() error, error) {
+// and returns its nodes, the one to measure on first, and the function that
+// stops them.
+func startServer(ctx context.Context, name string, citus bool, settings []string, progress io.Writer) ([]node, func() error, error) {
 	if !citus {
 		fmt.Fprintf(progress, "starting a throwaway Postgres (%s)...\n", name)
 		cluster, err := pgcluster.Start(ctx, settings...)
 		if err != nil {
-			return "", nil, nil, err
+			return nil, nil, err
 		}
-		return cluster.DSN("postgres"), []int{cluster.PID()}, cluster.Stop, nil
+		return []node{{"server", cluster.DSN("postgres"), cluster.PID()}}, cluster.Stop, nil
 	}
 	fmt.Fprintf(progress, "starting a throwaway Citus coordinator and %d workers (%s)...\n", citusWorkers, name)
 	cluster, err := pgcluster.StartCitus(ctx, citusWorkers, settings...)
 	if err != nil {
-		return "", nil, nil, err
+		return nil, nil, err
 	}
-	pids := []int{cluster.Coordinator.PID()}
-	for _, w := range cluster.Workers {
-		pids = append(pids, w.PID())
+	nodes := []node{{"coordinator", cluster.Coordinator.DSN("postgres"), cluster.Coordinator.PID()}}
+	for i, w := range cluster.Workers {
+		nodes = append(nodes, node{fmt.Sprintf("worker %d", i+1), w.DSN("postgres"), w.PID()})
 	}
-	return cluster.Coordinator.DSN("postgres"), pids, cluster.Stop, nil
+	return nodes, cluster.Stop, nil
 }
 
 // measure runs the comparison, and with large the large-table measurements,
-// on the database at dsn, whose postmasters (one, or a Citus cluster's) are
-// postmasters when they are local servers benchtable started (none
-// otherwise).
-func measure(ctx context.Context, name, dsn string, postmasters []int, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) error {
+// on the database at dsn, which nodes are when they are servers benchtable
+// started (one, or a Citus cluster's; none otherwise).
+func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) error {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
@@ -179,6 +185,10 @@ func measure(ctx context.Context, name, dsn string, postmasters []int, rounds in
 		return err
 	}
 	defer env.Close()
+	var postmasters []int
+	for _, n := range nodes {
+		postmasters = append(postmasters, n.postmaster)
+	}
 	if len(postmasters) > 0 {
 		if env.CPU, err = cpuClock(postmasters...); err != nil {
 			fmt.Fprintln(progress, err)
@@ -197,6 +207,11 @@ func measure(ctx context.Context, name, dsn string, postmasters []int, rounds in
 		if env.Stats() {
 			printStatements(w, results, bench.LibraryRun, bench.BaselineRun)
 			printStatements(w, results, bench.LibraryRides, bench.BaselineRides)
+		}
+		if len(nodes) > 1 && env.Stats() {
+			if err := nodeCosts(ctx, env, nodes, rounds, round, w, progress); err != nil {
+				return err
+			}
 		}
 	}
 	if !large {
@@ -590,3 +605,88 @@ func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writ
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// nodeCosts prints what each node of a Citus cluster spent on the
+// three-phase request of the library and of the baseline at one client,
+// alternating for rounds rounds of d: the CPU time of its processes, and the
+// planning and execution time and the count of its statements by
+// pg_stat_statements (on the coordinator, execution includes waiting for
+// the workers; on a worker, statements include the BEGIN, the distributed
+// transaction id and the COMMIT that Citus sends for each transaction).
+func nodeCosts(ctx context.Context, env *bench.Env, nodes []node, rounds int, d time.Duration, w, progress io.Writer) error {
+	conns := make([]*pgx.Conn, len(nodes))
+	for i, n := range nodes {
+		conn, err := pgx.Connect(ctx, n.dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		conns[i] = conn
+	}
+	kinds := [2]bench.Kind{bench.LibraryRun, bench.BaselineRun}
+	var loads [2]*bench.Load
+	for i, k := range kinds {
+		l, err := env.Prepare(ctx, k, 1)
+		if err != nil {
+			return err
+		}
+		loads[i] = l
+	}
+	type cost struct {
+		cpu, plan, exec time.Duration
+		calls           int64
+	}
+	var (
+		costs    [2][]cost
+		requests [2]int
+	)
+	for i := range costs {
+		costs[i] = make([]cost, len(nodes))
+	}
+	for r := range rounds {
+		for j := range 2 {
+			i := j ^ r%2
+			fmt.Fprintf(progress, "%s, clients=1, by node: round %d/%d\n", kinds[i], r+1, rounds)
+			before := make([]time.Duration, len(nodes))
+			for n, c := range conns {
+				if _, err := c.Exec(ctx, `SELECT public.pg_stat_statements_reset()`); err != nil {
+					return fmt.Errorf("%s: %w", nodes[n].name, err)
+				}
+				before[n] = serverCPU(nodes[n].postmaster)
+			}
+			res, err := loads[i].Run(ctx, 0, d)
+			if err != nil {
+				return err
+			}
+			requests[i] += res.Requests()
+			for n, c := range conns {
+				costs[i][n].cpu += serverCPU(nodes[n].postmaster) - before[n]
+				var plan, exec float64
+				var calls int64
+				err := c.QueryRow(ctx, `
+SELECT coalesce(sum(total_plan_time), 0), coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0)::bigint
+FROM public.pg_stat_statements
+WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%citus_stat_counters%'`).Scan(&plan, &exec, &calls)
+				if err != nil {
+					return fmt.Errorf("%s: %w", nodes[n].name, err)
+				}
+				costs[i][n].plan += time.Duration(plan * float64(time.Millisecond))
+				costs[i][n].exec += time.Duration(exec * float64(time.Millisecond))
+				costs[i][n].calls += calls
+			}
+		}
+	}
+	fmt.Fprintln(w, "Where the time goes, by node: three-phase request, 1 client (CPU time of the node's processes; pg_stat_statements of every statement the node ran, BEGIN and COMMIT included):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| request | node | CPU µs/req | planning µs/req | execution µs/req | statements/req |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
+	for i, k := range kinds {
+		per := func(d time.Duration) float64 { return us(d) / float64(max(requests[i], 1)) }
+		for n, c := range costs[i] {
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.2f |\n", k, nodes[n].name, per(c.cpu), per(c.plan), per(c.exec),
+				float64(c.calls)/float64(max(requests[i], 1)))
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
