@@ -53,7 +53,7 @@ func TestNewClientRefusesPoolsThatCannotRunItsStatements(t *testing.T) {
 			// The refusal is not a precaution: the store's first statement
 			// fails under these settings.
 			fp, _ := keyrow.Fingerprint("orders", []byte(`{}`))
-			if _, _, err := store.Acquire(ctx, db, store.Request{Tenant: "acme", Key: "k1", Workflow: "orders",
+			if _, _, err := store.Acquire(ctx, db, store.Request{Distributed: pgtest.OnCitus(), Tenant: "acme", Key: "k1", Workflow: "orders",
 				Fingerprint: fp, Params: []byte(`{}`), TTL: time.Minute}); err == nil {
 				t.Fatal("a key was acquired under settings NewClient refuses; the refusal is no longer needed")
 			}
