@@ -183,6 +183,7 @@ func (b *syncBuffer) String() string {
 
 func TestTerminatedServerSessionsUnderTrafficConverge(t *testing.T) {
 	t.Parallel()
+	pgtest.SkipOnCitus(t, "it ends every session of its database, which the Citus tests share")
 	for _, route := range pgtest.Routes() {
 		if route.Name == "citus" {
 			continue // its sessions are other tests' too
