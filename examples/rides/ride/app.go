@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,9 @@ import (
 
 //go:embed schema.sql
 var schema string
+
+//go:embed distribute.sql
+var distributeSQL string
 
 // Demo riders seeded by Seed: one whose card works, one whose card is
 // declined by the fake Stripe (and by Stripe's test mode, for a real test
@@ -51,7 +55,26 @@ const migrateLockID = 0x72696465736d6967
 // migrator takes no lock of its own, and CREATE ... IF NOT EXISTS alone still
 // races on the catalog's unique indexes.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := atomicphase.Migrate(ctx, pool); err != nil {
+	return migrate(ctx, pool, false)
+}
+
+// Distribute is Migrate for a Citus coordinator with its workers added: it
+// distributes the key table with atomicphase.Distribute, and the example's
+// tables as distribute.sql says (users a reference table; rides,
+// audit_records and receipts by tenant, co-located with the keys), so that
+// each phase runs on the node that holds its key. River's tables stay on the
+// coordinator. Like Migrate it is safe to run at every start; tables already
+// distributed are left as they are.
+func Distribute(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate(ctx, pool, true)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, citus bool) error {
+	keys := atomicphase.Migrate
+	if citus {
+		keys = atomicphase.Distribute
+	}
+	if err := keys(ctx, pool); err != nil {
 		return err
 	}
 	// River's migrator logs warnings to stdout unless given a logger; the
@@ -79,8 +102,26 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	_, err = migrateStep(ctx, pool, func(tx pgx.Tx) (bool, error) {
-		_, err := tx.Exec(ctx, schema)
-		return true, err
+		if _, err := tx.Exec(ctx, schema); err != nil || !citus {
+			return true, err
+		}
+		var done bool
+		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+			WHERE logicalrelid = to_regclass('rides'))`).Scan(&done)
+		if err != nil || done {
+			return true, err
+		}
+		// One statement at a time: Citus passes the text of a foreign key's
+		// statement on to the workers, which refuse several commands in one.
+		for stmt := range strings.SplitAfterSeq(distributeSQL, ";\n") {
+			if strings.TrimSpace(stmt) == "" {
+				continue
+			}
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return true, fmt.Errorf("distribute: %w", err)
+			}
+		}
+		return true, nil
 	})
 	return err
 }
