@@ -149,6 +149,13 @@ type workerOutage struct {
 	// the first 201 of a probe for a victim sent after it; zero if none
 	// came within recoverTimeout.
 	victimBack time.Duration
+	// apiRestart is how long an API process killed and started again
+	// while the worker was down took to listen, apiFailedStarts how many of
+	// its starts exited meanwhile, and apiServed whether it then served a
+	// survivor's ride before the worker was back.
+	apiRestart      time.Duration
+	apiFailedStarts int
+	apiServed       bool
 
 	mu     sync.Mutex
 	probes []probe
@@ -194,7 +201,10 @@ func (s *system) killWorker(ctx context.Context, out *workerOutage) {
 		s.t.Error(err)
 		return
 	}
+	var apiDone sync.WaitGroup
+	apiDone.Go(func() { out.restartAPI(ctx, s) })
 	sleep(ctx, workerDownFor)
+	apiDone.Wait()
 	restarting := time.Now()
 	if err := cr.victim.Restart(ctx); err != nil {
 		s.t.Error(err)
@@ -212,6 +222,28 @@ func (s *system) killWorker(ctx context.Context, out *workerOutage) {
 	}
 }
 
+// restartAPI kills the second API process, as a deploy or a crash would
+// while the worker is down, starts it again, and has it serve a survivor's
+// ride.
+func (o *workerOutage) restartAPI(ctx context.Context, s *system) {
+	sleep(ctx, time.Second)
+	p := s.apis[1]
+	p.kill()
+	began := time.Now()
+	failed, err := p.start(ctx)
+	o.apiRestart, o.apiFailedStarts = time.Since(began), failed
+	if err != nil {
+		s.t.Error(err)
+		return
+	}
+	status, body, err := postRide(ctx, "http://"+p.addr, s.citus.survivors[0], rideForm, "citus-restarted-api")
+	if err != nil || status != http.StatusCreated {
+		s.t.Errorf("%s restarted while a worker was down: ride answered %d %s, %v", p.name, status, body, err)
+		return
+	}
+	o.apiServed = true
+}
+
 // probe sends a new ride for a victim and one for a survivor every
 // probeEvery until ctx ends, each once, and records the answers.
 func (o *workerOutage) probe(ctx context.Context, s *system, killed time.Time) {
@@ -226,7 +258,9 @@ func (o *workerOutage) probe(ctx context.Context, s *system, killed time.Time) {
 				riders = s.citus.victims
 			}
 			rider := riders[i%len(riders)]
-			api := "http://" + s.apis[i%len(s.apis)].addr
+			// The first API process, never restarted: restartAPI restarts
+			// the second.
+			api := "http://" + s.apis[0].addr
 			key := fmt.Sprintf("citus-probe-%d", n.Add(1))
 			wg.Go(func() {
 				sent := time.Now()
@@ -313,9 +347,15 @@ func (o *workerOutage) answers(victim bool, from, to time.Duration) (string, int
 // checks are the invariants of the outage.
 func (o *workerOutage) checks() []check {
 	_, survivorsServed := o.answers(false, 0, o.down)
+	served := 0
+	if o.apiServed {
+		served = 1
+	}
 	return []check{
 		{"killed worker's riders served again within " + recoverTimeout.String() + " of its restart", min(int(o.victimBack), 1), 1},
 		{"other worker's riders served while it was down", min(survivorsServed, 1), 1},
+		{"API starts that exited while the worker was down", o.apiFailedStarts, 0},
+		{"API restarted while the worker was down serving", served, 1},
 	}
 }
 
@@ -334,4 +374,5 @@ func (o *workerOutage) summary(row func(name string, v any)) {
 	after, _ := o.answers(true, o.down, o.down+recoverTimeout)
 	row("probes for its riders after its restart", after)
 	row("first 201 for its riders after its restart", o.victimBack.Round(10*time.Millisecond))
+	row("API process restarted while it was down: listening after", o.apiRestart.Round(10*time.Millisecond))
 }

@@ -102,8 +102,20 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, citus bool) error {
 		}
 	}
 	_, err = migrateStep(ctx, pool, func(tx pgx.Tx) (bool, error) {
-		if _, err := tx.Exec(ctx, schema); err != nil || !citus {
+		// Tables that exist are left alone, without a statement: on Citus
+		// even CREATE TABLE IF NOT EXISTS of a distributed table reaches
+		// every node, and a process must start while one is down.
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('receipts') IS NOT NULL`).Scan(&exists); err != nil {
 			return true, err
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, schema); err != nil {
+				return true, err
+			}
+		}
+		if !citus {
+			return true, nil
 		}
 		var done bool
 		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
@@ -151,7 +163,19 @@ func migrateStep(ctx context.Context, pool *pgxpool.Pool, step func(pgx.Tx) (boo
 
 // Seed stores the two demo riders; running it again changes nothing.
 func Seed(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `
+	// Riders already stored are not written again: on Citus users is a
+	// reference table, whose writes reach every node and fail while one is
+	// down, and a process must start while one is.
+	var seeded int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM users WHERE email = ANY($1)`,
+		[]string{UserEmail, DeclinedEmail}).Scan(&seeded)
+	if err != nil {
+		return fmt.Errorf("rides: seed: %w", err)
+	}
+	if seeded == 2 {
+		return nil
+	}
+	_, err = pool.Exec(ctx, `
 		INSERT INTO users (email, stripe_customer_id) VALUES ($1, $2), ($3, $4)
 		ON CONFLICT (email) DO NOTHING`, UserEmail, UserCustomer, DeclinedEmail, DeclinedCustomer)
 	if err != nil {
