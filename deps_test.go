@@ -54,3 +54,32 @@ func TestCallerNeedsNoDatabaseDriver(t *testing.T) {
 		}
 	}
 }
+
+// TestInternalPackagesDoNotImportPhase keeps the library's building blocks
+// and test harness below phase: only the benchmark harness, which measures
+// phase, may import it. Tests of a package that uses phase live with that
+// package.
+func TestInternalPackagesDoNotImportPhase(t *testing.T) {
+	t.Parallel()
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goTool, "list", "-f", `{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, "./internal/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	const phasePkg = "github.com/atomicphase/atomicphase/phase"
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 3 {
+		t.Fatalf("go list listed only %q", lines)
+	}
+	for _, line := range lines {
+		fields := strings.Fields(line)
+		if fields[0] == "github.com/atomicphase/atomicphase/internal/bench" {
+			continue
+		}
+		for _, imp := range fields[1:] {
+			if imp == phasePkg || strings.HasPrefix(imp, phasePkg+"/") {
+				t.Errorf("%s imports %s", fields[0], imp)
+			}
+		}
+	}
+}

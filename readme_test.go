@@ -57,11 +57,7 @@ func TestReadmeIsAFrontPage(t *testing.T) {
 // TestDocLinksResolve checks every relative link in the README and the
 // guides: the file exists, and a #fragment names a heading in it.
 func TestDocLinksResolve(t *testing.T) {
-	pages, err := filepath.Glob("docs/*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pages = append(pages, "README.md", "examples/rides/README.md", "examples/transfers/README.md")
+	pages := docPages(t)
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	for _, page := range pages {
 		text, err := os.ReadFile(page)
@@ -182,4 +178,64 @@ func TestReadmeBuildOutputIsIgnored(t *testing.T) {
 			t.Errorf("git does not ignore %s, which the README's go build -o bin/ writes: %v", path, err)
 		}
 	}
+}
+
+// TestDocsNameOnlyTestsThatExist checks every test the README and the
+// guides name: some test function of the module starts with the name (a
+// guide may name a family, TestCheckRefuses..., or a -run prefix).
+func TestDocsNameOnlyTestsThatExist(t *testing.T) {
+	testFunc := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]*)\(`)
+	var tests []string
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range testFunc.FindAllStringSubmatch(string(src), -1) {
+			tests = append(tests, m[1])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tests) < 100 {
+		t.Fatalf("found only %d test functions", len(tests))
+	}
+
+	named := regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9_]*`)
+	for _, page := range docPages(t) {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range named.FindAllString(string(text), -1) {
+			if !slices.ContainsFunc(tests, func(test string) bool { return strings.HasPrefix(test, name) }) {
+				t.Errorf("%s names %s, but no test function of the module starts with that name", page, name)
+			}
+		}
+	}
+}
+
+// docPages returns the README, the guides and the examples' READMEs.
+func docPages(t *testing.T) []string {
+	t.Helper()
+	var pages []string
+	for _, pattern := range []string{"README.md", "docs/*.md", "examples/*/README.md"} {
+		found, err := filepath.Glob(pattern)
+		if err != nil || len(found) == 0 {
+			t.Fatalf("%s: found %v, %v", pattern, found, err)
+		}
+		pages = append(pages, found...)
+	}
+	return pages
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/atomicphase/atomicphase/console"
-	"github.com/atomicphase/atomicphase/internal/consoletest"
+	"github.com/atomicphase/atomicphase/console/internal/consoletest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
 )

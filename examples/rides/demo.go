@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
 
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -35,7 +35,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 	crashRate := fs.Float64("crash-rate", 0.01, "probability of a server crash at each fault point")
 	stripeTimeouts := fs.Float64("stripe-timeout-rate", 0.05, "share of Stripe charges that time out after charging")
 	stripeFailures := fs.Float64("stripe-failure-rate", 0.03, "share of Stripe charges that fail before charging")
-	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
+	dbURL := exampleprog.DatabaseURL(fs, exampleprog.DatabaseUsage)
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}

@@ -18,7 +18,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -27,10 +26,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -51,29 +50,22 @@ Usage:
   rides simulate         drive a running API with simulated riders
   rides <command> -h     document a command's flags
 
-Exit status: 0 success, 1 error or failed invariant, 2 usage error.
-`
+` + exampleprog.ExitStatus
 
-var program = exampleprog.Program{
-	Name:  "rides",
-	Usage: usage,
-	Commands: map[string]exampleprog.Command{
-		"demo":       demo,
-		"serve":      serve,
-		"fakestripe": fakeStripe,
-		"simulate":   simulate,
-	},
-}
+var program = exampleprog.Program{Name: "rides", Usage: usage, Commands: map[string]exampleprog.Command{
+	"demo": demo, "serve": serve, "fakestripe": fakeStripe.Run, "simulate": simulate,
+}}
 
 var errInvariant = errors.New("invariant violated")
 
-// dbURLUsage documents -database-url.
-const dbURLUsage = "Postgres `URL` (default $DATABASE_URL; an embedded throwaway Postgres, deleted on exit, when empty)"
+// poolSize is the least number of connections of a command's pool: the
+// demo's API, fake Stripe, riders and background workers share one.
+const poolSize = 40
 
 // database connects to url, or to an embedded throwaway Postgres when url
 // is empty, and applies migrate, which migrates what the command owns.
 func database(ctx context.Context, url string, migrate func(context.Context, *pgxpool.Pool) error, log io.Writer) (*pgxpool.Pool, func(), error) {
-	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: 40, Migrate: migrate, Progress: log})
+	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: poolSize, Migrate: migrate, Progress: log})
 }
 
 // migrateRides applies what the API owns: the atomicphase schema, River's,
@@ -122,8 +114,7 @@ what make a retry after a restart replay its answer instead of charging again.`
 
 func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
 	fs := exampleprog.Flags("rides serve", serveDoc, stderr)
-	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
-	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
+	svc := exampleprog.ServiceFlags(fs, "127.0.0.1:8080")
 	stripeURL := fs.String("stripe-url", "", "Stripe API base `URL`, required: the fake Stripe's (rides fakestripe), stripe-mock's,\nor https://api.stripe.com with -stripe-key")
 	stripeKey := exampleprog.SecretString(fs, "stripe-key", "STRIPE_API_KEY", "sk_test_rides", "Stripe secret `key` (default $STRIPE_API_KEY, or sk_test_rides when it is empty)")
 	lockTTL := fs.Duration("lock-ttl", 0, "idempotency key lease (default 90s)")
@@ -147,20 +138,14 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		fmt.Fprintln(stderr, "rides serve: -stripe-url is required: the fake Stripe's URL (start it with rides fakestripe), stripe-mock's, or https://api.stripe.com with -stripe-key")
 		return exampleprog.ErrUsage
 	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
 	migrate := migrateRides
 	if *citus {
 		migrate = seeded(ride.Distribute)
 	}
-	pool, closeDB, err := database(ctx, *dbURL, migrate, stderr)
-	if err != nil {
+	if err := svc.Open(ctx, exampleprog.Database{PoolSize: poolSize, Migrate: migrate, Progress: stderr}); err != nil {
 		return err
 	}
-	defer closeDB()
+	defer svc.Close()
 	// Telemetry shuts down before the database closes: its last export
 	// reads the key counts.
 	tel, err := startTelemetry(ctx, "rides")
@@ -171,7 +156,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	var enabled atomic.Bool
 	enabled.Store(true)
 	cfg := ride.Config{
-		Pool:   pool,
+		Pool:   svc.Pool,
 		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, tel.httpClient()),
 		Client: phase.Config{
 			LockTTL:    *lockTTL,
@@ -202,54 +187,27 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	if err := app.Start(ctx); err != nil {
 		return err
 	}
-	if err := exampleprog.Serve(ctx, ln, tel.handler(exampleprog.Problems(app.Handler())), "rides API listening", "stripe", *stripeURL); err != nil {
+	if err := svc.Serve(ctx, tel.handler(exampleprog.Problems(app.Handler())), "rides API listening", "stripe", *stripeURL); err != nil {
 		return err
 	}
-	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return app.Stop(stopCtx)
+	return exampleprog.Stop(app.Stop)
 }
 
 // fakeStripeDoc is rides fakestripe -h.
-const fakeStripeDoc = `rides fakestripe: run the fake Stripe API: charges created, retrieved and listed
+var fakeStripeDoc = `rides fakestripe: run the fake Stripe API: charges created, retrieved and listed
 over HTTP with any sk_test_ key, kept in Postgres, with Idempotency-Key honoured as
 Stripe does; customer cus_declined is declined (402 card_error).
 
   POST /v1/charges  GET /v1/charges  GET /v1/charges/{id}
-  GET  /_stats      requests, charges, declined, replays, conflicts, faults_injected
-  GET  /_faults     the faults still planned
-  POST /_faults     plan faults, as JSON; fields left out keep their value, 0 clears:
-    fail_before_charge N         the next N charges answer 500 without charging;
-                                 a retry with the same key charges
-    timeout_after_charge N       the next N charges are made, then the connection
-                                 drops mid-answer; a retry with the key replays the charge
-    fail_before_charge_rate P    probability (0 to 1) of a failure before any other charge
-    timeout_after_charge_rate P  probability of a drop after any other charge
-    delay_ms MS                  added to every API request (the key is held meanwhile)
-
+` + fakestripe.ControlUsage + `
   curl -d '{"timeout_after_charge": 1}' http://127.0.0.1:12111/_faults
 
 Migrates only its own tables (fakestripe_*); it may share the API's database.`
 
-func fakeStripe(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := exampleprog.Flags("rides fakestripe", fakeStripeDoc, stderr)
-	addr := fs.String("addr", "127.0.0.1:12111", "address to listen on")
-	dbURL := exampleprog.DatabaseURL(fs, dbURLUsage)
-	if err := exampleprog.Parse(fs, args); err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	pool, closeDB, err := database(ctx, *dbURL, fakestripe.Migrate, stderr)
-	if err != nil {
-		return err
-	}
-	defer closeDB()
-	return exampleprog.Serve(ctx, ln, fakestripe.New(pool, fakestripe.Config{}), "fake Stripe listening")
-}
+// fakeStripe is rides fakestripe.
+var fakeStripe = exampleprog.API{Name: "rides fakestripe", Doc: fakeStripeDoc, Addr: "127.0.0.1:12111", PoolSize: poolSize,
+	Migrate: fakestripe.Migrate, New: func(pool *pgxpool.Pool) http.Handler { return fakestripe.New(pool, fakestripe.Config{}) },
+	Listening: "fake Stripe listening"}
 
 func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := exampleprog.Flags("rides simulate", "rides simulate: drive a running rides API with simulated riders who send duplicates,\ndrop connections and retry with the same Idempotency-Key; print what they saw.", stderr)

@@ -20,9 +20,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -41,9 +41,9 @@ const (
 )
 
 var demoFaults = payoutprovider.Faults{
-	FailBeforePayoutRate:   0.1,
-	TimeoutAfterPayoutRate: 0.1,
-	Delay:                  5 * time.Millisecond,
+	FailBeforeRate:   0.1,
+	TimeoutAfterRate: 0.1,
+	Delay:            5 * time.Millisecond,
 }
 
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -58,7 +58,7 @@ contend. Then the faults stop, every transfer is brought to its end, and the
 ledger's invariants are checked and printed; the exit status is 1 if one fails.
 Its database is throwaway unless -database-url or DATABASE_URL names one, which
 'transfers verify' can check again afterwards.`, stderr)
-	dbURL := databaseFlag(fs, true)
+	dbURL := exampleprog.DatabaseURL(fs, exampleprog.DatabaseUsage)
 	duration := fs.Duration("duration", 10*time.Second, "how long the clients start new transfers")
 	concurrency := fs.Int("concurrency", 8, "how many clients send transfers at once")
 	if err := exampleprog.Parse(fs, args); err != nil {
@@ -137,7 +137,7 @@ Its database is throwaway unless -database-url or DATABASE_URL names one, which
 		return err
 	}
 	fmt.Fprintf(stdout, "%d clients for %v; crashes at %.0f%% of fault points, lease %v; payout provider failing %.0f%% before paying and dropping %.0f%% of answers after paying\n",
-		*concurrency, *duration, 100*demoCrashRate, demoLockTTL, 100*demoFaults.FailBeforePayoutRate, 100*demoFaults.TimeoutAfterPayoutRate)
+		*concurrency, *duration, 100*demoCrashRate, demoLockTTL, 100*demoFaults.FailBeforeRate, 100*demoFaults.TimeoutAfterRate)
 	fmt.Fprintf(stdout, "accounts: %s\n\n", describe(accounts))
 
 	t := &traffic{api: apiURL, http: oneConnPerRequest, accounts: accounts, prefix: "demo-" + strings.ToLower(rand.Text()[:8]),
@@ -539,5 +539,5 @@ func (t *tally) write(w io.Writer, provider payoutprovider.Stats) {
 	fmt.Fprintf(w, "          %d serialization failures retried; %d keys finished by the completer\n",
 		t.phases[phase.EventRetried], t.completed)
 	fmt.Fprintf(w, "provider: %d payouts made (%d refused by the destination), %d answers replayed, %d faults injected\n",
-		provider.Paid+provider.Failed, provider.Failed, provider.Replays, provider.FaultsInjected)
+		provider.Counts[payoutprovider.StatusPaid]+provider.Counts[payoutprovider.StatusFailed], provider.Counts[payoutprovider.StatusFailed], provider.Replays, provider.FaultsInjected)
 }

@@ -15,18 +15,16 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"time"
+	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -45,19 +43,11 @@ Usage:
   transfers verify         check the invariants of a ledger's database
   transfers <command> -h   document a command's flags
 
-Exit status: 0 success, 1 error or failed invariant, 2 usage error.
-`
+` + exampleprog.ExitStatus
 
-var program = exampleprog.Program{
-	Name:  "transfers",
-	Usage: usage,
-	Commands: map[string]exampleprog.Command{
-		"demo":    demo,
-		"serve":   serve,
-		"payouts": payouts,
-		"verify":  verify,
-	},
-}
+var program = exampleprog.Program{Name: "transfers", Usage: usage, Commands: map[string]exampleprog.Command{
+	"demo": demo, "serve": serve, "payouts": payouts.Run, "verify": verify,
+}}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return program.Run(ctx, args, stdout, stderr)
@@ -65,17 +55,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 var errInvariant = errors.New("an invariant failed")
 
-func databaseFlag(fs *flag.FlagSet, embedded bool) *string {
-	if embedded {
-		return exampleprog.DatabaseURL(fs, "Postgres `URL` (default $DATABASE_URL; an embedded throwaway Postgres, deleted on exit, when empty)")
-	}
-	return exampleprog.DatabaseURL(fs, "Postgres `URL` (default $DATABASE_URL)")
-}
+// poolSize is the least number of connections of a command's pool: the
+// demo's API, payout provider, clients and completer share one.
+const poolSize = 32
 
 // database connects to url, or to an embedded throwaway Postgres when url
 // is empty, and applies migrate, which migrates what the command owns.
 func database(ctx context.Context, url string, migrate func(context.Context, *pgxpool.Pool) error, log io.Writer) (*pgxpool.Pool, func(), error) {
-	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: 32, Migrate: migrate, Progress: log})
+	return exampleprog.OpenDatabase(ctx, exampleprog.Database{URL: url, PoolSize: poolSize, Migrate: migrate, Progress: log})
 }
 
 // migrateAll applies the ledger's and the payout provider's schemas, for a
@@ -125,26 +112,20 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 
 Migrates the database and, when alice has no account yet, opens the demo
 accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, stderr)
-	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
-	dbURL := databaseFlag(fs, true)
+	svc := exampleprog.ServiceFlags(fs, "127.0.0.1:8080")
 	payoutsURL := fs.String("payouts-url", "", "base URL of the payout provider (empty: run the fake provider in this process, on the same database, at a free local port)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
 	migrate := migrateLedger
 	if *payoutsURL == "" {
 		migrate = migrateAll
 	}
-	db, closeDB, err := database(ctx, *dbURL, migrate, stderr)
-	if err != nil {
+	if err := svc.Open(ctx, exampleprog.Database{PoolSize: poolSize, Migrate: migrate, Progress: stderr}); err != nil {
 		return err
 	}
-	defer closeDB()
+	defer svc.Close()
+	db := svc.Pool
 	if existing, err := ledger.Accounts(ctx, db, "alice"); err != nil {
 		return err
 	} else if len(existing) == 0 {
@@ -180,56 +161,29 @@ accounts (alice: 2 EUR; bob: 1 EUR, 1 USD; carol: 1 EUR) and logs their ids.`, s
 	if err := client.Start(ctx); err != nil {
 		return err
 	}
-	if err := exampleprog.Serve(ctx, ln, exampleprog.Problems(h), "ledger API listening", "payouts", *payoutsURL); err != nil {
+	if err := svc.Serve(ctx, exampleprog.Problems(h), "ledger API listening", "payouts", *payoutsURL); err != nil {
 		return err
 	}
-	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return client.Stop(stopCtx)
+	return exampleprog.Stop(client.Stop)
 }
 
-func payouts(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := exampleprog.Flags("transfers payouts", `transfers payouts: run the fake payout provider alone.
+// payouts is transfers payouts.
+var payouts = exampleprog.API{Name: "transfers payouts", Addr: "127.0.0.1:8081", PoolSize: poolSize,
+	Migrate: payoutprovider.Migrate, New: func(db *pgxpool.Pool) http.Handler { return payoutprovider.New(db, payoutprovider.Config{}) },
+	Listening: "fake payout provider listening", Doc: `transfers payouts: run the fake payout provider alone.
 
   POST /v1/payouts       {"amount":1250,"currency":"EUR","destination":"dest_x","reference":"42"}
                          with an Idempotency-Key header; destination dest_closed fails
   GET  /v1/payouts/{id}
-  GET  /_stats     requests, paid, failed, replays, conflicts, faults_injected
-  GET  /_faults    the faults still planned
-  POST /_faults    plan faults, as JSON; fields left out keep their value, 0 clears:
-    fail_before_payout N         the next N payouts answer 500 without paying;
-                                 a retry with the same key pays
-    timeout_after_payout N       the next N payouts are made, then the connection
-                                 drops mid-answer; a retry with the key replays the payout
-    fail_before_payout_rate P    probability (0 to 1) of a failure before any other payout
-    timeout_after_payout_rate P  probability of a drop after any other payout
-    delay_ms MS                  added to every API request (the key is held meanwhile)
-
+` + payoutprovider.ControlUsage + `
 Migrates only its own tables (payoutprovider_*). Run it on the ledger's
-database so that verify can compare payouts with transfers.`, stderr)
-	addr := fs.String("addr", "127.0.0.1:8081", "address to listen on")
-	dbURL := databaseFlag(fs, true)
-	if err := exampleprog.Parse(fs, args); err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	db, closeDB, err := database(ctx, *dbURL, payoutprovider.Migrate, stderr)
-	if err != nil {
-		return err
-	}
-	defer closeDB()
-	return exampleprog.Serve(ctx, ln, payoutprovider.New(db, payoutprovider.Config{}), "fake payout provider listening")
-}
+database so that verify can compare payouts with transfers.`}
 
 func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := exampleprog.Flags("transfers verify", `transfers verify: check the ledger's invariants in one snapshot and print them;
 exit 1 when one fails. The payout provider's tables must be in the same database.
 Safe to run while the API serves traffic.`, stderr)
-	dbURL := databaseFlag(fs, false)
+	dbURL := exampleprog.DatabaseURL(fs, "Postgres `URL` (default $DATABASE_URL)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/atomicphase/atomicphase/internal/fakeapi"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi"
 )
 
 // DeclineCustomer is the customer whose card is always declined: a charge
@@ -93,10 +93,8 @@ func scanCharge(row pgx.CollectableRow) (Charge, error) {
 // Charges returns every charge in the database, oldest first, whichever
 // Server created it.
 func (s *Server) Charges(ctx context.Context) ([]Charge, error) {
-	rows, err := s.db.Query(ctx, `SELECT `+chargeColumns+` FROM fakestripe_charges ORDER BY seq`)
-	if err != nil {
-		return nil, fmt.Errorf("fakestripe: charges: %w", err)
-	}
+	// CollectRows returns Query's error too.
+	rows, _ := s.DB().Query(ctx, `SELECT `+chargeColumns+` FROM fakestripe_charges ORDER BY seq`)
 	charges, err := pgx.CollectRows(rows, scanCharge)
 	if err != nil {
 		return nil, fmt.Errorf("fakestripe: charges: %w", err)
@@ -204,7 +202,7 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request, c fakeapi.
 		return
 	}
 	isDeclined := p.customer == DeclineCustomer
-	s.api.Execute(w, r, c, fakeapi.Execution{
+	s.Execute(w, r, c, fakeapi.Execution{
 		// The canonical encoding sorts names.
 		Params: []byte(r.PostForm.Encode()),
 		Run: func(ctx context.Context, tx pgx.Tx, key string) (fakeapi.Response, error) {
@@ -219,9 +217,9 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request, c fakeapi.
 		},
 		Committed: func() {
 			if isDeclined {
-				s.declined.Add(1)
+				s.Count(countDeclined)
 			} else {
-				s.charges.Add(1)
+				s.Count(countCharges)
 			}
 		},
 	})
@@ -237,11 +235,9 @@ func insertCharge(ctx context.Context, tx pgx.Tx, p chargeParams, key string) (C
 	if metadata == nil {
 		metadata = map[string]string{}
 	}
-	rows, err := tx.Query(ctx, insertChargeSQL,
+	// CollectExactlyOneRow returns Query's error too.
+	rows, _ := tx.Query(ctx, insertChargeSQL,
 		fakeapi.NewID("ch_"), p.amount, p.currency, p.customer, p.description, metadata, key)
-	if err != nil {
-		return Charge{}, fmt.Errorf("insert charge: %w", err)
-	}
 	charge, err := pgx.CollectExactlyOneRow(rows, scanCharge)
 	if err != nil {
 		return Charge{}, fmt.Errorf("insert charge: %w", err)
@@ -251,34 +247,16 @@ func insertCharge(ctx context.Context, tx pgx.Tx, p chargeParams, key string) (C
 
 // retrieveCharge serves GET /v1/charges/{id}.
 func (s *Server) retrieveCharge(w http.ResponseWriter, r *http.Request, c fakeapi.Call) {
-	ctx := r.Context()
 	if bad := unknownParam(r.URL.Query(), func(string) bool { return false }); bad != nil {
 		fakeapi.Write(w, *bad)
 		return
 	}
-	if err := s.api.Delay(ctx); err != nil {
-		return
-	}
-	id := r.PathValue("id")
-	rows, err := s.db.Query(ctx, `SELECT `+chargeColumns+` FROM fakestripe_charges WHERE id = $1`, id)
-	if err != nil {
-		s.api.Fail(w, c, err)
-		return
-	}
-	charge, err := pgx.CollectExactlyOneRow(rows, scanCharge)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		fakeapi.Write(w, fakeapi.ErrorResponse(http.StatusNotFound, fakeapi.Error{
-			Type:    "invalid_request_error",
-			Code:    "resource_missing",
-			Message: fmt.Sprintf("No such charge: '%s'", id),
-			Param:   "id",
-		}))
-	case err != nil:
-		s.api.Fail(w, c, err)
-	default:
-		fakeapi.Write(w, fakeapi.JSON(http.StatusOK, charge.object()))
-	}
+	s.Retrieve(w, r, c, "charge", func(ctx context.Context, id string) (any, error) {
+		// CollectExactlyOneRow returns Query's error too.
+		rows, _ := s.DB().Query(ctx, `SELECT `+chargeColumns+` FROM fakestripe_charges WHERE id = $1`, id)
+		charge, err := pgx.CollectExactlyOneRow(rows, scanCharge)
+		return charge.object(), err
+	})
 }
 
 // List limits, as on Stripe.
@@ -325,31 +303,31 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request, c fakeapi.C
 			return
 		}
 	}
-	if err := s.api.Delay(ctx); err != nil {
+	if err := s.Delay(ctx); err != nil {
 		return
 	}
 
 	var after *int64
 	if id := query.Get("starting_after"); id != "" {
-		err := s.db.QueryRow(ctx, `SELECT seq FROM fakestripe_charges WHERE id = $1`, id).Scan(&after)
+		err := s.DB().QueryRow(ctx, `SELECT seq FROM fakestripe_charges WHERE id = $1`, id).Scan(&after)
 		if errors.Is(err, pgx.ErrNoRows) {
 			fakeapi.Write(w, *fakeapi.InvalidParam("starting_after", "resource_missing", fmt.Sprintf("No such charge: '%s'", id)))
 			return
 		}
 		if err != nil {
-			s.api.Fail(w, c, err)
+			s.Fail(w, c, err)
 			return
 		}
 	}
 	// One row past the page tells whether there is another.
-	rows, err := s.db.Query(ctx, listChargesSQL, query.Get("customer"), after, limit+1)
+	rows, err := s.DB().Query(ctx, listChargesSQL, query.Get("customer"), after, limit+1)
 	if err != nil {
-		s.api.Fail(w, c, err)
+		s.Fail(w, c, err)
 		return
 	}
 	charges, err := pgx.CollectRows(rows, scanCharge)
 	if err != nil {
-		s.api.Fail(w, c, err)
+		s.Fail(w, c, err)
 		return
 	}
 	page := struct {

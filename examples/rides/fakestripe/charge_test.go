@@ -90,7 +90,7 @@ func TestDeclineCustomerIsDeclinedWithoutCharge(t *testing.T) {
 	if n := len(f.charges(t)); n != 0 {
 		t.Errorf("stored %d charges, want 0", n)
 	}
-	if got := f.server.Stats().Declined; got != 1 {
+	if got := f.server.Stats().Counts["declined"]; got != 1 {
 		t.Errorf("Stats().Declined = %d, want 1", got)
 	}
 }

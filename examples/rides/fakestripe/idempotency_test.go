@@ -54,7 +54,7 @@ func TestSameKeyReplaysTheSameBytes(t *testing.T) {
 	if n := len(f.charges(t)); n != 1 {
 		t.Errorf("stored %d charges, want 1", n)
 	}
-	if s := f.server.Stats(); s.Charges != 1 || s.Replays != 2 {
+	if s := f.server.Stats(); s.Counts["charges"] != 1 || s.Replays != 2 {
 		t.Errorf("stats = %+v, want 1 charge and 2 replays", s)
 	}
 }

@@ -2,22 +2,27 @@ package fakestripe
 
 import (
 	"context"
-	_ "embed"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/internal/fakeapi"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi"
 )
 
-//go:embed schema.sql
-var chargesSchema string
+// chargesTable holds the charges, listed by customer newest first.
+var chargesTable = fakeapi.PaymentsTable("fakestripe_charges", `
+    customer        text        NOT NULL,
+    description     text        NOT NULL DEFAULT '',
+    metadata        jsonb       NOT NULL DEFAULT '{}'`) + `
+CREATE INDEX IF NOT EXISTS fakestripe_charges_customer_seq
+    ON fakestripe_charges (customer, seq);
+`
 
 // Schema is the SQL that creates the fakestripe_charges and
 // fakestripe_idempotency_keys tables. Applying it more than once is harmless.
-var Schema = chargesSchema + fakeapi.KeysSchema(apiName)
+var Schema = api.Schema()
 
 // Migrate applies Schema in one transaction. It is safe to run twice and from
 // several processes at once.
 func Migrate(ctx context.Context, db *pgxpool.Pool) error {
-	return fakeapi.Migrate(ctx, db, apiName, Schema)
+	return api.Migrate(ctx, db)
 }

@@ -1,17 +1,15 @@
 package fakestripe
 
 import (
-	"log/slog"
 	"maps"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/internal/fakeapi"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi"
 )
 
 // TestKeyPrefix starts every API key the server accepts.
@@ -25,48 +23,41 @@ const MaxKeyLength = fakeapi.MaxKeyLength
 // hours.
 const KeyRetention = fakeapi.KeyRetention
 
-// Config configures a Server. The zero value is ready to use.
-type Config struct {
-	// Logger receives a record for every injected fault and every failed
-	// database operation. Nil means slog.Default().
-	Logger *slog.Logger
-}
+// Config configures a Server: its Logger (see fakeapi.Options). The zero
+// value is ready to use.
+type Config = fakeapi.Options
 
-// Server is the fake Stripe API, an http.Handler. Its charges and
-// idempotency keys live in Postgres, so several Servers on one database
-// behave as one Stripe; its fault plan and Stats belong to it alone. It is
-// safe for concurrent use.
-type Server struct {
-	api               *fakeapi.Server
-	db                *pgxpool.Pool
-	charges, declined atomic.Int64
-}
+// Server is the fake Stripe API, an http.Handler that serves the Stripe
+// routes under /v1 and fakeapi's control routes /_faults and /_stats. Its
+// charges and idempotency keys live in Postgres, so several Servers on one
+// database behave as one Stripe; its fault plan and Stats belong to it
+// alone. It is safe for concurrent use.
+type Server struct{ *fakeapi.Server }
 
 // New returns a Server that keeps its data in db, which must already carry
 // Schema (see Migrate). It starts with no faults planned.
 func New(db *pgxpool.Pool, cfg Config) *Server {
-	s := &Server{db: db}
-	s.api = fakeapi.New(db, fakeapi.Config{
-		Name:         apiName,
-		Action:       "charge",
-		Authenticate: authenticate,
-		Stats:        func() any { return s.Stats() },
-		Logger:       cfg.Logger,
-	})
-	s.api.Handle("POST /v1/charges", s.createCharge)
-	s.api.Handle("GET /v1/charges", s.listCharges)
-	s.api.Handle("GET /v1/charges/{id}", s.retrieveCharge)
+	s := &Server{fakeapi.New(db, api, cfg)}
+	s.Handle("POST /v1/charges", s.createCharge)
+	s.Handle("GET /v1/charges", s.listCharges)
+	s.Handle("GET /v1/charges/{id}", s.retrieveCharge)
 	return s
 }
 
-// apiName names the server's log messages and its table of idempotency keys.
-const apiName = "fakestripe"
+// api is the fake Stripe as fakeapi serves it. Its name starts the
+// server's log messages and the names of its tables.
+var api = fakeapi.Config{Name: "fakestripe", Action: "charge", Authenticate: authenticate,
+	Counts: []string{countCharges, countDeclined}, Tables: chargesTable}
 
-// ServeHTTP answers the Stripe API routes under /v1 and the control routes
-// /_faults and /_stats.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.api.ServeHTTP(w, r)
-}
+// The server's own counts, in Stats and GET /_stats.
+const (
+	countCharges  = "charges"
+	countDeclined = "declined"
+)
+
+// ControlUsage documents the control routes /_stats and /_faults, for the
+// -h of a command that runs a Server.
+var ControlUsage = api.ControlUsage()
 
 // authenticate admits a request that carries a test key, as a Bearer token
 // or as the user name of Basic auth (curl -u sk_test_...:), and answers any
@@ -117,34 +108,7 @@ func unknownParam(form url.Values, allowed func(string) bool) *fakeapi.Response 
 	return nil
 }
 
-// Stats counts what a Server has done since New. They are the Server's own,
-// not the database's: a second Server on the same database counts separately.
-type Stats struct {
-	// Requests is every request to a /v1 route the server serves, rejected
-	// ones included.
-	Requests int64 `json:"requests"`
-	// Charges is the charges created.
-	Charges int64 `json:"charges"`
-	// Declined is the charge requests declined.
-	Declined int64 `json:"declined"`
-	// Replays is the requests answered from a stored idempotent result.
-	Replays int64 `json:"replays"`
-	// Conflicts is the requests refused with 409 because another request
-	// with their idempotency key was executing.
-	Conflicts int64 `json:"conflicts"`
-	// FaultsInjected is the charge requests failed or dropped on purpose.
-	FaultsInjected int64 `json:"faults_injected"`
-}
-
-// Stats returns the Server's counts so far.
-func (s *Server) Stats() Stats {
-	api := s.api.Stats()
-	return Stats{
-		Requests:       api.Requests,
-		Charges:        s.charges.Load(),
-		Declined:       s.declined.Load(),
-		Replays:        api.Replays,
-		Conflicts:      api.Conflicts,
-		FaultsInjected: api.FaultsInjected,
-	}
-}
+// Stats counts what a Server has done since New (see fakeapi.Stats); its
+// Counts are "charges", the charges created, and "declined", the charge
+// requests declined.
+type Stats = fakeapi.Stats

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v85"
 
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
-	"github.com/atomicphase/atomicphase/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 

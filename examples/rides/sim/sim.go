@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/atomicphase/atomicphase/caller"
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 )
 
 // Config configures a simulation. Zero values mean the default.

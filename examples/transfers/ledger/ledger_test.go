@@ -85,7 +85,7 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t, 0.03)
-	if err := e.provider.SetFaults(payoutprovider.Faults{FailBeforePayoutRate: 0.1, TimeoutAfterPayoutRate: 0.1}); err != nil {
+	if err := e.provider.SetFaults(payoutprovider.Faults{FailBeforeRate: 0.1, TimeoutAfterRate: 0.1}); err != nil {
 		t.Fatal(err)
 	}
 	accounts := []ledger.Account{
@@ -379,7 +379,7 @@ func TestPayoutTimeoutIsRepeatedWithTheSameKeyAndPaysOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 0)
 	a := e.open(t, "alice", "EUR", 1_000)
-	if err := e.provider.SetFaults(payoutprovider.Faults{TimeoutAfterPayout: 1, FailBeforePayout: 1}); err != nil {
+	if err := e.provider.SetFaults(payoutprovider.Faults{TimeoutAfter: 1, FailBefore: 1}); err != nil {
 		t.Fatal(err)
 	}
 	tr := ledger.Transfer{FromAccount: a.ID, PayoutDestination: "dest_a", Amount: 400, Currency: "EUR"}
@@ -393,7 +393,7 @@ func TestPayoutTimeoutIsRepeatedWithTheSameKeyAndPaysOnce(t *testing.T) {
 	if payouts := e.payoutsFor(t, r.TransferID); len(payouts) != 1 || payouts[0].ID != r.PayoutID {
 		t.Fatalf("payouts %+v, want exactly %s", payouts, r.PayoutID)
 	}
-	if s := e.provider.Stats(); s.Paid != 1 || s.Replays != 1 || s.FaultsInjected != 2 {
+	if s := e.provider.Stats(); s.Counts[payoutprovider.StatusPaid] != 1 || s.Replays != 1 || s.FaultsInjected != 2 {
 		t.Fatalf("provider stats %+v, want one payout, replayed once, after two faults", s)
 	}
 	e.verify(t)

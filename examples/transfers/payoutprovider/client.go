@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/atomicphase/atomicphase/internal/fakeapi"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi"
 )
 
 // maxAnswerBytes caps the answer the client reads.

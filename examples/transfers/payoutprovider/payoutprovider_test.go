@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
-	"github.com/atomicphase/atomicphase/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
@@ -71,7 +71,7 @@ func TestSameKeyReplaysTheSamePayoutAndOtherParamsAreRefused(t *testing.T) {
 	if status, _, _ := e.post(t, "", body); status != http.StatusBadRequest {
 		t.Fatalf("no key: %d, want 400", status)
 	}
-	if s := e.srv.Stats(); s.Paid != 1 || s.Replays != 1 {
+	if s := e.srv.Stats(); s.Counts[payoutprovider.StatusPaid] != 1 || s.Replays != 1 {
 		t.Fatalf("stats %+v, want one payout and one replay", s)
 	}
 }
@@ -80,7 +80,7 @@ func TestClientSeesFaultsAsUnknownOutcomesAndTheRetryPaysOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t)
-	if err := e.srv.SetFaults(payoutprovider.Faults{FailBeforePayout: 1, TimeoutAfterPayout: 1}); err != nil {
+	if err := e.srv.SetFaults(payoutprovider.Faults{FailBefore: 1, TimeoutAfter: 1}); err != nil {
 		t.Fatal(err)
 	}
 	for _, fault := range []string{"failure before the payout", "timeout after the payout"} {
@@ -139,7 +139,7 @@ func TestConcurrentRequestWithTheKeyGets409(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if conflicts != 1 || e.srv.Stats().Paid != 1 {
+	if conflicts != 1 || e.srv.Stats().Counts[payoutprovider.StatusPaid] != 1 {
 		t.Fatalf("errors %v, stats %+v; want one payout and one 409", errs, e.srv.Stats())
 	}
 }
@@ -152,7 +152,7 @@ func TestFaultsAreControlledOverHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if f := e.srv.Faults(); resp.StatusCode != http.StatusOK || f.TimeoutAfterPayout != 2 || f.Delay != 5*time.Millisecond {
+	if f := e.srv.Faults(); resp.StatusCode != http.StatusOK || f.TimeoutAfter != 2 || f.Delay != 5*time.Millisecond {
 		t.Fatalf("after POST /_faults: %d %+v", resp.StatusCode, f)
 	}
 	// Fields left out keep their value; a bad plan changes nothing.
@@ -163,7 +163,7 @@ func TestFaultsAreControlledOverHTTP(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	if f := e.srv.Faults(); f.TimeoutAfterPayout != 2 || f.FailBeforePayoutRate != 0.5 {
+	if f := e.srv.Faults(); f.TimeoutAfter != 2 || f.FailBeforeRate != 0.5 {
 		t.Fatalf("plan %+v, want the partial update kept and the bad one refused", f)
 	}
 }

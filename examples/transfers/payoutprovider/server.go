@@ -3,17 +3,14 @@ package payoutprovider
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"regexp"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/internal/fakeapi"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi"
 )
 
 // ClosedDestination is the destination whose bank account is closed: a payout
@@ -82,47 +79,39 @@ func invalidParam(param, message string) *fakeapi.Response {
 	return fakeapi.InvalidParam(param, "parameter_invalid", message)
 }
 
-// Config configures a Server. The zero value is ready to use.
-type Config struct {
-	// Logger receives a record for every injected fault and every failed
-	// database operation. Nil means slog.Default().
-	Logger *slog.Logger
-}
+// Config configures a Server: its Logger (see fakeapi.Options). The zero
+// value is ready to use.
+type Config = fakeapi.Options
 
-// Server is the fake payout provider, an http.Handler. Its payouts and
-// idempotency keys live in Postgres, so several Servers on one database
+// Server is the fake payout provider, an http.Handler that serves the API
+// under /v1 and fakeapi's control routes /_faults and /_stats. Its payouts
+// and idempotency keys live in Postgres, so several Servers on one database
 // behave as one provider; its faults and Stats are its own. It is safe for
 // concurrent use.
-type Server struct {
-	api          *fakeapi.Server
-	db           *pgxpool.Pool
-	paid, failed atomic.Int64
-}
+type Server struct{ *fakeapi.Server }
+
+// Stats counts what a Server has done since New (see fakeapi.Stats); its
+// Counts are the payouts made by status: StatusPaid and StatusFailed.
+type Stats = fakeapi.Stats
 
 // New returns a Server that keeps its data in db, which must already carry
 // Schema (see Migrate). It starts with no faults planned.
 func New(db *pgxpool.Pool, cfg Config) *Server {
-	s := &Server{db: db}
-	s.api = fakeapi.New(db, fakeapi.Config{
-		Name:       apiName,
-		Action:     "payout",
-		RequireKey: true,
-		Stats:      func() any { return s.Stats() },
-		Logger:     cfg.Logger,
-	})
-	s.api.Handle("POST /v1/payouts", s.createPayout)
-	s.api.Handle("GET /v1/payouts/{id}", s.retrievePayout)
+	s := &Server{fakeapi.New(db, api, cfg)}
+	s.Handle("POST /v1/payouts", s.createPayout)
+	s.Handle("GET /v1/payouts/{id}", s.retrievePayout)
 	return s
 }
 
-// apiName names the server's log messages and its table of idempotency keys.
-const apiName = "payoutprovider"
+// api is the payout provider as fakeapi serves it: every payout request
+// needs a key, and the payouts made are counted by status. Its name starts
+// the server's log messages and the names of its tables.
+var api = fakeapi.Config{Name: "payoutprovider", Action: "payout", RequireKey: true,
+	Counts: []string{StatusPaid, StatusFailed}, Tables: payoutsTable}
 
-// ServeHTTP answers the API under /v1 and the control routes /_faults and
-// /_stats.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.api.ServeHTTP(w, r)
-}
+// ControlUsage documents the control routes /_stats and /_faults, for the
+// -h of a command that runs a Server.
+var ControlUsage = api.ControlUsage()
 
 // createPayout serves POST /v1/payouts: it validates the payout and has
 // fakeapi execute it under its Idempotency-Key, so that the payout and its
@@ -143,7 +132,7 @@ func (s *Server) createPayout(w http.ResponseWriter, r *http.Request, c fakeapi.
 	// client sent; a struct of strings and an int always encodes.
 	params, _ := json.Marshal(p)
 	var payout Payout
-	s.api.Execute(w, r, c, fakeapi.Execution{
+	s.Execute(w, r, c, fakeapi.Execution{
 		Params: params,
 		Run: func(ctx context.Context, tx pgx.Tx, key string) (fakeapi.Response, error) {
 			var err error
@@ -153,11 +142,7 @@ func (s *Server) createPayout(w http.ResponseWriter, r *http.Request, c fakeapi.
 			return fakeapi.JSON(http.StatusOK, payout), nil
 		},
 		Committed: func() {
-			if payout.Status == StatusPaid {
-				s.paid.Add(1)
-			} else {
-				s.failed.Add(1)
-			}
+			s.Count(payout.Status)
 		},
 	})
 }
@@ -180,11 +165,9 @@ func insertPayout(ctx context.Context, tx pgx.Tx, p PayoutParams, key string) (P
 	if p.Destination == ClosedDestination {
 		status, failure = StatusFailed, FailureAccountClosed
 	}
-	rows, err := tx.Query(ctx, insertPayoutSQL,
+	// CollectExactlyOneRow returns Query's error too.
+	rows, _ := tx.Query(ctx, insertPayoutSQL,
 		fakeapi.NewID("po_"), p.Amount, p.Currency, p.Destination, p.Reference, status, failure, key)
-	if err != nil {
-		return Payout{}, fmt.Errorf("insert payout: %w", err)
-	}
 	payout, err := pgx.CollectExactlyOneRow(rows, scanPayout)
 	if err != nil {
 		return Payout{}, fmt.Errorf("insert payout: %w", err)
@@ -194,25 +177,11 @@ func insertPayout(ctx context.Context, tx pgx.Tx, p PayoutParams, key string) (P
 
 // retrievePayout serves GET /v1/payouts/{id}.
 func (s *Server) retrievePayout(w http.ResponseWriter, r *http.Request, c fakeapi.Call) {
-	ctx := r.Context()
-	if err := s.api.Delay(ctx); err != nil {
-		return
-	}
-	rows, err := s.db.Query(ctx, `SELECT `+payoutColumns+` FROM payoutprovider_payouts WHERE id = $1`, r.PathValue("id"))
-	if err != nil {
-		s.api.Fail(w, c, err)
-		return
-	}
-	payout, err := pgx.CollectExactlyOneRow(rows, scanPayout)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		fakeapi.Write(w, fakeapi.ErrorResponse(http.StatusNotFound, fakeapi.Error{Type: "invalid_request_error", Code: "resource_missing",
-			Message: fmt.Sprintf("no such payout: %q", r.PathValue("id"))}))
-	case err != nil:
-		s.api.Fail(w, c, err)
-	default:
-		fakeapi.Write(w, fakeapi.JSON(http.StatusOK, payout))
-	}
+	s.Retrieve(w, r, c, "payout", func(ctx context.Context, id string) (any, error) {
+		// CollectExactlyOneRow returns Query's error too.
+		rows, _ := s.DB().Query(ctx, `SELECT `+payoutColumns+` FROM payoutprovider_payouts WHERE id = $1`, id)
+		return pgx.CollectExactlyOneRow(rows, scanPayout)
+	})
 }
 
 // Querier is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
@@ -224,44 +193,11 @@ type Querier interface {
 // Server made it. Reading them in the caller's transaction lets the caller
 // compare them with its own tables in one snapshot.
 func Payouts(ctx context.Context, q Querier) ([]Payout, error) {
-	rows, err := q.Query(ctx, `SELECT `+payoutColumns+` FROM payoutprovider_payouts ORDER BY seq`)
-	if err != nil {
-		return nil, fmt.Errorf("payoutprovider: payouts: %w", err)
-	}
+	// CollectRows returns Query's error too.
+	rows, _ := q.Query(ctx, `SELECT `+payoutColumns+` FROM payoutprovider_payouts ORDER BY seq`)
 	payouts, err := pgx.CollectRows(rows, scanPayout)
 	if err != nil {
 		return nil, fmt.Errorf("payoutprovider: payouts: %w", err)
 	}
 	return payouts, nil
-}
-
-// Stats counts what a Server has done since New. They are the Server's own,
-// not the database's: a second Server on the same database counts separately.
-type Stats struct {
-	// Requests is every API request received, rejected ones included.
-	Requests int64 `json:"requests"`
-	// Paid is the payouts made with status paid.
-	Paid int64 `json:"paid"`
-	// Failed is the payouts made with status failed.
-	Failed int64 `json:"failed"`
-	// Replays is the requests answered from a stored result.
-	Replays int64 `json:"replays"`
-	// Conflicts is the requests refused with 409 because another request
-	// with their key was executing.
-	Conflicts int64 `json:"conflicts"`
-	// FaultsInjected is the payout requests failed or dropped on purpose.
-	FaultsInjected int64 `json:"faults_injected"`
-}
-
-// Stats returns the Server's counts so far.
-func (s *Server) Stats() Stats {
-	api := s.api.Stats()
-	return Stats{
-		Requests:       api.Requests,
-		Paid:           s.paid.Load(),
-		Failed:         s.failed.Load(),
-		Replays:        api.Replays,
-		Conflicts:      api.Conflicts,
-		FaultsInjected: api.FaultsInjected,
-	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -34,8 +35,17 @@ type Config struct {
 	// are its own. When it returns false it has answered the request itself.
 	// Nil admits every request as one anonymous caller.
 	Authenticate func(http.ResponseWriter, *http.Request) (caller string, ok bool)
-	// Stats returns what GET /_stats answers. Nil means the Server's Stats.
-	Stats func() any
+	// Counts names the fake's own counts (charges, declined), which Count
+	// adds to and Stats.Counts holds; GET /_stats answers them after
+	// requests, in this order.
+	Counts []string
+	// Tables is the SQL that creates the fake's own tables (see Schema).
+	Tables string
+}
+
+// Options are what a program that runs a fake chooses, where Config holds
+// the fake's constants. The zero value is ready to use.
+type Options struct {
 	// Logger receives a record for every injected fault, every fault plan
 	// changed over HTTP and every failed database operation. Nil means
 	// slog.Default().
@@ -55,22 +65,26 @@ type Server struct {
 	keys   keyStatements
 	faults plan
 	counts counters
+	// made holds the counts Config.Counts names; the map does not change
+	// after New.
+	made map[string]*atomic.Int64
 }
 
-// New returns a Server that keeps its idempotency keys in db, which must
-// already carry KeysSchema(cfg.Name) (see Migrate). It starts with no faults
-// planned. It panics when cfg has no Name or no Action: both are constants
-// of the calling fake, so a missing one is a bug there.
-func New(db *pgxpool.Pool, cfg Config) *Server {
+// New returns a Server of the fake cfg that keeps its data in db, which
+// must already carry cfg.Schema() (see Config.Migrate). It starts with no
+// faults planned. It panics when cfg has no Name or no Action: both are
+// constants of the calling fake, so a missing one is a bug there.
+func New(db *pgxpool.Pool, cfg Config, opts Options) *Server {
 	if cfg.Name == "" || cfg.Action == "" {
 		panic("fakeapi: Config needs a Name and an Action")
 	}
-	s := &Server{db: db, cfg: cfg, logger: cfg.Logger, keys: newKeyStatements(cfg.Name)}
+	s := &Server{db: db, cfg: cfg, logger: opts.Logger, keys: newKeyStatements(cfg.Name)}
 	if s.logger == nil {
 		s.logger = slog.Default()
 	}
-	if s.cfg.Stats == nil {
-		s.cfg.Stats = func() any { return s.Stats() }
+	s.made = make(map[string]*atomic.Int64, len(cfg.Counts))
+	for _, name := range cfg.Counts {
+		s.made[name] = new(atomic.Int64)
 	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /_faults", s.getFaults)
@@ -155,18 +169,65 @@ type Stats struct {
 	Conflicts int64 `json:"conflicts"`
 	// FaultsInjected is the requests failed or dropped on purpose.
 	FaultsInjected int64 `json:"faults_injected"`
+	// Counts are the fake's own counts (Config.Counts) by name. GET /_stats
+	// answers them as members of its object, after requests.
+	Counts map[string]int64 `json:"-"`
 }
 
 // Stats returns the Server's counts so far.
 func (s *Server) Stats() Stats {
+	counts := make(map[string]int64, len(s.made))
+	for name, c := range s.made {
+		counts[name] = c.Load()
+	}
 	return Stats{
 		Requests:       s.counts.requests.Load(),
 		Replays:        s.counts.replays.Load(),
 		Conflicts:      s.counts.conflicts.Load(),
 		FaultsInjected: s.counts.faults.Load(),
+		Counts:         counts,
 	}
 }
 
-func (s *Server) getStats(w http.ResponseWriter, _ *http.Request) {
-	Write(w, JSON(http.StatusOK, s.cfg.Stats()))
+// Count adds one to the fake's own count name, one of Config.Counts (see
+// Stats.Counts). It panics for any other name, a bug in the calling fake.
+func (s *Server) Count(name string) {
+	s.made[name].Add(1)
 }
+
+// getStats serves GET /_stats: Stats, with the fake's own counts after
+// requests.
+func (s *Server) getStats(w http.ResponseWriter, _ *http.Request) {
+	st := s.Stats()
+	fields := jsonObject{{"requests", st.Requests}}
+	for _, name := range s.cfg.Counts {
+		fields = append(fields, jsonField{name, st.Counts[name]})
+	}
+	fields = append(fields, jsonField{"replays", st.Replays}, jsonField{"conflicts", st.Conflicts},
+		jsonField{"faults_injected", st.FaultsInjected})
+	Write(w, JSON(http.StatusOK, fields))
+}
+
+// Retrieve answers a request for the object of kind (charge) whose ID is
+// the path's {id}, once the planned Delay has passed: with what find returns
+// for the ID, as JSON, or with NotFound when find returns pgx.ErrNoRows.
+func (s *Server) Retrieve(w http.ResponseWriter, r *http.Request, c Call, kind string, find func(ctx context.Context, id string) (any, error)) {
+	ctx := r.Context()
+	if err := s.Delay(ctx); err != nil {
+		return // the client has gone
+	}
+	id := r.PathValue("id")
+	object, err := find(ctx, id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		Write(w, NotFound(kind, id))
+	case err != nil:
+		s.Fail(w, c, err)
+	default:
+		Write(w, JSON(http.StatusOK, object))
+	}
+}
+
+// DB returns the database the Server keeps its idempotency keys in, which
+// is its fake's database too.
+func (s *Server) DB() *pgxpool.Pool { return s.db }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/atomicphase/atomicphase/internal/consoletest"
+	"github.com/atomicphase/atomicphase/console/internal/consoletest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
@@ -111,12 +111,18 @@ func noScriptRan(t *testing.T, ctx context.Context, where string) {
 // css selects by a CSS selector.
 func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
 
-func TestOperatorFindsAnUnknownOutcomeAndResolvesIt(t *testing.T) {
-	t.Parallel()
+// setup serves the console over a new fixture and starts a browser.
+func setup(t *testing.T) (*consoletest.Fixture, *httptest.Server, context.Context) {
+	t.Helper()
 	f := consoletest.New(t)
 	srv := httptest.NewServer(f.Handler(t, false))
 	t.Cleanup(srv.Close)
-	ctx := browser(t)
+	return f, srv, browser(t)
+}
+
+func TestOperatorFindsAnUnknownOutcomeAndResolvesIt(t *testing.T) {
+	t.Parallel()
+	f, srv, ctx := setup(t)
 
 	run(t, ctx, "overview",
 		chromedp.Navigate(srv.URL+"/as?user=alice"),
@@ -177,10 +183,7 @@ func TestOperatorFindsAnUnknownOutcomeAndResolvesIt(t *testing.T) {
 
 func TestTheBrowserCannotActWithoutTheTokenOrAccess(t *testing.T) {
 	t.Parallel()
-	f := consoletest.New(t)
-	srv := httptest.NewServer(f.Handler(t, false))
-	t.Cleanup(srv.Close)
-	ctx := browser(t)
+	f, srv, ctx := setup(t)
 	keyPage := srv.URL + "/console/key?" + url.Values{"tenant": {"acme"}, "key": {"order-in-flight"}}.Encode()
 
 	// The console's own page posts the unlock form without its token.
@@ -216,10 +219,7 @@ func TestTheBrowserCannotActWithoutTheTokenOrAccess(t *testing.T) {
 
 func TestHostileKeysTenantsAndBodiesRenderInert(t *testing.T) {
 	t.Parallel()
-	f := consoletest.New(t)
-	srv := httptest.NewServer(f.Handler(t, false))
-	t.Cleanup(srv.Close)
-	ctx := browser(t)
+	_, srv, ctx := setup(t)
 	run(t, ctx, "key list",
 		chromedp.Navigate(srv.URL+"/as?user=alice"),
 		chromedp.WaitVisible(css(`table.counts`)),

@@ -14,7 +14,8 @@
 //
 //	GET  /_faults  the faults still planned
 //	POST /_faults  change them: the fields a JSON object names, all or none
-//	GET  /_stats   what the Server has done (Config.Stats)
+//	GET  /_stats   what the Server has done (Stats), the fake's own
+//	               counts (Config.Counts) after requests
 //
 // Any other path or method is answered 404 invalid_request_error, in
 // Stripe's words.
@@ -61,6 +62,8 @@
 // # Schema
 //
 // A Server named N keeps its keys in the table N_idempotency_keys, which
-// KeysSchema creates; a fake appends it to its own Schema and applies both
-// with Migrate.
+// KeysSchema creates. Config.Schema is the fake's own tables (Config.Tables)
+// and that table; Config.Migrate applies it. PaymentsTable creates the
+// table of the payments a fake makes, with the columns every fake's
+// payments have.
 package fakeapi

@@ -17,6 +17,10 @@ import (
 // or there is none.
 const DefaultCommand = "demo"
 
+// ExitStatus documents the exit statuses of Program.Run, for the end of a
+// program's Usage.
+const ExitStatus = "Exit status: 0 success, 1 error or failed invariant, 2 usage error.\n"
+
 // ErrUsage is returned, wrapped or not, by a command that was called
 // wrongly, after it has said how on stderr. Run exits 2 for it.
 var ErrUsage = errors.New("usage")

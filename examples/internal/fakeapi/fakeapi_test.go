@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/internal/fakeapi"
-	"github.com/atomicphase/atomicphase/internal/fakeapi/fakeapitest"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
@@ -34,14 +36,13 @@ type counter struct {
 
 func setup(t *testing.T, db *pgxpool.Pool, cfg fakeapi.Config) *counter {
 	t.Helper()
-	if err := fakeapi.Migrate(t.Context(), db, cfg.Name, fakeapi.KeysSchema(cfg.Name)); err != nil {
+	if err := cfg.Migrate(t.Context(), db); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Action == "" {
 		cfg.Action = "count"
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
-	c := &counter{api: fakeapi.New(db, cfg)}
+	c := &counter{api: fakeapi.New(db, cfg, fakeapi.Options{Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})}
 	c.api.Handle("POST /v1/counts", func(w http.ResponseWriter, r *http.Request, call fakeapi.Call) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
@@ -57,6 +58,21 @@ func setup(t *testing.T, db *pgxpool.Pool, cfg fakeapi.Config) *counter {
 				}
 				return fakeapi.JSON(http.StatusOK, map[string]int64{"n": n}), nil
 			},
+			Committed: func() {
+				if slices.Contains(cfg.Counts, "counted") {
+					c.api.Count("counted")
+				}
+			},
+		})
+	})
+	// GET /v1/counts/{id} finds the counts made so far.
+	c.api.Handle("GET /v1/counts/{id}", func(w http.ResponseWriter, r *http.Request, call fakeapi.Call) {
+		c.api.Retrieve(w, r, call, "count", func(_ context.Context, id string) (any, error) {
+			n, err := strconv.ParseInt(id, 10, 64)
+			if err != nil || n < 1 || n > c.runs.Load() {
+				return nil, pgx.ErrNoRows
+			}
+			return map[string]int64{"n": n}, nil
 		})
 	})
 	hs := httptest.NewServer(c.api)
@@ -223,6 +239,37 @@ func TestFaultsOverHTTPAreNamedForTheAction(t *testing.T) {
 	}
 	if got := c.do(t, http.MethodGet, "/_faults", nil, ""); got.body != want {
 		t.Errorf("GET /_faults after refused changes:\n%s\nwant\n%s", got.body, want)
+	}
+}
+
+func TestStatsAnswerTheFakesOwnCountsAfterRequests(t *testing.T) {
+	t.Parallel()
+	c := setup(t, pgtest.Pool(t), fakeapi.Config{Name: "counter", Counts: []string{"counted", "never"}})
+	c.count(t, "k1", "a", nil)
+	c.count(t, "k1", "a", nil)
+
+	got := c.do(t, http.MethodGet, "/_stats", nil, "")
+	// The members in this order, the fake's own after requests.
+	want := `{"requests":2,"counted":1,"never":0,"replays":1,"conflicts":0,"faults_injected":0}`
+	if body := strings.Join(strings.Fields(got.body), ""); got.status != http.StatusOK || body != want {
+		t.Errorf("GET /_stats: %d %s, want %s", got.status, body, want)
+	}
+	if s := c.api.Stats(); s.Counts["counted"] != 1 || s.Counts["never"] != 0 || len(s.Counts) != 2 {
+		t.Errorf("Stats().Counts = %v, want counted 1 and never 0", s.Counts)
+	}
+}
+
+func TestRetrieveAnswersTheObjectOrStripes404(t *testing.T) {
+	t.Parallel()
+	c := setup(t, pgtest.Pool(t), fakeapi.Config{Name: "counter"})
+	c.count(t, "k1", "a", nil)
+
+	if got := c.do(t, http.MethodGet, "/v1/counts/1", nil, ""); got.status != http.StatusOK || got.body != "{\n  \"n\": 1\n}\n" {
+		t.Errorf("GET /v1/counts/1: %d %s", got.status, got.body)
+	}
+	got := c.do(t, http.MethodGet, "/v1/counts/2", nil, "")
+	if got.status != http.StatusNotFound || !strings.Contains(got.body, `"resource_missing"`) || !strings.Contains(got.body, "No such count: '2'") {
+		t.Errorf("GET /v1/counts/2: %d %s", got.status, got.body)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/phase"
 )
 

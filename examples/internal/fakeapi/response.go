@@ -73,3 +73,15 @@ func unrecognized(w http.ResponseWriter, r *http.Request) {
 		Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path),
 	}))
 }
+
+// NotFound is Stripe's answer to a request for an object that does not
+// exist: 404 resource_missing, naming the object's kind (charge) and the ID
+// asked for.
+func NotFound(kind, id string) Response {
+	return ErrorResponse(http.StatusNotFound, Error{
+		Type:    "invalid_request_error",
+		Code:    "resource_missing",
+		Message: fmt.Sprintf("No such %s: '%s'", kind, id),
+		Param:   "id",
+	})
+}

@@ -122,6 +122,17 @@ func (s *Server) ChangeFaults(change func(*Faults) error) (Faults, error) {
 	return f, nil
 }
 
+// SetFaults replaces the plan with f. It returns an error, and changes
+// nothing, when a count or the delay is negative or a rate is not between 0
+// and 1.
+func (s *Server) SetFaults(f Faults) error {
+	_, err := s.ChangeFaults(func(plan *Faults) error { *plan = f; return nil })
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.cfg.Name, err)
+	}
+	return nil
+}
+
 // Delay waits for the planned delay, or until ctx ends, when it returns
 // ctx's error. A request that does not Execute calls it once, where a slow
 // API would be slow; Execute calls it while holding the key.
@@ -140,18 +151,18 @@ func (s *Server) Delay(ctx context.Context) error {
 	}
 }
 
-// wireField is a field of Faults on the wire of /_faults: its name, and a
-// pointer into a Faults that encoding/json reads and writes.
-type wireField struct {
+// jsonField is a field of a JSON object: its name, and a value that
+// encoding/json writes (and, when it is a pointer, reads).
+type jsonField struct {
 	name  string
 	value any
 }
 
 // wireFields are f's fields as /_faults names them, in the order GET
 // answers them.
-func (s *Server) wireFields(f *Faults) []wireField {
+func (s *Server) wireFields(f *Faults) []jsonField {
 	a := s.cfg.Action
-	return []wireField{
+	return []jsonField{
 		{"fail_before_" + a, &f.FailBefore},
 		{"timeout_after_" + a, &f.TimeoutAfter},
 		{"fail_before_" + a + "_rate", &f.FailBeforeRate},
@@ -160,10 +171,11 @@ func (s *Server) wireFields(f *Faults) []wireField {
 	}
 }
 
-// wireFaults renders a plan as a JSON object in the order of its fields.
-type wireFaults []wireField
+// jsonObject renders as a JSON object whose members come in the order of
+// its fields.
+type jsonObject []jsonField
 
-func (fields wireFaults) MarshalJSON() ([]byte, error) {
+func (fields jsonObject) MarshalJSON() ([]byte, error) {
 	b := []byte{'{'}
 	for i, f := range fields {
 		if i > 0 {
@@ -202,7 +214,7 @@ func (d *milliseconds) UnmarshalJSON(b []byte) error {
 // getFaults serves GET /_faults: the faults still planned.
 func (s *Server) getFaults(w http.ResponseWriter, _ *http.Request) {
 	f := s.Faults()
-	Write(w, JSON(http.StatusOK, wireFaults(s.wireFields(&f))))
+	Write(w, JSON(http.StatusOK, jsonObject(s.wireFields(&f))))
 }
 
 // postFaults serves POST /_faults: it sets the faults the JSON object
@@ -220,7 +232,7 @@ func (s *Server) postFaults(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.logger.Info(s.cfg.Name+": fault plan changed", slog.Any("faults", f))
-	Write(w, JSON(http.StatusOK, wireFaults(s.wireFields(&f))))
+	Write(w, JSON(http.StatusOK, jsonObject(s.wireFields(&f))))
 }
 
 // setWireFields sets the fields of f that in names. A null leaves its field
@@ -228,7 +240,7 @@ func (s *Server) postFaults(w http.ResponseWriter, r *http.Request) {
 func (s *Server) setWireFields(f *Faults, in map[string]json.RawMessage) error {
 	fields := s.wireFields(f)
 	for _, name := range slices.Sorted(maps.Keys(in)) {
-		i := slices.IndexFunc(fields, func(f wireField) bool { return f.name == name })
+		i := slices.IndexFunc(fields, func(f jsonField) bool { return f.name == name })
 		if i < 0 {
 			return fmt.Errorf("json: unknown field %q", name)
 		}

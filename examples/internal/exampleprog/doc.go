@@ -25,7 +25,11 @@
 // Listen serves a handler in the background, for a demo that runs its
 // servers and their clients in one process; Serve serves one on a listener
 // the program opened first, until it is told to stop. Both shut down
-// gracefully. A handler wrapped with Problems gets the errors that net/http
+// gracefully. A command that serves an API defines -addr and -database-url
+// with ServiceFlags, opens both with Service.Open (the listener first, so
+// that an address in use fails at once), serves with Service.Serve and
+// stops what runs beside its server with Stop. API is such a command for
+// an API that runs alone, such as a fake provider. A handler wrapped with Problems gets the errors that net/http
 // answers before any handler runs (431, 400, 501, 505) as problem+json too.
 //
 // # Progress

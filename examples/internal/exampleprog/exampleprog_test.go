@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/atomicphase/atomicphase/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
