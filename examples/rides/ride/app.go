@@ -104,7 +104,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, citus bool) error {
 	_, err = migrateStep(ctx, pool, func(tx pgx.Tx) (bool, error) {
 		// Tables that exist are left alone, without a statement: on Citus
 		// even CREATE TABLE IF NOT EXISTS of a distributed table reaches
-		// every node, and a process must start while one is down.
+		// every node, and a process must start while one is down. schema
+		// creates receipts last, in one transaction with the others.
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass('receipts') IS NOT NULL`).Scan(&exists); err != nil {
 			return true, err
