@@ -43,26 +43,26 @@
 //		ChargeID string
 //	}
 //
-//	rides, err := phase.New("rides",
-//		phase.Local("ride_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Ride, RideState]) (phase.Result, error) {
-//			err := tx.QueryRow(ctx, `INSERT INTO rides (...) VALUES (...) RETURNING id`, ...).Scan(&run.State.RideID)
+//	rides, err := phase.NewWorkflow("rides",
+//		phase.Local("ride_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Ride, RideState]) (phase.Result, error) {
+//			err := tx.QueryRow(ctx, `INSERT INTO rides (...) VALUES (...) RETURNING id`, ...).Scan(&in.State.RideID)
 //			return phase.Next(), err
 //		}),
 //		phase.Foreign("charge_created",
-//			func(ctx context.Context, run *phase.Run[Ride, RideState]) (string, error) {
-//				return charge(ctx, 2000, run.DownstreamKey()) // the provider deduplicates on the key
+//			func(ctx context.Context, in *phase.Input[Ride, RideState]) (string, error) {
+//				return charge(ctx, 2000, in.DownstreamKey()) // the provider deduplicates on the key
 //			},
-//			func(ctx context.Context, tx pgx.Tx, run *phase.Run[Ride, RideState], chargeID string) (phase.Result, error) {
-//				run.State.ChargeID = chargeID
+//			func(ctx context.Context, tx pgx.Tx, in *phase.Input[Ride, RideState], chargeID string) (phase.Result, error) {
+//				in.State.ChargeID = chargeID
 //				return phase.Next(), nil
 //			}).Repeatable(),
-//		phase.Local("receipt_queued", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Ride, RideState]) (phase.Result, error) {
+//		phase.Local("receipt_queued", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Ride, RideState]) (phase.Result, error) {
 //			// enqueue the receipt in the same transaction...
-//			return phase.JSON(http.StatusCreated, map[string]any{"ride_id": run.State.RideID}), nil
+//			return phase.JSON(http.StatusCreated, map[string]any{"ride_id": in.State.RideID}), nil
 //		}),
 //	)
 //	client, err := phase.NewClient(pool, nil, rides) // one per process
-//	handler, err := rides.Handler(client, phase.HTTPConfig[Ride]{Tenant: userFromAuthorization})
+//	handler, err := phase.Handler(client, rides, phase.HTTPConfig[Ride]{Tenant: userFromAuthorization})
 //	mux.Handle("POST /rides", handler)
 //	err = client.Start(ctx) // the completer and the reaper; client.Stop(ctx) on shutdown
 //
@@ -104,7 +104,7 @@
 //     parsing, request fingerprints and downstream keys.
 //   - lockttl: the lease's rules: TTL, renewal, Retry-After.
 //   - otelphase: OpenTelemetry spans and metrics for runs, phases, foreign
-//     calls and completer passes, as a [phase.Middleware]. Only programs
+//     calls and completer passes, as a [phase.Hook]. Only programs
 //     that import it depend on OpenTelemetry.
 //   - cmd/atomicphase: inspect, list, unlock, retry and reap keys; migrate.
 //   - examples/quickstart: the README's complete program;

@@ -59,18 +59,18 @@ func newShop(t *testing.T, injector phase.Injector, accept ...bool) *shop {
 	if _, err := s.pool.Exec(ctx, `CREATE TABLE orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount int NOT NULL, charge text)`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := phase.New("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
 			return phase.Next(), tx.QueryRow(ctx, `INSERT INTO orders (amount) VALUES ($1) RETURNING id`, run.Req.Amount).Scan(&run.State.OrderID)
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[order, orderState]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, orderState]) (string, error) {
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				s.charges[run.DownstreamKey()]++
 				return "ch_" + run.DownstreamKey(), nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState], id string) (phase.Result, error) {
 				run.State.ChargeID = id
 				_, err := tx.Exec(ctx, `UPDATE orders SET charge = $2 WHERE id = $1`, run.State.OrderID, id)
 				return phase.JSON(http.StatusCreated, run.State), err
@@ -79,7 +79,11 @@ func newShop(t *testing.T, injector phase.Injector, accept ...bool) *shop {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := phase.NewClient(s.pool, &phase.Config{LockTTL: time.Second, Injector: injector,
+	var hooks []phase.Hook
+	if injector != nil {
+		hooks = append(hooks, injector)
+	}
+	client, err := phase.NewClient(s.pool, &phase.Config{LockTTL: time.Second, Hooks: hooks,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -90,11 +94,11 @@ func newShop(t *testing.T, injector phase.Injector, accept ...bool) *shop {
 		cfg.AcceptAfter = "order_created"
 		cfg.StatusLocation = func(r *http.Request, key string) string { return "/orders/status/" + key }
 	}
-	h, err := w.Handler(client, cfg)
+	h, err := phase.Handler(client, w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	status, err := w.StatusHandler(client, phase.StatusConfig{Tenant: tenant})
+	status, err := phase.StatusHandler(client, w, phase.StatusConfig{Tenant: tenant})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
-// Package lockttl holds the rules of the lease on an idempotency key: how
-// long a run may hold a key before another run may take it over, how often a
-// long-running holder renews it, and what a waiting client is told.
+// Package lockttl is the lease rules: how long a run may hold an
+// idempotency key before another run may take it over, how often a
+// long-running holder renews it, and what a waiting client is told. The
+// client, the completer and the statements that take and fence a lease all
+// follow these rules; phase.Config.LockTTL sets the one TTL they share.
 //
 // # Leases
 //

@@ -37,14 +37,14 @@ func providers(b *testing.B) map[string]otelphase.Config {
 	}
 }
 
-// BenchmarkMiddleware measures what the middleware adds to a run of three
+// BenchmarkHook measures what the hook adds to a run of three
 // phases, one with a foreign call, without the run itself: the CPU cost of
 // its five spans and its metrics.
-func BenchmarkMiddleware(b *testing.B) {
+func BenchmarkHook(b *testing.B) {
 	for _, name := range []string{"noop", "sdk"} {
 		b.Run(name, func(b *testing.B) {
 			cfg := providers(b)[name]
-			mw, err := otelphase.NewMiddleware(&cfg)
+			mw, err := otelphase.New(&cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -57,11 +57,11 @@ func BenchmarkMiddleware(b *testing.B) {
 			nothing := func(context.Context) error { return nil }
 			b.ReportAllocs()
 			for b.Loop() {
-				_, _ = mw.Run(ctx, run, func(ctx context.Context) (*phase.Outcome, error) {
+				_, _ = mw.WrapRun(ctx, run, func(ctx context.Context) (*phase.Outcome, error) {
 					for _, p := range phases {
-						_ = mw.Phase(ctx, p, func(ctx context.Context) error {
+						_ = mw.WrapPhase(ctx, p, func(ctx context.Context) error {
 							if p.DownstreamKey != "" {
-								return mw.Call(ctx, p, nothing)
+								return mw.WrapCall(ctx, p, nothing)
 							}
 							return nil
 						})
@@ -76,22 +76,22 @@ func BenchmarkMiddleware(b *testing.B) {
 var benchKeys atomic.Int64
 
 // BenchmarkRun runs new keys of a three-phase workflow, one with a foreign
-// call that returns at once, against Postgres: without middleware, and
+// call that returns at once, against Postgres: without hooks, and
 // through otelphase with each of the providers.
 func BenchmarkRun(b *testing.B) {
 	pool := pgtest.Pool(b)
-	w, err := phase.New("orders",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("orders",
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[order, string]) (string, error) { return "ch_1", nil },
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string], id string) (phase.Result, error) {
+			func(ctx context.Context, run *phase.Input[order, string]) (string, error) { return "ch_1", nil },
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string], id string) (phase.Result, error) {
 				run.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			return phase.JSON(http.StatusCreated, run.State), nil
 		}),
 	)
@@ -104,11 +104,11 @@ func BenchmarkRun(b *testing.B) {
 			cfg := phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{Interval: -1}}
 			if name != "none" {
 				c := configs[name]
-				mw, err := otelphase.NewMiddleware(&c)
+				mw, err := otelphase.New(&c)
 				if err != nil {
 					b.Fatal(err)
 				}
-				cfg.Middleware = []phase.Middleware{mw}
+				cfg.Hooks = []phase.Hook{mw}
 			}
 			c, err := phase.NewClient(pool, &cfg, w)
 			if err != nil {

@@ -1,10 +1,10 @@
 // Package otelphase traces and measures a phase.Client with OpenTelemetry.
-// It is a phase.Middleware; the core packages do not depend on
+// Its [Hook] is a phase.Hook; the core packages do not depend on
 // OpenTelemetry, only programs that import this package do.
 //
-//	mw, err := otelphase.NewMiddleware(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
-//	c, err := phase.NewClient(pool, &phase.Config{Middleware: []phase.Middleware{mw}}, rides)
-//	reg, err := mw.ObserveKeys(c) // the keys gauge; reg.Unregister() when done
+//	hook, err := otelphase.New(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
+//	c, err := phase.NewClient(pool, &phase.Config{Hooks: []phase.Hook{hook}}, rides)
+//	reg, err := hook.ObserveKeys(c) // the keys gauge; reg.Unregister() when done
 //
 // # Spans
 //
@@ -25,14 +25,14 @@
 //	atomicphase.call       atomicphase.workflow, .phase, .downstream_key, error.type
 //	atomicphase.completer.pass  atomicphase.claimed, .completed, .failed, .buried
 //
-// The outcome is new, resumed, replay, in_progress, mismatch, on_hold, or
-// error; an error's error.type is crash (an injected crash), lease_lost,
-// outcome_unknown, panic, timeout (the run's time limit), unavailable (the
-// key store), stopped (the client is stopping), not_registered,
-// invalid_request, canceled, or failed (any other error, the workflow's
-// own included). Spans of failed steps record the error and have status
-// Error; refusals (in_progress, mismatch, on_hold) are outcomes, not
-// errors.
+// The outcome is the phase.OutcomeKind (new, resumed, replayed, in_flight,
+// mismatch, on_hold, elsewhere) or error; an error's error.type is crash
+// (an injected crash), lease_lost, outcome_unknown, panic, timeout (the
+// run's time limit), unavailable (the key store), stopped (the client is
+// stopping), not_registered, invalid_request, canceled, or failed (any
+// other error, the workflow's own included). Spans of failed steps record
+// the error and have status Error; refusals (in_flight, mismatch, on_hold,
+// elsewhere) are outcomes, not errors.
 //
 // Tenants are often customer accounts or emails, so run spans carry the
 // tenant and the idempotency key only with Config.KeyAttributes; metrics
@@ -44,7 +44,7 @@
 //
 //	atomicphase.runs             counter {run}: atomicphase.workflow, .outcome, .completer, error.type
 //	atomicphase.replays          counter {run}: atomicphase.workflow
-//	atomicphase.conflicts        counter {run}: atomicphase.workflow, .outcome (in_progress or on_hold)
+//	atomicphase.conflicts        counter {run}: atomicphase.workflow, .outcome (in_flight or on_hold)
 //	atomicphase.phase.duration   histogram, seconds: atomicphase.workflow, .phase, error.type
 //	atomicphase.keys             gauge {key}: atomicphase.state (finished, in_flight, waiting, stuck, unknown, dead)
 //

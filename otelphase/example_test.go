@@ -17,7 +17,7 @@ import (
 	"github.com/atomicphase/atomicphase/phase"
 )
 
-func ExampleNewMiddleware() {
+func ExampleNew() {
 	ctx := context.Background()
 	dsn, drop, err := pgtest.NewDatabase(ctx, "example") // your application's database
 	if err != nil {
@@ -35,23 +35,23 @@ func ExampleNewMiddleware() {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 
-	mw, err := otelphase.NewMiddleware(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
+	mw, err := otelphase.New(&otelphase.Config{TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		log.Fatal(err)
 	}
-	greet, err := phase.New("greet",
+	greet, err := phase.NewWorkflow("greet",
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Run[string, string]) (string, error) {
+			func(ctx context.Context, run *phase.Input[string, string]) (string, error) {
 				return "hello " + run.Req, nil // a call to another service, with run.DownstreamKey()
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[string, string], greeting string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[string, string], greeting string) (phase.Result, error) {
 				return phase.JSON(http.StatusOK, greeting), nil
 			}),
 	)
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := phase.NewClient(pool, &phase.Config{Middleware: []phase.Middleware{mw}}, greet)
+	c, err := phase.NewClient(pool, &phase.Config{Hooks: []phase.Hook{mw}}, greet)
 	if err != nil {
 		log.Fatal(err)
 	}

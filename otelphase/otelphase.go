@@ -58,7 +58,7 @@ const (
 // about a second at a million keys.
 const DefaultCountsInterval = 30 * time.Second
 
-// Config configures a Middleware. Zero values mean the default.
+// Config configures a Hook. Zero values mean the default.
 type Config struct {
 	// TracerProvider makes the spans. Defaults to otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
@@ -75,10 +75,11 @@ type Config struct {
 	CountsInterval time.Duration
 }
 
-// Middleware is a phase.Middleware that traces runs, phases, foreign calls
-// and completer passes, and records their metrics. It is safe for
+// Hook is a phase.Hook that wraps runs, phases, foreign calls and
+// completer passes in spans, and records their metrics. It is safe for
 // concurrent use; one serves a whole client.
-type Middleware struct {
+type Hook struct {
+	phase.HookDefaults
 	cfg    Config
 	tracer trace.Tracer
 	meter  metric.Meter
@@ -89,11 +90,15 @@ type Middleware struct {
 	duration  metric.Float64Histogram
 }
 
-var _ phase.Middleware = (*Middleware)(nil)
+var _ interface {
+	phase.RunWrapper
+	phase.PhaseWrapper
+	phase.CallWrapper
+	phase.PassWrapper
+} = (*Hook)(nil)
 
-// NewMiddleware returns a Middleware configured by cfg; nil means all
-// defaults.
-func NewMiddleware(cfg *Config) (*Middleware, error) {
+// New returns a Hook configured by cfg; nil means all defaults.
+func New(cfg *Config) (*Hook, error) {
 	var c Config
 	if cfg != nil {
 		c = *cfg
@@ -110,7 +115,7 @@ func NewMiddleware(cfg *Config) (*Middleware, error) {
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
-	m := &Middleware{cfg: c, tracer: c.TracerProvider.Tracer(scope), meter: c.MeterProvider.Meter(scope)}
+	m := &Hook{cfg: c, tracer: c.TracerProvider.Tracer(scope), meter: c.MeterProvider.Meter(scope)}
 	var errs [4]error
 	m.runs, errs[0] = m.meter.Int64Counter("atomicphase.runs", metric.WithUnit("{run}"),
 		metric.WithDescription("Runs of idempotency keys, by workflow and outcome."))
@@ -127,7 +132,7 @@ func NewMiddleware(cfg *Config) (*Middleware, error) {
 }
 
 // Run traces a run as an atomicphase.run span and counts it by outcome.
-func (m *Middleware) Run(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
+func (m *Hook) WrapRun(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
 	attrs := []attribute.KeyValue{AttrWorkflow.String(run.Workflow)}
 	if m.cfg.KeyAttributes {
 		attrs = append(attrs, AttrTenant.String(run.Tenant), AttrKey.String(run.Key))
@@ -162,9 +167,9 @@ func (m *Middleware) Run(ctx context.Context, run *phase.RunInfo, next func(cont
 	m.runs.Add(ctx, 1, metric.WithAttributes(metricAttrs...))
 	if out != nil {
 		switch out.Kind {
-		case phase.OutcomeReplay:
+		case phase.OutcomeReplayed:
 			m.replays.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow)))
-		case phase.OutcomeInProgress, phase.OutcomeOnHold:
+		case phase.OutcomeInFlight, phase.OutcomeOnHold:
 			m.conflicts.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow), outcome))
 		}
 	}
@@ -173,7 +178,7 @@ func (m *Middleware) Run(ctx context.Context, run *phase.RunInfo, next func(cont
 
 // Phase traces a phase as an atomicphase.phase span and records its
 // duration.
-func (m *Middleware) Phase(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
+func (m *Hook) WrapPhase(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	attrs := []attribute.KeyValue{AttrWorkflow.String(p.Workflow), AttrPhase.String(p.Phase)}
 	ctx, span := m.tracer.Start(ctx, SpanPhase, trace.WithAttributes(attrs...))
 	defer span.End()
@@ -192,7 +197,7 @@ func (m *Middleware) Phase(ctx context.Context, p *phase.PhaseInfo, next func(co
 
 // Call traces a foreign call as an atomicphase.call span (a reconcile
 // function as an atomicphase.reconcile span) carrying its downstream key.
-func (m *Middleware) Call(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
+func (m *Hook) WrapCall(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	name := SpanCall
 	if p.Reconcile {
 		name = SpanReconcile
@@ -211,7 +216,7 @@ func (m *Middleware) Call(ctx context.Context, p *phase.PhaseInfo, next func(con
 
 // Pass traces a completer pass as an atomicphase.completer.pass span; the
 // runs it resumes are its children.
-func (m *Middleware) Pass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
+func (m *Hook) WrapPass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
 	ctx, span := m.tracer.Start(ctx, SpanPass)
 	defer span.End()
 	res, err := next(ctx)
@@ -224,26 +229,13 @@ func (m *Middleware) Pass(ctx context.Context, next func(context.Context) (recov
 	return res, err
 }
 
-// outcomeName names how a run ended: the atomicphase.outcome attribute.
+// outcomeName names how a run ended: the atomicphase.outcome attribute,
+// the phase.OutcomeKind itself, or "error".
 func outcomeName(out *phase.Outcome, err error) string {
 	if err != nil || out == nil {
 		return "error"
 	}
-	switch out.Kind {
-	case phase.OutcomeNew:
-		return "new"
-	case phase.OutcomeResumed:
-		return "resumed"
-	case phase.OutcomeReplay:
-		return "replay"
-	case phase.OutcomeInProgress:
-		return "in_progress"
-	case phase.OutcomeMismatch:
-		return "mismatch"
-	case phase.OutcomeOnHold:
-		return "on_hold"
-	}
-	return out.Kind.String()
+	return string(out.Kind)
 }
 
 // errorType names the kind of a run's or phase's error: the error.type
@@ -282,7 +274,7 @@ func errorType(err error) string {
 // counts are the database's, not the process's: register the gauge in one
 // process per database, once. Call Unregister on the result when c is
 // stopped.
-func (m *Middleware) ObserveKeys(c *phase.Client) (metric.Registration, error) {
+func (m *Hook) ObserveKeys(c *phase.Client) (metric.Registration, error) {
 	gauge, err := m.meter.Int64ObservableGauge("atomicphase.keys", metric.WithUnit("{key}"),
 		metric.WithDescription("Idempotency keys by state; stuck keys are idle past the completer's MinIdle."))
 	if err != nil {

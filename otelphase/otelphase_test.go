@@ -37,7 +37,7 @@ type order struct {
 type env struct {
 	c        *phase.Client
 	w        *phase.Workflow[order, string]
-	mw       *otelphase.Middleware
+	mw       *otelphase.Hook
 	spans    *tracetest.InMemoryExporter
 	reader   *sdkmetric.ManualReader
 	tracer   trace.Tracer
@@ -61,20 +61,20 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
 	e.tracer = tp.Tracer("test")
 	cfg.TracerProvider, cfg.MeterProvider = tp, mp
-	mw, err := otelphase.NewMiddleware(&cfg)
+	mw, err := otelphase.New(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.mw = mw
-	e.w, err = phase.New("orders",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+	e.w, err = phase.NewWorkflow("orders",
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			_, span := e.tracer.Start(ctx, "app.insert")
 			defer span.End()
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[order, string]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, string]) (string, error) {
 				_, span := e.tracer.Start(ctx, "provider.charge")
 				defer span.End()
 				e.downstream.Store(run.DownstreamKey())
@@ -84,11 +84,11 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 				}
 				return "ch_1", nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string], id string) (phase.Result, error) {
 				run.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			if e.failDone.Load() {
 				return phase.Result{}, errors.New("receipt printer on fire")
 			}
@@ -99,9 +99,9 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 		t.Fatal(err)
 	}
 	e.c, err = phase.NewClient(pgtest.Pool(t), &phase.Config{
-		Logger:     quiet,
-		Middleware: []phase.Middleware{mw},
-		Completer:  recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+		Logger:    quiet,
+		Hooks:     []phase.Hook{mw},
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
 	}, e.w)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestRunIsASpanTreeUnderTheCallersSpan(t *testing.T) {
 	if _, err := e.w.Run(context.Background(), e.c, "rider@example.com", "k1", order{Item: "ride"}); err != nil {
 		t.Fatal(err)
 	}
-	want = "atomicphase.run atomicphase.outcome=replay atomicphase.recovery_point=finished atomicphase.completer=false atomicphase.status=201\n"
+	want = "atomicphase.run atomicphase.outcome=replayed atomicphase.recovery_point=finished atomicphase.completer=false atomicphase.status=201\n"
 	if got := e.tree(); got != want {
 		t.Errorf("replay spans:\n%s\nwant:\n%s", got, want)
 	}
@@ -215,8 +215,8 @@ func TestMetricsCountRunsByOutcomeReplaysConflictsAndPhaseDurations(t *testing.T
 		}
 	}
 	run("k1", ride, phase.OutcomeNew)
-	run("k1", ride, phase.OutcomeReplay)
-	run("k1", ride, phase.OutcomeReplay)
+	run("k1", ride, phase.OutcomeReplayed)
+	run("k1", ride, phase.OutcomeReplayed)
 	run("k1", order{Item: "boat"}, phase.OutcomeMismatch)
 
 	// A second request while the first is in its call is refused.
@@ -227,7 +227,7 @@ func TestMetricsCountRunsByOutcomeReplaysConflictsAndPhaseDurations(t *testing.T
 		done <- err
 	}()
 	<-e.entered
-	run("k2", ride, phase.OutcomeInProgress)
+	run("k2", ride, phase.OutcomeInFlight)
 	close(e.block)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -244,13 +244,13 @@ func TestMetricsCountRunsByOutcomeReplaysConflictsAndPhaseDurations(t *testing.T
 	}
 	assertSums(t, rm, "atomicphase.runs", map[string]int64{
 		"atomicphase.completer=false,atomicphase.outcome=new,atomicphase.workflow=orders":                     2,
-		"atomicphase.completer=false,atomicphase.outcome=replay,atomicphase.workflow=orders":                  2,
+		"atomicphase.completer=false,atomicphase.outcome=replayed,atomicphase.workflow=orders":                2,
 		"atomicphase.completer=false,atomicphase.outcome=mismatch,atomicphase.workflow=orders":                1,
-		"atomicphase.completer=false,atomicphase.outcome=in_progress,atomicphase.workflow=orders":             1,
+		"atomicphase.completer=false,atomicphase.outcome=in_flight,atomicphase.workflow=orders":               1,
 		"atomicphase.completer=false,atomicphase.outcome=error,atomicphase.workflow=orders,error.type=failed": 1,
 	})
 	assertSums(t, rm, "atomicphase.replays", map[string]int64{"atomicphase.workflow=orders": 2})
-	assertSums(t, rm, "atomicphase.conflicts", map[string]int64{"atomicphase.outcome=in_progress,atomicphase.workflow=orders": 1})
+	assertSums(t, rm, "atomicphase.conflicts", map[string]int64{"atomicphase.outcome=in_flight,atomicphase.workflow=orders": 1})
 	assertHistogramCounts(t, rm, "atomicphase.phase.duration", map[string]uint64{
 		"atomicphase.phase=created,atomicphase.workflow=orders":                3,
 		"atomicphase.phase=charged,atomicphase.workflow=orders":                3,
@@ -309,10 +309,10 @@ func TestKeysGaugeReadsCountsAtMostOncePerInterval(t *testing.T) {
 	}
 }
 
-func TestNewMiddlewareRefusesANegativeCountsInterval(t *testing.T) {
+func TestNewRefusesANegativeCountsInterval(t *testing.T) {
 	t.Parallel()
-	if _, err := otelphase.NewMiddleware(&otelphase.Config{CountsInterval: -time.Second}); err == nil {
-		t.Fatal("NewMiddleware accepted a negative CountsInterval")
+	if _, err := otelphase.New(&otelphase.Config{CountsInterval: -time.Second}); err == nil {
+		t.Fatal("New accepted a negative CountsInterval")
 	}
 }
 

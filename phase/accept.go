@@ -15,10 +15,10 @@ import (
 )
 
 // listenerKey carries a function that a run calls with each of its events,
-// after the client's Observer.
+// after the client's observers.
 type listenerKey struct{}
 
-func withListener(ctx context.Context, f func(Event)) context.Context {
+func withListener(ctx context.Context, f func(keyrow.Event)) context.Context {
 	return context.WithValue(ctx, listenerKey{}, f)
 }
 
@@ -63,8 +63,8 @@ func (h *handler[Req, State]) runAccepting(ctx context.Context, tenant, key stri
 	}
 	acceptedCh := make(chan struct{})
 	var once sync.Once
-	ctx = withListener(ctx, func(ev Event) {
-		if (ev.Kind == EventPhaseCommitted || ev.Kind == EventResumed) && ev.RecoveryPoint != keyrow.Finished &&
+	ctx = withListener(ctx, func(ev keyrow.Event) {
+		if (ev.Kind == keyrow.EventPhaseCommitted || ev.Kind == keyrow.EventResumed) && ev.RecoveryPoint != keyrow.Finished &&
 			h.w.accepted(h.cfg.AcceptAfter, ev.RecoveryPoint) {
 			once.Do(func() { close(acceptedCh) })
 		}
@@ -135,7 +135,7 @@ func (h *handler[Req, State]) inProgress(rw http.ResponseWriter, r *http.Request
 		"another request with this Idempotency-Key is still being processed; retry after the time in Retry-After", out.RetryAfter)
 }
 
-// StatusConfig configures Workflow.StatusHandler. Zero values mean the
+// StatusConfig configures StatusHandler. Zero values mean the
 // documented default.
 type StatusConfig struct {
 	// Tenant returns whose key the request asks about, from its
@@ -147,14 +147,14 @@ type StatusConfig struct {
 	Key func(r *http.Request) (string, error)
 }
 
-// StatusHandler returns an http.Handler that tells a caller where the
-// request under its key stands, for the 202 Accepted answers of a Handler
-// with HTTPConfig.AcceptAfter: once the key is finished, its stored
+// StatusHandler returns an http.Handler through which c tells a caller of
+// w where the request under its key stands, for the 202 Accepted answers
+// of a Handler with HTTPConfig.AcceptAfter: once the key is finished, its stored
 // response, as a replay (Idempotent-Replayed: true); until then 202 with a
 // JSON body ({"status": "processing" or "on_hold", "recovery_point": ...})
 // and Retry-After; 404 when the tenant has no such key of this workflow.
 // Like the Handler, it only ever shows a tenant its own keys.
-func (w *Workflow[Req, State]) StatusHandler(c *Client, cfg StatusConfig) (http.Handler, error) {
+func StatusHandler[Req, State any](c *Client, w *Workflow[Req, State], cfg StatusConfig) (http.Handler, error) {
 	if err := c.registered(w); err != nil {
 		return nil, err
 	}

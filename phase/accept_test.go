@@ -20,7 +20,7 @@ func acceptEnv(t *testing.T, mutate ...func(*phase.Config)) (*env, http.Handler,
 		cfg.AcceptAfter = "order_created"
 		cfg.StatusLocation = func(r *http.Request, key string) string { return "/orders/status/" + key }
 	})
-	status, err := e.w.StatusHandler(e.c, phase.StatusConfig{
+	status, err := phase.StatusHandler(e.c, e.w, phase.StatusConfig{
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 	})
 	if err != nil {
@@ -99,7 +99,7 @@ func TestAcceptedRunThatCrashesIsResumed(t *testing.T) {
 	t.Parallel()
 	e, h, status := acceptEnv(t, func(cfg *phase.Config) {
 		cfg.LockTTL = time.Second
-		cfg.Injector = phase.CrashAt(phase.Point{Phase: "charged", Stage: phase.AfterCall})
+		cfg.Hooks = append(cfg.Hooks, phase.CrashAt(phase.Point{Phase: "charged", Stage: phase.AfterCall}))
 	})
 	body := `{"item":"book","amount":500}`
 	if rec := post(h, "k1", body); rec.Code != http.StatusAccepted {
@@ -157,7 +157,7 @@ func TestAcceptConfigIsValidated(t *testing.T) {
 		{AcceptAfter: "order_created"},
 	} {
 		cfg.Tenant = func(*http.Request) (string, error) { return "acme", nil }
-		if _, err := e.w.Handler(e.c, cfg); err == nil {
+		if _, err := phase.Handler(e.c, e.w, cfg); err == nil {
 			t.Errorf("Handler accepted AcceptAfter %q (StatusLocation set: %v)", cfg.AcceptAfter, cfg.StatusLocation != nil)
 		}
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/atomicphase/atomicphase/internal/maint"
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/lockttl"
@@ -74,14 +73,10 @@ type Config struct {
 	DownstreamKeyPrefix string
 	// Logger receives the client's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Observer, when set, receives every Event of every run.
-	Observer Observer
-	// Middleware wraps every run, phase, foreign call and completer pass,
-	// the first outermost: the place for tracing (see Middleware).
-	Middleware []Middleware
-	// Injector, when set, is consulted at every fault point (see Point).
-	// A context from WithInjector overrides it for one run.
-	Injector Injector
+	// Hooks observe, wrap and fault the client's work: each receives what
+	// the interfaces it implements say (see Hook). Wrappers apply in
+	// order, the first outermost. Defaults to none.
+	Hooks []Hook
 	// Completer configures the completer that Start runs.
 	Completer recovery.CompleterConfig
 	// Reaper configures the reaper that Start runs.
@@ -98,9 +93,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LockTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 || c.MaxPhaseRetries < -1 {
 		return c, errors.New("phase: Config.LockTTL, RetryBackoff, WaitForInFlight and MaxPhaseRetries must not be negative")
-	}
-	if slices.Contains(c.Middleware, nil) {
-		return c, errors.New("phase: Config.Middleware holds a nil Middleware")
 	}
 	c.LockTTL = cmp.Or(c.LockTTL, lockttl.DefaultTTL)
 	if err := lockttl.Check(c.LockTTL); err != nil {
@@ -200,14 +192,14 @@ func routesOf(workflows []Registered) (map[defKey]route, error) {
 // it runs, under their own names and those they adopt keys from, each kept
 // for its workflow's retention (the longest, when several registered
 // workflows run keys of one name).
-func reapScopes(routes map[defKey]route, retention time.Duration) []maint.Scope {
+func reapScopes(routes map[defKey]route, retention time.Duration) []recovery.Scope {
 	keep := make(map[string]time.Duration)
 	for k, rt := range routes {
 		keep[k.workflow] = max(keep[k.workflow], cmp.Or(rt.w.retention(), retention))
 	}
-	scopes := make([]maint.Scope, 0, len(keep))
+	scopes := make([]recovery.Scope, 0, len(keep))
 	for _, name := range slices.Sorted(maps.Keys(keep)) {
-		scopes = append(scopes, maint.Scope{Workflow: name, Retention: keep[name]})
+		scopes = append(scopes, recovery.Scope{Workflow: name, Retention: keep[name]})
 	}
 	return scopes
 }
@@ -229,13 +221,14 @@ var ErrStopped = errors.New("phase: client is stopping")
 // Config.Reaper.Interval to -1 (or never calls Start); a process that only
 // completes registers its workflows and calls Start without serving.
 type Client struct {
-	cfg  Config
-	pool *pgxpool.Pool
+	cfg   Config
+	hooks hooks
+	pool  *pgxpool.Pool
 	// poolConfig is a copy of the pool's configuration, made once.
 	poolConfig *pgxpool.Config
 	routes     map[defKey]route
-	completer  *maint.Completer
-	reaper     *maint.Reaper
+	completer  *recovery.Completer
+	reaper     *recovery.Reaper
 
 	mu       sync.Mutex
 	stopping bool
@@ -282,7 +275,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, pool: pool, poolConfig: pool.Config(), routes: routes}
+	hs, err := sortHooks(c.Hooks)
+	if err != nil {
+		return nil, err
+	}
+	cl := &Client{cfg: c, hooks: hs, pool: pool, poolConfig: pool.Config(), routes: routes}
 	keys := slices.SortedFunc(maps.Keys(routes), func(a, b defKey) int {
 		return cmp.Or(cmp.Compare(a.workflow, b.workflow), cmp.Compare(a.definition, b.definition))
 	})
@@ -291,11 +288,14 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 		names[i], defs[i] = k.workflow, k.definition
 	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
-	cl.completer = maint.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LockTTL, c.Logger)
-	if len(c.Middleware) > 0 {
+	cl.completer = recovery.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LockTTL, c.Logger)
+	if len(cl.hooks.passes) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
-	cl.reaper = maint.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	cl.reaper = recovery.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	if len(cl.hooks.observers) > 0 {
+		cl.completer.Observe, cl.reaper.Observe = cl.observe, cl.observe
+	}
 	cl.completer.Distributed, cl.reaper.Distributed = cl.distributed.Load, cl.distributed.Load
 	return cl, nil
 }
@@ -395,7 +395,7 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 		}
 		resp, err := rt.w.resume(ctx, c, row, rt, true)
 		if errors.Is(err, ErrDefinitionElsewhere) || errors.Is(err, errForOperator) {
-			return nil, fmt.Errorf("%w: %w", maint.ErrHandedBack, err)
+			return nil, fmt.Errorf("%w: %w", recovery.ErrHandedBack, err)
 		}
 		if err != nil {
 			return nil, err

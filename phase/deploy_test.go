@@ -96,7 +96,7 @@ type checkoutDef struct {
 
 func (s *shop) workflow(t *testing.T, d checkoutDef) *phase.Workflow[checkoutReq, checkoutState] {
 	t.Helper()
-	type run = phase.Run[checkoutReq, checkoutState]
+	type run = phase.Input[checkoutReq, checkoutState]
 	name := d.name
 	if name == "" {
 		name = "checkout"
@@ -144,7 +144,7 @@ func (s *shop) workflow(t *testing.T, d checkoutDef) *phase.Workflow[checkoutReq
 		phase.Local("responded", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 			return phase.JSON(http.StatusCreated, map[string]any{"charge": r.State.Charge, "receipt": r.State.Receipt, "checked": r.State.Checked}), nil
 		}))
-	w, err := phase.New(name, phases...)
+	w, err := phase.NewWorkflow(name, phases...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestAKeyAtAPointTheNewDefinitionLacksIsNotBuried(t *testing.T) {
 	db := pgtest.Pool(t)
 	s := newShop()
 	v2 := s.workflow(t, checkoutDef{fraudCheck: true})
-	h2, err := v2.Handler(process(t, db, v2), phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	h2, err := phase.Handler(process(t, db, v2), v2, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestAKeyAtAPointTheNewDefinitionLacksIsNotBuried(t *testing.T) {
 	if _, err := c3.Unlock(context.Background(), "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	h, err := v3.Handler(c3, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	h, err := phase.Handler(c3, v3, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,14 +405,14 @@ func TestARenamedWorkflowAdoptsItsKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2 := process(t, db, v2)
-	if out := retry(t, c2, v2, "finished"); out.Kind != phase.OutcomeReplay || !bytes.Equal(out.Response.Body, first.Response.Body) {
+	if out := retry(t, c2, v2, "finished"); out.Kind != phase.OutcomeReplayed || !bytes.Equal(out.Response.Body, first.Response.Body) {
 		t.Fatalf("retry of a finished key under the new name: %v, want its replay", out.Kind)
 	}
 	if out := retry(t, c2, v2, "unfinished"); out.Kind != phase.OutcomeResumed {
 		t.Fatalf("retry of an unfinished key under the new name: %v, want it resumed", out.Kind)
 	}
 	// And again, now that it carries the new definition.
-	if out := retry(t, c2, v2, "unfinished"); out.Kind != phase.OutcomeReplay {
+	if out := retry(t, c2, v2, "unfinished"); out.Kind != phase.OutcomeReplayed {
 		t.Fatalf("second retry: %v, want a replay", out.Kind)
 	}
 	if n := s.charges.count(); n != 2 {
@@ -442,7 +442,7 @@ func TestARequestTypeThatGainsAFieldKeepsEveryKey(t *testing.T) {
 	tenant := phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }}
 	v1 := s.workflow(t, checkoutDef{})
 	c1 := process(t, db, v1)
-	h1, err := v1.Handler(c1, tenant)
+	h1, err := phase.Handler(c1, v1, tenant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,8 +457,8 @@ func TestARequestTypeThatGainsAFieldKeepsEveryKey(t *testing.T) {
 		Amount int    `json:"amount"`
 		Coupon string `json:"coupon"`
 	}
-	type run2 = phase.Run[checkoutReq2, checkoutState]
-	v2, err := phase.New("checkout",
+	type run2 = phase.Input[checkoutReq2, checkoutState]
+	v2, err := phase.NewWorkflow("checkout",
 		phase.Local("reserved", func(ctx context.Context, tx pgx.Tx, r *run2) (phase.Result, error) { return phase.Next(), nil }),
 		phase.Foreign("charged",
 			func(ctx context.Context, r *run2) (string, error) { return s.charges.call(r.DownstreamKey()), nil },
@@ -479,7 +479,7 @@ func TestARequestTypeThatGainsAFieldKeepsEveryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2 := process(t, db, v2)
-	h2, err := v2.Handler(c2, phase.HTTPConfig[checkoutReq2]{Tenant: tenant.Tenant})
+	h2, err := phase.Handler(c2, v2, phase.HTTPConfig[checkoutReq2]{Tenant: tenant.Tenant})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +507,7 @@ func TestKeysStoredBeforeDefinitionsKeepTheirReplayAndResume(t *testing.T) {
 	s := newShop()
 	v1 := s.workflow(t, checkoutDef{})
 	c := process(t, db, v1)
-	h, err := v1.Handler(c, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	h, err := phase.Handler(c, v1, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,8 +601,8 @@ func TestACallThatFailedForSureIsSentAgain(t *testing.T) {
 	db := pgtest.Pool(t)
 	refused := true
 	var sent atomic.Int32
-	type run = phase.Run[checkoutReq, checkoutState]
-	w, err := phase.New("notify",
+	type run = phase.Input[checkoutReq, checkoutState]
+	w, err := phase.NewWorkflow("notify",
 		phase.Foreign("sent",
 			func(ctx context.Context, r *run) (int32, error) {
 				if refused {

@@ -4,15 +4,15 @@
 // # Workflows
 //
 // A [Workflow] is a named, ordered list of phases over a request type and a
-// state type, declared with [New]. Each phase's name is the recovery point
-// it commits; started and finished are reserved. The state is committed with
+// state type, declared with [NewWorkflow]. Each phase's name is the recovery
+// point it commits; started and finished are reserved. The state is committed with
 // every phase, so a later phase, or a resumed run in another process, reads
 // what earlier ones produced.
 //
 // Two kinds of phase make "at most one foreign side effect per phase" a
 // matter of the API's shape: [Local] phases do database work in one
 // transaction; [Foreign] phases make exactly one call, outside any
-// transaction, with a downstream idempotency key ([Run.DownstreamKey]), and
+// transaction, with a downstream idempotency key ([Input.DownstreamKey]), and
 // record its outcome in a short transaction. [Phase.When] lets a phase apply
 // only to some requests; [Phase.Repeatable] and [Reconciled] say what to do
 // when a call's outcome is unknown.
@@ -27,8 +27,8 @@
 //
 // [NewClient] builds the one [Client] a process needs from a pool and a
 // [Config] whose zero values are documented defaults. Workflows are
-// registered with it: [Workflow.Run] and [Workflow.Handler] refuse a
-// workflow the client does not know, and the client's completer claims only
+// registered with it: [Workflow.Run] and [Handler] refuse a workflow the
+// client does not know, and the client's completer claims only
 // keys of its workflows, so during a rolling deploy a process never takes
 // keys it cannot run. [Client.Start] runs the completer and the reaper
 // (package recovery) in the background; [Client.Stop] stops them and lets
@@ -55,8 +55,8 @@
 // stored response, reports a conflict or mismatch, or runs the phases after
 // the stored recovery point. Each phase commits together with its fenced
 // advance; an error rolls the phase back, frees the lease and keeps the
-// recovery point, so the next retry resumes. [Workflow.Handler] adapts this
-// to net/http and answers every error as RFC 9457 problem+json that says
+// recovery point, so the next retry resumes. [Handler] adapts this to
+// net/http and answers every error as RFC 9457 problem+json that says
 // whether retrying with the same key is safe.
 //
 // # Requests that finish in the background
@@ -68,8 +68,8 @@
 // expires and the completer, or the client's next retry, resumes it after
 // its last committed phase: one effect per phase still. A retry of the
 // request answers 202 again while the run goes on (not 409), and the
-// stored final response once it is done. [Workflow.StatusHandler] serves
-// the status: 202 with the recovery point until the key is finished, then
+// stored final response once it is done. [StatusHandler] serves the
+// status: 202 with the recovery point until the key is finished, then
 // its stored response; a tenant only ever sees its own keys. Package caller
 // follows a 202 by polling its Location.
 //
@@ -138,23 +138,28 @@
 //
 // # Fault injection
 //
-// A run consults an [Injector] at every fault [Point] (before a transaction,
-// before a foreign call, in it once the lease is renewed, after it, before
-// and after commit, before the response). [ErrCrash] stops the run as a killed process would: the
-// transaction rolls back and the lease is kept. [Recorder] discovers a
+// A run consults its [Injector] hooks at every fault [Point] (before a
+// transaction, before a foreign call, in it once the lease is renewed,
+// after it, before and after commit, before the response); [WithInjector]
+// gives one run its own. [ErrCrash] stops the run as a killed process
+// would: the transaction rolls back and the lease is kept. [Recorder] discovers a
 // workflow's points, [CrashAt] crashes at one, and package phasetest runs the
 // whole crash matrix in a workflow author's tests.
 //
-// # Observing
+// # Hooks
 //
 // [Config.Logger] receives structured logs with workflow, tenant, key and
-// recovery_point attributes; [Config.Observer] receives an [Event], with the
-// run's context, for everything that happens to a key.
-//
-// [Config.Middleware] wraps each run, phase, foreign call and completer
-// pass in a function that takes and returns its context, as River's
-// middleware and pgx's tracers do: a span a [Middleware] starts there is the
-// parent of everything the step does, the phase's own SQL and the foreign
-// call's HTTP request included. Package otelphase is the OpenTelemetry
-// one; this package does not depend on OpenTelemetry.
+// recovery_point attributes. Everything else that watches or steers a
+// client is a [Hook] in [Config.Hooks], found by the interfaces it
+// implements, as pgx finds a tracer's: an [Observer] receives a
+// [keyrow.Event], with the run's or pass's context, for everything that
+// happens to a key in runs, the completer and the reaper; a [RunWrapper],
+// [PhaseWrapper], [CallWrapper] or [PassWrapper] wraps each run, phase,
+// foreign call or completer pass in a function that takes and returns its
+// context, so a span it starts is the parent of everything the step does,
+// the phase's own SQL and the foreign call's HTTP request included; an
+// [Injector] injects faults. Events and outcomes share one spelling
+// ([OutcomeInFlight] is reported as keyrow.EventInFlight, "in_flight").
+// Package otelphase is the OpenTelemetry hook; this package does not
+// depend on OpenTelemetry.
 package phase

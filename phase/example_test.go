@@ -52,8 +52,8 @@ func sendPayout(ctx context.Context, destination string, amount int, idempotency
 // A workflow of three phases; the foreign one applies only to transfers
 // with an external payout.
 func transfers() *phase.Workflow[Transfer, TransferState] {
-	w, err := phase.New("transfers",
-		phase.Local("transfer_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Transfer, TransferState]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("transfers",
+		phase.Local("transfer_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Transfer, TransferState]) (phase.Result, error) {
 			if run.Req.Amount <= 0 {
 				return phase.JSON(http.StatusUnprocessableEntity, map[string]string{"error": "amount must be positive"}), nil
 			}
@@ -61,15 +61,15 @@ func transfers() *phase.Workflow[Transfer, TransferState] {
 			return phase.Next(), err
 		}),
 		phase.Foreign("payout_sent",
-			func(ctx context.Context, run *phase.Run[Transfer, TransferState]) (string, error) {
+			func(ctx context.Context, run *phase.Input[Transfer, TransferState]) (string, error) {
 				return sendPayout(ctx, run.Req.Payout, run.Req.Amount, run.DownstreamKey())
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[Transfer, TransferState], payoutID string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[Transfer, TransferState], payoutID string) (phase.Result, error) {
 				run.State.PayoutID = payoutID
 				_, err := tx.Exec(ctx, `UPDATE transfers SET payout = $2 WHERE id = $1`, run.State.TransferID, payoutID)
 				return phase.Next(), err
-			}).Repeatable().When(func(run *phase.Run[Transfer, TransferState]) bool { return run.Req.Payout != "" }),
-		phase.Local("settled", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Transfer, TransferState]) (phase.Result, error) {
+			}).Repeatable().When(func(run *phase.Input[Transfer, TransferState]) bool { return run.Req.Payout != "" }),
+		phase.Local("settled", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Transfer, TransferState]) (phase.Result, error) {
 			return phase.JSON(http.StatusCreated, run.State), nil
 		}),
 	)
@@ -79,7 +79,7 @@ func transfers() *phase.Workflow[Transfer, TransferState] {
 	return w
 }
 
-func ExampleNew() {
+func ExampleNewWorkflow() {
 	w := transfers()
 	fmt.Println(w.Name(), w.Phases())
 	// Output: transfers [transfer_created payout_sent settled]
@@ -103,10 +103,10 @@ func ExampleWorkflow_Run() {
 	}
 	// Output:
 	// new 201 {"transfer_id":1,"payout_id":"po_bank"}
-	// replay 201 {"transfer_id":1,"payout_id":"po_bank"}
+	// replayed 201 {"transfer_id":1,"payout_id":"po_bank"}
 }
 
-func ExampleWorkflow_Handler() {
+func ExampleHandler() {
 	ctx := context.Background()
 	pool, done := exampleDB(ctx)
 	defer done()
@@ -115,7 +115,7 @@ func ExampleWorkflow_Handler() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := w.Handler(client, phase.HTTPConfig[Transfer]{
+	h, err := phase.Handler(client, w, phase.HTTPConfig[Transfer]{
 		// The tenant comes from authentication, never from the body.
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 	})

@@ -45,15 +45,20 @@ func (p Point) String() string { return p.Phase + "/" + string(p.Stage) }
 // freed, nothing is answered. The key resumes once its lease expires.
 var ErrCrash = errors.New("phase: injected crash")
 
-// Injector decides, at each fault point of a run, whether to fail there.
-// Returning ErrCrash (or an error wrapping it) crashes the run; any other
-// error fails the phase as an unexpected error would.
+// Injector is a Hook that decides, at each fault point of a run, whether
+// to fail there. Returning ErrCrash (or an error wrapping it) crashes the
+// run; any other error fails the phase as an unexpected error would. The
+// client consults its injectors in order, and the first error wins.
 type Injector interface {
+	Hook
 	Inject(ctx context.Context, at Point) error
 }
 
 // InjectorFunc adapts a function to Injector.
 type InjectorFunc func(ctx context.Context, at Point) error
+
+// IsHook returns true.
+func (InjectorFunc) IsHook() bool { return true }
 
 // Inject calls f.
 func (f InjectorFunc) Inject(ctx context.Context, at Point) error { return f(ctx, at) }
@@ -81,6 +86,9 @@ type Recorder struct {
 	points []Point
 }
 
+// IsHook returns true.
+func (*Recorder) IsHook() bool { return true }
+
 // Inject records at.
 func (r *Recorder) Inject(_ context.Context, at Point) error {
 	r.mu.Lock()
@@ -99,7 +107,7 @@ func (r *Recorder) Points() []Point {
 type injectorKey struct{}
 
 // WithInjector returns a context whose runs consult inj at every fault
-// point, overriding the runner's Config.Injector. It lets one test, or one
+// point, instead of the client's injectors (Config.Hooks). It lets one test, or one
 // simulated request, crash without affecting concurrent runs.
 func WithInjector(ctx context.Context, inj Injector) context.Context {
 	return context.WithValue(ctx, injectorKey{}, inj)

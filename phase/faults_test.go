@@ -68,8 +68,8 @@ func TestPanicInUserCodeFreesTheKeyAndLeavesNothingRunning(t *testing.T) {
 					panic("boom in " + at)
 				}
 			}
-			type run = phase.Run[order, orderState]
-			w, err := phase.New("orders",
+			type run = phase.Input[order, orderState]
+			w, err := phase.NewWorkflow("orders",
 				phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 					err := tx.QueryRow(ctx, `INSERT INTO orders (ikey, item, amount) VALUES ($1, $2, $3) RETURNING id`,
 						r.Key, r.Req.Item, r.Req.Amount).Scan(&r.State.OrderID)
@@ -95,7 +95,7 @@ func TestPanicInUserCodeFreesTheKeyAndLeavesNothingRunning(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h, err := w.Handler(c, phase.HTTPConfig[order]{
+			h, err := phase.Handler(c, w, phase.HTTPConfig[order]{
 				Tenant: func(r *http.Request) (string, error) { boom("tenant"); return "acme", nil },
 				Decode: func(r *http.Request) (order, error) { boom("decode"); return phase.DecodeJSON[order](r) },
 			})
@@ -132,13 +132,13 @@ func TestPanicInReconcileLeavesTheKeyForTheNextPass(t *testing.T) {
 	db := pgtest.Pool(t)
 	var panics atomic.Bool
 	panics.Store(true)
-	type run = phase.Run[order, struct{}]
+	type run = phase.Input[order, struct{}]
 	record := func(ctx context.Context, tx pgx.Tx, r *run, id string) (phase.Result, error) {
 		return phase.JSON(200, id), nil
 	}
 	p := phase.Reconciled(phase.Foreign("sent",
 		func(ctx context.Context, r *run) (string, error) {
-			return "", phase.OutcomeUnknown(errors.New("connection dropped"))
+			return "", phase.MaybeHappened(errors.New("connection dropped"))
 		}, record),
 		func(ctx context.Context, r *run) (string, phase.Resolution, error) {
 			if panics.Swap(false) {
@@ -146,7 +146,7 @@ func TestPanicInReconcileLeavesTheKeyForTheNextPass(t *testing.T) {
 			}
 			return "msg-1", phase.Happened, nil
 		}, record)
-	w, err := phase.New("notify", p)
+	w, err := phase.NewWorkflow("notify", p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,12 +206,12 @@ var errHang = errors.New("hang")
 func TestHungUnrepeatableCallIsHeldForReconciliation(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
-	w, err := phase.New("notify", phase.Foreign("sent",
-		func(ctx context.Context, r *phase.Run[order, struct{}]) (string, error) {
+	w, err := phase.NewWorkflow("notify", phase.Foreign("sent",
+		func(ctx context.Context, r *phase.Input[order, struct{}]) (string, error) {
 			<-ctx.Done() // a provider that never answers
 			return "", ctx.Err()
 		},
-		func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}], id string) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}], id string) (phase.Result, error) {
 			return phase.JSON(200, id), nil
 		}))
 	if err != nil {
@@ -235,7 +235,7 @@ func TestCompleterPassIsBoundedPerKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	var calls atomic.Int32
-	w, err := phase.New("stall", phase.Local("stalled", func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("stall", phase.Local("stalled", func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}]) (phase.Result, error) {
 		calls.Add(1)
 		// A phase stuck on a lock held elsewhere, or a slow query.
 		_, err := tx.Exec(ctx, `SELECT pg_sleep(60)`)
@@ -275,15 +275,15 @@ func TestPausedHolderDoesNotSendItsCallAfterATakeover(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	var calls atomic.Int32
-	w, err := phase.New("payout",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("payout",
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
 		phase.Foreign("paid",
-			func(ctx context.Context, r *phase.Run[order, struct{}]) (int32, error) {
+			func(ctx context.Context, r *phase.Input[order, struct{}]) (int32, error) {
 				return calls.Add(1), nil // a provider that ignores idempotency keys
 			},
-			func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}], n int32) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}], n int32) (phase.Result, error) {
 				return phase.JSON(200, n), nil
 			}))
 	if err != nil {
@@ -316,7 +316,7 @@ func TestPausedHolderDoesNotSendItsCallAfterATakeover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if out.Kind != phase.OutcomeInProgress || time.Now().After(deadline) {
+		if out.Kind != phase.OutcomeInFlight || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -376,10 +376,10 @@ func TestTakenOverHolderThatMeetsTheNewHoldersRowsIsToldItLostTheKey(t *testing.
 	if a.Code != http.StatusConflict || problemType(t, a) != "request-in-progress" {
 		t.Fatalf("A after waking: %d %s, want 409 request-in-progress", a.Code, a.Body.String())
 	}
-	if n := e.events.Count(phase.EventFailed); n != 0 {
+	if n := e.events.Count(keyrow.EventFailed); n != 0 {
 		t.Fatalf("%d runs reported failed, want none: A lost its lease", n)
 	}
-	if n := e.events.Count(phase.EventLeaseLost); n != 1 {
+	if n := e.events.Count(keyrow.EventLeaseLost); n != 1 {
 		t.Fatalf("%d lease-lost events, want A's", n)
 	}
 	row, err := e.c.Inspect(ctx, "acme", "k1")
@@ -493,12 +493,12 @@ func TestStoreLostMidRunIs503SafeToRetry(t *testing.T) {
 			t.Parallel()
 			pool, cut := switchedPool(t)
 			e := setupPool(t, pool, func(c *phase.Config) {
-				c.Injector = phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
+				c.Hooks = []phase.Hook{phase.InjectorFunc(func(ctx context.Context, at phase.Point) error {
 					if when == "between phases" && at == (phase.Point{Phase: "charged", Stage: phase.BeforeTx}) {
 						cut()
 					}
 					return nil
-				})
+				})}
 			})
 			if when == "during the call" {
 				e.pay.fail = func(string) error { cut(); return nil }

@@ -47,7 +47,7 @@ func Invalid(field, detail string) *RequestError {
 	return &RequestError{Status: http.StatusUnprocessableEntity, Field: field, Detail: detail}
 }
 
-// HTTPConfig configures Workflow.Handler. Zero values mean the documented
+// HTTPConfig configures Handler. Zero values mean the documented
 // default.
 type HTTPConfig[Req any] struct {
 	// Tenant returns whose key the request uses, from the request's
@@ -78,7 +78,7 @@ type HTTPConfig[Req any] struct {
 	// phase is done.
 	AcceptAfter string
 	// StatusLocation returns the URL at which the status of key is read
-	// (see Workflow.StatusHandler). Required with AcceptAfter.
+	// (see StatusHandler). Required with AcceptAfter.
 	StatusLocation func(r *http.Request, key string) string
 	// AdjustReplay, when set, may change a replayed response before it is
 	// sent: its status, headers and body, as stored (see
@@ -120,8 +120,8 @@ func isTooBig(err error) bool {
 	return errors.As(err, &tooBig)
 }
 
-// Handler returns an http.Handler that runs w for each POST under the
-// Idempotency-Key header; w must be registered with c. It parses the key
+// Handler returns an http.Handler through which c runs w for each POST
+// under the Idempotency-Key header; w must be registered with c. It parses the key
 // (bare or RFC 8941 quoted), finds the tenant and decodes the request with
 // cfg's functions, and answers: the stored response (replays carry
 // Idempotent-Replayed: true, the identical status and body, and only the
@@ -145,7 +145,7 @@ func isTooBig(err error) bool {
 //
 // Failures are never stored: the next retry resumes after the last committed
 // phase.
-func (w *Workflow[Req, State]) Handler(c *Client, cfg HTTPConfig[Req]) (http.Handler, error) {
+func Handler[Req, State any](c *Client, w *Workflow[Req, State], cfg HTTPConfig[Req]) (http.Handler, error) {
 	if err := c.registered(w); err != nil {
 		return nil, err
 	}
@@ -237,7 +237,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		return
 	}
 	switch out.Kind {
-	case OutcomeReplay:
+	case OutcomeReplayed:
 		if h.cfg.AdjustReplay != nil {
 			resp := *out.Response
 			resp.Header = out.Response.Header.Clone()
@@ -252,7 +252,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		writeStored(rw, out.Response, true)
 	case OutcomeNew, OutcomeResumed:
 		writeStored(rw, out.Response, false)
-	case OutcomeInProgress:
+	case OutcomeInFlight:
 		h.inProgress(rw, r, tenant, key, out)
 	case OutcomeOnHold:
 		detail := "the outcome of this request is being reconciled with a downstream service; retry later with the same Idempotency-Key"

@@ -143,7 +143,7 @@ func (w *Workflow[Req, State]) phaseKinds() ([]string, []bool) {
 // checkOutput finds the foreign phase whose outcome row awaits, as a run
 // of the key would, and decodes output into that phase's output type.
 func (w *Workflow[Req, State]) checkOutput(row *keyrow.Row, output json.RawMessage) (string, error) {
-	run := &Run[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts, Resumed: true}
+	run := &Input[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts, Resumed: true}
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		return "", fmt.Errorf("decode stored request: %w", err)
 	}

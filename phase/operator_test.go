@@ -33,12 +33,12 @@ type notifier struct {
 	asked atomic.Int32 // calls of the reconcile function
 }
 
-func (n *notifier) send(ctx context.Context, r *phase.Run[order, struct{}]) (message, error) {
+func (n *notifier) send(ctx context.Context, r *phase.Input[order, struct{}]) (message, error) {
 	n.mu.Lock()
 	n.keys = append(n.keys, r.DownstreamKey())
 	n.mu.Unlock()
 	if n.lose.Load() {
-		return message{}, phase.OutcomeUnknown(errors.New("connection dropped after the request was sent"))
+		return message{}, phase.MaybeHappened(errors.New("connection dropped after the request was sent"))
 	}
 	return message{ID: "msg-sent"}, nil
 }
@@ -54,17 +54,17 @@ func (n *notifier) calls() []string {
 // tell (Pending), as when the provider offers no lookup.
 func notifyWorkflow(t *testing.T, n *notifier, reconcile bool) *phase.Workflow[order, struct{}] {
 	t.Helper()
-	record := func(ctx context.Context, tx pgx.Tx, r *phase.Run[order, struct{}], m message) (phase.Result, error) {
+	record := func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}], m message) (phase.Result, error) {
 		return phase.JSON(200, m), nil
 	}
 	p := phase.Foreign("sent", n.send, record)
 	if reconcile {
-		p = phase.Reconciled(p, func(ctx context.Context, r *phase.Run[order, struct{}]) (message, phase.Resolution, error) {
+		p = phase.Reconciled(p, func(ctx context.Context, r *phase.Input[order, struct{}]) (message, phase.Resolution, error) {
 			n.asked.Add(1)
 			return message{}, phase.Pending, nil
 		}, record)
 	}
-	w, err := phase.New("notify", p)
+	w, err := phase.NewWorkflow("notify", p)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,8 +284,8 @@ func TestServerErrorIsNotStoredAndTheRetryResumes(t *testing.T) {
 	if orders != 1 || e.pay.chargesFor(orderID) != 1 {
 		t.Fatalf("%d orders, %d charges after resume; want 1 and 1", orders, e.pay.chargesFor(orderID))
 	}
-	if e.events.Count(phase.EventResumed) != 1 || e.events.Count(phase.EventFailed) != 1 {
-		t.Fatalf("events resumed=%d failed=%d, want 1 and 1", e.events.Count(phase.EventResumed), e.events.Count(phase.EventFailed))
+	if e.events.Count(keyrow.EventResumed) != 1 || e.events.Count(keyrow.EventFailed) != 1 {
+		t.Fatalf("events resumed=%d failed=%d, want 1 and 1", e.events.Count(keyrow.EventResumed), e.events.Count(keyrow.EventFailed))
 	}
 }
 
@@ -316,13 +318,13 @@ func TestUnknownOutcomeOfUnrepeatableCallParksTheKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	calls := 0
-	w, err := phase.New("notify",
+	w, err := phase.NewWorkflow("notify",
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Run[order, struct{}]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
 				calls++
-				return "", phase.OutcomeUnknown(errors.New("SMTP connection dropped after DATA"))
+				return "", phase.MaybeHappened(errors.New("SMTP connection dropped after DATA"))
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 				return phase.JSON(200, "sent"), nil
 			}))
 	if err != nil {
@@ -351,14 +353,14 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `CREATE TABLE notes (n text)`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := phase.New("steal",
+	w, err := phase.NewWorkflow("steal",
 		phase.Foreign("called",
-			func(ctx context.Context, run *phase.Run[order, struct{}]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
 				// Another run takes the key over while this call is out.
 				_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE id = $1`, run.ID)
 				return "done", err
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 				_, err := tx.Exec(ctx, `INSERT INTO notes VALUES ('recorded')`)
 				return phase.JSON(200, "ok"), err
 			}))
@@ -366,7 +368,7 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := &phasetest.Events{}
-	rn, err := phase.NewClient(db, &phase.Config{Observer: events.Observe}, w)
+	rn, err := phase.NewClient(db, &phase.Config{Hooks: []phase.Hook{events}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,8 +380,8 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 	if err := db.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM notes), recovery_point FROM idempotency_keys`).Scan(&notes, &rp); err != nil {
 		t.Fatal(err)
 	}
-	if notes != 0 || rp != keyrow.Started || events.Count(phase.EventLeaseLost) != 1 {
-		t.Fatalf("notes=%d recovery point %q lease-lost events %d; want nothing committed", notes, rp, events.Count(phase.EventLeaseLost))
+	if notes != 0 || rp != keyrow.Started || events.Count(keyrow.EventLeaseLost) != 1 {
+		t.Fatalf("notes=%d recovery point %q lease-lost events %d; want nothing committed", notes, rp, events.Count(keyrow.EventLeaseLost))
 	}
 }
 
@@ -388,8 +390,8 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 	db := pgtest.Pool(t)
 	attempts := 0
 	failures := 2
-	w, err := phase.New("flaky",
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{ Tries int }]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("flaky",
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{ Tries int }]) (phase.Result, error) {
 			attempts++
 			run.State.Tries++
 			if attempts <= failures {
@@ -402,7 +404,7 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := &phasetest.Events{}
-	rn, err := phase.NewClient(db, &phase.Config{Observer: events.Observe, MaxPhaseRetries: 3}, w)
+	rn, err := phase.NewClient(db, &phase.Config{Hooks: []phase.Hook{events}, MaxPhaseRetries: 3}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,8 +413,8 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	// State changes of failed attempts are discarded: the answer is 1.
-	if string(out.Response.Body) != "1\n" || attempts != 3 || events.Count(phase.EventRetried) != 2 {
-		t.Fatalf("body %q after %d attempts, %d retries; want 1 after 3 attempts and 2 retries", out.Response.Body, attempts, events.Count(phase.EventRetried))
+	if string(out.Response.Body) != "1\n" || attempts != 3 || events.Count(keyrow.EventRetried) != 2 {
+		t.Fatalf("body %q after %d attempts, %d retries; want 1 after 3 attempts and 2 retries", out.Response.Body, attempts, events.Count(keyrow.EventRetried))
 	}
 
 	attempts, failures = 0, 100
@@ -441,7 +443,7 @@ func TestStoreUnreachableFailsClosedBeforeAnySideEffect(t *testing.T) {
 
 func TestWorkflowDeclarationErrors(t *testing.T) {
 	t.Parallel()
-	noop := func(context.Context, pgx.Tx, *phase.Run[order, struct{}]) (phase.Result, error) {
+	noop := func(context.Context, pgx.Tx, *phase.Input[order, struct{}]) (phase.Result, error) {
 		return phase.Next(), nil
 	}
 	for _, tc := range []struct {
@@ -455,14 +457,14 @@ func TestWorkflowDeclarationErrors(t *testing.T) {
 		{"empty name", []phase.Phase[order, struct{}]{phase.Local("", noop)}},
 		{"repeatable local", []phase.Phase[order, struct{}]{phase.Local("a", noop).Repeatable()}},
 		{"reconciled local", []phase.Phase[order, struct{}]{phase.Reconciled(phase.Local("a", noop),
-			func(context.Context, *phase.Run[order, struct{}]) (int, phase.Resolution, error) {
+			func(context.Context, *phase.Input[order, struct{}]) (int, phase.Resolution, error) {
 				return 0, phase.Happened, nil
 			},
-			func(context.Context, pgx.Tx, *phase.Run[order, struct{}], int) (phase.Result, error) {
+			func(context.Context, pgx.Tx, *phase.Input[order, struct{}], int) (phase.Result, error) {
 				return phase.Next(), nil
 			})}},
 	} {
-		if _, err := phase.New("w", tc.phases...); err == nil {
+		if _, err := phase.NewWorkflow("w", tc.phases...); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
 		}
 	}
@@ -471,7 +473,7 @@ func TestWorkflowDeclarationErrors(t *testing.T) {
 func TestWorkflowWithoutResponseFailsInsteadOfCommitting(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
-	w, err := phase.New("mute", phase.Local("only", func(context.Context, pgx.Tx, *phase.Run[order, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("mute", phase.Local("only", func(context.Context, pgx.Tx, *phase.Input[order, struct{}]) (phase.Result, error) {
 		return phase.Next(), nil
 	}))
 	if err != nil {
@@ -487,5 +489,44 @@ func TestWorkflowWithoutResponseFailsInsteadOfCommitting(t *testing.T) {
 	var rp string
 	if err := db.QueryRow(context.Background(), `SELECT recovery_point FROM idempotency_keys`).Scan(&rp); err != nil || rp != keyrow.Started {
 		t.Fatalf("recovery point %q (%v), want started: the phase must not commit", rp, err)
+	}
+}
+
+// A phase's When is asked once per run at each point it could apply: the
+// commit before it decides which phase comes next, and the run goes on
+// there without asking again.
+func TestWhenIsAskedOnceWhereThePhaseCouldApply(t *testing.T) {
+	t.Parallel()
+	var asked atomic.Int32
+	w, err := phase.NewWorkflow("asked",
+		phase.Local("first", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.Next(), nil
+		}),
+		phase.Local("maybe", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.Next(), nil
+		}).When(func(in *phase.Input[order, orderState]) bool {
+			asked.Add(1)
+			return !in.Req.Express
+		}),
+		phase.Local("last", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, "done"), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, express := range []bool{false, true} {
+		asked.Store(0)
+		key := fmt.Sprintf("express-%t", express)
+		out, err := w.Run(context.Background(), c, "acme", key, order{Item: "lamp", Express: express})
+		if err != nil || out.Kind != phase.OutcomeNew {
+			t.Fatalf("%s: %+v %v", key, out, err)
+		}
+		if n := asked.Load(); n != 1 {
+			t.Errorf("%s: When asked %d times, want once", key, n)
+		}
 	}
 }

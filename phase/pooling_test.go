@@ -53,7 +53,7 @@ func TestNewClientRefusesPoolsThatCannotRunItsStatements(t *testing.T) {
 			// The refusal is not a precaution: the store's first statement
 			// fails under these settings.
 			fp, _ := keyrow.Fingerprint("orders", []byte(`{}`))
-			if _, _, err := store.Acquire(ctx, db, store.Request{Tenant: "acme", Key: "k1", Workflow: "orders",
+			if _, _, err := store.Acquire(ctx, db, store.Request{Distributed: pgtest.OnCitus(), Tenant: "acme", Key: "k1", Workflow: "orders",
 				Fingerprint: fp, Params: []byte(`{}`), TTL: time.Minute}); err == nil {
 				t.Fatal("a key was acquired under settings NewClient refuses; the refusal is no longer needed")
 			}
@@ -345,7 +345,7 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 	}
 	for key, body := range responses {
 		out, err := e.w.Run(ctx, e.c, "acme", key, order{Item: "lamp", Amount: 2000})
-		if err != nil || out.Kind != phase.OutcomeReplay || !bytes.Equal(out.Response.Body, body) {
+		if err != nil || out.Kind != phase.OutcomeReplayed || !bytes.Equal(out.Response.Body, body) {
 			t.Fatalf("replay of %s: %v %v, want the bytes first answered", key, out, err)
 		}
 	}

@@ -84,7 +84,7 @@ func (p *payments) Charge(ctx context.Context, key string, orderID int64, amount
 		p.charges[key] = c
 	}
 	if failure != nil {
-		return "", phase.OutcomeUnknown(failure)
+		return "", phase.MaybeHappened(failure)
 	}
 	return c.ID, nil
 }
@@ -135,8 +135,8 @@ CREATE TABLE orders (
 // row, one foreign charge, and a receipt with the response.
 func ordersWorkflow(t testing.TB, pay *payments) *phase.Workflow[order, orderState] {
 	t.Helper()
-	w, err := phase.New("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
 			if run.Req.Amount <= 0 {
 				return phase.JSON(http.StatusUnprocessableEntity, map[string]string{"error": "amount must be positive"}), nil
 			}
@@ -145,19 +145,19 @@ func ordersWorkflow(t testing.TB, pay *payments) *phase.Workflow[order, orderSta
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[order, orderState]) (string, error) {
+			func(ctx context.Context, run *phase.Input[order, orderState]) (string, error) {
 				return pay.Charge(ctx, run.DownstreamKey(), run.State.OrderID, run.Req.Amount)
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState], chargeID string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState], chargeID string) (phase.Result, error) {
 				run.State.ChargeID = chargeID
 				_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, run.State.OrderID, chargeID)
 				return phase.Next(), err
 			}).Repeatable(),
-		phase.Local("packed", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState]) (phase.Result, error) {
+		phase.Local("packed", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `UPDATE orders SET packed = true WHERE id = $1`, run.State.OrderID)
 			return phase.Next(), err
-		}).When(func(run *phase.Run[order, orderState]) bool { return !run.Req.Express }),
-		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, orderState]) (phase.Result, error) {
+		}).When(func(run *phase.Input[order, orderState]) bool { return !run.Req.Express }),
+		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
 			if _, err := tx.Exec(ctx, `UPDATE orders SET receipt = true WHERE id = $1`, run.State.OrderID); err != nil {
 				return phase.Result{}, err
 			}
@@ -192,7 +192,7 @@ func setupPool(t testing.TB, db *pgxpool.Pool, mutate ...func(*phase.Config)) *e
 	}
 	e := &env{db: db, pay: newPayments(), events: &phasetest.Events{}}
 	e.w = ordersWorkflow(t, e.pay)
-	cfg := phase.Config{Observer: e.events.Observe, Logger: quiet}
+	cfg := phase.Config{Hooks: []phase.Hook{e.events}, Logger: quiet}
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -217,7 +217,7 @@ func (e *env) handler(t testing.TB, mutate ...func(*phase.HTTPConfig[order])) ht
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	h, err := e.w.Handler(e.c, cfg)
+	h, err := phase.Handler(e.c, e.w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

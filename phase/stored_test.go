@@ -42,8 +42,8 @@ func setupAnswering(t *testing.T, name string, store *phase.StoreConfig, respond
 func newAnswering(t *testing.T, db *pgxpool.Pool, name string, store *phase.StoreConfig, respond func() phase.Result) *answering {
 	t.Helper()
 	a := &answering{db: db}
-	w, err := phase.New(name, phase.Local("answered",
-		func(ctx context.Context, tx pgx.Tx, run *phase.Run[signup, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow(name, phase.Local("answered",
+		func(ctx context.Context, tx pgx.Tx, run *phase.Input[signup, struct{}]) (phase.Result, error) {
 			a.runs.Add(1)
 			return respond(), nil
 		}))
@@ -70,7 +70,7 @@ func (a *answering) handler(t *testing.T, mutate ...func(*phase.HTTPConfig[signu
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	h, err := a.w.Handler(a.c, cfg)
+	h, err := phase.Handler(a.c, a.w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestCookieStoredByAnEarlierReleaseIsNotReplayed(t *testing.T) {
 	}
 
 	// The status handler replays with the same policy.
-	status, err := a.w.StatusHandler(a.c, phase.StatusConfig{
+	status, err := phase.StatusHandler(a.c, a.w, phase.StatusConfig{
 		Tenant: func(r *http.Request) (string, error) { return "acme", nil },
 		Key:    func(r *http.Request) (string, error) { return "k1", nil },
 	})
@@ -218,8 +218,8 @@ func TestAdjustReplayChangesOnlyReplays(t *testing.T) {
 
 func TestStoreResponsesRefusesHeadersThatAreNeverStored(t *testing.T) {
 	t.Parallel()
-	w, err := phase.New("signup", phase.Local("answered",
-		func(ctx context.Context, tx pgx.Tx, run *phase.Run[signup, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("signup", phase.Local("answered",
+		func(ctx context.Context, tx pgx.Tx, run *phase.Input[signup, struct{}]) (phase.Result, error) {
 			return phase.Next(), nil
 		}))
 	if err != nil {
@@ -359,8 +359,8 @@ func TestAReaperNeverDeletesTheKeysOfAWorkflowKeptLonger(t *testing.T) {
 	// A process that runs payouts with the default retention (an older
 	// configuration, during a deploy) keeps the key for the 30 days it
 	// recorded.
-	w, err := phase.New("payouts", phase.Local("answered",
-		func(ctx context.Context, tx pgx.Tx, run *phase.Run[signup, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("payouts", phase.Local("answered",
+		func(ctx context.Context, tx pgx.Tx, run *phase.Input[signup, struct{}]) (phase.Result, error) {
 			return created(), nil
 		}))
 	if err != nil {

@@ -25,8 +25,8 @@ import (
 // effects for the run's key.
 func effectsWorkflow(t *testing.T, db *pgxpool.Pool, use func(ctx context.Context, tx pgx.Tx, key string) error) (*phase.Client, *phase.Workflow[order, struct{}]) {
 	t.Helper()
-	w, err := phase.New("effects",
-		phase.Local("used", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("effects",
+		phase.Local("used", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
 			if err := use(ctx, tx, run.Key); err != nil {
 				return phase.Result{}, err
 			}
@@ -35,7 +35,7 @@ func effectsWorkflow(t *testing.T, db *pgxpool.Pool, use func(ctx context.Contex
 			}
 			return phase.Next(), nil
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.JSON(201, "ok"), nil
 		}))
 	if err != nil {
@@ -286,7 +286,7 @@ func TestPhaseIsolationLevelIsHonoured(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	level := func(first func(ctx context.Context, tx pgx.Tx) (string, error)) phase.LocalFunc[order, string] {
-		return func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+		return func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			got, err := first(ctx, tx)
 			run.State += got + ";"
 			return phase.Next(), err
@@ -313,12 +313,12 @@ func TestPhaseIsolationLevelIsHonoured(t *testing.T) {
 		}
 		return got, sp.Commit(ctx)
 	}
-	w, err := phase.New("levels",
+	w, err := phase.NewWorkflow("levels",
 		phase.Local("default", level(queryRow)),
 		phase.Local("serializable", level(queryRow)).Isolation(pgx.Serializable),
 		phase.Local("repeatable_simple", level(simple)).Isolation(pgx.RepeatableRead),
 		phase.Local("serializable_savepoint", level(savepoint)).Isolation(pgx.Serializable),
-		phase.Local("answer", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, string]) (phase.Result, error) {
+		phase.Local("answer", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
 			return phase.JSON(200, run.State), nil
 		}))
 	if err != nil {
@@ -349,18 +349,18 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `CREATE TABLE counts (k text)`); err != nil {
 		t.Fatal(err)
 	}
-	insert := func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) error {
+	insert := func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO counts VALUES ($1)`, run.Key)
 		return err
 	}
-	w, err := phase.New("count",
-		phase.Local("one", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("count",
+		phase.Local("one", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.Next(), insert(ctx, tx, run)
 		}),
-		phase.Local("nothing", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
+		phase.Local("nothing", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
-		phase.Local("two", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
+		phase.Local("two", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.JSON(201, "ok"), insert(ctx, tx, run)
 		}))
 	if err != nil {
@@ -389,7 +389,7 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 		t.Fatalf("%d rows (%v), want 2", n, err)
 	}
 	counter.Reset()
-	if out, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil || out.Kind != phase.OutcomeReplay {
+	if out, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil || out.Kind != phase.OutcomeReplayed {
 		t.Fatalf("replay: %v %v", out, err)
 	}
 	if counter.RoundTrips() != 1 || counter.Statements() != 1 {
@@ -410,15 +410,15 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 	})
 	const ttl = 3 * time.Second // proofs count for a second
 	var stall, slow atomic.Bool
-	call := func(ctx context.Context, run *phase.Run[order, struct{}]) (string, error) {
+	call := func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
 		return run.DownstreamKey(), nil
 	}
-	record := func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+	record := func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 		return phase.Next(), nil
 	}
-	w, err := phase.New("calls",
+	w, err := phase.NewWorkflow("calls",
 		phase.Foreign("first", call, record).Repeatable(),
-		phase.Local("between", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}]) (phase.Result, error) {
+		phase.Local("between", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			if slow.Load() {
 				// The advance extends the lease from the transaction's
@@ -427,7 +427,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 			}
 			return phase.Next(), err
 		}),
-		phase.Foreign("second", call, func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{}], _ string) (phase.Result, error) {
+		phase.Foreign("second", call, func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 			return phase.JSON(201, "ok"), nil
 		}).Repeatable())
 	if err != nil {
@@ -439,7 +439,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 		}
 		return nil
 	})
-	rn, err := phase.NewClient(db, &phase.Config{LockTTL: ttl, Injector: pause}, w)
+	rn, err := phase.NewClient(db, &phase.Config{LockTTL: ttl, Hooks: []phase.Hook{pause}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,13 +491,13 @@ func TestLostLeaseStopsAPhaseThatSentNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	w, err := phase.New("idle",
-		phase.Local("noted", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{ N int }]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("idle",
+		phase.Local("noted", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{ N int }]) (phase.Result, error) {
 			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE id = $1`, run.ID)
 			run.State.N = 1
 			return phase.Next(), err
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Run[order, struct{ N int }]) (phase.Result, error) {
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{ N int }]) (phase.Result, error) {
 			return phase.JSON(200, "ok"), nil
 		}))
 	if err != nil {

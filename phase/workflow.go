@@ -50,10 +50,10 @@ type adoption struct {
 	moves                map[string]string
 }
 
-// New declares a workflow. Names must be unique, non-empty and not one of the
+// NewWorkflow declares a workflow. Names must be unique, non-empty and not one of the
 // reserved recovery points (keyrow.Started, keyrow.Finished); at least one
 // phase is required.
-func New[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Req, State], error) {
+func NewWorkflow[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Req, State], error) {
 	if err := keyrow.CheckName(name); err != nil {
 		return nil, fmt.Errorf("phase: workflow name %w", err)
 	}
@@ -186,10 +186,9 @@ func (w *Workflow[Req, State]) next(rp string) (int, error) {
 	return i + 1, nil
 }
 
-// Run is what a phase sees: the request, the typed state committed by earlier
-// phases, and the key it runs under. (Workflow.Run runs a key; this type is
-// one run of it as a phase sees it.)
-type Run[Req, State any] struct {
+// Input is what a phase is given: the request, the typed state committed by
+// earlier phases, and the key it runs under.
+type Input[Req, State any] struct {
 	// Req is the decoded request. Phases must treat it as read-only.
 	Req Req
 	// State is the workflow state. A phase may change it; the change is
@@ -215,7 +214,7 @@ type Run[Req, State any] struct {
 // call (see keyrow.DownstreamKey): the same on every retry and in every
 // process, even after the key row was lost to a failover, and different for
 // every key, request and phase.
-func (r *Run[Req, State]) DownstreamKey() string {
+func (r *Input[Req, State]) DownstreamKey() string {
 	return r.downstream + r.phase
 }
 
@@ -252,21 +251,21 @@ func JSON(status int, v any) Result {
 }
 
 // LocalFunc is the body of a local phase: database work in tx only.
-type LocalFunc[Req, State any] func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error)
+type LocalFunc[Req, State any] func(ctx context.Context, tx pgx.Tx, in *Input[Req, State]) (Result, error)
 
 // CallFunc makes a phase's one foreign call. It runs outside any database
-// transaction and must send run.DownstreamKey() as the call's idempotency key.
-type CallFunc[Req, State, Out any] func(ctx context.Context, run *Run[Req, State]) (Out, error)
+// transaction and must send in.DownstreamKey() as the call's idempotency key.
+type CallFunc[Req, State, Out any] func(ctx context.Context, in *Input[Req, State]) (Out, error)
 
 // RecordFunc records a foreign call's outcome in tx, in the transaction that
 // commits the phase.
-type RecordFunc[Req, State, Out any] func(ctx context.Context, tx pgx.Tx, run *Run[Req, State], out Out) (Result, error)
+type RecordFunc[Req, State, Out any] func(ctx context.Context, tx pgx.Tx, in *Input[Req, State], out Out) (Result, error)
 
 // ReconcileFunc finds out what became of a foreign call whose outcome is
-// unknown, typically by looking the call up by run.DownstreamKey(). It
+// unknown, typically by looking the call up by in.DownstreamKey(). It
 // returns the call's output and Happened when the call happened, or
 // NotHappened when it provably did not and may be made again.
-type ReconcileFunc[Req, State, Out any] func(ctx context.Context, run *Run[Req, State]) (Out, Resolution, error)
+type ReconcileFunc[Req, State, Out any] func(ctx context.Context, in *Input[Req, State]) (Out, Resolution, error)
 
 // Resolution is what a reconciliation concluded.
 type Resolution int
@@ -292,7 +291,7 @@ type Phase[Req, State any] struct {
 	id        string
 	local     LocalFunc[Req, State]
 	foreign   *foreignPhase[Req, State]
-	when      func(run *Run[Req, State]) bool
+	when      func(in *Input[Req, State]) bool
 	isolation pgx.TxIsoLevel
 	// err records a misuse in the declaration, reported by New.
 	err error
@@ -300,15 +299,15 @@ type Phase[Req, State any] struct {
 
 type foreignPhase[Req, State any] struct {
 	// call makes the call and returns a function that records its outcome.
-	call      func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], error)
-	reconcile func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], Resolution, error)
+	call      func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], error)
+	reconcile func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], Resolution, error)
 	// decode turns an operator's JSON for the call's output into the
 	// record of it (see Client.Resolve).
 	decode     func(output []byte) (recordFn[Req, State], error)
 	repeatable bool
 }
 
-type recordFn[Req, State any] func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error)
+type recordFn[Req, State any] func(ctx context.Context, tx pgx.Tx, in *Input[Req, State]) (Result, error)
 
 // Local declares a phase of database work only: fn runs in one transaction
 // that also advances the recovery point.
@@ -331,13 +330,13 @@ func Local[Req, State any](name string, fn LocalFunc[Req, State]) Phase[Req, Sta
 // outcome is taken to have not happened, and the next run calls again.
 func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
 	bind := func(out Out) recordFn[Req, State] {
-		return func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error) {
-			return record(ctx, tx, run, out)
+		return func(ctx context.Context, tx pgx.Tx, in *Input[Req, State]) (Result, error) {
+			return record(ctx, tx, in, out)
 		}
 	}
 	return Phase[Req, State]{name: name, foreign: &foreignPhase[Req, State]{
-		call: func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], error) {
-			out, err := call(ctx, run)
+		call: func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], error) {
+			out, err := call(ctx, in)
 			if err != nil {
 				return nil, err
 			}
@@ -354,7 +353,7 @@ func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], r
 }
 
 // Reconciled returns p, a foreign phase, with fn as the way to resolve a
-// call whose outcome is unknown (see OutcomeUnknown). The completer calls it
+// call whose outcome is unknown (see MaybeHappened). The completer calls it
 // for keys on hold.
 func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
 	if p.foreign == nil {
@@ -362,13 +361,13 @@ func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, 
 		return p
 	}
 	f := *p.foreign
-	f.reconcile = func(ctx context.Context, run *Run[Req, State]) (recordFn[Req, State], Resolution, error) {
-		out, res, err := fn(ctx, run)
+	f.reconcile = func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], Resolution, error) {
+		out, res, err := fn(ctx, in)
 		if err != nil || res != Happened {
 			return nil, res, err
 		}
-		return func(ctx context.Context, tx pgx.Tx, run *Run[Req, State]) (Result, error) {
-			return record(ctx, tx, run, out)
+		return func(ctx context.Context, tx pgx.Tx, in *Input[Req, State]) (Result, error) {
+			return record(ctx, tx, in, out)
 		}, Happened, nil
 	}
 	p.foreign = &f
@@ -395,7 +394,7 @@ func (p Phase[Req, State]) Repeatable() Phase[Req, State] {
 // over it without a transaction and without changing the recovery point.
 // pred must depend only on the request and committed state, so every run of
 // a key decides the same way.
-func (p Phase[Req, State]) When(pred func(run *Run[Req, State]) bool) Phase[Req, State] {
+func (p Phase[Req, State]) When(pred func(in *Input[Req, State]) bool) Phase[Req, State] {
 	p.when = pred
 	return p
 }
@@ -431,12 +430,12 @@ func (p *Phase[Req, State]) identity() string {
 
 // ErrOutcomeUnknown marks a foreign call that may or may not have taken
 // effect (for example, a timeout after the request was sent). Wrap it with
-// OutcomeUnknown.
+// MaybeHappened.
 var ErrOutcomeUnknown = errors.New("phase: outcome of the foreign call is unknown")
 
-// OutcomeUnknown wraps err, returned by a foreign call, to say the call may
+// MaybeHappened wraps err, returned by a foreign call, to say the call may
 // have taken effect. A Repeatable phase is then retried with the same
 // downstream key; any other phase's key is held for reconciliation.
-func OutcomeUnknown(err error) error {
+func MaybeHappened(err error) error {
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 }

@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"time"
 )
@@ -53,8 +52,6 @@ type CompleterConfig struct {
 	// MaxAttempts is how many times the completer fails an abandoned key
 	// before moving it to the dead hold. Defaults to DefaultMaxAttempts.
 	MaxAttempts int
-	// Observer, when set, receives the completer's events.
-	Observer Observer
 }
 
 // WithDefaults returns c with every zero field set to its default, or an
@@ -109,8 +106,6 @@ type ReaperConfig struct {
 	// most half the reaper's time however slow load makes its batches.
 	// Defaults to DefaultReapPause; -1 means none.
 	Pause time.Duration
-	// Observer, when set, receives EventReaped and EventExpired.
-	Observer Observer
 }
 
 // WithDefaults returns c with every zero field set to its default, or an
@@ -155,36 +150,3 @@ type ReapResult struct {
 	// Deleted keys were finished and past retention.
 	Deleted int
 }
-
-// EventKind names what the completer or reaper did.
-type EventKind string
-
-// The events of the completer and reaper.
-const (
-	// EventCompleted: the completer ran a key to its stored response.
-	EventCompleted EventKind = "completed"
-	// EventFailed: the completer ran a key and it failed again.
-	EventFailed EventKind = "completer_failed"
-	// EventDead: keys moved to the dead hold.
-	EventDead EventKind = "dead"
-	// EventReaped: finished keys were deleted.
-	EventReaped EventKind = "reaped"
-	// EventExpired: abandoned keys got a terminal response.
-	EventExpired EventKind = "expired"
-)
-
-// Event describes what the completer or reaper did; Count says to how many
-// keys, and the key fields are set for single-key events.
-type Event struct {
-	Kind     EventKind
-	Count    int
-	Workflow string
-	Tenant   string
-	Key      string
-	Err      error
-}
-
-// Observer receives events with the context of the pass that caused them,
-// so a tracer can attach them to its span. It must be fast and safe for
-// concurrent use.
-type Observer func(ctx context.Context, ev Event)

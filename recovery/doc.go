@@ -1,7 +1,10 @@
-// Package recovery describes how keys that no client is waiting for are
-// finished, reconciled, given up on and cleaned up, and configures the
-// services that do it. The services themselves run inside a phase.Client:
-// its Start runs them, its Stop stops them.
+// Package recovery is where crashed and abandoned requests are finished:
+// the completer, which finishes, reconciles and gives up on keys that no
+// client is waiting for, the reaper, which cleans them up, and their
+// configuration. A phase.Client builds both from its Config (Completer,
+// Reaper) and runs them: its Start starts them, its Stop stops them, and
+// its Complete and Reap run them once. Their SQL stays inside the library,
+// out of users' reach.
 //
 // # Completer
 //
@@ -46,8 +49,9 @@
 //
 // # Metrics
 //
-// [Observer] receives the completer's and reaper's events (completed,
-// failed, dead, reaped, expired), as phase.Config.Observer receives a run's;
+// The completer's and reaper's events (completed, completer_failed, dead,
+// reaped, expired) are in the one list of keyrow.EventKind, with a run's,
+// and reach the observers among the client's hooks (phase.Config.Hooks);
 // the client's Counts gives the gauges. [Metrics] tallies events for any
 // metrics library to read.
 package recovery

@@ -33,8 +33,8 @@ func Example_completer() {
 	ctx := context.Background()
 	pool, done := exampleDB(ctx)
 	defer done()
-	type run = phase.Run[struct{ To string }, struct{}]
-	w, err := phase.New("welcome",
+	type run = phase.Input[struct{ To string }, struct{}]
+	w, err := phase.NewWorkflow("welcome",
 		phase.Local("account_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 			return phase.Next(), nil
 		}),

@@ -3,21 +3,28 @@ package recovery
 import (
 	"context"
 	"sync"
+
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
-// Metrics tallies events by kind, from the completer and reaper (Observe)
-// and from a client's runs (Count, fed from phase.Config.Observer); the
-// client's Counts gives the gauges. Export its numbers with any metrics library; it is safe
-// for concurrent use.
+// Metrics tallies events by kind, from the completer, the reaper and a
+// client's runs alike (Observe); the client's Counts gives the gauges.
+// Export its numbers with any metrics library; it is safe for concurrent
+// use.
 type Metrics struct {
 	mu     sync.Mutex
 	counts map[string]int64
 }
 
-// Observe adds a completer or reaper event; use it as an Observer.
-func (m *Metrics) Observe(_ context.Context, ev Event) { m.Count(string(ev.Kind), ev.Count) }
+// Observe adds ev, once for a run's event and Count times for an event of
+// the completer or reaper; give it to a client as
+// phase.ObserverFunc(m.Observe).
+func (m *Metrics) Observe(_ context.Context, ev keyrow.Event) {
+	m.Count(string(ev.Kind), max(ev.Count, 1))
+}
 
-// Count adds n to the tally of kind, for example a phase.EventKind.
+// Count adds n to the tally of kind, a keyrow.EventKind or a name of the
+// caller's own.
 func (m *Metrics) Count(kind string, n int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

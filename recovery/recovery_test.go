@@ -37,12 +37,12 @@ func effectsWorkflow(t testing.TB, db *pgxpool.Pool) *phase.Workflow[job, struct
 	if _, err := db.Exec(context.Background(), `CREATE TABLE effects (ikey text NOT NULL, n int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := phase.New("effects",
-		phase.Local("effect_recorded", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("effects",
+		phase.Local("effect_recorded", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, run.Key, run.Req.N)
 			return phase.Next(), err
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 			return phase.JSON(201, run.Req), nil
 		}))
 	if err != nil {
@@ -74,7 +74,7 @@ func abandon(t testing.TB, db *pgxpool.Pool, workflow, key string, req string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, row, err := store.Acquire(ctx, db, store.Request{Tenant: "acme", Key: key, Workflow: workflow,
+	out, row, err := store.Acquire(ctx, db, store.Request{Distributed: pgtest.OnCitus(), Tenant: "acme", Key: key, Workflow: workflow,
 		Fingerprint: fp, Params: []byte(req), TTL: time.Minute})
 	if err != nil || out != store.New {
 		t.Fatalf("acquire %s: %v %v", key, out, err)
@@ -169,7 +169,7 @@ func TestCompleterSkipsKeysUnderALiveLease(t *testing.T) {
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
 	fp, _ := keyrow.Fingerprint(w.Name(), []byte(`{"n":1}`))
-	if _, _, err := store.Acquire(ctx, db, store.Request{Tenant: "acme", Key: "busy", Workflow: w.Name(),
+	if _, _, err := store.Acquire(ctx, db, store.Request{Distributed: pgtest.OnCitus(), Tenant: "acme", Key: "busy", Workflow: w.Name(),
 		Fingerprint: fp, Params: []byte(`{"n":1}`), TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -186,15 +186,15 @@ func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 	w := effectsWorkflow(t, db)
 	// A key of a workflow that only a newer (or older) deployment runs.
 	abandon(t, db, "next-release-workflow", "k1", `{}`)
-	var events []recovery.Event
+	var events []keyrow.Event
 	var mu sync.Mutex
 	c := client(t, db, func(c *phase.Config) {
 		c.Completer.MaxAttempts = 1
-		c.Completer.Observer = func(_ context.Context, ev recovery.Event) {
+		c.Hooks = []phase.Hook{phase.ObserverFunc(func(_ context.Context, ev keyrow.Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, ev)
-		}
+		})}
 	}, w)
 	for range 3 {
 		res, err := c.Complete(ctx)
@@ -214,7 +214,7 @@ func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 		t.Fatalf("counts %+v %v; want the key counted as waiting or stuck", counts, err)
 	}
 	// A process that knows the workflow finishes it.
-	next, err := phase.New("next-release-workflow", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[struct{}, struct{}]) (phase.Result, error) {
+	next, err := phase.NewWorkflow("next-release-workflow", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[struct{}, struct{}]) (phase.Result, error) {
 		return phase.JSON(200, "ok"), nil
 	}))
 	if err != nil {
@@ -229,14 +229,14 @@ func TestRunningAnUnregisteredWorkflowIsAnError(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
-	other, err := phase.New("other", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+	other, err := phase.NewWorkflow("other", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 		return phase.JSON(200, "ok"), nil
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := client(t, db, nil, other)
-	if _, err := w.Handler(c, phase.HTTPConfig[job]{Tenant: func(*http.Request) (string, error) { return "acme", nil }}); !errors.Is(err, phase.ErrNotRegistered) {
+	if _, err := phase.Handler(c, w, phase.HTTPConfig[job]{Tenant: func(*http.Request) (string, error) { return "acme", nil }}); !errors.Is(err, phase.ErrNotRegistered) {
 		t.Fatalf("Handler of an unregistered workflow: %v, want ErrNotRegistered", err)
 	}
 	if _, err := w.Run(context.Background(), c, "acme", "k1", job{N: 1}); !errors.Is(err, phase.ErrNotRegistered) {
@@ -265,12 +265,12 @@ func (m *mailer) send(key string) error {
 	m.calls++
 	if m.refuse {
 		m.refuse = false
-		return phase.OutcomeUnknown(errors.New("connection reset before the server read the message"))
+		return phase.MaybeHappened(errors.New("connection reset before the server read the message"))
 	}
 	m.sent[key] = true
 	if m.lose {
 		m.lose = false
-		return phase.OutcomeUnknown(errors.New("timeout waiting for the server's answer"))
+		return phase.MaybeHappened(errors.New("timeout waiting for the server's answer"))
 	}
 	return nil
 }
@@ -283,7 +283,7 @@ func (m *mailer) wasSent(key string) bool {
 
 func mailWorkflow(t testing.TB, m *mailer) *phase.Workflow[job, struct{ Sent bool }] {
 	t.Helper()
-	type run = phase.Run[job, struct{ Sent bool }]
+	type run = phase.Input[job, struct{ Sent bool }]
 	record := func(ctx context.Context, tx pgx.Tx, r *run, sent bool) (phase.Result, error) {
 		r.State.Sent = sent
 		return phase.JSON(200, map[string]bool{"sent": sent}), nil
@@ -298,7 +298,7 @@ func mailWorkflow(t testing.TB, m *mailer) *phase.Workflow[job, struct{ Sent boo
 		}
 		return false, phase.NotHappened, nil
 	}, record)
-	w, err := phase.New("mail", send)
+	w, err := phase.NewWorkflow("mail", send)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestUnknownOutcomeIsReconciledToDoneWithoutRepeatingTheCall(t *testing.T) {
 		t.Fatalf("completer: %+v %v", res, err)
 	}
 	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
-	if err != nil || out.Kind != phase.OutcomeReplay || string(out.Response.Body) != "{\"sent\":true}\n" {
+	if err != nil || out.Kind != phase.OutcomeReplayed || string(out.Response.Body) != "{\"sent\":true}\n" {
 		t.Fatalf("after reconcile: %+v %v", out, err)
 	}
 	if m.calls != 1 {
@@ -345,7 +345,7 @@ func TestUnknownOutcomeIsReconciledToRetryAndCalledAgain(t *testing.T) {
 		t.Fatalf("completer: %+v %v", res, err)
 	}
 	out, err := w.Run(ctx, rn, "acme", "k1", job{N: 1})
-	if err != nil || out.Kind != phase.OutcomeReplay || string(out.Response.Body) != "{\"sent\":true}\n" {
+	if err != nil || out.Kind != phase.OutcomeReplayed || string(out.Response.Body) != "{\"sent\":true}\n" {
 		t.Fatalf("after retry: %+v %v", out, err)
 	}
 	if m.calls != 2 || len(m.sent) != 1 {
@@ -359,7 +359,7 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 	db := pgtest.Pool(t)
 	var broken atomic.Bool
 	broken.Store(true)
-	w, err := phase.New("fragile", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Run[job, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("fragile", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
 		if broken.Load() {
 			return phase.Result{}, errors.New("downstream bug")
 		}
@@ -374,17 +374,17 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 	}
 	var (
 		mu   sync.Mutex
-		dead []recovery.Event
+		dead []keyrow.Event
 	)
 	c := client(t, db, func(c *phase.Config) {
 		c.Completer.MaxAttempts = 3
-		c.Completer.Observer = func(_ context.Context, ev recovery.Event) {
+		c.Hooks = []phase.Hook{phase.ObserverFunc(func(_ context.Context, ev keyrow.Event) {
 			mu.Lock()
 			defer mu.Unlock()
-			if ev.Kind == recovery.EventDead {
+			if ev.Kind == keyrow.EventDead {
 				dead = append(dead, ev)
 			}
-		}
+		})}
 	}, w)
 	res, err := c.Complete(ctx)
 	if err != nil || res.Failed != 3 || res.Buried != 1 || len(dead) != 1 {
@@ -411,6 +411,7 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 
 func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 	t.Parallel()
+	pgtest.SkipOnCitus(t, "it ages keys with an UPDATE calling a volatile function, which Citus refuses")
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
@@ -507,7 +508,43 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 		t.Fatalf("%d expired keys left, %d deleted; want all 50 old keys gone", oldFinishedLeft, res.Deleted)
 	}
 	out, err := w.Run(ctx, rn, "acme", "dead", job{N: 3})
-	if err != nil || out.Kind != phase.OutcomeReplay || out.Response.Status != 500 {
+	if err != nil || out.Kind != phase.OutcomeReplayed || out.Response.Status != 500 {
 		t.Fatalf("late retry of the abandoned key: %+v %v, want a replayed terminal 500", out, err)
+	}
+}
+
+// One observer, given once in the client's hooks, counts the events of
+// runs, of the completer and of the reaper, from one list.
+func TestOneObserverSeesRunsTheCompleterAndTheReaper(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w := effectsWorkflow(t, db)
+	metrics := &recovery.Metrics{}
+	rn := client(t, db, func(c *phase.Config) { c.Hooks = []phase.Hook{phase.ObserverFunc(metrics.Observe)} }, w)
+	if _, err := w.Run(ctx, rn, "acme", "served", job{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, db, w.Name(), "abandoned", `{"n":2}`)
+	if res, err := rn.Complete(ctx); err != nil || res.Completed != 1 {
+		t.Fatalf("pass: %+v %v, want the abandoned key completed", res, err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET finished_at = now() - interval '2 days'`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := rn.Reap(ctx); err != nil || res.Deleted != 2 {
+		t.Fatalf("reap: %+v %v, want both keys deleted", res, err)
+	}
+	got := metrics.Snapshot()
+	for kind, want := range map[keyrow.EventKind]int64{
+		keyrow.EventAcquired:  1, // the served key
+		keyrow.EventResumed:   1, // the completer's run of the abandoned key
+		keyrow.EventFinished:  2,
+		keyrow.EventCompleted: 1,
+		keyrow.EventReaped:    2,
+	} {
+		if got[string(kind)] != want {
+			t.Errorf("%s: %d events, want %d (all: %v)", kind, got[string(kind)], want, got)
+		}
 	}
 }

@@ -29,16 +29,16 @@ func main() {
 	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, item text, charge text)`)
 	check(err)
 
-	orders, err := phase.New("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) (phase.Result, error) {
+	orders, err := phase.NewWorkflow("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *phase.Input[Order, State]) (phase.Result, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO orders (item) VALUES ($1) RETURNING id`, r.Req.Item).Scan(&r.State.OrderID)
 			return phase.Next(), err // the row and the recovery point commit together
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, r *phase.Run[Order, State]) (string, error) {
+			func(ctx context.Context, r *phase.Input[Order, State]) (string, error) {
 				return charge(ctx, r.DownstreamKey()) // outside any transaction; the provider deduplicates on the key
 			},
-			func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State], chargeID string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, r *phase.Input[Order, State], chargeID string) (phase.Result, error) {
 				_, err := tx.Exec(ctx, `UPDATE orders SET charge = $2 WHERE id = $1`, r.State.OrderID, chargeID)
 				return phase.JSON(http.StatusCreated, map[string]any{"order": r.State.OrderID, "charge": chargeID}), err
 			}).Repeatable(), // after a timeout, the retry repeats the call with the same key
@@ -46,7 +46,7 @@ func main() {
 	check(err)
 	client, err := phase.NewClient(pool, nil, orders) // runner, completer and reaper with their defaults
 	check(err)
-	handler, err := orders.Handler(client, phase.HTTPConfig[Order]{
+	handler, err := phase.Handler(client, orders, phase.HTTPConfig[Order]{
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }, // your auth
 	})
 	check(err)

@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -74,7 +74,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 	defer stopStripe()
 
 	sc := ride.NewStripeClient(stripeURL, "sk_test_rides_demo", tel.httpClient())
-	m, observe := metrics()
+	m := &recovery.Metrics{}
 	var crashing atomic.Bool
 	crashing.Store(true)
 	app, err := ride.New(ride.Config{
@@ -82,13 +82,10 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 		Stripe: sc,
 		Client: phase.Config{
 			// A short lease so crashed requests are resumed within the demo.
-			LockTTL:  2 * time.Second,
-			Injector: crashes(*crashRate, &crashing),
-			Observer: observe,
+			LockTTL: 2 * time.Second,
 			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
-				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second, Observer: m.Observe},
-			Reaper:     recovery.ReaperConfig{Observer: m.Observe},
-			Middleware: tel.middleware(),
+				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second},
+			Hooks: append(tel.hooks(), crashes(*crashRate, &crashing), phase.ObserverFunc(m.Observe)),
 		},
 		Logger: silence,
 	})
@@ -150,9 +147,9 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 		{"rides", int64(report.Rides), "one per key: the ride is the first phase"},
 		{"charges at Stripe", int64(report.Charges), "one per created ride"},
 		{"receipts", int64(report.Receipts), "one per created ride"},
-		{"server crashes", counts[string(phase.EventCrashed)], "runs stopped at a random fault point"},
-		{"resumed", counts[string(phase.EventResumed)], "runs that took over an unfinished key"},
-		{"finished by the completer", counts[string(recovery.EventCompleted)], "keys it finished before any retry did"},
+		{"server crashes", counts[string(keyrow.EventCrashed)], "runs stopped at a random fault point"},
+		{"resumed", counts[string(keyrow.EventResumed)], "runs that took over an unfinished key"},
+		{"finished by the completer", counts[string(keyrow.EventCompleted)], "keys it finished before any retry did"},
 		{"Stripe faults", stripeSrv.Stats().FaultsInjected, "failures before a charge, drops after"},
 		{"double charges", int64(report.DoubleCharged), "must be 0"},
 		{"charges without a ride", int64(report.ChargesWithoutRide), "must be 0"},
@@ -181,7 +178,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 
 // settle waits until no key of the run is unfinished and every created ride
 // has its receipt, or 30 seconds pass, and returns the final report.
-func settle(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since time.Time) (ride.Report, error) {
+func settle(ctx context.Context, pool *pgxpool.Pool, sc *ride.Stripe, since time.Time) (ride.Report, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		report, err := ride.Verify(ctx, pool, sc, since)

@@ -159,9 +159,9 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		Pool:   svc.Pool,
 		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, tel.httpClient()),
 		Client: phase.Config{
-			LockTTL:    *lockTTL,
-			Completer:  recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
-			Middleware: tel.middleware(),
+			LockTTL:   *lockTTL,
+			Completer: recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			Hooks:     tel.hooks(),
 		},
 		WithoutWorker: *noWorker,
 		PollOnly:      *pollOnly,
@@ -175,7 +175,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		cfg.Client.Reaper.Interval = -1
 	}
 	if *crashRate > 0 {
-		cfg.Client.Injector = crashes(*crashRate, &enabled)
+		cfg.Client.Hooks = append(cfg.Client.Hooks, crashes(*crashRate, &enabled))
 	}
 	app, err := ride.New(cfg)
 	if err != nil {
@@ -307,9 +307,3 @@ func writeRows(w io.Writer, rows []row) {
 // silence is a logger for the demo, whose output is the progress line and
 // the summary; warnings about injected crashes would drown them.
 var silence = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// metrics counts run and recovery events for the demo's summary.
-func metrics() (*recovery.Metrics, phase.Observer) {
-	m := &recovery.Metrics{}
-	return m, func(_ context.Context, ev phase.Event) { m.Count(string(ev.Kind), 1) }
-}

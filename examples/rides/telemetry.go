@@ -39,7 +39,7 @@ const otlpEndpointEnv = "OTEL_EXPORTER_OTLP_ENDPOINT"
 type telemetry struct {
 	tp  *sdktrace.TracerProvider
 	mp  *sdkmetric.MeterProvider
-	mw  *otelphase.Middleware
+	mw  *otelphase.Hook
 	reg metric.Registration
 	// propagators carry the trace to the Stripe API in traceparent
 	// headers, and pick up a caller's.
@@ -69,7 +69,7 @@ func startTelemetry(ctx context.Context, service string) (*telemetry, error) {
 		mp:          sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewPeriodicReader(metrics)), sdkmetric.WithResource(res)),
 		propagators: propagation.TraceContext{},
 	}
-	if t.mw, err = otelphase.NewMiddleware(&otelphase.Config{TracerProvider: t.tp, MeterProvider: t.mp}); err != nil {
+	if t.mw, err = otelphase.New(&otelphase.Config{TracerProvider: t.tp, MeterProvider: t.mp}); err != nil {
 		return nil, errors.Join(err, t.shutdown())
 	}
 	return t, nil
@@ -78,12 +78,12 @@ func startTelemetry(ctx context.Context, service string) (*telemetry, error) {
 // on reports whether telemetry is exported.
 func (t *telemetry) on() bool { return t.tp != nil }
 
-// middleware returns what the phase client runs its steps through.
-func (t *telemetry) middleware() []phase.Middleware {
+// hooks returns the hooks that trace the phase client's steps.
+func (t *telemetry) hooks() []phase.Hook {
 	if !t.on() {
 		return nil
 	}
-	return []phase.Middleware{t.mw}
+	return []phase.Hook{t.mw}
 }
 
 // handler traces the requests h serves: each run's span is a child of its
@@ -97,7 +97,7 @@ func (t *telemetry) handler(h http.Handler) http.Handler {
 }
 
 // httpClient returns a client for Stripe whose requests are spans under the
-// charge phase's call, or nil for stripe-go's default client.
+// charge phase's call, or nil for ride.NewStripeClient's default client.
 func (t *telemetry) httpClient() *http.Client {
 	if !t.on() {
 		return nil

@@ -29,7 +29,7 @@ func startTelemetry(context.Context, string) (*telemetry, error) {
 	return &telemetry{}, nil
 }
 
-func (*telemetry) middleware() []phase.Middleware      { return nil }
+func (*telemetry) hooks() []phase.Hook                 { return nil }
 func (*telemetry) handler(h http.Handler) http.Handler { return h }
 func (*telemetry) httpClient() *http.Client            { return nil }
 func (*telemetry) observeKeys(*phase.Client) error     { return nil }

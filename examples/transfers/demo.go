@@ -23,6 +23,7 @@ import (
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
@@ -75,7 +76,7 @@ Its database is throwaway unless -database-url or DATABASE_URL names one, which
 	defer closeDB()
 	// Errors only: the demo's crashes and faults are expected, and counted.
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	var events tally
+	events := &tally{}
 
 	// One connection per request for the clients: Go's transport resends a
 	// request carrying an Idempotency-Key by itself when a reused
@@ -101,13 +102,12 @@ Its database is throwaway unless -database-url or DATABASE_URL names one, which
 		return err
 	}
 	client, err := phase.NewClient(db, &phase.Config{
-		LockTTL:  demoLockTTL,
-		Logger:   logger,
-		Observer: events.phase,
+		LockTTL: demoLockTTL,
+		Logger:  logger,
+		Hooks:   []phase.Hook{events},
 		Completer: recovery.CompleterConfig{
 			Interval: 200 * time.Millisecond, MinIdle: 3 * time.Second,
 			Backoff: 500 * time.Millisecond, MaxBackoff: 2 * time.Second, MaxAttempts: 100,
-			Observer: events.completer,
 		},
 		// Nothing in the demo is old enough to reap.
 		Reaper: recovery.ReaperConfig{Interval: -1},
@@ -507,37 +507,30 @@ func (t *traffic) checks(unfinished int) []ledger.Check {
 	}}
 }
 
-// tally counts the events of the runs and of the completer.
+// tally counts the events of the runs and of the completer: a phase.Observer.
 type tally struct {
-	mu        sync.Mutex
-	phases    map[phase.EventKind]int
-	completed int
+	phase.HookDefaults
+	mu     sync.Mutex
+	events map[keyrow.EventKind]int
 }
 
-func (t *tally) phase(_ context.Context, ev phase.Event) {
+// Observe counts ev.
+func (t *tally) Observe(_ context.Context, ev keyrow.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.phases == nil {
-		t.phases = map[phase.EventKind]int{}
+	if t.events == nil {
+		t.events = map[keyrow.EventKind]int{}
 	}
-	t.phases[ev.Kind]++
-}
-
-func (t *tally) completer(_ context.Context, ev recovery.Event) {
-	if ev.Kind == recovery.EventCompleted {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		t.completed += ev.Count
-	}
+	t.events[ev.Kind] += max(ev.Count, 1)
 }
 
 func (t *tally) write(w io.Writer, provider payoutprovider.Stats) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	fmt.Fprintf(w, "server:   %d runs crashed, %d resumed after a crash or failure, %d replayed; %d payout outcomes unknown and repeated;\n",
-		t.phases[phase.EventCrashed], t.phases[phase.EventResumed], t.phases[phase.EventReplayed], t.phases[phase.EventUnknown])
+		t.events[keyrow.EventCrashed], t.events[keyrow.EventResumed], t.events[keyrow.EventReplayed], t.events[keyrow.EventUnknown])
 	fmt.Fprintf(w, "          %d serialization failures retried; %d keys finished by the completer\n",
-		t.phases[phase.EventRetried], t.completed)
+		t.events[keyrow.EventRetried], t.events[keyrow.EventCompleted])
 	fmt.Fprintf(w, "provider: %d payouts made (%d refused by the destination), %d answers replayed, %d faults injected\n",
 		provider.Counts[payoutprovider.StatusPaid]+provider.Counts[payoutprovider.StatusFailed], provider.Counts[payoutprovider.StatusFailed], provider.Replays, provider.FaultsInjected)
 }

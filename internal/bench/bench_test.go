@@ -311,3 +311,54 @@ func BenchmarkCounts(b *testing.B) {
 		})
 	}
 }
+
+// TestCitusEveryStatementOfEitherSideRunsOnOneShard runs each request
+// path, the library's and the baseline's, against a Citus coordinator on
+// which Open distributed every table by tenant: every statement on a
+// distributed table runs on one shard (as Citus counts its executions),
+// so the comparison on the cluster is between single-shard transactions on
+// both sides.
+func TestCitusEveryStatementOfEitherSideRunsOnOneShard(t *testing.T) {
+	// Not parallel: Citus counts executions per database, and this is the
+	// only test of the package on the cluster.
+	db := pgtest.CitusSchemaPool(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["citus.enable_stat_counters"] = "on"
+	})
+	env, err := Open(context.Background(), db.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(env.Close)
+	if !env.Distributed() || !env.ShardCounts() {
+		t.Fatalf("Open on a Citus coordinator: distributed %v, counting shards %v; want both", env.Distributed(), env.ShardCounts())
+	}
+	ctx := context.Background()
+	// A request's statements on distributed tables: the statements the cost
+	// model counts, BEGIN and COMMIT aside.
+	for _, tc := range []struct {
+		kind   Kind
+		shards int
+	}{
+		{LibraryRun, 1 + phases*(userStatements+1)},
+		{BaselineRun, 1 + phases*(userStatements+1)},
+		{LibraryRides, 1 + phases*(userStatements+1)},
+		{BaselineRides, 1 + phases*(userStatements+1)},
+		{LibraryReplay, 1},
+		{BaselineReplay, 2},
+		{LibraryConflict, 1},
+		{BaselineConflict, 2},
+	} {
+		load, err := env.Prepare(ctx, tc.kind, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := load.Run(ctx, 10, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := int64(tc.shards * res.Requests()); res.SingleShard != want || res.MultiShard != 0 {
+			t.Errorf("%v: %d requests ran %d statements on one shard and %d on several; want %d and none",
+				tc.kind, res.Requests(), res.SingleShard, res.MultiShard, want)
+		}
+	}
+}

@@ -68,4 +68,13 @@
 //	ATOMICPHASE_BENCH_LARGE=1 go test -run '^$' -bench Reaper -benchtime 1x -timeout 30m ./internal/bench/
 //
 // benchtable -large prints the same in tables.
+//
+// # Citus
+//
+// On a Citus coordinator, Open distributes the library's key table
+// (atomicphase.Distribute) and the workload's and the baseline's tables by
+// tenant, co-located. Every statement of either side names the tenant, so
+// each runs on one shard; with citus.enable_stat_counters on, Results count
+// the statements Citus ran on one shard and on several. benchtable -configs
+// citus starts such a cluster.
 package bench

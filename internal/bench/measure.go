@@ -53,6 +53,13 @@ type Env struct {
 	// stats is set when pg_stat_statements can be read: Results then
 	// hold the server time and WAL of their statements.
 	stats bool
+	// distributed is set on a Citus coordinator, where Open distributed
+	// every table by tenant.
+	distributed bool
+	// shardCounts is set on a Citus coordinator that counts executions
+	// (citus.enable_stat_counters): Results then hold how many of their
+	// statements ran on one shard and how many on several.
+	shardCounts bool
 	// CPU, when set, returns the CPU time used so far by this process and
 	// the database server together; Results then hold the CPU time their
 	// requests took, which noise on a shared machine does not inflate as it
@@ -101,7 +108,7 @@ func (e *Env) open(ctx context.Context) error {
 	// The client is never started: the completer and the reaper do not run
 	// beside the requests measured. Nothing logs below Info, as in
 	// production.
-	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Observer: e.observe}, e.workflow, e.rides)
+	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Hooks: []phase.Hook{phase.ObserverFunc(e.observe)}}, e.workflow, e.rides)
 	if err != nil {
 		return err
 	}
@@ -115,14 +122,36 @@ func (e *Env) open(ctx context.Context) error {
 	return nil
 }
 
+// migrate creates the tables; on a Citus coordinator it distributes them
+// all by tenant, co-located, unless they are already.
 func (e *Env) migrate(ctx context.Context) error {
-	if err := atomicphase.Migrate(ctx, e.Pool); err != nil {
+	var citus bool
+	if err := e.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	migrate := atomicphase.Migrate
+	if citus {
+		migrate = atomicphase.Distribute
+	}
+	if err := migrate(ctx, e.Pool); err != nil {
 		return err
 	}
 	if _, err := e.Pool.Exec(ctx, schemaSQL); err != nil {
 		return fmt.Errorf("bench: create tables: %w", err)
 	}
-	return nil
+	if !citus {
+		return nil
+	}
+	e.distributed = true
+	var done bool
+	err := e.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = to_regclass('orders'))`).Scan(&done)
+	if err == nil && !done {
+		_, err = e.Pool.Exec(ctx, distributeSQL)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: distribute tables: %w", err)
+	}
+	return e.Pool.QueryRow(ctx, `SELECT current_setting('citus.enable_stat_counters')::bool`).Scan(&e.shardCounts)
 }
 
 // Close closes the pool and stops the charge stub.
@@ -136,8 +165,17 @@ func (e *Env) Close() {
 // from pg_stat_statements.
 func (e *Env) Stats() bool { return e.stats }
 
-func (e *Env) observe(_ context.Context, ev phase.Event) {
-	if ev.Kind != phase.EventAcquired {
+// Distributed reports whether the tables are distributed by tenant on a
+// Citus coordinator.
+func (e *Env) Distributed() bool { return e.distributed }
+
+// ShardCounts reports whether Results hold the number of statements that
+// ran on one shard and on several, which come from Citus's
+// citus_stat_counters.
+func (e *Env) ShardCounts() bool { return e.shardCounts }
+
+func (e *Env) observe(_ context.Context, ev keyrow.Event) {
+	if ev.Kind != keyrow.EventAcquired {
 		return
 	}
 	if c := e.clock.Load(); c != nil {
@@ -266,7 +304,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 		}, nil
 	case LibraryReplay, LibraryConflict:
 		keys := make([]string, clients)
-		want := phase.OutcomeReplay
+		want := phase.OutcomeReplayed
 		for i := range keys {
 			keys[i] = uuid.NewString()
 			if err := e.holdOrFinish(ctx, keys[i], k == LibraryReplay); err != nil {
@@ -274,7 +312,7 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 			}
 		}
 		if k == LibraryConflict {
-			want = phase.OutcomeInProgress
+			want = phase.OutcomeInFlight
 		}
 		return func(ctx context.Context, client int) error {
 			return e.runLibrary(ctx, e.workflow, keys[client], want)
@@ -360,7 +398,7 @@ func (e *Env) keyRequest(key string, ttl time.Duration) (store.Request, error) {
 		return store.Request{}, err
 	}
 	return store.Request{Tenant: tenant, Key: key, Workflow: e.workflow.Name(), Definition: e.workflow.Definition(),
-		Fingerprint: fp, Params: params, TTL: ttl}, nil
+		Fingerprint: fp, Params: params, TTL: ttl, Distributed: e.distributed}, nil
 }
 
 func (e *Env) acquire(ctx context.Context, key string, want store.Outcome) error {
@@ -469,6 +507,11 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 
 // resetStats forgets the statement statistics gathered so far.
 func (e *Env) resetStats(ctx context.Context) error {
+	if e.shardCounts {
+		if _, err := e.Pool.Exec(ctx, `SELECT citus_stat_counters_reset()`); err != nil {
+			return fmt.Errorf("bench: reset citus counters: %w", err)
+		}
+	}
 	if !e.stats {
 		return nil
 	}
@@ -486,6 +529,14 @@ func (e *Env) resetStats(ctx context.Context) error {
 // a COMMIT's time is mostly its wait for the WAL flush, which shows in the
 // requests' latency instead.
 func (e *Env) readStats(ctx context.Context, r *Result) error {
+	if e.shardCounts {
+		err := e.Pool.QueryRow(ctx, `
+SELECT query_execution_single_shard, query_execution_multi_shard
+FROM citus_stat_counters WHERE name = current_database()`).Scan(&r.SingleShard, &r.MultiShard)
+		if err != nil {
+			return fmt.Errorf("bench: read citus counters: %w", err)
+		}
+	}
 	if !e.stats {
 		return nil
 	}
@@ -494,6 +545,7 @@ SELECT query, calls, total_plan_time + total_exec_time, wal_bytes::bigint
 FROM public.pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND query NOT LIKE '%pg_stat_statements_reset%'
+  AND query NOT LIKE '%citus_stat_counters%'
   AND lower(query) NOT SIMILAR TO '(begin|commit|rollback)%'`)
 	if err != nil {
 		return fmt.Errorf("bench: read statement statistics: %w", err)
@@ -550,6 +602,10 @@ type Result struct {
 	// PerStatement holds the same by statement text, as pg_stat_statements
 	// normalises it.
 	PerStatement map[string]StatementCost
+	// SingleShard and MultiShard count the statements on distributed
+	// tables that Citus ran on one shard and on several, when
+	// Env.ShardCounts.
+	SingleShard, MultiShard int64
 	// Allocs counts the heap allocations of the whole process meanwhile:
 	// the requests', the load generator's and the charge stub's.
 	Allocs uint64
@@ -621,6 +677,8 @@ func Merge(rs ...Result) Result {
 		m.RoundTrips += r.RoundTrips
 		m.ServerTime += r.ServerTime
 		m.WALBytes += r.WALBytes
+		m.SingleShard += r.SingleShard
+		m.MultiShard += r.MultiShard
 		m.Allocs += r.Allocs
 		m.CPU += r.CPU
 		for q, c := range r.PerStatement {

@@ -45,6 +45,10 @@ var order = Order{Item: "rocket ride", Amount: 2000}
 
 // schemaSQL creates the tables the workflow writes and the baseline's keys
 // table. The library's idempotency_keys comes from atomicphase.Migrate.
+// Every table has a tenant column and every statement of either side names
+// the tenant, so that on Citus (see distributeSQL) each statement runs on
+// the one shard of the request's tenant; on a single Postgres the tenant is
+// a filter on a row the primary key finds.
 //
 // baseline_keys is the reference implementation's table (rocket-rides-atomic)
 // with a text tenant in place of its user_id, so that both key tables are
@@ -65,6 +69,7 @@ CREATE TABLE IF NOT EXISTS orders (
 CREATE TABLE IF NOT EXISTS audit_records (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     created_at  timestamptz NOT NULL DEFAULT now(),
+    tenant      text        NOT NULL,
     action      text        NOT NULL,
     resource_id bigint      NOT NULL,
     data        jsonb       NOT NULL
@@ -88,6 +93,19 @@ CREATE TABLE IF NOT EXISTS baseline_keys (
 CREATE UNIQUE INDEX IF NOT EXISTS baseline_keys_tenant_idempotency_key
     ON baseline_keys (tenant, idempotency_key);`
 
+// distributeSQL distributes the workflow's tables and the baseline's keys
+// on a Citus coordinator by tenant, co-located with the library's
+// idempotency_keys (see atomicphase.Distribute), after re-keying each by
+// (tenant, id): Citus requires the distribution column in every unique
+// constraint.
+const distributeSQL = `
+ALTER TABLE orders DROP CONSTRAINT orders_pkey, ADD PRIMARY KEY (tenant, id);
+SELECT create_distributed_table('orders', 'tenant', colocate_with => 'idempotency_keys');
+ALTER TABLE audit_records DROP CONSTRAINT audit_records_pkey, ADD PRIMARY KEY (tenant, id);
+SELECT create_distributed_table('audit_records', 'tenant', colocate_with => 'idempotency_keys');
+ALTER TABLE baseline_keys DROP CONSTRAINT baseline_keys_pkey, ADD PRIMARY KEY (tenant, id);
+SELECT create_distributed_table('baseline_keys', 'tenant', colocate_with => 'idempotency_keys');`
+
 // The workflow's own statements, one per phase. The library workflow and
 // the baseline run exactly these, so the two differ only in how they keep
 // the key row.
@@ -100,7 +118,7 @@ func createOrder(ctx context.Context, tx pgx.Tx, key string, req Order) (int64, 
 }
 
 func confirmOrder(ctx context.Context, tx pgx.Tx, id int64) error {
-	_, err := tx.Exec(ctx, `UPDATE orders SET status = 'confirmed', confirmed_at = now() WHERE id = $1`, id)
+	_, err := tx.Exec(ctx, `UPDATE orders SET status = 'confirmed', confirmed_at = now() WHERE tenant = $1 AND id = $2`, tenant, id)
 	return err
 }
 
@@ -109,7 +127,8 @@ func auditOrder(ctx context.Context, tx pgx.Tx, id int64, req Order) error {
 	if err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO audit_records (action, resource_id, data) VALUES ('order.created', $1, $2)`, id, data)
+	_, err = tx.Exec(ctx, `INSERT INTO audit_records (tenant, action, resource_id, data) VALUES ($1, 'order.created', $2, $3)`,
+		tenant, id, data)
 	return err
 }
 
@@ -142,7 +161,7 @@ func (e *Env) chargeOrder(ctx context.Context, key string, id int64) (string, er
 }
 
 func recordCharge(ctx context.Context, tx pgx.Tx, id int64, chargeID string) error {
-	_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, id, chargeID)
+	_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $3 WHERE tenant = $1 AND id = $2`, tenant, id, chargeID)
 	return err
 }
 
@@ -166,16 +185,16 @@ const phases = 3
 // newWorkflow declares the library's three local phases: create the order,
 // confirm it, write the audit record and answer 201.
 func newWorkflow() (*phase.Workflow[Order, orderState], error) {
-	return phase.New("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+	return phase.NewWorkflow("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			id, err := createOrder(ctx, tx, run.Key, run.Req)
 			run.State.OrderID = id
 			return phase.Next(), err
 		}),
-		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			return phase.Next(), confirmOrder(ctx, tx, run.State.OrderID)
 		}),
-		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
 				return phase.Result{}, err
 			}
@@ -189,21 +208,21 @@ func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 // outside any transaction, and record the charge; write the audit record and
 // answer 201.
 func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
-	return phase.New("rides",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+	return phase.NewWorkflow("rides",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			id, err := createOrder(ctx, tx, run.Key, run.Req)
 			run.State.OrderID = id
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[Order, orderState]) (string, error) {
+			func(ctx context.Context, run *phase.Input[Order, orderState]) (string, error) {
 				return e.chargeOrder(ctx, run.DownstreamKey(), run.State.OrderID)
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState], chargeID string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState], chargeID string) (phase.Result, error) {
 				run.State.ChargeID = chargeID
 				return phase.Next(), recordCharge(ctx, tx, run.State.OrderID, chargeID)
 			}).Repeatable(),
-		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, orderState]) (phase.Result, error) {
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
 			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
 				return phase.Result{}, err
 			}
@@ -230,20 +249,25 @@ func (e *Env) runLibrary(ctx context.Context, w *phase.Workflow[Order, orderStat
 // statements, an UPDATE of the recovery point and COMMIT, one round trip
 // each; the last phase stores the response in that UPDATE. There is no
 // fencing token and no phase state: the reference re-reads what it needs.
+// Every statement names the tenant, as the library's do.
 const (
 	// baselineAcquireSQL is the reference's upsert. The WHERE leaves a
 	// finished key alone (the reference's "unless the request is already
 	// finished"), so a replay does not lock it; then no row comes back, and
-	// baselineLookupSQL tells a replay from a conflict or a mismatch.
+	// baselineLookupSQL tells a replay from a conflict or a mismatch. The
+	// time is the inserted row's (excluded.locked_at), which is now(), and
+	// the lock's age a difference of two times: Citus refuses now() after
+	// ON CONFLICT, and any function that is not immutable, as adding an
+	// interval to a timestamptz is not.
 	baselineAcquireSQL = `
 INSERT INTO baseline_keys AS k
-    (tenant, idempotency_key, request_method, request_path, request_params, recovery_point, locked_at)
-VALUES ($1, $2, 'POST', '/orders', $3, 'started', now())
+    (tenant, idempotency_key, request_method, request_path, request_params, recovery_point, locked_at, last_run_at)
+VALUES ($1, $2, 'POST', '/orders', $3, 'started', now(), now())
 ON CONFLICT (tenant, idempotency_key) DO UPDATE
-    SET locked_at = now(), last_run_at = now()
+    SET locked_at = excluded.locked_at, last_run_at = excluded.locked_at
     WHERE k.recovery_point <> 'finished'
       AND k.request_params = excluded.request_params
-      AND (k.locked_at IS NULL OR k.locked_at < now() - interval '90 seconds')
+      AND (k.locked_at IS NULL OR excluded.locked_at - k.locked_at > interval '90 seconds')
 RETURNING id, recovery_point`
 
 	baselineLookupSQL = `
@@ -251,14 +275,14 @@ SELECT recovery_point, request_params = $3, response_code, response_body
 FROM baseline_keys
 WHERE tenant = $1 AND idempotency_key = $2`
 
-	baselineAdvanceSQL = `UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1`
+	baselineAdvanceSQL = `UPDATE baseline_keys SET recovery_point = $3 WHERE tenant = $1 AND id = $2`
 
 	baselineFinishSQL = `
 UPDATE baseline_keys
-SET recovery_point = 'finished', locked_at = NULL, response_code = $2, response_body = $3
-WHERE id = $1`
+SET recovery_point = 'finished', locked_at = NULL, response_code = $3, response_body = $4
+WHERE tenant = $1 AND id = $2`
 
-	baselineUnlockSQL = `UPDATE baseline_keys SET locked_at = NULL WHERE id = $1`
+	baselineUnlockSQL = `UPDATE baseline_keys SET locked_at = NULL WHERE tenant = $1 AND id = $2`
 
 	// baselineOrderSQL finds the order of a resumed key, as the reference
 	// finds the ride of a key it recovers.
@@ -302,7 +326,7 @@ func (e *Env) runBaseline(ctx context.Context, key string, rides bool) (int, err
 	status, err := e.baselinePhases(ctx, id, key, point, rides)
 	if err != nil {
 		// As the reference does: free the key at once for the next retry.
-		_, _ = e.Pool.Exec(context.WithoutCancel(ctx), baselineUnlockSQL, id)
+		_, _ = e.Pool.Exec(context.WithoutCancel(ctx), baselineUnlockSQL, tenant, id)
 		return 0, err
 	}
 	return status, nil
@@ -320,7 +344,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 			err := e.baselinePhase(ctx, func(tx pgx.Tx) (err error) {
 				orderID, err = createOrder(ctx, tx, key, order)
 				return err
-			}, baselineAdvanceSQL, id, "order_created")
+			}, baselineAdvanceSQL, tenant, id, "order_created")
 			if err != nil {
 				return 0, err
 			}
@@ -340,7 +364,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 					return err
 				}
 				return recordCharge(ctx, tx, orderID, chargeID)
-			}, baselineAdvanceSQL, id, "order_confirmed")
+			}, baselineAdvanceSQL, tenant, id, "order_confirmed")
 			if err != nil {
 				return 0, err
 			}
@@ -357,7 +381,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 			}
 			err = e.baselinePhase(ctx, func(tx pgx.Tx) error {
 				return auditOrder(ctx, tx, orderID, order)
-			}, baselineFinishSQL, id, http.StatusCreated, append(body, '\n'))
+			}, baselineFinishSQL, tenant, id, http.StatusCreated, append(body, '\n'))
 			if err != nil {
 				return 0, err
 			}

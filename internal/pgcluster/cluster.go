@@ -281,6 +281,11 @@ type binaries struct {
 	initdb, postgres string
 }
 
+// ErrNoBinaries is returned, wrapped, by [Start] and the other starts when
+// they find no initdb and postgres to run, so that a program can get the
+// server some other way.
+var ErrNoBinaries = errors.New("no PostgreSQL server binaries")
+
 // EnvBinDir names the environment variable holding the directory of the
 // PostgreSQL server binaries to run (initdb and postgres, side by side).
 // When it is set, [Start] looks nowhere else, so that one of several
@@ -296,7 +301,7 @@ func findBinaries() (binaries, error) {
 	if dir := os.Getenv(EnvBinDir); dir != "" {
 		b := binariesIn(dir)
 		if !isExecutable(b.initdb) || !isExecutable(b.postgres) {
-			return binaries{}, fmt.Errorf("pgcluster: initdb and postgres not found in %s, which %s names", dir, EnvBinDir)
+			return binaries{}, fmt.Errorf("pgcluster: %w: initdb and postgres not found in %s, which %s names", ErrNoBinaries, dir, EnvBinDir)
 		}
 		return b, nil
 	}
@@ -319,7 +324,7 @@ func findBinaries() (binaries, error) {
 			return b, nil
 		}
 	}
-	return binaries{}, errors.New("pgcluster: initdb and postgres not found on PATH, in pg_config --bindir, or under /usr/lib/postgresql")
+	return binaries{}, fmt.Errorf("pgcluster: %w: initdb and postgres not found on PATH, in pg_config --bindir, or under /usr/lib/postgresql", ErrNoBinaries)
 }
 
 func binariesIn(dir string) binaries {

@@ -33,6 +33,9 @@ type Bouncer = pgcluster.Bouncer
 // BouncerPool sets the mode a pool needs.
 func BouncerDSN(t testing.TB) string {
 	t.Helper()
+	if OnCitus() {
+		t.Skipf("skipped: the PgBouncer of the tests fronts a single Postgres, not the Citus cluster (%s is set)", EnvCitus)
+	}
 	b := SharedBouncer(t)
 	cfg, err := pgconn.ParseConfig(DSN(t))
 	if err != nil {

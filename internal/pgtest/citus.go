@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -89,11 +90,50 @@ func CitusPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	return pool
 }
 
-// CitusSchemaPool is CitusPool without the atomicphase schema: the
-// schema of t's own is empty, for tests of migrating and distributing.
-func CitusSchemaPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
+// EnvCitus names the environment variable that, when set, gives every test
+// of DSN, Pool and PoolWith a schema of its own on the shared Citus cluster,
+// with the atomicphase schema distributed, instead of a database of its own
+// on a single Postgres: the way to run a package's whole suite on Citus.
+const EnvCitus = "ATOMICPHASE_TEST_CITUS"
+
+// OnCitus reports whether EnvCitus puts the tests of DSN, Pool and
+// PoolWith on the Citus cluster, for tests that call the store's
+// statements themselves and must choose the distributed ones.
+func OnCitus() bool { return os.Getenv(EnvCitus) != "" }
+
+// SkipOnCitus skips t under EnvCitus, for a test of something a Citus
+// cluster does differently or refuses by design; why says what.
+func SkipOnCitus(t testing.TB, why string) {
+	t.Helper()
+	if OnCitus() {
+		t.Skipf("skipped on Citus (%s is set): %s", EnvCitus, why)
+	}
+}
+
+// citusDSN is DSN under EnvCitus: the coordinator's DSN with the search
+// path set to a new schema for t, migrated and distributed.
+func citusDSN(t testing.TB) string {
 	t.Helper()
 	c := Citus(t)
+	schema := citusSchema(t, c)
+	dsn := c.Coordinator.DSN("postgres") + " options='-c search_path=" + schema + "'"
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	defer pool.Close()
+	if err := atomicphase.Distribute(ctx, pool); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return dsn
+}
+
+// citusSchema creates a schema for t on c's coordinator, dropped with its
+// shards when t finishes, and returns its name.
+func citusSchema(t testing.TB, c *pgcluster.Citus) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
 	admin := c.Coordinator.DSN("postgres")
@@ -108,7 +148,16 @@ func CitusSchemaPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Poo
 			t.Error(err)
 		}
 	})
-	return poolOn(t, admin, func(cfg *pgxpool.Config) {
+	return schema
+}
+
+// CitusSchemaPool is CitusPool without the atomicphase schema: the
+// schema of t's own is empty, for tests of migrating and distributing.
+func CitusSchemaPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	c := Citus(t)
+	schema := citusSchema(t, c)
+	return poolOn(t, c.Coordinator.DSN("postgres"), func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.RuntimeParams["search_path"] = schema
 		if configure != nil {
 			configure(cfg)

@@ -77,6 +77,9 @@ type ServerInfo struct {
 // if no server can be had, t fails.
 func DSN(t testing.TB) string {
 	t.Helper()
+	if OnCitus() {
+		return citusDSN(t)
+	}
 	// Not t.Context(): it is canceled before cleanups run, and the drop in
 	// the cleanup needs to connect.
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)

@@ -32,7 +32,9 @@ func TestCitusAcquireMeetsEveryOutcome(t *testing.T) {
 	db := pgtest.CitusPool(t, nil)
 	ctx := context.Background()
 
-	if _, _, err := store.Acquire(ctx, db, request(t, "acme", "plain", `{}`)); err == nil {
+	plain := request(t, "acme", "plain", `{}`)
+	plain.Distributed = false
+	if _, _, err := store.Acquire(ctx, db, plain); err == nil {
 		t.Fatal("the plain acquire ran on a distributed table; want Citus to refuse it")
 	}
 	out, row := acquire(t, db, distributed(t, "acme", "k1", `{"amount":1}`))

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -223,6 +225,9 @@ func IsDistributed(ctx context.Context, q Querier) (bool, error) {
 	return distributed, nil
 }
 
+// placeholder matches a statement's parameter placeholders.
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
+
 // actDistributed is act on a distributed key table, where Citus refuses a
 // row lock over many shards: in one transaction, an unlocked scan proposes
 // the keys, and act's statement then runs for each one on its shard alone,
@@ -240,8 +245,14 @@ func actDistributed(ctx context.Context, q Querier, x action, detail []byte) (in
 		return 0, fmt.Errorf("store: %s: %w", x.name, err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	scan := x.a
-	rows, err := tx.Query(ctx, `SELECT tenant, idempotency_key FROM idempotency_keys t WHERE `+strings.Join(x.where, " AND ")+
+	// The scan takes only the arguments its conditions use: those of the
+	// action's assignments would reach Postgres with no type.
+	var scan args
+	where := placeholder.ReplaceAllStringFunc(strings.Join(x.where, " AND "), func(p string) string {
+		n, _ := strconv.Atoi(p[1:])
+		return scan.add(x.a[n-1])
+	})
+	rows, err := tx.Query(ctx, `SELECT tenant, idempotency_key FROM idempotency_keys t WHERE `+where+
 		` ORDER BY id LIMIT `+scan.add(x.limit), scan...)
 	if err != nil {
 		return 0, fmt.Errorf("store: %s: %w", x.name, err)

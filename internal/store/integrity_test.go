@@ -137,7 +137,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 	db := pgtest.Pool(t)
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
 	age(t, db, "acme", "k1", "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '2 days'")
-	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 10, false); err != nil || n != 1 {
+	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 10, pgtest.OnCitus()); err != nil || n != 1 {
 		t.Fatalf("expire = %d, %v; want the key closed", n, err)
 	}
 	if got := read(t, db, "acme", "k1"); got.Token != nil {
@@ -174,6 +174,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 // out at random, and checks the row rules after every step.
 func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 	t.Parallel()
+	pgtest.SkipOnCitus(t, "its clock steps move time with an UPDATE that Citus refuses (a stable function of a column); the store's writes are tested on Citus by citus_test.go")
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	seed := uint64(time.Now().UnixNano())
@@ -216,15 +217,15 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 		{"unlock", func() error { _, err := store.Unlock(ctx, db, "acme", keys[rnd.IntN(len(keys))]); return err }},
 		{"retry", func() error { return store.Retry(ctx, db, "acme", keys[rnd.IntN(len(keys))]) }},
 		{"claim", func() error {
-			rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 2, MinIdle: 0, TTL: ttl})
+			rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 2, MinIdle: 0, TTL: ttl})
 			for _, r := range rows {
 				holders = append(holders, r.Holder())
 			}
 			return err
 		}},
 		{"bury", func() error { _, err := store.Bury(ctx, db, []string{"test"}, nil, 1, 0); return err }},
-		{"expire", func() error { _, err := store.Expire(ctx, db, "", time.Hour, 2, false); return err }},
-		{"reap", func() error { _, err := store.Reap(ctx, db, "test", time.Hour, 2, false); return err }},
+		{"expire", func() error { _, err := store.Expire(ctx, db, "", time.Hour, 2, pgtest.OnCitus()); return err }},
+		{"reap", func() error { _, err := store.Reap(ctx, db, "test", time.Hour, 2, pgtest.OnCitus()); return err }},
 		{"time passes", func() error {
 			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_expires_at = lock_expires_at - interval '1 minute',
 				last_run_at = last_run_at - interval '2 hours', finished_at = finished_at - interval '2 hours'

@@ -432,7 +432,7 @@ WITH target AS (
         k.lock_expires_at, k.last_run_at, k.attempts, k.failures, k.last_error, k.resolution
 )
 INSERT INTO atomicphase_audit (actor, action, tenant, idempotency_key, before, after, detail)
-SELECT ` + a.add(Actor(ctx)) + `, ` + a.add(x.name) + `, tenant, idempotency_key, before, ` + snapshot("changed") + `, ` + a.add(detail) + `
+SELECT ` + a.add(Actor(ctx)) + `::text, ` + a.add(x.name) + `::text, tenant, idempotency_key, before, ` + snapshot("changed") + `, ` + a.add(detail) + `::jsonb
 FROM changed`
 	tag, err := q.Exec(ctx, sql, a...)
 	if err != nil {
@@ -525,7 +525,7 @@ func Resolve(ctx context.Context, q Querier, tenant, key string, r keyrow.Resolu
 		return fmt.Errorf("store: resolve: %w", err)
 	}
 	x := action{name: keyrow.ActionResolve, detail: r}
-	x.set = `resolution = ` + x.a.add(enc) + `, failures = 0`
+	x.set = `resolution = ` + x.a.add(enc) + `::jsonb, failures = 0`
 	x.where = []string{`hold = 'unknown' AND finished_at IS NULL AND (lock_expires_at IS NULL OR lock_expires_at <= now())`,
 		`recovery_point = ` + x.a.add(r.RecoveryPoint)}
 	return actOnKey(ctx, q, x, tenant, key, keyrow.ErrNotUnknown)
@@ -581,7 +581,7 @@ func BulkPreview(ctx context.Context, q Querier, b Bulk, f keyrow.ListFilter, co
 	if err != nil {
 		return 0, fmt.Errorf("store: preview %s: %w", b, err)
 	}
-	sql := `SELECT count(*) FROM (SELECT FROM idempotency_keys WHERE ` + strings.Join(x.where, " AND ") +
+	sql := `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE ` + strings.Join(x.where, " AND ") +
 		` LIMIT ` + x.a.add(x.limit) + `) AS matching`
 	var n int
 	if err := q.QueryRow(ctx, sql, x.a...).Scan(&n); err != nil {

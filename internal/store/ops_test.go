@@ -210,6 +210,7 @@ func (l *lastQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndD
 
 func TestListUsesThePartialIndexes(t *testing.T) {
 	t.Parallel()
+	pgtest.SkipOnCitus(t, "it reads a single Postgres's plans; Citus plans the scan on each shard")
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	var last lastQuery
@@ -278,7 +279,7 @@ func TestRetryMakesADeadKeyClaimableWithAFreshFailureBudget(t *testing.T) {
 	age(t, db, "acme", "k1", "failures = 10, last_run_at = now() - interval '1 hour'")
 	// An hour's backoff per failure: a key with any failures left on it,
 	// touched just now by Retry, is not due.
-	claim := store.ClaimParams{Workflows: []string{"test"}, Limit: 10, Backoff: time.Hour, MaxBackoff: time.Hour, TTL: ttl}
+	claim := store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10, Backoff: time.Hour, MaxBackoff: time.Hour, TTL: ttl}
 
 	if claimed, err := store.Claim(ctx, db, claim); err != nil || len(claimed) != 0 {
 		t.Fatalf("claim before retry = %d keys, %v; want none", len(claimed), err)
@@ -314,7 +315,7 @@ func TestRetryKeepsAnOldKeyFromBeingExpiredAsAbandoned(t *testing.T) {
 	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 100, false); err != nil || n != 0 {
+	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 100, pgtest.OnCitus()); err != nil || n != 0 {
 		t.Fatalf("expire after retry = %d, %v; want the retried key left to run", n, err)
 	}
 }
@@ -380,11 +381,11 @@ func TestReapCandidatesCountsWhatTheReaperThenDoes(t *testing.T) {
 		t.Fatalf("after dry run counts = %+v, %v; want nothing changed", c, err)
 	}
 
-	expired, err := store.Expire(ctx, db, "", retention, 100, false)
+	expired, err := store.Expire(ctx, db, "", retention, 100, pgtest.OnCitus())
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted, err := store.Reap(ctx, db, "test", retention, 100, false)
+	deleted, err := store.Reap(ctx, db, "test", retention, 100, pgtest.OnCitus())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func TestAddingAFraudCheckIsSafeForOrdersInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	after := newOrders(pool, phase.Local("fraud_checked", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, OrderState]) (phase.Result, error) {
+	after := newOrders(pool, phase.Local("fraud_checked", func(ctx context.Context, tx pgx.Tx, r *phase.Input[Order, OrderState]) (phase.Result, error) {
 		_, err := tx.Exec(ctx, `UPDATE orders SET item = item WHERE id = $1`, r.State.OrderID) // the check reads the order
 		return phase.Next(), err
 	}))
@@ -124,7 +124,7 @@ CREATE TABLE charges (
 // through a provider that honours idempotency keys; and the response. The
 // declaration is fixed, so an error in it is a bug, found by any test.
 func newOrders(pool *pgxpool.Pool, beforeCharge ...phase.Phase[Order, OrderState]) *phase.Workflow[Order, OrderState] {
-	type run = phase.Run[Order, OrderState]
+	type run = phase.Input[Order, OrderState]
 	phases := []phase.Phase[Order, OrderState]{
 		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item, amount) VALUES ($1, $2, $3) RETURNING id`,
@@ -133,7 +133,7 @@ func newOrders(pool *pgxpool.Pool, beforeCharge ...phase.Phase[Order, OrderState
 		}),
 	}
 	phases = append(phases, beforeCharge...)
-	w, err := phase.New("orders", append(phases,
+	w, err := phase.NewWorkflow("orders", append(phases,
 		phase.Foreign("charged",
 			func(ctx context.Context, r *run) (string, error) {
 				return charge(ctx, pool, r.DownstreamKey(), r.ID, r.Req.Amount)

@@ -72,7 +72,7 @@ type Scenario struct {
 	// Tenant and Key identify the scenario's idempotency key.
 	Tenant string
 	Key    string
-	// ID is the key row's id, the phase.Run.ID its phases saw: the column
+	// ID is the key row's id, the phase.Input.ID its phases saw: the column
 	// that links the rows a workflow writes to its key.
 	ID uuid.UUID
 	// Response is the key's final, stored response.
@@ -297,7 +297,7 @@ func (m *matrix[Req, State]) settled(ctx context.Context, t *testing.T, key stri
 		}
 	}
 	// Every later retry replays the same bytes.
-	if again := m.run(ctx, t, key); again.Kind != phase.OutcomeReplay || !identical(again.Response, final) {
+	if again := m.run(ctx, t, key); again.Kind != phase.OutcomeReplayed || !identical(again.Response, final) {
 		t.Fatalf("retry after recovery: the key was %s, want a replay of %d %q", describe(again), final.Status, final.Body)
 	}
 	if m.cfg.Check != nil {
@@ -316,9 +316,9 @@ func describe(out *phase.Outcome) string {
 	switch out.Kind {
 	case phase.OutcomeNew, phase.OutcomeResumed:
 		return fmt.Sprintf("run to its response (%v)", out.Kind)
-	case phase.OutcomeReplay:
+	case phase.OutcomeReplayed:
 		return "already finished: the run replayed its stored response"
-	case phase.OutcomeInProgress:
+	case phase.OutcomeInFlight:
 		return fmt.Sprintf("in progress: another run holds its lease (retry after %v)", out.RetryAfter)
 	case phase.OutcomeMismatch:
 		return "first used with another request"
@@ -327,7 +327,7 @@ func describe(out *phase.Outcome) string {
 	case phase.OutcomeElsewhere:
 		return fmt.Sprintf("left for definition %s, which the client neither runs nor adopts", out.Definition)
 	}
-	return out.Kind.String()
+	return string(out.Kind)
 }
 
 // uniquePrefix starts the keys of one matrix run.

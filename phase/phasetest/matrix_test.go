@@ -31,7 +31,7 @@ const notesSchema = `CREATE TABLE notes (id bigint GENERATED ALWAYS AS IDENTITY 
 // bug, since the crash-free answer and a recovered one then differ.
 func notesConfig(t *testing.T, pool *pgxpool.Pool, tellResumed bool, completer recovery.CompleterConfig) phasetest.Config[note, struct{}] {
 	t.Helper()
-	w, err := phase.New("notes", phase.Local("noted", func(ctx context.Context, tx pgx.Tx, r *phase.Run[note, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("notes", phase.Local("noted", func(ctx context.Context, tx pgx.Tx, r *phase.Input[note, struct{}]) (phase.Result, error) {
 		var id int64
 		if err := tx.QueryRow(ctx, `INSERT INTO notes (key_id, text) VALUES ($1, $2) RETURNING id`, r.ID, r.Req.Text).Scan(&id); err != nil {
 			return phase.Result{}, err

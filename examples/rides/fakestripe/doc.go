@@ -4,20 +4,27 @@
 // in Postgres, it honours Idempotency-Key as Stripe does, and it fails on
 // demand in the ways that make idempotency keys necessary.
 //
-// # Pointing stripe-go at it
+// # Pointing a client at it
 //
 // Serve a Server, on a listener of its own or an httptest.Server, and give
-// its URL to NewClient, which builds the stripe-go v85 client with
-// stripe.NewBackendsWithConfig and stripe.WithBackends:
+// its URL to a Stripe client as the API's base URL: the rides example's own
+// (ride.NewStripeClient), or the official stripe-go v85 client, built with
+// stripe.NewBackendsWithConfig and stripe.WithBackends, which the package's
+// tests use:
 //
 //	srv := httptest.NewServer(fakestripe.New(pool, fakestripe.Config{}))
-//	sc := fakestripe.NewClient(srv.URL, "sk_test_rides", stripe.BackendConfig{})
+//	sc := stripe.NewClient("sk_test_rides", stripe.WithBackends(stripe.NewBackendsWithConfig(
+//		&stripe.BackendConfig{URL: stripe.String(srv.URL)})))
 //	charge, err := sc.V1Charges.Create(ctx, &stripe.ChargeCreateParams{
 //		Amount:   stripe.Int64(2000),
 //		Currency: stripe.String("usd"),
 //		Customer: stripe.String("cus_rider"),
 //		Params:   stripe.Params{IdempotencyKey: stripe.String(key)},
 //	})
+//
+// stripe-go retries a request that failed on the network (twice unless
+// BackendConfig.MaxNetworkRetries says otherwise), resending the very same
+// request, Idempotency-Key included, so its retries never charge twice.
 //
 // Any API key that starts with sk_test_ is accepted, as a Bearer token (as
 // stripe-go sends it) or as the Basic user name (curl -u sk_test_x:); others

@@ -29,7 +29,9 @@ func ExampleNewClient() {
 	srv := httptest.NewServer(fakestripe.New(pool, fakestripe.Config{}))
 	defer srv.Close()
 
-	sc := fakestripe.NewClient(srv.URL, "sk_test_rides", stripe.BackendConfig{})
+	sc := stripe.NewClient("sk_test_rides", stripe.WithBackends(stripe.NewBackendsWithConfig(&stripe.BackendConfig{
+		URL: stripe.String(srv.URL),
+	})))
 	params := &stripe.ChargeCreateParams{
 		Amount:      stripe.Int64(2000),
 		Currency:    stripe.String(string(stripe.CurrencyUSD)),
@@ -64,7 +66,10 @@ func ExampleServer_FailBeforeCharge() {
 	defer srv.Close()
 
 	server.FailBeforeCharge(1)
-	sc := fakestripe.NewClient(srv.URL, "sk_test_rides", stripe.BackendConfig{MaxNetworkRetries: stripe.Int64(0)})
+	sc := stripe.NewClient("sk_test_rides", stripe.WithBackends(stripe.NewBackendsWithConfig(&stripe.BackendConfig{
+		URL:               stripe.String(srv.URL),
+		MaxNetworkRetries: stripe.Int64(0),
+	})))
 	params := &stripe.ChargeCreateParams{
 		Amount:   stripe.Int64(2000),
 		Currency: stripe.String("usd"),

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/stripe/stripe-go/v85"
-
-	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 )
 
 func TestFailBeforeChargeThenRetryChargesOnce(t *testing.T) {
@@ -224,7 +222,7 @@ func TestTimeoutAfterChargeReachesACallerOnAReusedConnection(t *testing.T) {
 	f := setup(t)
 	rr := &reuseRecorder{transport: &http.Transport{}}
 	t.Cleanup(rr.transport.CloseIdleConnections)
-	sc := fakestripe.NewClient(f.url, testKey, stripe.BackendConfig{
+	sc := newClient(f.url, testKey, stripe.BackendConfig{
 		HTTPClient:        &http.Client{Transport: rr},
 		MaxNetworkRetries: stripe.Int64(0),
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},

@@ -17,7 +17,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/phase"
@@ -185,30 +184,12 @@ func Seed(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// NewStripeClient returns a stripe-go client for the API at baseURL (Stripe
-// itself, the example's fake Stripe, or stripe-mock). stripe-go's own
-// network retries are turned off: the workflow retries through its resumed
-// runs, with the same idempotency key, and a retry inside one attempt would
-// only hold the lease longer.
-func NewStripeClient(baseURL, key string, hc *http.Client) *stripe.Client {
-	if hc == nil {
-		hc = &http.Client{Timeout: 10 * time.Second}
-	}
-	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
-		URL:               stripe.String(baseURL),
-		HTTPClient:        hc,
-		MaxNetworkRetries: stripe.Int64(0),
-		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
-	})
-	return stripe.NewClient(key, stripe.WithBackends(&stripe.Backends{API: backend, Connect: backend, Uploads: backend, MeterEvents: backend}))
-}
-
 // Config configures an App. Zero values mean the documented default.
 type Config struct {
 	// Pool is the database. Required; Migrate must have run on it.
 	Pool *pgxpool.Pool
 	// Stripe is the client charges go through. Required.
-	Stripe *stripe.Client
+	Stripe *Stripe
 	// Client configures the atomicphase client that runs the workflow and
 	// its completer and reaper: lease TTL, observer, fault injector,
 	// completer and reaper settings. Setting Client.Completer.Interval or
@@ -301,11 +282,11 @@ func New(cfg Config) (*App, error) {
 		hcfg.AcceptAfter = "ride_created"
 		hcfg.StatusLocation = func(r *http.Request, key string) string { return "/rides/status/" + url.PathEscape(key) }
 	}
-	rides, err := w.Handler(client, hcfg)
+	rides, err := phase.Handler(client, w, hcfg)
 	if err != nil {
 		return nil, err
 	}
-	status, err := w.StatusHandler(client, phase.StatusConfig{Tenant: tenant(cfg.Pool)})
+	status, err := phase.StatusHandler(client, w, phase.StatusConfig{Tenant: tenant(cfg.Pool)})
 	if err != nil {
 		return nil, err
 	}

@@ -59,7 +59,7 @@ func TestOneRideIsOneTraceFromRequestToStripe(t *testing.T) {
 	t.Parallel()
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	mw, err := otelphase.NewMiddleware(&otelphase.Config{TracerProvider: tp})
+	mw, err := otelphase.New(&otelphase.Config{TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestOneRideIsOneTraceFromRequestToStripe(t *testing.T) {
 	e := setupWith(t, 10, &configurer{
 		pool:      func(c *pgxpool.Config) { c.ConnConfig.Tracer = sqlTracer{tp.Tracer("sql")} },
 		transport: func(rt http.RoundTripper) http.RoundTripper { return otelhttp.NewTransport(rt, otelOpts...) },
-		app:       func(c *ride.Config) { c.Client.Middleware = []phase.Middleware{mw} },
+		app:       func(c *ride.Config) { c.Client.Hooks = []phase.Hook{mw} },
 		stripe:    func(h http.Handler) http.Handler { return otelhttp.NewHandler(h, "stripe", otelOpts...) },
 	})
 	e.api = otelhttp.NewHandler(e.api, "rides", otelOpts...)

@@ -3,6 +3,7 @@ package ride_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
@@ -32,7 +32,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 type env struct {
 	pool   *pgxpool.Pool
 	stripe *fakestripe.Server
-	sc     *stripe.Client
+	sc     *ride.Stripe
 	app    *ride.App
 	api    http.Handler
 }
@@ -481,4 +481,46 @@ func TestAddingAFraudCheckConvergesForRidesInFlight(t *testing.T) {
 		}}
 	phasetest.UpgradeMatrix(t, from, to)
 	e.verify(t)
+}
+
+// The Stripe client sends the idempotency key it is given, so a repeated
+// charge returns the first charge; it reads a decline as a card error, and
+// lists every charge across pages.
+func TestStripeClientRepeatsAChargeByItsKeyAndListsEveryCharge(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 5)
+	ctx := context.Background()
+	params := func(customer string) ride.ChargeParams {
+		return ride.ChargeParams{Amount: ride.Amount, Currency: "usd", Customer: customer,
+			Metadata: map[string]string{ride.ChargeKeyMetadata: "ride-1"}}
+	}
+	first, err := e.sc.CreateCharge(ctx, params(ride.UserCustomer), "downstream-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.sc.CreateCharge(ctx, params(ride.UserCustomer), "downstream-1")
+	if err != nil || again.ID != first.ID || again.Customer != ride.UserCustomer || again.Metadata[ride.ChargeKeyMetadata] != "ride-1" {
+		t.Fatalf("repeated charge: %+v, %v; want %+v again", again, err, first)
+	}
+	_, err = e.sc.CreateCharge(ctx, params(ride.DeclinedCustomer), "downstream-2")
+	var serr *ride.StripeError
+	if !errors.As(err, &serr) || serr.Type != ride.ErrorTypeCard || serr.HTTPStatusCode != http.StatusPaymentRequired {
+		t.Fatalf("declined charge: %v, want a 402 card_error", err)
+	}
+	for i := range 104 {
+		if _, err := e.sc.CreateCharge(ctx, params(ride.UserCustomer), fmt.Sprintf("more-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	charges, err := e.sc.Charges(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, ch := range charges {
+		seen[ch.ID] = true
+	}
+	if len(charges) != 105 || len(seen) != 105 || !seen[first.ID] {
+		t.Errorf("listed %d charges (%d distinct), want the 105 made, %s among them", len(charges), len(seen), first.ID)
+	}
 }

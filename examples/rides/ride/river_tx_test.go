@@ -50,8 +50,8 @@ func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type run = phase.Run[struct{}, struct{}]
-	w, err := phase.New("queued",
+	type run = phase.Input[struct{}, struct{}]
+	w, err := phase.NewWorkflow("queued",
 		phase.Local("job_queued", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 			if _, err := jobs.InsertTx(ctx, tx, receiptArgs{Key: r.Key}, nil); err != nil {
 				return phase.Result{}, err

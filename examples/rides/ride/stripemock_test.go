@@ -2,17 +2,17 @@ package ride_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/internal/testenv"
@@ -84,12 +84,20 @@ func TestChargePhaseSendsValidStripeRequests(t *testing.T) {
 
 	// stripe-mock refuses what Stripe would refuse: a parameter the API
 	// does not define is a 400, so a success below means a valid request.
-	bad := &stripe.ChargeCreateParams{Amount: stripe.Int64(ride.Amount), Currency: stripe.String("usd")}
-	bad.AddExtra("ride_id", "1")
-	_, err := sc.V1Charges.Create(context.Background(), bad)
-	var serr *stripe.Error
-	if !errors.As(err, &serr) || serr.HTTPStatusCode != http.StatusBadRequest {
-		t.Fatalf("charge with an undefined parameter: %v, want stripe-mock's 400", err)
+	bad := url.Values{"amount": {strconv.Itoa(ride.Amount)}, "currency": {"usd"}, "ride_id": {"1"}}
+	req, err := http.NewRequest(http.MethodPost, mockURL+"/v1/charges", strings.NewReader(bad.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer sk_test_123")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusBadRequest {
+		t.Fatalf("charge with an undefined parameter: %s, want stripe-mock's 400", res.Status)
 	}
 
 	app, err := ride.New(ride.Config{Pool: e.pool, Stripe: sc, Logger: quiet})

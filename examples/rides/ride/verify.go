@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stripe/stripe-go/v85"
 )
 
 // Report is what Verify found: the service's counts and the invariants a
@@ -66,7 +65,7 @@ func (r Report) Failures() []string {
 // creation time. The zero time looks at everything. A charge that no ride in
 // the database records counts whenever it was made. Its joins match tenants
 // too, as Citus needs to join the distributed tables on their nodes.
-func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since time.Time) (Report, error) {
+func Verify(ctx context.Context, pool *pgxpool.Pool, sc *Stripe, since time.Time) (Report, error) {
 	var r Report
 	rows, err := pool.Query(ctx, `
 		SELECT coalesce(r.stripe_charge_id, ''), coalesce(k.created_at, r.created_at) >= $1
@@ -99,19 +98,17 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, sc *stripe.Client, since ti
 	type request struct{ customer, key string }
 	byRequest := map[request][]string{}
 	atStripe := map[string]bool{}
-	for ch, err := range sc.V1Charges.List(ctx, &stripe.ChargeListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(100)}}).All(ctx) {
-		if err != nil {
-			return r, fmt.Errorf("list charges: %w", err)
-		}
+	charges, err := sc.Charges(ctx)
+	if err != nil {
+		return r, fmt.Errorf("list charges: %w", err)
+	}
+	for _, ch := range charges {
 		if others[ch.ID] {
 			continue
 		}
 		r.Charges++
 		atStripe[ch.ID] = true
-		req := request{key: ch.Metadata[ChargeKeyMetadata]}
-		if ch.Customer != nil {
-			req.customer = ch.Customer.ID
-		}
+		req := request{customer: ch.Customer, key: ch.Metadata[ChargeKeyMetadata]}
 		byRequest[req] = append(byRequest[req], ch.ID)
 	}
 	for _, charges := range byRequest {

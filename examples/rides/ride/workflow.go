@@ -18,7 +18,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase/phase"
 )
@@ -46,7 +45,7 @@ type State struct {
 }
 
 // Run is a run of the rides workflow.
-type Run = phase.Run[Request, State]
+type Run = phase.Input[Request, State]
 
 // Created is the 201 body of a ride.
 type Created struct {
@@ -64,12 +63,12 @@ type Failure struct {
 // proves no charge was made.
 type charge struct {
 	ID  string
-	Err *stripe.Error
+	Err *StripeError
 }
 
 // NewWorkflow declares the rides workflow: started → ride_created →
 // charge_created → (receipt queued, response stored) finished.
-func NewWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx]) (*phase.Workflow[Request, State], error) {
+func NewWorkflow(sc *Stripe, jobs *river.Client[pgx.Tx]) (*phase.Workflow[Request, State], error) {
 	return newWorkflow(sc, jobs, false)
 }
 
@@ -80,16 +79,16 @@ func NewWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx]) (*phase.Workflow
 // that rides started before the deploy finish as they began, without a
 // check, and rides started after it are never charged unchecked by a
 // process that has not been upgraded yet (see docs/changing-a-workflow.md).
-func NewCheckedWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx]) (*phase.Workflow[Request, State], error) {
+func NewCheckedWorkflow(sc *Stripe, jobs *river.Client[pgx.Tx]) (*phase.Workflow[Request, State], error) {
 	return newWorkflow(sc, jobs, true)
 }
 
-func newWorkflow(sc *stripe.Client, jobs *river.Client[pgx.Tx], fraudCheck bool) (*phase.Workflow[Request, State], error) {
+func newWorkflow(sc *Stripe, jobs *river.Client[pgx.Tx], fraudCheck bool) (*phase.Workflow[Request, State], error) {
 	phases := []phase.Phase[Request, State]{phase.Local("ride_created", createRide)}
 	if fraudCheck {
 		phases = append(phases, phase.Local(FraudCheckPhase, checkFraud))
 	}
-	return phase.New(WorkflowName, append(phases,
+	return phase.NewWorkflow(WorkflowName, append(phases,
 		phase.Foreign("charge_created",
 			func(ctx context.Context, run *Run) (charge, error) { return chargeRide(ctx, sc, run) },
 			recordCharge,
@@ -156,27 +155,25 @@ func createRide(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) 
 // Stripe would refuse the retry with an idempotency_error. Charges are
 // found by the Idempotency-Key they carry in their metadata
 // (ChargeKeyMetadata), and rides by the charge ID they record.
-func chargeRide(ctx context.Context, sc *stripe.Client, run *Run) (charge, error) {
-	params := &stripe.ChargeCreateParams{
-		Amount:      stripe.Int64(Amount),
-		Currency:    stripe.String(string(stripe.CurrencyUSD)),
-		Customer:    stripe.String(run.State.CustomerID),
-		Description: stripe.String("Ride requested with Idempotency-Key " + run.Key),
-	}
-	params.AddMetadata(ChargeKeyMetadata, run.Key)
-	params.SetIdempotencyKey(run.DownstreamKey())
-	ch, err := sc.V1Charges.Create(ctx, params)
+func chargeRide(ctx context.Context, sc *Stripe, run *Run) (charge, error) {
+	ch, err := sc.CreateCharge(ctx, ChargeParams{
+		Amount:      Amount,
+		Currency:    "usd",
+		Customer:    run.State.CustomerID,
+		Description: "Ride requested with Idempotency-Key " + run.Key,
+		Metadata:    map[string]string{ChargeKeyMetadata: run.Key},
+	}, run.DownstreamKey())
 	if err == nil {
 		return charge{ID: ch.ID}, nil
 	}
-	var serr *stripe.Error
+	var serr *StripeError
 	if errors.As(err, &serr) && definite(serr) {
 		return charge{Err: serr}, nil
 	}
 	// A network error, a timeout or a Stripe 5xx: the charge may or may not
 	// exist. The phase is Repeatable, so the next run asks again with the
 	// same key and Stripe answers with whatever happened.
-	return charge{}, phase.OutcomeUnknown(err)
+	return charge{}, phase.MaybeHappened(err)
 }
 
 // ChargeKeyMetadata is the metadata key under which a charge carries the
@@ -188,11 +185,11 @@ const ChargeKeyMetadata = "idempotency_key"
 // (409: the same key is still being processed; 429: rate limited) and an
 // idempotency_error, which says the key was already used with other
 // parameters: by an earlier call that may have charged.
-func definite(err *stripe.Error) bool {
-	if err.Type == stripe.ErrorTypeCard {
+func definite(err *StripeError) bool {
+	if err.Type == ErrorTypeCard {
 		return true
 	}
-	if err.Type == stripe.ErrorTypeIdempotency {
+	if err.Type == ErrorTypeIdempotency {
 		return false
 	}
 	switch err.HTTPStatusCode {
@@ -204,7 +201,7 @@ func definite(err *stripe.Error) bool {
 
 func recordCharge(ctx context.Context, tx pgx.Tx, run *Run, c charge) (phase.Result, error) {
 	if c.Err != nil {
-		if c.Err.Type == stripe.ErrorTypeCard {
+		if c.Err.Type == ErrorTypeCard {
 			return phase.JSON(http.StatusPaymentRequired, Failure{Error: "card_declined", Message: c.Err.Msg}), nil
 		}
 		return phase.JSON(http.StatusBadGateway, Failure{Error: "payment_failed",

@@ -33,7 +33,7 @@ const maxAmount = 1_000_000_000_000
 // another method on either path, 404 for any other path. transfers must be
 // registered with c; the accounts are read from db.
 func Handler(db *pgxpool.Pool, c *phase.Client, transfers *phase.Workflow[Transfer, State]) (http.Handler, error) {
-	post, err := transfers.Handler(c, phase.HTTPConfig[Transfer]{Tenant: owner, Decode: decodeTransfer})
+	post, err := phase.Handler(c, transfers, phase.HTTPConfig[Transfer]{Tenant: owner, Decode: decodeTransfer})
 	if err != nil {
 		return nil, err
 	}

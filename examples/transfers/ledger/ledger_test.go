@@ -17,6 +17,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -215,8 +216,8 @@ func TestTwentyClientsWithCrashesRetriesAndCompleterConserveMoney(t *testing.T) 
 			report.Settled, report.SettledExternal, report.InFlight, len(receipts), external)
 	}
 	t.Logf("outcomes %v in %d attempts; %d crashes, %d serialization retries, %d provider faults; verified %d times during the traffic",
-		outcomes, attempts, e.events.Count(phase.EventCrashed), e.events.Count(phase.EventRetried), e.provider.Stats().FaultsInjected, verified)
-	if e.events.Count(phase.EventCrashed) == 0 {
+		outcomes, attempts, e.events.Count(keyrow.EventCrashed), e.events.Count(keyrow.EventRetried), e.provider.Stats().FaultsInjected, verified)
+	if e.events.Count(keyrow.EventCrashed) == 0 {
 		t.Error("no crash was injected; the test proved nothing about crashes")
 	}
 }
@@ -517,7 +518,7 @@ func TestAddingALimitCheckConvergesForTransfersInFlight(t *testing.T) {
 	from := e.open(t, "alice", "EUR", 1_000_000)
 	const amount = 100
 	checked, err := ledger.TransfersWith(e.payouts,
-		phase.Local("limits_checked", func(ctx context.Context, tx pgx.Tx, run *phase.Run[ledger.Transfer, ledger.State]) (phase.Result, error) {
+		phase.Local("limits_checked", func(ctx context.Context, tx pgx.Tx, run *phase.Input[ledger.Transfer, ledger.State]) (phase.Result, error) {
 			var held int64
 			err := tx.QueryRow(ctx, `SELECT held FROM ledger_accounts WHERE id = $1`, run.Req.FromAccount).Scan(&held)
 			return phase.Next(), err

@@ -74,7 +74,7 @@ func setup(t testing.TB, crashRate float64) *env {
 	}
 	e.client, err = phase.NewClient(db, &phase.Config{
 		Logger:    quiet,
-		Observer:  e.events.Observe,
+		Hooks:     []phase.Hook{e.events},
 		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1, MaxAttempts: 1000, Interval: 10 * time.Millisecond},
 		Reaper:    recovery.ReaperConfig{Interval: -1},
 	}, e.wf)

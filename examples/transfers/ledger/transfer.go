@@ -95,7 +95,7 @@ func transfers(payouts *payoutprovider.Client, afterHold ...phase.Phase[Transfer
 		return nil, errors.New("ledger: transfers: a payout provider client is required")
 	}
 	phases := append([]phase.Phase[Transfer, State]{phase.Local(PhaseFundsHeld, holdFunds).Isolation(isolation)}, afterHold...)
-	return phase.New(WorkflowName, append(phases,
+	return phase.NewWorkflow(WorkflowName, append(phases,
 		phase.Foreign(PhasePayoutSent, sendPayout(payouts), recordPayout).
 			Repeatable().
 			Isolation(isolation).
@@ -104,7 +104,7 @@ func transfers(payouts *payoutprovider.Client, afterHold ...phase.Phase[Transfer
 	)...)
 }
 
-type transferRun = phase.Run[Transfer, State]
+type transferRun = phase.Input[Transfer, State]
 
 // holdFunds checks the transfer against the accounts, under their locks, and
 // moves the amount from the source's balance into its hold. A transfer the
@@ -164,7 +164,7 @@ func sendPayout(payouts *payoutprovider.Client) phase.CallFunc[Transfer, State, 
 			Reference:   strconv.FormatInt(run.State.TransferID, 10),
 		})
 		if errors.Is(err, payoutprovider.ErrOutcomeUnknown) {
-			return p, phase.OutcomeUnknown(err)
+			return p, phase.MaybeHappened(err)
 		}
 		return p, err
 	}

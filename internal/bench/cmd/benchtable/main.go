@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	go run ./internal/bench/cmd/benchtable [-rounds 5] [-round 2s] [-configs fast,durable]
+//	go run ./internal/bench/cmd/benchtable [-rounds 5] [-round 2s] [-configs fast,durable,citus]
 //		[-large [-compare=false]] [-settings name=value,...] [-database-url URL]
 //
 // Each kind of request is measured in rounds, library and baseline
@@ -15,7 +15,12 @@
 // with pg_stat_statements loaded, so that the tables show the server time
 // and WAL of each request: "fast" with durability off (fsync,
 // synchronous_commit and full_page_writes off, as the tests run), "durable"
-// with it on, as production runs.
+// with it on, as production runs. "citus", not in the default list, is a
+// Citus cluster of a coordinator and two workers, each node as "fast", with
+// every table distributed by tenant and co-located: the comparison runs
+// against the coordinator, every statement of either side on the one shard
+// of its tenant, and the table counts the statements Citus ran on one shard
+// and on several.
 //
 // -large adds, on the first configuration, the acquire latency with 10
 // thousand and with 10 million keys in the table, again alternating, and
@@ -69,21 +74,36 @@ func main() {
 	}
 }
 
-// configs are the server configurations benchtable can start.
-var configs = map[string][]string{
-	"fast":    nil,
-	"durable": {"fsync=on", "synchronous_commit=on", "full_page_writes=on"},
+// config is a server configuration benchtable can start.
+type config struct {
+	settings []string
+	// citus starts a Citus coordinator and citusWorkers workers instead of
+	// one server.
+	citus bool
 }
 
-// statsSettings load pg_stat_statements in every server benchtable starts.
+var configs = map[string]config{
+	"fast":    {},
+	"durable": {settings: []string{"fsync=on", "synchronous_commit=on", "full_page_writes=on"}},
+	"citus":   {settings: []string{"citus.enable_stat_counters=on"}, citus: true},
+}
+
+// citusWorkers is the number of workers of the citus configuration.
+const citusWorkers = 2
+
+// statsSettings load pg_stat_statements in every server benchtable starts;
+// on Citus nodes citus must be loaded first.
 var statsSettings = []string{"shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_planning=on"}
+
+// citusStatsSettings are statsSettings for Citus nodes.
+var citusStatsSettings = []string{"shared_preload_libraries=citus,pg_stat_statements", "pg_stat_statements.track_planning=on"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rounds := fs.Int("rounds", 5, "rounds per kind of request; library and baseline alternate within each")
 	round := fs.Duration("round", 2*time.Second, "length of one round of one kind")
-	configList := fs.String("configs", "fast,durable", "server configurations to start, in order: fast, durable")
+	configList := fs.String("configs", "fast,durable", "server configurations to start, in order: fast, durable, citus")
 	large := fs.Bool("large", false, "also measure acquire with 10 million keys and the reaper under traffic")
 	compare := fs.Bool("compare", true, "compare the library with the baseline (-compare=false with -large measures only the large tables)")
 	extra := fs.String("settings", "", "more server settings for the servers benchtable starts, comma-separated (shared_buffers=2GB)")
@@ -92,24 +112,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *dbURL != "" {
-		return measure(ctx, "the given database", *dbURL, 0, *rounds, *round, *compare, *large, stdout, stderr)
+		return measure(ctx, "the given database", *dbURL, nil, *rounds, *round, *compare, *large, stdout, stderr)
 	}
 	for i, name := range strings.Split(*configList, ",") {
-		settings, ok := configs[name]
+		c, ok := configs[name]
 		if !ok {
-			return fmt.Errorf("unknown configuration %q; use fast or durable", name)
+			return fmt.Errorf("unknown configuration %q; use fast, durable or citus", name)
 		}
-		fmt.Fprintf(stderr, "starting a throwaway Postgres (%s)...\n", name)
-		settings = append(slices.Clone(statsSettings), settings...)
+		settings := append(slices.Clone(statsSettings), c.settings...)
+		if c.citus {
+			settings = append(slices.Clone(citusStatsSettings), c.settings...)
+		}
 		if *extra != "" {
 			settings = append(settings, strings.Split(*extra, ",")...)
 		}
-		cluster, err := pgcluster.Start(ctx, settings...)
+		nodes, stop, err := startServer(ctx, name, c.citus, settings, stderr)
 		if err != nil {
 			return fmt.Errorf("%w\n(or pass -database-url with a scratch database)", err)
 		}
-		err = measure(ctx, name, cluster.DSN("postgres"), cluster.PID(), *rounds, *round, *compare, *large && i == 0, stdout, stderr)
-		if stopErr := cluster.Stop(); err == nil {
+		err = measure(ctx, name, nodes[0].dsn, nodes, *rounds, *round, *compare, *large && i == 0, stdout, stderr)
+		if stopErr := stop(); err == nil {
 			err = stopErr
 		}
 		if err != nil {
@@ -119,10 +141,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// node is a server benchtable started: one Postgres, or a node of a Citus
+// cluster.
+type node struct {
+	name, dsn  string
+	postmaster int
+}
+
+// startServer starts a throwaway Postgres, or with citus a Citus cluster,
+// and returns its nodes, the one to measure on first, and the function that
+// stops them.
+func startServer(ctx context.Context, name string, citus bool, settings []string, progress io.Writer) ([]node, func() error, error) {
+	if !citus {
+		fmt.Fprintf(progress, "starting a throwaway Postgres (%s)...\n", name)
+		cluster, err := pgcluster.Start(ctx, settings...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return []node{{"server", cluster.DSN("postgres"), cluster.PID()}}, cluster.Stop, nil
+	}
+	fmt.Fprintf(progress, "starting a throwaway Citus coordinator and %d workers (%s)...\n", citusWorkers, name)
+	cluster, err := pgcluster.StartCitus(ctx, citusWorkers, settings...)
+	if err != nil {
+		return nil, nil, err
+	}
+	nodes := []node{{"coordinator", cluster.Coordinator.DSN("postgres"), cluster.Coordinator.PID()}}
+	for i, w := range cluster.Workers {
+		nodes = append(nodes, node{fmt.Sprintf("worker %d", i+1), w.DSN("postgres"), w.PID()})
+	}
+	return nodes, cluster.Stop, nil
+}
+
 // measure runs the comparison, and with large the large-table measurements,
-// on the database at dsn, whose postmaster is postmaster when it is a local
-// server benchtable started (0 otherwise).
-func measure(ctx context.Context, name, dsn string, postmaster, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) error {
+// on the database at dsn, which nodes are when they are servers benchtable
+// started (one, or a Citus cluster's; none otherwise).
+func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) error {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
@@ -132,8 +185,12 @@ func measure(ctx context.Context, name, dsn string, postmaster, rounds int, roun
 		return err
 	}
 	defer env.Close()
-	if postmaster != 0 {
-		if env.CPU, err = cpuClock(postmaster); err != nil {
+	var postmasters []int
+	for _, n := range nodes {
+		postmasters = append(postmasters, n.postmaster)
+	}
+	if len(postmasters) > 0 {
+		if env.CPU, err = cpuClock(postmasters...); err != nil {
 			fmt.Fprintln(progress, err)
 		}
 	}
@@ -146,10 +203,15 @@ func measure(ctx context.Context, name, dsn string, postmaster, rounds int, roun
 		if err != nil {
 			return err
 		}
-		printComparison(w, results, env.Stats(), env.CPU != nil)
+		printComparison(w, results, env.Stats(), env.CPU != nil, env.ShardCounts())
 		if env.Stats() {
 			printStatements(w, results, bench.LibraryRun, bench.BaselineRun)
 			printStatements(w, results, bench.LibraryRides, bench.BaselineRides)
+		}
+		if len(nodes) > 1 && env.Stats() {
+			if err := nodeCosts(ctx, env, nodes, rounds, round, w, progress); err != nil {
+				return err
+			}
 		}
 	}
 	if !large {
@@ -182,7 +244,19 @@ ORDER BY name`)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "Server: %s\nSettings: %s\nPool: %d connections\n\n", version, strings.Join(settings, ", "), bench.MaxConns)
+	fmt.Fprintf(w, "Server: %s\nSettings: %s\nPool: %d connections\n", version, strings.Join(settings, ", "), bench.MaxConns)
+	if env.Distributed() {
+		var citus string
+		var workers int
+		err := env.Pool.QueryRow(ctx, `
+SELECT (SELECT extversion FROM pg_extension WHERE extname = 'citus'),
+       (SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND isactive)::int`).Scan(&citus, &workers)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "Citus %s: coordinator and %d workers; every table distributed by tenant, co-located with idempotency_keys\n", citus, workers)
+	}
+	fmt.Fprintln(w)
 	return nil
 }
 
@@ -243,9 +317,13 @@ func alternate(ctx context.Context, loads [2]*bench.Load, rounds int, d time.Dur
 	return res, nil
 }
 
-func printComparison(w io.Writer, all []*measured, stats, cpu bool) {
-	fmt.Fprintln(w, "| request | clients | req/s | mean µs | p99 µs | statements/req | round trips/req | server µs/req | WAL B/req | CPU µs/req | Go allocs/req | throughput vs baseline: all rounds (median; min–max) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+func printComparison(w io.Writer, all []*measured, stats, cpu, shards bool) {
+	head, rule := "", ""
+	if shards {
+		head, rule = " single-shard / multi-shard statements/req |", "---:|"
+	}
+	fmt.Fprintln(w, "| request | clients | req/s | mean µs | p99 µs | statements/req | round trips/req | server µs/req | WAL B/req | CPU µs/req | Go allocs/req | throughput vs baseline: all rounds (median; min–max) |"+head)
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"+rule)
 	find := func(k bench.Kind, c int) *measured {
 		for _, m := range all {
 			if m.kind == k && m.concurrency == c {
@@ -269,9 +347,14 @@ func printComparison(w io.Writer, all []*measured, stats, cpu bool) {
 		if cpu {
 			cpuTime = fmt.Sprintf("%.0f", us(r.CPUPerRequest()))
 		}
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s | %s | %.0f | %s |\n", m.kind, m.concurrency,
+		shardCell := ""
+		if shards {
+			n := float64(r.Requests())
+			shardCell = fmt.Sprintf(" %.2f / %.2f |", float64(r.SingleShard)/n, float64(r.MultiShard)/n)
+		}
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s | %s | %.0f | %s |%s\n", m.kind, m.concurrency,
 			r.PerSecond(), us(r.Mean()), us(r.Quantile(0.99)), r.StatementsPerRequest(), r.RoundTripsPerRequest(),
-			server, wal, cpuTime, r.AllocsPerRequest(), ratio)
+			server, wal, cpuTime, r.AllocsPerRequest(), ratio, shardCell)
 	}
 	fmt.Fprintln(w)
 }
@@ -281,18 +364,20 @@ func printComparison(w io.Writer, all []*measured, stats, cpu bool) {
 // fragment its text (as pg_stat_statements normalises it) contains.
 var roles = []struct{ name, fragment string }{
 	{"take the key: acquire / upsert", "WITH found AS"},
+	{"take the key: acquire / upsert", "INSERT INTO idempotency_keys"}, // on Citus
 	{"take the key: acquire / upsert", "INSERT INTO baseline_keys"},
 	{"replay or 409: lookup", "SELECT recovery_point, request_params"},
 	{"user: insert order", "INSERT INTO orders"},
 	{"user: confirm order", "SET status"},
 	{"renew the lease before the call", "set_config"},
+	{"renew the lease before the call", "SET lock_expires_at = now()"}, // on Citus
 	{"user: record charge", "SET charge_id"},
 	{"user: insert audit record", "INSERT INTO audit_records"},
 	// In the rides-shaped request pg_stat_statements lists the fenced
 	// advance under two entries, one with its constants as written and one
 	// with them numbered; the fragment matches both.
 	{"advance: fenced / plain", "SET recovery_point = $3, phase_state = $4, hold ="},
-	{"advance: fenced / plain", "UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1"},
+	{"advance: fenced / plain", "UPDATE baseline_keys SET recovery_point = $3"},
 	{"finish: fenced / plain", "finished_at = now()"},
 	{"finish: fenced / plain", "response_code"},
 }
@@ -520,3 +605,88 @@ func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writ
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// nodeCosts prints what each node of a Citus cluster spent on the
+// three-phase request of the library and of the baseline at one client,
+// alternating for rounds rounds of d: the CPU time of its processes, and the
+// planning and execution time and the count of its statements by
+// pg_stat_statements (on the coordinator, execution includes waiting for
+// the workers; on a worker, statements include the BEGIN, the distributed
+// transaction id and the COMMIT that Citus sends for each transaction).
+func nodeCosts(ctx context.Context, env *bench.Env, nodes []node, rounds int, d time.Duration, w, progress io.Writer) error {
+	conns := make([]*pgx.Conn, len(nodes))
+	for i, n := range nodes {
+		conn, err := pgx.Connect(ctx, n.dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		conns[i] = conn
+	}
+	kinds := [2]bench.Kind{bench.LibraryRun, bench.BaselineRun}
+	var loads [2]*bench.Load
+	for i, k := range kinds {
+		l, err := env.Prepare(ctx, k, 1)
+		if err != nil {
+			return err
+		}
+		loads[i] = l
+	}
+	type cost struct {
+		cpu, plan, exec time.Duration
+		calls           int64
+	}
+	var (
+		costs    [2][]cost
+		requests [2]int
+	)
+	for i := range costs {
+		costs[i] = make([]cost, len(nodes))
+	}
+	for r := range rounds {
+		for j := range 2 {
+			i := j ^ r%2
+			fmt.Fprintf(progress, "%s, clients=1, by node: round %d/%d\n", kinds[i], r+1, rounds)
+			before := make([]time.Duration, len(nodes))
+			for n, c := range conns {
+				if _, err := c.Exec(ctx, `SELECT public.pg_stat_statements_reset()`); err != nil {
+					return fmt.Errorf("%s: %w", nodes[n].name, err)
+				}
+				before[n] = serverCPU(nodes[n].postmaster)
+			}
+			res, err := loads[i].Run(ctx, 0, d)
+			if err != nil {
+				return err
+			}
+			requests[i] += res.Requests()
+			for n, c := range conns {
+				costs[i][n].cpu += serverCPU(nodes[n].postmaster) - before[n]
+				var plan, exec float64
+				var calls int64
+				err := c.QueryRow(ctx, `
+SELECT coalesce(sum(total_plan_time), 0), coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0)::bigint
+FROM public.pg_stat_statements
+WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%citus_stat_counters%'`).Scan(&plan, &exec, &calls)
+				if err != nil {
+					return fmt.Errorf("%s: %w", nodes[n].name, err)
+				}
+				costs[i][n].plan += time.Duration(plan * float64(time.Millisecond))
+				costs[i][n].exec += time.Duration(exec * float64(time.Millisecond))
+				costs[i][n].calls += calls
+			}
+		}
+	}
+	fmt.Fprintln(w, "Where the time goes, by node: three-phase request, 1 client (CPU time of the node's processes; pg_stat_statements of every statement the node ran, BEGIN and COMMIT included):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| request | node | CPU µs/req | planning µs/req | execution µs/req | statements/req |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
+	for i, k := range kinds {
+		per := func(d time.Duration) float64 { return us(d) / float64(max(requests[i], 1)) }
+		for n, c := range costs[i] {
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.2f |\n", k, nodes[n].name, per(c.cpu), per(c.plan), per(c.exec),
+				float64(c.calls)/float64(max(requests[i], 1)))
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}

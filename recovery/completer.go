@@ -1,7 +1,4 @@
-// Package maint runs the services that keep the keys table healthy without
-// a client: the completer and the reaper. A phase.Client owns and starts
-// them; package recovery documents and configures them.
-package maint
+package recovery
 
 import (
 	"context"
@@ -13,30 +10,37 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/store"
-	"github.com/atomicphase/atomicphase/recovery"
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // ErrHandedBack is wrapped by a Resumer's error for a key it handed back
 // for someone else to act on (a process that runs its definition, an
 // operator): the completer cannot do more with it now.
-var ErrHandedBack = errors.New("maint: key handed back for another process")
+var ErrHandedBack = errors.New("recovery: key handed back for another process")
 
 // Resumer continues a claimed key with its workflow, within the client's
-// run limits. It must free or keep the key's lease as any run does.
+// run limits. It must free or keep the key's lease as any run does. The
+// claimed row is the library's own type: a phase.Client gives the
+// Resumer, and builds the completer.
 type Resumer func(ctx context.Context, row *store.Row) error
 
-// Completer finishes keys that no client is waiting for.
+// Completer finishes keys that no client is waiting for. A phase.Client
+// builds one from Config.Completer and runs it; see the package
+// documentation for what a pass does.
 type Completer struct {
-	cfg     recovery.CompleterConfig
+	cfg     CompleterConfig
 	pool    *pgxpool.Pool
 	resumer Resumer
 	// workflows and definitions, pairwise, are the definitions it resumes.
 	workflows, definitions []string
 	ttl                    time.Duration
 	log                    *slog.Logger
-	bg                     Background
-	// Around, when set, wraps every pass (the client's middleware).
-	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
+	bg                     background
+	// Around, when set, wraps every pass (the client's pass wrappers).
+	Around func(ctx context.Context, pass func(context.Context) (PassResult, error)) (PassResult, error)
+	// Observe, when set, receives the completer's events (the client's
+	// observers).
+	Observe func(ctx context.Context, ev keyrow.Event)
 	// Distributed, when set, reports whether the key table is distributed
 	// with Citus, which claims keys another way.
 	Distributed func() bool
@@ -45,30 +49,30 @@ type Completer struct {
 func distributed(f func() bool) bool { return f != nil && f() }
 
 // NewCompleter returns a completer for the keys of the workflow definitions
-// given pairwise by workflows and definitions, run by r. cfg must have its
-// defaults applied.
-func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
+// given pairwise by workflows and definitions, run by r, with leases of
+// ttl. cfg must have its defaults applied. phase.NewClient calls it.
+func NewCompleter(cfg CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
 	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
 // to BatchSize due keys, and resumes them.
-func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
+func (c *Completer) RunOnce(ctx context.Context) (PassResult, error) {
 	if c.Around != nil {
 		return c.Around(ctx, c.pass)
 	}
 	return c.pass(ctx)
 }
 
-func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
-	var res recovery.PassResult
+func (c *Completer) pass(ctx context.Context) (PassResult, error) {
+	var res PassResult
 	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.MinIdle)
 	if err != nil {
 		return res, err
 	}
 	res.Buried = buried
 	if buried > 0 {
-		c.observe(ctx, recovery.Event{Kind: recovery.EventDead, Count: buried})
+		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: buried})
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
@@ -107,9 +111,9 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 
 func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 	err := c.resumer(ctx, row)
-	ev := recovery.Event{Kind: recovery.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
+	ev := keyrow.Event{Kind: keyrow.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
 	if err != nil {
-		ev.Kind, ev.Err = recovery.EventFailed, err
+		ev.Kind, ev.Err = keyrow.EventCompleterFailed, err
 	}
 	if errors.Is(err, ErrHandedBack) {
 		return err
@@ -123,8 +127,8 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 }
 
 // Drain runs passes until one finds nothing to claim, and returns the sum.
-func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
-	var total recovery.PassResult
+func (c *Completer) Drain(ctx context.Context) (PassResult, error) {
+	var total PassResult
 	for {
 		res, err := c.RunOnce(ctx)
 		total = total.Add(res)
@@ -150,9 +154,9 @@ func (c *Completer) Start(ctx context.Context) error {
 // resumed later.
 func (c *Completer) Stop(ctx context.Context) error { return c.bg.Stop(ctx) }
 
-func (c *Completer) observe(ctx context.Context, ev recovery.Event) {
-	if c.cfg.Observer != nil {
-		c.cfg.Observer(ctx, ev)
+func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {
+	if c.Observe != nil {
+		c.Observe(ctx, ev)
 	}
 }
 

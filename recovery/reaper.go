@@ -1,4 +1,4 @@
-package maint
+package recovery
 
 import (
 	"context"
@@ -10,19 +10,23 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/store"
-	"github.com/atomicphase/atomicphase/recovery"
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // Reaper deletes finished keys once their retention is over, in small
 // batches, and closes abandoned keys first so that they can be deleted too.
+// A phase.Client builds one from Config.Reaper and runs it.
 // It judges only the keys of the workflows it was given, each with its own
 // retention, and never deletes a key before the retention the key recorded.
 type Reaper struct {
-	cfg    recovery.ReaperConfig
+	cfg    ReaperConfig
 	pool   *pgxpool.Pool
 	log    *slog.Logger
-	bg     Background
+	bg     background
 	scopes []Scope
+	// Observe, when set, receives the reaper's events (the client's
+	// observers).
+	Observe func(ctx context.Context, ev keyrow.Event)
 	// Distributed: see Completer.Distributed.
 	Distributed func() bool
 }
@@ -35,10 +39,10 @@ type Scope struct {
 }
 
 // NewReaper returns a reaper over the keys of scopes, each workflow named
-// once; cfg must have its defaults applied. With no scopes it judges the
+// once; cfg must have its defaults applied. phase.NewClient calls it. With no scopes it judges the
 // keys of every workflow, with cfg.Retention: that is the reaper of a
 // process that runs no workflow, such as the atomicphase command.
-func NewReaper(cfg recovery.ReaperConfig, pool *pgxpool.Pool, log *slog.Logger, scopes []Scope) *Reaper {
+func NewReaper(cfg ReaperConfig, pool *pgxpool.Pool, log *slog.Logger, scopes []Scope) *Reaper {
 	return &Reaper{cfg: cfg, pool: pool, log: log, scopes: scopes}
 }
 
@@ -77,8 +81,8 @@ func (r *Reaper) Candidates(ctx context.Context) (finished, abandoned int, err e
 
 // RunOnce closes abandoned keys and deletes expired ones, batch after
 // batch with a pause between batches, until none is left or ctx ends.
-func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
-	var res recovery.ReapResult
+func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
+	var res ReapResult
 	expire := r.scopes
 	if len(expire) == 0 {
 		expire = []Scope{{Retention: r.cfg.Retention}}
@@ -93,7 +97,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 		}
 	}
 	if res.Expired > 0 {
-		r.observe(ctx, recovery.Event{Kind: recovery.EventExpired, Count: res.Expired})
+		r.observe(ctx, keyrow.Event{Kind: keyrow.EventExpired, Count: res.Expired})
 		r.log.Warn("abandoned keys closed with a terminal response", "count", res.Expired)
 	}
 	scopes, err := r.Scopes(ctx)
@@ -104,7 +108,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 		n, err := r.batches(ctx, func() (int, error) {
 			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 			if n > 0 {
-				r.observe(ctx, recovery.Event{Kind: recovery.EventReaped, Count: n, Workflow: s.Workflow})
+				r.observe(ctx, keyrow.Event{Kind: keyrow.EventReaped, Count: n, Workflow: s.Workflow})
 			}
 			return n, err
 		})
@@ -163,15 +167,15 @@ func (r *Reaper) Start(ctx context.Context) error {
 // Stop ends the background runs and waits for the current one, or for ctx.
 func (r *Reaper) Stop(ctx context.Context) error { return r.bg.Stop(ctx) }
 
-func (r *Reaper) observe(ctx context.Context, ev recovery.Event) {
-	if r.cfg.Observer != nil {
-		r.cfg.Observer(ctx, ev)
+func (r *Reaper) observe(ctx context.Context, ev keyrow.Event) {
+	if r.Observe != nil {
+		r.Observe(ctx, ev)
 	}
 }
 
-// Background runs a periodic pass on its own goroutine between Start and
+// background runs a periodic pass on its own goroutine between Start and
 // Stop; the completer and the reaper are both one.
-type Background struct {
+type background struct {
 	mu     sync.Mutex
 	name   string
 	cancel context.CancelFunc
@@ -179,7 +183,7 @@ type Background struct {
 }
 
 // Start calls pass at once and then every interval until Stop or ctx ends.
-func (b *Background) Start(ctx context.Context, name string, interval time.Duration, pass func(context.Context)) error {
+func (b *background) Start(ctx context.Context, name string, interval time.Duration, pass func(context.Context)) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.cancel != nil {
@@ -205,7 +209,7 @@ func (b *Background) Start(ctx context.Context, name string, interval time.Durat
 }
 
 // Stop cancels the passes and waits for the current one, or for ctx.
-func (b *Background) Stop(ctx context.Context) error {
+func (b *background) Stop(ctx context.Context) error {
 	b.mu.Lock()
 	cancel, done := b.cancel, b.done
 	b.cancel = nil

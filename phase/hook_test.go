@@ -21,15 +21,17 @@ import (
 
 type pathKey struct{}
 
-// pathOf returns the steps the middleware entered to reach ctx.
+// pathOf returns the steps the wrappers entered to reach ctx.
 func pathOf(ctx context.Context) string {
 	s, _ := ctx.Value(pathKey{}).(string)
 	return s
 }
 
-// recorder is a Middleware that extends the context's path on every step
-// and records each step when it ends, innermost first.
+// recorder is a hook that wraps runs, phases, calls and passes: it extends
+// the context's path on every step and records each step when it ends,
+// innermost first.
 type recorder struct {
+	phase.HookDefaults
 	name string
 	mu   sync.Mutex
 	log  []string
@@ -51,30 +53,30 @@ func (m *recorder) steps() []string {
 	return slices.Clone(m.log)
 }
 
-func (m *recorder) Run(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
+func (m *recorder) WrapRun(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
 	out, err := next(m.enter(ctx, "run"))
 	result := "error"
 	if err == nil {
-		result = out.Kind.String()
+		result = string(out.Kind)
 	}
 	m.record("run %s %s/%s completer=%t from=%s attempt=%d: %s", run.Workflow, run.Tenant, run.Key,
 		run.ByCompleter, run.RecoveryPoint, run.Attempt, result)
 	return out, err
 }
 
-func (m *recorder) Phase(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
+func (m *recorder) WrapPhase(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	err := next(m.enter(ctx, "phase"))
 	m.record("phase %s downstream=%t err=%t", p.Phase, p.DownstreamKey != "", err != nil)
 	return err
 }
 
-func (m *recorder) Call(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
+func (m *recorder) WrapCall(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	err := next(m.enter(ctx, "call"))
 	m.record("call %s %s reconcile=%t err=%t", p.Phase, p.DownstreamKey, p.Reconcile, err != nil)
 	return err
 }
 
-func (m *recorder) Pass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
+func (m *recorder) WrapPass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
 	res, err := next(m.enter(ctx, "pass"))
 	m.record("pass claimed=%d completed=%d", res.Claimed, res.Completed)
 	return res, err
@@ -109,23 +111,23 @@ func (e *stepsEnv) takeSeen() []string {
 func setupSteps(t *testing.T) *stepsEnv {
 	t.Helper()
 	e := &stepsEnv{outer: &recorder{name: "a"}, inner: &recorder{name: "b"}}
-	w, err := phase.New("steps",
-		phase.Local("first", func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("steps",
+		phase.Local("first", func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string]) (phase.Result, error) {
 			e.saw(ctx, "first")
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Run[int, string]) (string, error) {
+			func(ctx context.Context, run *phase.Input[int, string]) (string, error) {
 				e.saw(ctx, "call "+run.DownstreamKey())
 				return "ch_1", nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
 				e.saw(ctx, "record")
 				run.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("final", func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string]) (phase.Result, error) {
+		phase.Local("final", func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string]) (phase.Result, error) {
 			e.saw(ctx, "final")
 			if e.failFinal.Load() {
 				return phase.Result{}, errors.New("final phase failed")
@@ -138,9 +140,9 @@ func setupSteps(t *testing.T) *stepsEnv {
 	}
 	e.w = w
 	e.c, err = phase.NewClient(pgtest.Pool(t), &phase.Config{
-		Logger:     quiet,
-		Middleware: []phase.Middleware{e.outer, e.inner},
-		Completer:  recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+		Logger:    quiet,
+		Hooks:     []phase.Hook{e.outer, e.inner},
+		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
 	}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +150,7 @@ func setupSteps(t *testing.T) *stepsEnv {
 	return e
 }
 
-func TestMiddlewareWrapsRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
+func TestHooksWrapRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
 	t.Parallel()
 	e := setupSteps(t)
 	ctx := context.Background()
@@ -175,16 +177,16 @@ func TestMiddlewareWrapsRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
 			"run steps acme/k1 completer=false from=started attempt=1: new",
 		}
 		if got := m.steps(); !slices.Equal(got, want) {
-			t.Errorf("middleware %s recorded\n%q\nwant\n%q", m.name, got, want)
+			t.Errorf("hook %s recorded\n%q\nwant\n%q", m.name, got, want)
 		}
 	}
 
 	// A replay runs no phase; its run ends with the outcome and the
 	// recovery point it found.
-	if out, err := e.w.Run(ctx, e.c, "acme", "k1", 1); err != nil || out.Kind != phase.OutcomeReplay {
+	if out, err := e.w.Run(ctx, e.c, "acme", "k1", 1); err != nil || out.Kind != phase.OutcomeReplayed {
 		t.Fatalf("replay: %v, %v", out, err)
 	}
-	if got, want := e.inner.steps()[5:], []string{"run steps acme/k1 completer=false from=finished attempt=0: replay"}; !slices.Equal(got, want) {
+	if got, want := e.inner.steps()[5:], []string{"run steps acme/k1 completer=false from=finished attempt=0: replayed"}; !slices.Equal(got, want) {
 		t.Errorf("replay recorded %q, want %q", got, want)
 	}
 	// A request that can never run still ends its run, with its error.
@@ -196,7 +198,7 @@ func TestMiddlewareWrapsRunPhasesAndCallsAndCarriesTheirContext(t *testing.T) {
 	}
 }
 
-func TestMiddlewareWrapsCompleterPassesAndTheRunsTheyResume(t *testing.T) {
+func TestHooksWrapCompleterPassesAndTheRunsTheyResume(t *testing.T) {
 	t.Parallel()
 	e := setupSteps(t)
 	ctx := context.Background()
@@ -231,43 +233,49 @@ func TestMiddlewareWrapsCompleterPassesAndTheRunsTheyResume(t *testing.T) {
 	}
 }
 
-func TestNewClientRefusesANilMiddleware(t *testing.T) {
+func TestNewClientRefusesANilHookAndOneThatDoesNothing(t *testing.T) {
 	t.Parallel()
-	w, err := phase.New("one", phase.Local("only", func(context.Context, pgx.Tx, *phase.Run[int, int]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("one", phase.Local("only", func(context.Context, pgx.Tx, *phase.Input[int, int]) (phase.Result, error) {
 		return phase.JSON(http.StatusOK, 1), nil
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = phase.NewClient(pgtest.Pool(t), &phase.Config{Middleware: []phase.Middleware{phase.MiddlewareDefaults{}, nil}}, w)
+	_, err = phase.NewClient(pgtest.Pool(t), &phase.Config{Hooks: []phase.Hook{&recorder{}, nil}}, w)
 	if err == nil {
-		t.Fatal("NewClient accepted a nil middleware")
+		t.Fatal("NewClient accepted a nil hook")
+	}
+	// A hook that implements none of the hook interfaces, such as one
+	// whose method was misnamed, would silently do nothing.
+	_, err = phase.NewClient(pgtest.Pool(t), &phase.Config{Hooks: []phase.Hook{phase.HookDefaults{}}}, w)
+	if err == nil || !strings.Contains(err.Error(), "implements none") {
+		t.Fatalf("NewClient accepted a hook that implements nothing: %v", err)
 	}
 }
 
-func TestMiddlewareWrapsTheReconcileOfAnUnknownCall(t *testing.T) {
+func TestHooksWrapTheReconcileOfAnUnknownCall(t *testing.T) {
 	t.Parallel()
 	m := &recorder{name: "a"}
 	var reconciledIn string
-	w, err := phase.New("payouts", phase.Reconciled(
+	w, err := phase.NewWorkflow("payouts", phase.Reconciled(
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Run[int, string]) (string, error) {
-				return "", phase.OutcomeUnknown(errors.New("provider timed out"))
+			func(ctx context.Context, run *phase.Input[int, string]) (string, error) {
+				return "", phase.MaybeHappened(errors.New("provider timed out"))
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
 				return phase.JSON(http.StatusOK, id), nil
 			}),
-		func(ctx context.Context, run *phase.Run[int, string]) (string, phase.Resolution, error) {
+		func(ctx context.Context, run *phase.Input[int, string]) (string, phase.Resolution, error) {
 			reconciledIn = pathOf(ctx)
 			return "po_1", phase.Happened, nil
 		},
-		func(ctx context.Context, tx pgx.Tx, run *phase.Run[int, string], id string) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
 			return phase.JSON(http.StatusOK, id), nil
 		}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet, Middleware: []phase.Middleware{m},
+	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet, Hooks: []phase.Hook{m},
 		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
 	if err != nil {
 		t.Fatal(err)
