@@ -71,10 +71,17 @@ func database(ctx context.Context, url string, migrate func(context.Context, *pg
 // migrateRides applies what the API owns: the atomicphase schema, River's,
 // the rides tables, and the demo riders.
 func migrateRides(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := ride.Migrate(ctx, pool); err != nil {
-		return err
+	return seeded(ride.Migrate)(ctx, pool)
+}
+
+// seeded returns migrate followed by the demo riders' seeding.
+func seeded(migrate func(context.Context, *pgxpool.Pool) error) func(context.Context, *pgxpool.Pool) error {
+	return func(ctx context.Context, pool *pgxpool.Pool) error {
+		if err := migrate(ctx, pool); err != nil {
+			return err
+		}
+		return ride.Seed(ctx, pool)
 	}
-	return ride.Seed(ctx, pool)
 }
 
 // migrateAll applies the schemas of the API and of the fake Stripe, for the
@@ -119,6 +126,8 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
 	accept := fs.Bool("accept", false, "answer 202 Accepted once the ride is created, with its status at GET /rides/status/{key},\nand charge in the background")
 	fraudCheck := fs.Bool("fraud-check", false, "serve the workflow's next definition, which checks for fraud before the charge;\nrides started under the first one finish under it")
+	citus := fs.Bool("citus", false, "the database is a Citus coordinator with its workers added: distribute the key table and\n"+
+		"the rides tables by tenant, the rider's email (see the README's \"On Citus\")")
 	pollOnly := fs.Bool("poll-only", false, "River polls instead of using LISTEN/NOTIFY: needed behind PgBouncer in transaction pooling mode\n(whose URL also needs default_query_exec_mode=cache_describe)")
 	if err := exampleprog.Parse(fs, args); err != nil {
 		return err
@@ -129,7 +138,11 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		fmt.Fprintln(stderr, "rides serve: -stripe-url is required: the fake Stripe's URL (start it with rides fakestripe), stripe-mock's, or https://api.stripe.com with -stripe-key")
 		return exampleprog.ErrUsage
 	}
-	if err := svc.Open(ctx, exampleprog.Database{PoolSize: poolSize, Migrate: migrateRides, Progress: stderr}); err != nil {
+	migrate := migrateRides
+	if *citus {
+		migrate = seeded(ride.Distribute)
+	}
+	if err := svc.Open(ctx, exampleprog.Database{PoolSize: poolSize, Migrate: migrate, Progress: stderr}); err != nil {
 		return err
 	}
 	defer svc.Close()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -136,7 +137,7 @@ func citusSchema(t testing.TB, c *pgcluster.Citus) string {
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
 	admin := c.Coordinator.DSN("postgres")
-	schema := databaseName(t.Name())
+	schema := schemaName(t.Name())
 	if err := execAdmin(ctx, admin, "CREATE SCHEMA "+ident(schema)); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
@@ -162,6 +163,19 @@ func CitusSchemaPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Poo
 			configure(cfg)
 		}
 	})
+}
+
+// schemaMaxLen leaves room after a test schema's name for the names that
+// applications derive from it: River's notification channels
+// ("<schema>.river_leadership") must fit in Postgres's 63 bytes too.
+const schemaMaxLen = 40
+
+// schemaName is databaseName for a test's schema, at most schemaMaxLen
+// bytes long; its random part comes before the test's name, so cutting
+// the name keeps it unique.
+func schemaName(label string) string {
+	name := databaseName(label)
+	return strings.TrimRight(name[:min(len(name), schemaMaxLen)], "_")
 }
 
 func execAdmin(ctx context.Context, dsn, stmt string) error {

@@ -161,3 +161,15 @@ func TestNoServerErrorNamesEveryFix(t *testing.T) {
 		t.Errorf("Embedded's error %q mentions %s, which Embedded ignores", embedded, EnvDSN)
 	}
 }
+
+func TestSchemaNameLeavesRoomForRiverChannels(t *testing.T) {
+	t.Parallel()
+	long := "TestSomething/with a very long subtest name, punctuation & UPPER case, and more words"
+	name := schemaName(long)
+	if channel := name + ".river_leadership"; len(channel) > 63 {
+		t.Errorf("schemaName(%q) = %q: River's channel %q is %d bytes long, over 63", long, name, channel, len(channel))
+	}
+	if !strings.HasPrefix(name, databasePrefix) || !strings.Contains(name, "_testsomething") {
+		t.Errorf("schemaName(%q) = %q, which does not name the test", long, name)
+	}
+}

@@ -133,6 +133,12 @@ type scenario struct {
 	// processes are then neither killed nor cut off: the failover is the
 	// fault under test, and they must live through it.
 	replication replication
+	// citus puts the rides database on a Citus cluster of its own, two API
+	// processes on its coordinator, and kills a worker node mid-charge (see
+	// killWorker). The API processes are neither killed nor cut off, and
+	// the fake Stripe only slows charges down, so that every failed answer
+	// the riders get is the outage's.
+	citus bool
 }
 
 // chaosCounts counts what the chaos did.
@@ -165,7 +171,11 @@ func runChaos(t *testing.T, sc scenario) {
 	began := time.Now()
 	s := setup(t, sc)
 	ctx := t.Context()
-	s.setFaults(ctx, faultPlan)
+	if sc.citus {
+		s.setFaults(ctx, citusFaultPlan)
+	} else {
+		s.setFaults(ctx, faultPlan)
+	}
 	var times timings
 	times.setup = time.Since(began)
 
@@ -175,10 +185,16 @@ func runChaos(t *testing.T, sc scenario) {
 	defer stopChaos()
 	trafficCtx, trafficTime := ctx, sc.traffic
 	var wg sync.WaitGroup
-	if sc.replication == noReplication {
+	var riders []string
+	out := &workerOutage{}
+	switch {
+	case sc.citus:
+		riders = s.citus.riders
+		wg.Go(func() { s.killWorker(chaosCtx, out) })
+	case sc.replication == noReplication:
 		wg.Go(func() { s.killAPIs(chaosCtx, &counts) })
 		wg.Go(func() { s.terminateSessions(chaosCtx, &counts) })
-	} else {
+	default:
 		// The failovers end the traffic once they are done, however long
 		// promotions and rebuilds took.
 		var stopTraffic context.CancelFunc
@@ -199,7 +215,8 @@ func runChaos(t *testing.T, sc scenario) {
 	}
 	// Rides still unanswered when the traffic ends are retried to their
 	// answer with the chaos already stopped.
-	st, err := sim.Run(trafficCtx, sim.Config{APIURLs: s.apiURLs(), Duration: trafficTime, GiveUpAfter: 10 * time.Second, Observe: fo.observe})
+	st, err := sim.Run(trafficCtx, sim.Config{APIURLs: s.apiURLs(), Duration: trafficTime, GiveUpAfter: 10 * time.Second,
+		Riders: riders, Observe: fo.observe})
 	stopChaos()
 	wg.Wait()
 	if err != nil {
@@ -210,7 +227,7 @@ func runChaos(t *testing.T, sc scenario) {
 		s.apis[0].kill() // the last process of the old version goes
 	}
 
-	s.setFaults(ctx, `{"fail_before_charge_rate": 0, "timeout_after_charge_rate": 0}`)
+	s.setFaults(ctx, `{"fail_before_charge_rate": 0, "timeout_after_charge_rate": 0, "delay_ms": 0}`)
 	settled, report, err := s.settle(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +267,10 @@ func runChaos(t *testing.T, sc scenario) {
 	if sc.rolling {
 		checks = append(checks, s.deployChecks(ctx)...)
 	}
-	t.Log("\n" + summary(&counts, fo, st, settled, report, checks, times))
+	if sc.citus {
+		checks = append(checks, out.checks()...)
+	}
+	t.Log("\n" + summary(&counts, fo, out, st, settled, report, checks, times))
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("%s: got %d, want %d", c.name, c.got, c.want)
@@ -283,6 +303,7 @@ type system struct {
 	// its primary and standby, when it fails over.
 	cluster    *pgtest.Cluster
 	replicated *replicated
+	citus      *citusRides
 	dbName     string
 	// pool connects to the rides database; admin to the maintenance
 	// database, so that terminating the rides sessions spares it;
@@ -317,6 +338,12 @@ func setup(t *testing.T, sc scenario) *system {
 	var err error
 	var stripeDSN func() string
 	switch {
+	case sc.citus:
+		// The fake Stripe plays another company's system, on a server of
+		// its own.
+		stripeDSN = stripeDatabase(t)
+		s.citus = startCitusRides(t)
+		dsn = s.citus.dsn
 	case sc.replication != noReplication:
 		// The fake Stripe plays another company's system: its memory of
 		// idempotency keys does not fail over with our database.
@@ -349,7 +376,7 @@ func setup(t *testing.T, sc scenario) *system {
 	}
 	if stripeDSN != nil {
 		// startReplicated migrated the rides database, before the base
-		// backup.
+		// backup; startCitusRides distributed it.
 		s.stripePool = newPool(t, stripeDSN())
 	} else {
 		stripeDSN = func() string { return dsn }
@@ -386,7 +413,11 @@ func setup(t *testing.T, sc scenario) *system {
 	}
 	stripeAddr := freeAddr(t)
 	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN())
-	for i := range apiProcesses {
+	apis := apiProcesses
+	if sc.citus {
+		apis = citusAPIProcesses
+	}
+	for i := range apis {
 		addr := freeAddr(t)
 		args := []string{"serve", "-addr", addr,
 			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey,
@@ -396,6 +427,9 @@ func setup(t *testing.T, sc scenario) *system {
 		}
 		if sc.rolling && i > 0 {
 			args = append(args, "-fraud-check")
+		}
+		if sc.citus {
+			args = append(args, "-citus")
 		}
 		s.apis = append(s.apis, s.newProcess(bin, "api"+strconv.Itoa(i), addr, args...))
 	}
@@ -703,7 +737,7 @@ func (s *system) deployChecks(ctx context.Context) []check {
 }
 
 // summary renders what happened in a test as a table.
-func summary(c *chaosCounts, fo *failovers, st sim.Stats, settled settled, report ride.Report, checks []check, times timings) string {
+func summary(c *chaosCounts, fo *failovers, out *workerOutage, st sim.Stats, settled settled, report ride.Report, checks []check, times timings) string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(name string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", name, v) }
@@ -721,6 +755,7 @@ func summary(c *chaosCounts, fo *failovers, st sim.Stats, settled settled, repor
 		row("slowest API recovery after a restart", time.Duration(c.slowestRecovery.Load()).Round(10*time.Millisecond))
 	}
 	fo.summary(row)
+	out.summary(row)
 	section("riders")
 	row("rides requested", st.Rides)
 	row("  created (201)", st.Created)

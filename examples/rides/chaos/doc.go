@@ -90,6 +90,24 @@
 // different final responses. TestFailoverRetryAfterLostCommitsChargesOnce
 // shows the same for one key, step by step.
 //
+// # Citus
+//
+// TestChaosCitusWorkerKilledMidCharge puts the rides database on a Citus
+// cluster of its own (internal/pgcluster: a coordinator and two workers),
+// distributed by tenant as `rides serve -citus` does it, with two API
+// processes on the coordinator and riders on both workers. The fake Stripe
+// keeps its data on the server every test uses and only slows charges
+// down, so that every failed answer is the outage's. Once a charge of a
+// rider on the worker holding the busiest rider's keys is in flight, that
+// worker is killed as a crash of its machine would kill it and started
+// again five seconds later; meanwhile one API process is killed and
+// started again, and a new ride is sent every 200 ms, once, for a rider of
+// each worker. Besides the invariants above, the restarted API process
+// must start at its first try and serve the other worker's riders, who
+// must be served while the node is down, and the killed node's riders
+// within 20 seconds of its restart; the summary gives the answers each got
+// and the time to the first ride served after the restart.
+//
 // # Callers
 //
 // TestCallersUnderFaults puts the clients of package caller to the same

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,9 @@ import (
 
 //go:embed schema.sql
 var schema string
+
+//go:embed distribute.sql
+var distributeSQL string
 
 // Demo riders seeded by Seed: one whose card works, one whose card is
 // declined by the fake Stripe (and by Stripe's test mode, for a real test
@@ -50,7 +54,26 @@ const migrateLockID = 0x72696465736d6967
 // migrator takes no lock of its own, and CREATE ... IF NOT EXISTS alone still
 // races on the catalog's unique indexes.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := atomicphase.Migrate(ctx, pool); err != nil {
+	return migrate(ctx, pool, false)
+}
+
+// Distribute is Migrate for a Citus coordinator with its workers added: it
+// distributes the key table with atomicphase.Distribute, and the example's
+// tables as distribute.sql says (users a reference table; rides,
+// audit_records and receipts by tenant, co-located with the keys), so that
+// each phase runs on the node that holds its key. River's tables stay on the
+// coordinator. Like Migrate it is safe to run at every start; tables already
+// distributed are left as they are.
+func Distribute(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate(ctx, pool, true)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, citus bool) error {
+	keys := atomicphase.Migrate
+	if citus {
+		keys = atomicphase.Distribute
+	}
+	if err := keys(ctx, pool); err != nil {
 		return err
 	}
 	// River's migrator logs warnings to stdout unless given a logger; the
@@ -78,8 +101,39 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	_, err = migrateStep(ctx, pool, func(tx pgx.Tx) (bool, error) {
-		_, err := tx.Exec(ctx, schema)
-		return true, err
+		// Tables that exist are left alone, without a statement: on Citus
+		// even CREATE TABLE IF NOT EXISTS of a distributed table reaches
+		// every node, and a process must start while one is down. schema
+		// creates receipts last, in one transaction with the others.
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('receipts') IS NOT NULL`).Scan(&exists); err != nil {
+			return true, err
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, schema); err != nil {
+				return true, err
+			}
+		}
+		if !citus {
+			return true, nil
+		}
+		var done bool
+		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+			WHERE logicalrelid = to_regclass('rides'))`).Scan(&done)
+		if err != nil || done {
+			return true, err
+		}
+		// One statement at a time: Citus passes the text of a foreign key's
+		// statement on to the workers, which refuse several commands in one.
+		for stmt := range strings.SplitAfterSeq(distributeSQL, ";\n") {
+			if strings.TrimSpace(stmt) == "" {
+				continue
+			}
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return true, fmt.Errorf("distribute: %w", err)
+			}
+		}
+		return true, nil
 	})
 	return err
 }
@@ -109,7 +163,19 @@ func migrateStep(ctx context.Context, pool *pgxpool.Pool, step func(pgx.Tx) (boo
 
 // Seed stores the two demo riders; running it again changes nothing.
 func Seed(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `
+	// Riders already stored are not written again: on Citus users is a
+	// reference table, whose writes reach every node and fail while one is
+	// down, and a process must start while one is.
+	var seeded int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM users WHERE email = ANY($1)`,
+		[]string{UserEmail, DeclinedEmail}).Scan(&seeded)
+	if err != nil {
+		return fmt.Errorf("rides: seed: %w", err)
+	}
+	if seeded == 2 {
+		return nil
+	}
+	_, err = pool.Exec(ctx, `
 		INSERT INTO users (email, stripe_customer_id) VALUES ($1, $2), ($3, $4)
 		ON CONFLICT (email) DO NOTHING`, UserEmail, UserCustomer, DeclinedEmail, DeclinedCustomer)
 	if err != nil {

@@ -10,7 +10,8 @@ import (
 
 // ReceiptArgs is the River job that sends a ride's receipt.
 type ReceiptArgs struct {
-	RideID int64  `json:"ride_id"`
+	RideID int64 `json:"ride_id"`
+	// Email is the rider's, to whom the receipt goes: the ride's tenant.
 	Email  string `json:"email"`
 	Amount int64  `json:"amount"`
 }
@@ -29,8 +30,8 @@ type ReceiptWorker struct {
 // Work records the receipt unless it was already sent.
 func (w *ReceiptWorker) Work(ctx context.Context, job *river.Job[ReceiptArgs]) error {
 	_, err := w.Pool.Exec(ctx, `
-		INSERT INTO receipts (ride_id, email, amount) VALUES ($1, $2, $3)
-		ON CONFLICT (ride_id) DO NOTHING`, job.Args.RideID, job.Args.Email, job.Args.Amount)
+		INSERT INTO receipts (tenant, ride_id, amount) VALUES ($1, $2, $3)
+		ON CONFLICT (tenant, ride_id) DO NOTHING`, job.Args.Email, job.Args.RideID, job.Args.Amount)
 	if err != nil {
 		return fmt.Errorf("send receipt for ride %d: %w", job.Args.RideID, err)
 	}

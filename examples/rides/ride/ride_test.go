@@ -54,20 +54,29 @@ func setupWith(t testing.TB, maxConns int32, configure *configurer) *env {
 		configure = &configurer{}
 	}
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
+	configurePool := func(cfg *pgxpool.Config) {
+		cfg.MaxConns = maxConns
+		if configure.pool != nil {
+			configure.pool(cfg)
+		}
 	}
-	cfg.MaxConns = maxConns
-	if configure.pool != nil {
-		configure.pool(cfg)
+	var pool *pgxpool.Pool
+	migrate := ride.Migrate
+	if configure.citus {
+		pool, migrate = pgtest.CitusSchemaPool(t, configurePool), ride.Distribute
+	} else {
+		cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		configurePool(cfg)
+		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := ride.Migrate(ctx, pool); err != nil {
+	cfg := pool.Config()
+	if err := migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if err := fakestripe.Migrate(ctx, pool); err != nil {
@@ -119,6 +128,9 @@ type configurer struct {
 	transport func(http.RoundTripper) http.RoundTripper
 	app       func(*ride.Config)
 	stripe    func(http.Handler) http.Handler
+	// citus puts the service on a Citus cluster, distributed with
+	// ride.Distribute, in a schema of the test's own.
+	citus bool
 }
 
 var ridePayload = url.Values{"origin_lat": {"37.7749"}, "origin_lon": {"-122.4194"}, "target_lat": {"37.3382"}, "target_lon": {"-121.8863"}}.Encode()
@@ -142,7 +154,7 @@ func (e *env) post(key, user, body string) *httptest.ResponseRecorder {
 func (e *env) chargesForKey(t testing.TB, key string) (rideID int64, charges int) {
 	t.Helper()
 	err := e.pool.QueryRow(context.Background(), `
-		SELECT r.id FROM rides r JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		SELECT r.id FROM rides r JOIN idempotency_keys k ON k.tenant = r.tenant AND k.id = r.idempotency_key_id
 		WHERE k.idempotency_key = $1`, key).Scan(&rideID)
 	if err != nil {
 		t.Fatalf("ride for %s: %v", key, err)

@@ -63,12 +63,13 @@ func (r Report) Failures() []string {
 // receipts and charges, so that a run on a database that earlier runs used
 // reports its own; a ride whose key the reaper has deleted counts by its own
 // creation time. The zero time looks at everything. A charge that no ride in
-// the database records counts whenever it was made.
+// the database records counts whenever it was made. Its joins match tenants
+// too, as Citus needs to join the distributed tables on their nodes.
 func Verify(ctx context.Context, pool *pgxpool.Pool, sc *Stripe, since time.Time) (Report, error) {
 	var r Report
 	rows, err := pool.Query(ctx, `
 		SELECT coalesce(r.stripe_charge_id, ''), coalesce(k.created_at, r.created_at) >= $1
-		FROM rides r LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id`, since)
+		FROM rides r LEFT JOIN idempotency_keys k ON k.tenant = r.tenant AND k.id = r.idempotency_key_id`, since)
 	if err != nil {
 		return r, err
 	}
@@ -126,22 +127,24 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, sc *Stripe, since time.Time
 		}
 	}
 	err = pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
-		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
-		        WHERE coalesce(k.created_at, r.created_at) >= $2),
-		       (SELECT count(*) FROM receipts rc JOIN rides r ON r.id = rc.ride_id
-		        LEFT JOIN idempotency_keys k ON k.id = r.idempotency_key_id
-		        WHERE coalesce(k.created_at, r.created_at) >= $2 AND r.stripe_charge_id IS NULL),
-		       count(*) FILTER (WHERE k.recovery_point = 'finished'),
+		SELECT count(*), count(*) FILTER (WHERE r.stripe_charge_id IS NULL)
+		FROM receipts rc JOIN rides r ON r.tenant = rc.tenant AND r.id = rc.ride_id
+		LEFT JOIN idempotency_keys k ON k.tenant = r.tenant AND k.id = r.idempotency_key_id
+		WHERE coalesce(k.created_at, r.created_at) >= $1`, since).Scan(&r.Receipts, &r.ReceiptsUncharged)
+	if err != nil {
+		return r, err
+	}
+	err = pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE k.recovery_point = 'finished'),
 		       count(*) FILTER (WHERE k.response_status = 201),
 		       count(*) FILTER (WHERE k.response_status = 402),
 		       count(*) FILTER (WHERE k.response_status = 502),
 		       count(*) FILTER (WHERE k.recovery_point <> 'finished'),
 		       count(*) FILTER (WHERE k.lock_token IS NOT NULL),
 		       count(*) FILTER (WHERE k.response_status = 201 AND r.stripe_charge_id IS NULL)
-		FROM idempotency_keys k LEFT JOIN rides r ON r.idempotency_key_id = k.id
+		FROM idempotency_keys k LEFT JOIN rides r ON r.tenant = k.tenant AND r.idempotency_key_id = k.id
 		WHERE k.workflow = $1 AND k.created_at >= $2`, WorkflowName, since).
-		Scan(&r.Receipts, &r.ReceiptsUncharged, &r.FinishedKeys, &r.Created, &r.Declined, &r.PaymentFailed,
+		Scan(&r.FinishedKeys, &r.Created, &r.Declined, &r.PaymentFailed,
 			&r.UnfinishedKey, &r.LockedKeys, &r.CreatedUncharged)
 	return r, err
 }

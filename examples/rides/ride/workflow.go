@@ -105,12 +105,15 @@ const FraudCheckPhase = "fraud_checked"
 
 // checkFraud stands for a fraud check: it reads the rider's rides and
 // records that the ride was checked, in the phase's transaction.
+//
+// Every statement of a phase names the key's tenant (run.Tenant, the
+// rider's email), so that on Citus it runs on the node that holds the key.
 func checkFraud(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
 	_, err := tx.Exec(ctx, `
-		INSERT INTO audit_records (action, data, resource_id, resource_type, user_id)
-		SELECT $1, jsonb_build_object('rides_today', count(*)), $2, 'ride', $3
-		FROM rides WHERE user_id = $3 AND created_at > now() - interval '1 day'`,
-		FraudCheckPhase, run.State.RideID, run.State.UserID)
+		INSERT INTO audit_records (tenant, action, data, resource_id, resource_type, user_id)
+		SELECT $1, $2, jsonb_build_object('rides_today', count(*)), $3, 'ride', $4
+		FROM rides WHERE tenant = $1 AND user_id = $4 AND created_at > now() - interval '1 day'`,
+		run.Tenant, FraudCheckPhase, run.State.RideID, run.State.UserID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("fraud check: %w", err)
 	}
@@ -125,15 +128,15 @@ func createRide(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) 
 	}
 	r := run.Req
 	err = tx.QueryRow(ctx, `
-		INSERT INTO rides (idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		run.ID, run.State.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&run.State.RideID)
+		INSERT INTO rides (tenant, idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+		run.Tenant, run.ID, run.State.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&run.State.RideID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("insert ride: %w", err)
 	}
 	_, err = tx.Exec(ctx, `
-		INSERT INTO audit_records (action, data, resource_id, resource_type, user_id)
-		VALUES ('created', $1, $2, 'ride', $3)`, r, run.State.RideID, run.State.UserID)
+		INSERT INTO audit_records (tenant, action, data, resource_id, resource_type, user_id)
+		VALUES ($1, 'created', $2, $3, 'ride', $4)`, run.Tenant, r, run.State.RideID, run.State.UserID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("insert audit record: %w", err)
 	}
@@ -205,7 +208,8 @@ func recordCharge(ctx context.Context, tx pgx.Tx, run *Run, c charge) (phase.Res
 			Message: "the payment provider refused the charge and no charge was made: " + c.Err.Msg}), nil
 	}
 	run.State.ChargeID = c.ID
-	if _, err := tx.Exec(ctx, `UPDATE rides SET stripe_charge_id = $2 WHERE id = $1`, run.State.RideID, c.ID); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE rides SET stripe_charge_id = $3 WHERE tenant = $1 AND id = $2`,
+		run.Tenant, run.State.RideID, c.ID); err != nil {
 		return phase.Result{}, fmt.Errorf("record charge: %w", err)
 	}
 	return phase.Next(), nil
