@@ -207,10 +207,13 @@ func changeProposed(ctx context.Context, q Querier, what, scan, change string, r
 
 // IsDistributed reports whether the key table that q reaches (by its
 // search_path) is distributed with Citus. On a database without Citus it
-// costs one statement.
+// costs one statement. Its statements go through the simple protocol: they
+// prepare nothing, so they run behind any pooler, before the client has
+// found out whether one is there.
 func IsDistributed(ctx context.Context, q Querier) (bool, error) {
 	var citus bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citus); err != nil {
+	simple := pgx.QueryExecModeSimpleProtocol
+	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`, simple).Scan(&citus); err != nil {
 		return false, fmt.Errorf("store: look for citus: %w", err)
 	}
 	if !citus {
@@ -218,7 +221,7 @@ func IsDistributed(ctx context.Context, q Querier) (bool, error) {
 	}
 	var distributed bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-        WHERE logicalrelid = to_regclass('idempotency_keys'))`).Scan(&distributed)
+        WHERE logicalrelid = to_regclass('idempotency_keys'))`, simple).Scan(&distributed)
 	if err != nil {
 		return false, fmt.Errorf("store: look for citus: %w", err)
 	}
