@@ -59,7 +59,7 @@ func StartCitus(ctx context.Context, workers int, settings ...string) (*Citus, e
 		} else {
 			c.Workers = append(c.Workers, node)
 		}
-		if err := execOn(ctx, node.DSN("postgres"), "CREATE EXTENSION citus"); err != nil {
+		if err := Exec(ctx, node.DSN("postgres"), "CREATE EXTENSION citus"); err != nil {
 			return nil, errors.Join(err, c.Stop())
 		}
 	}
@@ -68,7 +68,7 @@ func StartCitus(ctx context.Context, workers int, settings ...string) (*Citus, e
 		stmts = append(stmts, fmt.Sprintf("SELECT citus_add_node(%s, %d)", quoteLiteral(w.dir), clusterPort))
 	}
 	for _, stmt := range stmts {
-		if err := execOn(ctx, c.Coordinator.DSN("postgres"), stmt); err != nil {
+		if err := Exec(ctx, c.Coordinator.DSN("postgres"), stmt); err != nil {
 			return nil, errors.Join(err, c.Stop())
 		}
 	}
@@ -86,7 +86,9 @@ func (c *Citus) Stop() error {
 	return errors.Join(errs...)
 }
 
-func execOn(ctx context.Context, dsn, stmt string) error {
+// Exec runs stmt on a connection of its own to dsn, for the few
+// administrative statements (CREATE EXTENSION, CREATE SCHEMA) a setup sends.
+func Exec(ctx context.Context, dsn, stmt string) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return fmt.Errorf("pgcluster: %w", err)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -138,13 +137,13 @@ func citusSchema(t testing.TB, c *pgcluster.Citus) string {
 	defer cancel()
 	admin := c.Coordinator.DSN("postgres")
 	schema := schemaName(t.Name())
-	if err := execAdmin(ctx, admin, "CREATE SCHEMA "+ident(schema)); err != nil {
+	if err := pgcluster.Exec(ctx, admin, "CREATE SCHEMA "+ident(schema)); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 		defer cancel()
-		if err := execAdmin(ctx, admin, "DROP SCHEMA "+ident(schema)+" CASCADE"); err != nil {
+		if err := pgcluster.Exec(ctx, admin, "DROP SCHEMA "+ident(schema)+" CASCADE"); err != nil {
 			t.Error(err)
 		}
 	})
@@ -176,16 +175,4 @@ const schemaMaxLen = 40
 func schemaName(label string) string {
 	name := databaseName(label)
 	return strings.TrimRight(name[:min(len(name), schemaMaxLen)], "_")
-}
-
-func execAdmin(ctx context.Context, dsn, stmt string) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, stmt); err != nil {
-		return fmt.Errorf("pgtest: %s: %w", stmt, err)
-	}
-	return nil
 }
