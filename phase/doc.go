@@ -130,11 +130,35 @@
 // A local phase costs its own statements plus one round trip: its
 // transaction's BEGIN is sent in one batch with its first statement, and
 // the fenced advance in one batch with COMMIT; a phase that sends nothing
-// costs the advance alone. The phase still sees a plain pgx.Tx at its
+// costs the advance alone. When the next phase is local too, the advance
+// and COMMIT wait and travel in front of that phase's BEGIN and first
+// statement, so passing from one local phase to the next costs no round
+// trip at all: three local phases of one statement each take five round
+// trips, acquire included. The phase still sees a plain pgx.Tx at its
 // isolation level. Its first call pays a round trip of its own for BEGIN
 // when it is CopyFrom, Begin (a savepoint), LargeObjects or Conn, or a
 // statement with a pgx.QueryExecMode argument; River's InsertTx asks for
 // Conn first, so a phase that starts with it pays that round trip too.
+//
+// A phase's Go code therefore runs before the commit of the local phase
+// before it is known. The fence still decides: the server runs the batch in
+// order and skips the rest of it at the first error, so when the advance
+// finds the lease lost, or the COMMIT fails, nothing of the earlier phase
+// commits and none of the later phase's statements run. The runner then
+// discards what the later phase returned, restores the state as last
+// committed, and treats the failure as the earlier phase's: it runs that
+// phase again after a serialization failure or deadlock (up to
+// Config.MaxPhaseRetries), and otherwise ends the run as that phase's
+// failure, or with keyrow.ErrLeaseLost. A local phase's Go code may thus run
+// more than once for one commit, as it may after any retried phase; its
+// effects belong in its transaction. A phase that fails before sending
+// anything has the commit before it sent on its own first, so the key
+// resumes after that phase. Two things keep each commit in its own round
+// trip: a foreign phase next (its call must follow a commit the run knows
+// of), and a PhaseWrapper hook (a wrapped phase includes its commit).
+// Meanwhile the earlier phase's transaction stays open, holding its locks
+// until the next phase's first statement: keep Go code before a phase's
+// first statement short.
 //
 // # Fault injection
 //

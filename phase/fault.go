@@ -11,7 +11,10 @@ type Stage string
 
 // The stages at which a runner consults its Injector.
 const (
-	// BeforeTx: before the phase's transaction begins.
+	// BeforeTx: before the phase's transaction begins. When the commit of
+	// the local phase before travels with this phase's first statement,
+	// it is not sent yet: a crash here loses it, and the key resumes
+	// before that phase.
 	BeforeTx Stage = "before_tx"
 	// BeforeCall: before a foreign call, and before the run makes sure
 	// the key is still its own (renewing its lease, unless the commit
@@ -26,7 +29,11 @@ const (
 	AfterCall Stage = "after_call"
 	// BeforeCommit: the phase's work is done in its transaction, not committed.
 	BeforeCommit Stage = "before_commit"
-	// AfterCommit: the phase is committed, the next has not begun.
+	// AfterCommit: the phase is committed, the next has not begun. When
+	// the commit travelled with the next local phase's first statement
+	// (see the package documentation), that phase's Go code has run up to
+	// that statement, which has run too, uncommitted: the point is reached
+	// when the commit is known.
 	AfterCommit Stage = "after_commit"
 	// BeforeResponse: the response is stored, not yet written to the client.
 	BeforeResponse Stage = "before_response"

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -540,6 +541,19 @@ type execution[Req, State any] struct {
 	// next is the first phase that applies after the last one committed,
 	// found before its commit (see settle); -1 before a phase commits.
 	next int
+	// prior is the commit of the last phase, held back to travel with the
+	// next phase's first statement on held, the connection its
+	// transaction is open on (see deferCommit); priorAt is that phase's
+	// index and priorRec its record, to run it again if the commit fails.
+	prior    *priorCommit
+	held     *pgxpool.Conn
+	priorAt  int
+	priorRec recordFn[Req, State]
+	// priorRetries counts the runs of phases again after their held-back
+	// commit failed with a serialization failure or deadlock.
+	priorRetries int
+	// started is when the phase running began.
+	started time.Time
 }
 
 // from runs the applicable phases from index i on, until one responds or
@@ -558,6 +572,13 @@ func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Re
 		}
 		x.next = -1
 		resp, err := x.throughPhase(ctx, i, rec)
+		var prior *priorCommitError
+		if errors.As(err, &prior) {
+			if i, rec, err = x.again(ctx, prior.err); err != nil {
+				return nil, x.fail(ctx, err)
+			}
+			continue
+		}
 		if err != nil || resp != nil {
 			return resp, err
 		}
@@ -566,6 +587,39 @@ func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Re
 		}
 		i, rec = x.next, nil
 	}
+}
+
+// again handles the failure of the commit held back from the phase at
+// x.priorAt, which travelled with the next phase's first statement and
+// failed (see deferCommit): neither phase committed anything, so the run
+// goes back to that phase, with its state as committed before it, and runs
+// it again after a serialization failure or deadlock, as commit would;
+// any other failure ends the run as that phase's.
+func (x *execution[Req, State]) again(ctx context.Context, err error) (int, recordFn[Req, State], error) {
+	i, rec := x.priorAt, x.priorRec
+	x.priorRec = nil
+	x.restoreState()
+	p := &x.w.phases[i]
+	x.run.phase = p.identity()
+	if errors.Is(err, keyrow.ErrLeaseLost) {
+		x.lease.MarkLost()
+		return 0, nil, err
+	}
+	if !retryable(err) || x.priorRetries >= x.c.cfg.MaxPhaseRetries {
+		return 0, nil, x.storeError(ctx, fmt.Errorf("phase %s: commit: %w", p.name, err))
+	}
+	x.c.observe(ctx, keyrow.Event{Kind: keyrow.EventRetried, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key,
+		RecoveryPoint: x.rp, Phase: p.name, Err: err})
+	backoff := x.c.cfg.RetryBackoff << x.priorRetries
+	x.priorRetries++
+	t := time.NewTimer(backoff/2 + rand.N(backoff))
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return 0, nil, x.storeError(ctx, ctx.Err())
+	case <-t.C:
+	}
+	return i, rec, nil
 }
 
 // applicable returns the index of the first phase from i on that applies to
@@ -688,7 +742,7 @@ func (x *execution[Req, State]) phaseInfo(i int, reconcile bool) *PhaseInfo {
 func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[Req, State]) (*keyrow.Response, error) {
 	p := &x.w.phases[i]
 	x.run.phase = p.identity()
-	start := time.Now()
+	x.started = time.Now()
 	body := p.local
 	if p.foreign != nil {
 		if rec == nil {
@@ -699,13 +753,17 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 		}
 		body = LocalFunc[Req, State](rec)
 	}
-	res, err := x.commit(ctx, i, body)
-	if err != nil {
+	res, err := x.commit(ctx, i, body, rec)
+	var prior *priorCommitError
+	switch {
+	case errors.As(err, &prior):
+		// The phase before failed to commit, not this one: from runs it again.
+		return nil, err
+	case err != nil:
 		return nil, x.fail(ctx, err)
-	}
-	ev := keyrow.Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Duration: time.Since(start)}
-	if res.response != nil {
-		ev.Kind, ev.RecoveryPoint, ev.Status = keyrow.EventFinished, keyrow.Finished, res.response.Status
+	case res.response != nil:
+		ev := keyrow.Event{Kind: keyrow.EventFinished, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name,
+			Duration: time.Since(x.started), RecoveryPoint: keyrow.Finished, Status: res.response.Status}
 		x.c.observe(ctx, ev)
 		x.debug(ctx, "key finished", "recovery_point", keyrow.Finished, "status", res.response.Status)
 		if err := x.inject(ctx, Point{p.name, BeforeResponse}); err != nil {
@@ -713,11 +771,27 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 		}
 		return res.response, nil
 	}
-	x.rp = p.identity()
-	ev.Kind, ev.RecoveryPoint = keyrow.EventPhaseCommitted, x.rp
-	x.c.observe(ctx, ev)
-	x.debug(ctx, "phase committed", "recovery_point", x.rp)
 	return nil, nil
+}
+
+// committed records that the phase at index i committed, its advance sent
+// at began, with state: the lease is proven from began, and the run's
+// state and recovery point move on. It returns the error of an injected
+// fault after the commit.
+func (x *execution[Req, State]) committedAt(ctx context.Context, i int, began, started time.Time, state []byte) error {
+	p := &x.w.phases[i]
+	// The advance found the lease the run's own and extended it to a TTL
+	// from its transaction's start, which is after began.
+	x.lease.Proven(began)
+	x.committed = state
+	if err := x.inject(ctx, Point{p.name, AfterCommit}); err != nil {
+		return err
+	}
+	x.rp = p.identity()
+	x.c.observe(ctx, keyrow.Event{Kind: keyrow.EventPhaseCommitted, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key,
+		Phase: p.name, Duration: time.Since(started), RecoveryPoint: x.rp})
+	x.debug(ctx, "phase committed", "recovery_point", x.rp)
+	return nil
 }
 
 // call makes a foreign phase's call outside any transaction. Before it, the
@@ -783,13 +857,14 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 // commit runs body in the phase's transaction and commits it together with
 // the advance (or the finish, when body responds), re-running it after a
 // serialization failure or deadlock.
-func (x *execution[Req, State]) commit(ctx context.Context, i int, body LocalFunc[Req, State]) (Result, error) {
+func (x *execution[Req, State]) commit(ctx context.Context, i int, body LocalFunc[Req, State], rec recordFn[Req, State]) (Result, error) {
 	p := &x.w.phases[i]
 	backoff := x.c.cfg.RetryBackoff
 	for attempt := 0; ; attempt++ {
-		res, err := x.commitOnce(ctx, i, body)
-		if err == nil {
-			return res, nil
+		res, err := x.commitOnce(ctx, i, body, rec)
+		var prior *priorCommitError
+		if err == nil || errors.As(err, &prior) {
+			return res, err
 		}
 		x.restoreState()
 		if !retryable(err) || attempt >= x.c.cfg.MaxPhaseRetries {
@@ -829,58 +904,147 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 // finish) with COMMIT; a phase that sends nothing costs the fenced write
 // alone (see phaseTx). If the lease was lost, the fenced write raises and
 // the COMMIT is skipped, so nothing of the phase persists.
-func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body LocalFunc[Req, State]) (res Result, err error) {
+//
+// An advance to a local phase is held back instead (see holdsBack): the
+// phase's transaction stays open on its connection, and its fenced write
+// and COMMIT travel in front of the next phase's BEGIN and first
+// statement, which saves a round trip per local phase. That phase's Go
+// code then runs before the commit of the phase before it is known: when
+// that commit fails (the fence found the lease lost, or the commit met a
+// serialization failure), the server runs none of the next phase's
+// statements, and the runner discards whatever the next phase returned,
+// restores the state, and runs the earlier phase again or ends the run as
+// that phase's failure. So a local phase must keep its effects inside its
+// transaction, as it always had to; its Go code may run more than once.
+func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body LocalFunc[Req, State], rec recordFn[Req, State]) (res Result, err error) {
 	p := &x.w.phases[i]
-	if err := x.inject(ctx, Point{p.name, BeforeTx}); err != nil {
-		return Result{}, err
+	// A commit held back from the phase before is this phase's to send, on
+	// the connection its transaction is open on.
+	conn, prior := x.held, x.prior
+	x.held, x.prior = nil, nil
+	if conn == nil {
+		if err := x.inject(ctx, Point{p.name, BeforeTx}); err != nil {
+			return Result{}, err
+		}
+		if conn, err = x.c.pool.Acquire(ctx); err != nil {
+			return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
+		}
 	}
-	conn, err := x.c.pool.Acquire(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
+	kept := false
+	defer func() {
+		if kept {
+			return
+		}
+		// A successful pipelined COMMIT leaves the connection idle; only a
+		// failed or unfinished transaction (this phase's, or the phase
+		// before's if its commit was never sent) needs the rollback.
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		conn.Release()
+	}()
+	tx := &phaseTx{ctx: ctx, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: p.isolation}, config: x.c.poolConfig, prior: prior}
+	if prior != nil {
+		if err := x.inject(ctx, Point{p.name, BeforeTx}); err != nil {
+			return Result{}, x.endPrior(ctx, tx, err)
+		}
 	}
-	defer conn.Release()
-	tx := &phaseTx{ctx: ctx, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: p.isolation}, config: x.c.poolConfig}
 	// The advance extends the lease from now() in Postgres, the start of
 	// the phase's transaction, which comes after this.
 	began := time.Now()
-	defer func() {
-		// A successful pipelined COMMIT leaves the connection idle; only a
-		// failed or unfinished transaction needs the rollback round trip.
-		if tx.tx != nil && conn.Conn().PgConn().TxStatus() != 'I' {
-			_ = tx.tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
 	err = protect("phase", p.name, func() (err error) {
 		res, err = body(ctx, tx, x.run)
 		return err
 	})
+	if tx.priorErr != nil {
+		// The commit of the phase before failed: whatever this phase
+		// returned, none of its statements ran.
+		return Result{}, tx.priorErr
+	}
 	if err == nil {
 		err = res.err
 	}
 	if err != nil {
-		return Result{}, fmt.Errorf("phase %s: %w", p.name, err)
+		return Result{}, x.endPrior(ctx, tx, fmt.Errorf("phase %s: %w", p.name, err))
 	}
 	next, state, err := x.settle(i, res)
 	if err != nil {
-		return Result{}, err
+		return Result{}, x.endPrior(ctx, tx, err)
 	}
 	if err := x.inject(ctx, Point{p.name, BeforeCommit}); err != nil {
-		return Result{}, err
+		return Result{}, x.endPrior(ctx, tx, err)
 	}
-	if err := x.commitWrite(ctx, tx, p, res, state); err != nil {
-		return Result{}, err
+	w, err := x.fencedWrite(p, res, state)
+	if err != nil {
+		return Result{}, x.endPrior(ctx, tx, err)
+	}
+	// Only an open, healthy transaction is held back: one the phase ended
+	// on its own, or in which a statement failed, fails its commit now.
+	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' && x.holdsBack(next) {
+		started := x.started
+		x.prior = &priorCommit{write: w, done: func() error { return x.committedAt(ctx, i, began, started, state) }}
+		x.held, x.priorAt, x.priorRec, x.next = conn, i, rec, next
+		kept = true
+		return res, nil
+	}
+	if err := tx.commit(ctx, w); err != nil {
+		if errors.Is(err, keyrow.ErrLeaseLost) {
+			x.lease.MarkLost()
+		}
+		var prior *priorCommitError
+		if errors.Is(err, keyrow.ErrLeaseLost) || errors.As(err, &prior) || tx.priorErr != nil {
+			return Result{}, err
+		}
+		return Result{}, fmt.Errorf("phase %s: commit: %w", p.name, err)
 	}
 	if res.response == nil {
-		// The advance found the lease the run's own and extended it to a
-		// TTL from its transaction's start, which is after began.
-		x.lease.Proven(began)
 		x.next = next
+		return res, x.committedAt(ctx, i, began, x.started, state)
 	}
 	x.committed = state
 	if err := x.inject(ctx, Point{p.name, AfterCommit}); err != nil {
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// holdsBack reports whether the commit of a phase followed by the phase at
+// index next is held back to travel with next's first statement (see
+// commitOnce): next must be local, since a foreign call must follow a
+// commit it knows of, and no PhaseWrapper may be installed, since a
+// wrapper's phase includes its commit.
+func (x *execution[Req, State]) holdsBack(next int) bool {
+	return x.w.phases[next].foreign == nil && len(x.c.hooks.phases) == 0
+}
+
+// endPrior returns err, the error of a phase that was to carry the commit
+// of the phase before it. A commit still unsent is sent first, alone,
+// unless the run crashed: the phase before stays committed, as it would
+// have been had its commit not been held back.
+func (x *execution[Req, State]) endPrior(ctx context.Context, tx *phaseTx, err error) error {
+	if tx.priorErr != nil {
+		return tx.priorErr
+	}
+	if tx.prior == nil || errors.Is(err, ErrCrash) {
+		return err
+	}
+	if ferr := tx.flushPrior(ctx); ferr != nil {
+		return ferr
+	}
+	return err
+}
+
+// dropHeld rolls back and frees a transaction held back for a commit that
+// will not be sent.
+func (x *execution[Req, State]) dropHeld(ctx context.Context) {
+	if x.held == nil {
+		return
+	}
+	if x.held.Conn().PgConn().TxStatus() != 'I' {
+		_, _ = x.held.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK")
+	}
+	x.held.Release()
+	x.held, x.prior = nil, nil
 }
 
 // settle decides what the phase at index i, ended with res, commits: the
@@ -911,9 +1075,9 @@ func (x *execution[Req, State]) settle(i int, res Result) (next int, state []byt
 	return next, state, nil
 }
 
-// commitWrite commits tx with the lease's fenced write: the advance to p,
-// or the finish with res's response.
-func (x *execution[Req, State]) commitWrite(ctx context.Context, tx *phaseTx, p *Phase[Req, State], res Result, state []byte) error {
+// fencedWrite is the lease's fenced write that commits phase p: the advance
+// to p, or the finish with res's response.
+func (x *execution[Req, State]) fencedWrite(p *Phase[Req, State], res Result, state []byte) (store.Write, error) {
 	var (
 		w   store.Write
 		err error
@@ -924,16 +1088,9 @@ func (x *execution[Req, State]) commitWrite(ctx context.Context, tx *phaseTx, p 
 		w, err = x.lease.Advance(p.identity(), state)
 	}
 	if err != nil {
-		return fmt.Errorf("phase %s: %w", p.name, err)
+		return store.Write{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
-	if err := tx.commit(ctx, w); err != nil {
-		if errors.Is(err, keyrow.ErrLeaseLost) {
-			x.lease.MarkLost()
-			return err
-		}
-		return fmt.Errorf("phase %s: commit: %w", p.name, err)
-	}
-	return nil
+	return w, nil
 }
 
 func (x *execution[Req, State]) restoreState() {
@@ -947,6 +1104,7 @@ func (x *execution[Req, State]) restoreState() {
 // lost it, and returns err, or an error wrapping keyrow.ErrLeaseLost when
 // freeing the lease showed that the run had been taken over.
 func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
+	x.dropHeld(ctx)
 	x.restoreState()
 	ev := keyrow.Event{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, RecoveryPoint: x.rp, Phase: x.run.phase, Err: err}
 	log := x.c.cfg.Logger

@@ -25,6 +25,11 @@ import (
 // BEGIN or may bypass the transaction (statements sent on Conn directly).
 // Statements that pass a pgx.QueryExecMode or result-format option do the
 // same, since a batch cannot carry those options.
+//
+// A phaseTx may carry the commit of the phase before it (prior), still
+// unsent, on the same connection: that commit then travels in front of
+// BEGIN, in the same batch, so that passing from one local phase to the
+// next costs no round trip of its own (see priorCommit).
 type phaseTx struct {
 	// ctx is the run's context, for the begins of methods that take none.
 	ctx  context.Context
@@ -40,6 +45,89 @@ type phaseTx struct {
 	// ended is set when the phase committed or rolled back before sending
 	// anything.
 	ended bool
+	// prior is the commit of the phase before, until it is sent; priorErr
+	// is set when it failed (a *priorCommitError), or when its done did.
+	prior    *priorCommit
+	priorErr error
+}
+
+// priorCommit is the commit of a phase held back to travel with the next
+// phase's first statement: its fenced write and COMMIT, queued in front of
+// the next phase's BEGIN. In one batch the server runs the write, then
+// COMMIT, then BEGIN and the next phase's statements, and skips everything
+// after the first error: when the fence finds the lease lost, or the commit
+// fails, nothing of either phase is committed and the next phase's
+// statements never run.
+type priorCommit struct {
+	write store.Write
+	// done is called once the commit succeeded; an error from it (an
+	// injected fault) ends the phase that carried the commit.
+	done func() error
+}
+
+// priorCommitError is the error a phase's statement meets when the commit
+// of the phase before it, which travelled with that statement, failed:
+// neither phase committed anything, and the runner takes the failure as
+// the earlier phase's.
+type priorCommitError struct{ err error }
+
+func (e *priorCommitError) Error() string {
+	return "phase: the commit of the phase before failed: " + e.err.Error()
+}
+
+func (e *priorCommitError) Unwrap() error { return e.err }
+
+// queuePrior queues the prior commit, if any, at the front of b: before
+// the BEGIN that b.BeginTx queued first, when it did. Batch.BeginTx
+// requires its BEGIN to be queued first only so that its result is the
+// batch's first one for the caller; the server runs the batch in order
+// either way.
+func (t *phaseTx) queuePrior(b *pgx.Batch) {
+	if t.prior == nil {
+		return
+	}
+	rest := b.QueuedQueries
+	b.QueuedQueries = make([]*pgx.QueuedQuery, 0, len(rest)+2)
+	t.prior.write.Queue(b)
+	b.Queue("COMMIT")
+	b.QueuedQueries = append(b.QueuedQueries, rest...)
+}
+
+// settlePrior reads the results of the prior commit queued at the front of
+// br, and forgets it. It returns a *priorCommitError when the commit
+// failed, or the error of the prior's done.
+func (t *phaseTx) settlePrior(br pgx.BatchResults) error {
+	p := t.prior
+	if p == nil {
+		return nil
+	}
+	t.prior = nil
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err != nil {
+		t.priorErr = &priorCommitError{store.AsLeaseLost(err)}
+	} else {
+		t.priorErr = p.done()
+	}
+	return t.priorErr
+}
+
+// flushPrior sends the prior commit on its own, if it is still unsent.
+func (t *phaseTx) flushPrior(ctx context.Context) error {
+	if t.prior == nil {
+		return nil
+	}
+	b := &pgx.Batch{}
+	t.queuePrior(b)
+	br := t.conn.SendBatch(ctx, b)
+	err := t.settlePrior(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = &priorCommitError{store.AsLeaseLost(cerr)}
+		t.priorErr = err
+	}
+	return err
 }
 
 var _ pgx.Tx = (*phaseTx)(nil)
@@ -64,20 +152,32 @@ func (t *phaseTx) open() error {
 	return nil
 }
 
-// begin sends BEGIN on its own, unless the transaction has begun already.
+// begin sends BEGIN on its own (after the prior commit, if any), unless the
+// transaction has begun already.
 func (t *phaseTx) begin(ctx context.Context) error {
 	if t.tx != nil {
-		return nil
+		return t.err
 	}
 	if err := t.open(); err != nil {
 		return err
 	}
-	tx, err := t.conn.BeginTx(ctx, t.opts)
+	if t.prior == nil {
+		tx, err := t.conn.BeginTx(ctx, t.opts)
+		if err != nil {
+			t.err, t.tx = err, closedTx()
+			return err
+		}
+		t.tx = tx
+		return nil
+	}
+	br, err := t.sendFirst(ctx, nil)
 	if err != nil {
-		t.err, t.tx = err, closedTx()
 		return err
 	}
-	t.tx = tx
+	if err := br.Close(); err != nil {
+		t.err = err
+		return err
+	}
 	return nil
 }
 
@@ -94,17 +194,25 @@ func batchable(args []any) bool {
 	return true
 }
 
-// sendFirst sends BEGIN and the queries of b after it in one batch, and
-// reads the result of BEGIN. The caller reads the rest and closes the
-// results. On an error nothing began, and the results are closed.
+// sendFirst sends BEGIN and queries after it in one batch, the prior
+// commit, if any, in front, and reads the results of the prior commit and
+// of BEGIN. The caller reads the rest and closes the results. On an error
+// nothing began, and the results are closed.
 func (t *phaseTx) sendFirst(ctx context.Context, queries []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
 	b.QueuedQueries = append(b.QueuedQueries, queries...)
+	t.queuePrior(b)
 	br := t.conn.SendBatch(ctx, b)
-	// Closing br marks this transaction closed if BEGIN never ran.
+	// Closing br marks this transaction closed if BEGIN never ran; when
+	// the prior commit failed, it is the earlier phase's aborted
+	// transaction that stays open, which the runner rolls back.
 	t.tx = br.Tx()
-	if _, err := br.Exec(); err != nil {
+	err := t.settlePrior(br)
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err != nil {
 		_ = br.Close()
 		t.err = err
 		return nil, err
@@ -156,7 +264,7 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 }
 
 func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.tx != nil {
+	if t.tx != nil && t.err == nil {
 		return t.tx.QueryRow(ctx, sql, args...)
 	}
 	rows, _ := t.Query(ctx, sql, args...)
@@ -165,6 +273,9 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.tx != nil {
+		if t.err != nil {
+			return pgx.FailedBatchResults(b, t.err)
+		}
 		return t.tx.SendBatch(ctx, b)
 	}
 	if err := t.open(); err != nil {
@@ -191,12 +302,21 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 
 func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if t.tx != nil {
+		if t.err != nil {
+			return nil, t.err
+		}
 		return t.tx.Prepare(ctx, name, sql)
 	}
 	if err := t.open(); err != nil {
 		return nil, err
 	}
-	// Prepared statements belong to the connection, not the transaction.
+	// Prepared statements belong to the connection, not the transaction;
+	// the prior commit goes first, so that a failed Parse cannot abort
+	// the earlier phase's transaction.
+	if err := t.flushPrior(ctx); err != nil {
+		t.err = err
+		return nil, err
+	}
 	return t.conn.Prepare(ctx, name, sql)
 }
 
@@ -237,6 +357,9 @@ func (t *phaseTx) Config() *pgxpool.Config { return t.config }
 // Commit commits the transaction. The runner commits the phase itself,
 // with its fenced write; a phase that commits on its own fails.
 func (t *phaseTx) Commit(ctx context.Context) error {
+	if t.err != nil {
+		return t.err
+	}
 	if t.tx == nil {
 		if err := t.open(); err != nil {
 			return err
@@ -261,14 +384,21 @@ func (t *phaseTx) Rollback(ctx context.Context) error {
 
 // commit ends the phase with w, the fenced write that advances or finishes
 // the key: pipelined with COMMIT when the phase sent statements, or sent on
-// its own, as a transaction of its own, when it sent none. Either way it is
-// one round trip.
+// its own, as a transaction of its own, when it sent none (after the prior
+// commit, if any, in a round trip of its own). Either way it is one round
+// trip.
 func (t *phaseTx) commit(ctx context.Context, w store.Write) error {
 	if t.tx == nil {
 		if err := t.open(); err != nil {
 			return err
 		}
 		t.ended = true
+		// The prior commit goes alone first: in one batch with w, w would
+		// commit before the prior's done learnt of the prior commit, and
+		// a fault injected after that commit could not stop w.
+		if err := t.flushPrior(ctx); err != nil {
+			return err
+		}
 		return w.Exec(ctx, t.conn)
 	}
 	if t.err != nil {

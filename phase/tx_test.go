@@ -340,8 +340,10 @@ func TestPhaseIsolationLevelIsHonoured(t *testing.T) {
 }
 
 // TestLocalPhaseCostsItsStatementsPlusOneRoundTrip pins what a local phase
-// sends: BEGIN with its first statement, the fenced write with COMMIT, and
-// the fenced write alone when the phase sends nothing.
+// sends: BEGIN with its first statement, the fenced write with COMMIT (in
+// front of the next local phase's first statement, or alone before it
+// when that phase sends nothing), and the fenced write alone when the
+// phase sends nothing.
 func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	db, counter := pgtest.CountingPool(t, func(cfg *pgxpool.Config) {
@@ -379,10 +381,11 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 	if _, err := w.Run(ctx, rn, "acme", "k1", order{}); err != nil {
 		t.Fatal(err)
 	}
-	// acquire (1); "one" and "two": BEGIN with the INSERT, the fenced write
-	// with COMMIT (2 round trips, 4 statements each); "nothing": the
-	// fenced write alone (1 and 1).
-	if counter.RoundTrips() != 1+2+1+2 || counter.Statements() != 1+4+1+4 {
+	// acquire (1); "one": BEGIN with the INSERT (1 round trip, 2
+	// statements), its fenced write and COMMIT held back for "nothing",
+	// which sends them before its own fenced write (1 and 2, then 1 and
+	// 1); "two": BEGIN with the INSERT, the finish with COMMIT (2 and 4).
+	if counter.RoundTrips() != 1+1+2+2 || counter.Statements() != 1+2+3+4 {
 		t.Fatalf("%d round trips, %d statements; want 6 and 10: %q", counter.RoundTrips(), counter.Statements(), counter.SQL())
 	}
 	var n int

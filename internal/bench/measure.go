@@ -61,10 +61,10 @@ type Env struct {
 	// statements ran on one shard and how many on several.
 	shardCounts bool
 	// CPU, when set, returns the CPU time used so far by this process and
-	// the database server together; Results then hold the CPU time their
+	// by the database server; Results then hold the CPU time their
 	// requests took, which noise on a shared machine does not inflate as it
 	// does wall time.
-	CPU func() (time.Duration, error)
+	CPU func() (client, server time.Duration, err error)
 
 	// loaded counts the keys LoadFinished inserted.
 	loaded int
@@ -455,10 +455,10 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
 	allocs := mem.Mallocs
-	var cpu time.Duration
+	var client, server time.Duration
 	if l.env.CPU != nil {
 		var err error
-		if cpu, err = l.env.CPU(); err != nil {
+		if client, server, err = l.env.CPU(); err != nil {
 			return Result{}, err
 		}
 	}
@@ -491,11 +491,11 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 	runtime.ReadMemStats(&mem)
 	r.Allocs = mem.Mallocs - allocs
 	if l.env.CPU != nil {
-		now, err := l.env.CPU()
+		nowClient, nowServer, err := l.env.CPU()
 		if err != nil {
 			return r, err
 		}
-		r.CPU = now - cpu
+		r.ClientCPU, r.CPU = nowClient-client, nowClient-client+nowServer-server
 	}
 	l.env.Counter.Reset()
 	if runErr == nil {
@@ -609,9 +609,9 @@ type Result struct {
 	// Allocs counts the heap allocations of the whole process meanwhile:
 	// the requests', the load generator's and the charge stub's.
 	Allocs uint64
-	// CPU is the CPU time this process and the server used meanwhile, when
-	// Env.CPU is set.
-	CPU time.Duration
+	// CPU is the CPU time this process and the server used meanwhile, and
+	// ClientCPU this process's part of it, when Env.CPU is set.
+	CPU, ClientCPU time.Duration
 	// Latencies holds the time of every request, sorted.
 	Latencies []time.Duration
 }
@@ -663,6 +663,11 @@ func (r Result) CPUPerRequest() time.Duration {
 	return r.CPU / time.Duration(max(r.Requests(), 1))
 }
 
+// ClientCPUPerRequest is this process's CPU time per request answered.
+func (r Result) ClientCPUPerRequest() time.Duration {
+	return r.ClientCPU / time.Duration(max(r.Requests(), 1))
+}
+
 // AllocsPerRequest is the heap allocations per request answered.
 func (r Result) AllocsPerRequest() float64 { return float64(r.Allocs) / float64(r.Requests()) }
 
@@ -681,6 +686,7 @@ func Merge(rs ...Result) Result {
 		m.MultiShard += r.MultiShard
 		m.Allocs += r.Allocs
 		m.CPU += r.CPU
+		m.ClientCPU += r.ClientCPU
 		for q, c := range r.PerStatement {
 			if m.PerStatement == nil {
 				m.PerStatement = map[string]StatementCost{}

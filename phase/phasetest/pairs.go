@@ -67,8 +67,10 @@ const waitTimeout = time.Minute
 //
 // The interleavings are deterministic: runs are paused and released at
 // their fault points through channels, never by sleeping. When one run is
-// paused inside its transaction (before_commit) and the other waits on a
-// row lock it holds, the wait is seen in pg_stat_activity, through
+// paused inside a transaction (before_commit; or before_tx and
+// after_commit, where a local phase's commit travels with the next local
+// phase's first statement) and the other waits on a row lock it holds,
+// the wait is seen in pg_stat_activity, through
 // Config.DB, and the paused run is released. PairMatrix therefore needs
 // the workflow's database to itself while it runs, and real Postgres:
 // testing/synctest cannot tell a run waiting on the database from one that
@@ -136,7 +138,9 @@ func (m *matrix[Req, State]) takerPauses(i int, all bool) []phase.Point {
 
 // resumedPoints returns the points passed by a run that resumes the key of
 // a run paused at points[i]: those after its last commit, or none when that
-// commit finished the key.
+// commit finished the key. A commit that travelled with the next local
+// phase's first statement is reached after that phase's BeforeTx, which a
+// resuming run passes first.
 func (m *matrix[Req, State]) resumedPoints(i int) []phase.Point {
 	from := 0
 	for k := 0; k <= i; k++ {
@@ -147,6 +151,9 @@ func (m *matrix[Req, State]) resumedPoints(i int) []phase.Point {
 	rest := m.points[from:]
 	if len(rest) == 0 || rest[0].Stage == phase.BeforeResponse {
 		return nil
+	}
+	if from >= 2 && m.points[from-2].Stage == phase.BeforeTx && m.points[from-2].Phase != m.points[from-1].Phase {
+		return append([]phase.Point{m.points[from-2]}, rest...)
 	}
 	return rest
 }
@@ -355,10 +362,20 @@ func (s *pair[Req, State]) waitDone(x *pausable) {
 	}
 }
 
-// inTransaction reports whether x is paused with its phase's transaction
-// open, holding the row locks its phase took.
+// inTransaction reports whether x may be paused with a phase's transaction
+// open, holding the row locks its phase took: before its commit, and, when
+// the commit of a local phase travels with the next local phase's first
+// statement, before that phase's transaction and after that commit (then
+// the next phase's transaction is open).
 func (x *pausable) inTransaction() bool {
-	return !x.released && x.gate.reached() && x.gate.at.Stage == phase.BeforeCommit
+	if x.released || !x.gate.reached() {
+		return false
+	}
+	switch x.gate.at.Stage {
+	case phase.BeforeCommit, phase.BeforeTx, phase.AfterCommit:
+		return true
+	}
+	return false
 }
 
 // lockWaitSQL tells whether a session of the workflow's database waits on

@@ -16,19 +16,19 @@ import (
 const clockTicks = 100
 
 // cpuClock returns a function that reads the CPU time used so far by this
-// process and by the servers whose postmasters are postmasters: each
+// process, and by the servers whose postmasters are postmasters: each
 // postmaster, its children (backends, WAL writer, checkpointer,
 // autovacuum) and the children it has reaped. It needs Linux's /proc.
-func cpuClock(postmasters ...int) (func() (time.Duration, error), error) {
+func cpuClock(postmasters ...int) (func() (client, server time.Duration, err error), error) {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		return nil, errors.New("no /proc: CPU time is not measured")
 	}
-	return func() (time.Duration, error) {
+	return func() (time.Duration, time.Duration, error) {
 		var self syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		return time.Duration(self.Utime.Nano()+self.Stime.Nano()) + serverCPU(postmasters...), nil
+		return time.Duration(self.Utime.Nano() + self.Stime.Nano()), serverCPU(postmasters...), nil
 	}, nil
 }
 

@@ -322,7 +322,7 @@ func printComparison(w io.Writer, all []*measured, stats, cpu, shards bool) {
 	if shards {
 		head, rule = " single-shard / multi-shard statements/req |", "---:|"
 	}
-	fmt.Fprintln(w, "| request | clients | req/s | mean µs | p99 µs | statements/req | round trips/req | server µs/req | WAL B/req | CPU µs/req | Go allocs/req | throughput vs baseline: all rounds (median; min–max) |"+head)
+	fmt.Fprintln(w, "| request | clients | req/s | mean µs | p99 µs | statements/req | round trips/req | server µs/req | WAL B/req | CPU µs/req: all (Go) | Go allocs/req | throughput vs baseline: all rounds (median; min–max) |"+head)
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"+rule)
 	find := func(k bench.Kind, c int) *measured {
 		for _, m := range all {
@@ -345,7 +345,7 @@ func printComparison(w io.Writer, all []*measured, stats, cpu, shards bool) {
 			server, wal = fmt.Sprintf("%.0f", us(r.ServerPerRequest())), fmt.Sprintf("%.0f", r.WALPerRequest())
 		}
 		if cpu {
-			cpuTime = fmt.Sprintf("%.0f", us(r.CPUPerRequest()))
+			cpuTime = fmt.Sprintf("%.0f (%.0f)", us(r.CPUPerRequest()), us(r.ClientCPUPerRequest()))
 		}
 		shardCell := ""
 		if shards {
