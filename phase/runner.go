@@ -163,11 +163,11 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 	if err != nil {
 		return nil, err
 	}
-	ctx, leave, err := c.admit(ctx, w.name, info.Tenant, info.Key)
+	ctx, cancel, stop, err := c.admit(ctx, w.name, info.Tenant, info.Key)
 	if err != nil {
 		return nil, err
 	}
-	defer leave()
+	defer c.leave(cancel, stop)
 	// Known once admit has checked the pool.
 	kreq.Distributed = c.distributed.Load()
 	taken, out, err := w.acquire(ctx, c, info, &kreq)
@@ -213,25 +213,27 @@ func (w *Workflow[Req, State]) request(c *Client, tenant, key string, req Req, s
 
 // admit lets a run in unless the client is stopping, bounds it by
 // RunTimeout and by Stop giving up on it, and checks the pool (once per
-// client); leave ends the run.
-func (c *Client) admit(ctx context.Context, workflow, tenant, key string) (_ context.Context, leave func(), err error) {
+// client); leave, given cancel and stop, ends the run.
+func (c *Client) admit(ctx context.Context, workflow, tenant, key string) (_ context.Context, cancel context.CancelFunc, stop func() bool, err error) {
 	if !c.enter() {
-		return nil, nil, ErrStopped
+		return nil, nil, nil, ErrStopped
 	}
-	ctx, cancel, stop := c.bound(ctx)
-	leave = func() {
-		stop()
-		cancel()
-		c.inflight.Done()
-	}
+	ctx, cancel, stop = c.bound(ctx)
 	if err := c.ready(ctx); err != nil {
 		if !errors.Is(err, ErrTransactionPooler) {
 			err = c.acquireFailed(ctx, workflow, tenant, key, err)
 		}
-		leave()
-		return nil, nil, err
+		c.leave(cancel, stop)
+		return nil, nil, nil, err
 	}
-	return ctx, leave, nil
+	return ctx, cancel, stop, nil
+}
+
+// leave ends a run that admit let in.
+func (c *Client) leave(cancel context.CancelFunc, stop func() bool) {
+	stop()
+	cancel()
+	c.inflight.Done()
 }
 
 // taken is a key whose lease a run took.
@@ -341,7 +343,7 @@ func (w *Workflow[Req, State]) start(ctx context.Context, c *Client, info *RunIn
 		c.observe(ctx, ev)
 		row.Params = params
 		in := &Input[Req, State]{Req: req, Tenant: info.Tenant, Key: info.Key, ID: row.ID, Attempt: row.Attempts,
-			Resumed: k.resumed, downstream: c.downstreamBase(row)}
+			Resumed: k.resumed, downstreamOf: c.downstreamOf(row)}
 		resp, err = w.execute(ctx, c, in, row, false)
 	}
 	if err != nil {
@@ -429,9 +431,9 @@ func (c *Client) bound(ctx context.Context) (_ context.Context, cancel context.C
 	return ctx, cancel, context.AfterFunc(c.halt, cancel)
 }
 
-// downstreamBase is the part of the row's downstream keys before the phase.
-func (c *Client) downstreamBase(row *store.Row) string {
-	return keyrow.DownstreamKey(c.cfg.DownstreamKeyPrefix, row.Tenant, row.Key, row.Fingerprint, "")
+// downstreamOf is what the row's downstream keys are made of.
+func (c *Client) downstreamOf(row *store.Row) downstreamOf {
+	return downstreamOf{prefix: c.cfg.DownstreamKeyPrefix, tenant: row.Tenant, key: row.Key, fingerprint: row.Fingerprint}
 }
 
 func (w *Workflow[Req, State]) adopted() []adoption { return w.adoptions }
@@ -446,7 +448,7 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store
 	ctx, cancel := c.runContext(ctx)
 	defer cancel()
 	run := &Input[Req, State]{Tenant: row.Tenant, Key: row.Key, ID: row.ID, Attempt: row.Attempts,
-		Resumed: true, downstream: c.downstreamBase(row)}
+		Resumed: true, downstreamOf: c.downstreamOf(row)}
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		err = fmt.Errorf("phase: decode stored request: %w", err)
 		c.release(ctx, row, err.Error(), row.Hold, byCompleter, false)
@@ -500,11 +502,6 @@ func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Inpu
 			return nil, x.fail(ctx, fmt.Errorf("phase: decode stored state: %w", err))
 		}
 		x.committed = row.State
-	} else if err := protect("encoding the state", "", func() (err error) {
-		x.committed, err = json.Marshal(run.State)
-		return err
-	}); err != nil {
-		return nil, x.fail(ctx, fmt.Errorf("phase: encode state: %w", err))
 	}
 	start, err := w.next(row.RecoveryPoint)
 	if err != nil {
@@ -532,7 +529,8 @@ type execution[Req, State any] struct {
 	// byCompleter is set for the completer's runs, whose failures count
 	// towards giving up on the key.
 	byCompleter bool
-	// committed is the state as last committed, restored when a phase fails.
+	// committed is the state as last committed, restored when a phase
+	// fails; nil for the zero State, before a phase committed one.
 	committed []byte
 	rp        string
 	// callFailed is set when a foreign call failed for sure: its provider
@@ -549,6 +547,11 @@ type execution[Req, State any] struct {
 	held     *pgxpool.Conn
 	priorAt  int
 	priorRec recordFn[Req, State]
+	// held back is the prior commit's storage, and what committedAt needs
+	// to know of its phase.
+	heldBack               priorCommit
+	heldBegan, heldStarted time.Time
+	heldState              []byte
 	// priorRetries counts the runs of phases again after their held-back
 	// commit failed with a serialization failure or deadlock.
 	priorRetries int
@@ -572,8 +575,7 @@ func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Re
 		}
 		x.next = -1
 		resp, err := x.throughPhase(ctx, i, rec)
-		var prior *priorCommitError
-		if errors.As(err, &prior) {
+		if prior := asPriorCommit(err); prior != nil {
 			if i, rec, err = x.again(ctx, prior.err); err != nil {
 				return nil, x.fail(ctx, err)
 			}
@@ -587,6 +589,18 @@ func (x *execution[Req, State]) from(ctx context.Context, i int, rec recordFn[Re
 		}
 		i, rec = x.next, nil
 	}
+}
+
+// asPriorCommit returns the *priorCommitError in err's chain, if any.
+func asPriorCommit(err error) *priorCommitError {
+	if err == nil {
+		return nil
+	}
+	var prior *priorCommitError
+	if errors.As(err, &prior) {
+		return prior
+	}
+	return nil
 }
 
 // again handles the failure of the commit held back from the phase at
@@ -732,7 +746,7 @@ func (x *execution[Req, State]) phaseInfo(i int, reconcile bool) *PhaseInfo {
 	p := &x.w.phases[i]
 	info := &PhaseInfo{Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name, Reconcile: reconcile}
 	if p.foreign != nil {
-		info.DownstreamKey = x.run.downstream + p.identity()
+		info.DownstreamKey = x.run.downstreamBase() + p.identity()
 	}
 	return info
 }
@@ -754,9 +768,8 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 		body = LocalFunc[Req, State](rec)
 	}
 	res, err := x.commit(ctx, i, body, rec)
-	var prior *priorCommitError
 	switch {
-	case errors.As(err, &prior):
+	case asPriorCommit(err) != nil:
 		// The phase before failed to commit, not this one: from runs it again.
 		return nil, err
 	case err != nil:
@@ -765,7 +778,9 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 		ev := keyrow.Event{Kind: keyrow.EventFinished, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key, Phase: p.name,
 			Duration: time.Since(x.started), RecoveryPoint: keyrow.Finished, Status: res.response.Status}
 		x.c.observe(ctx, ev)
-		x.debug(ctx, "key finished", "recovery_point", keyrow.Finished, "status", res.response.Status)
+		if x.debugging(ctx) {
+			x.debug(ctx, "key finished", "recovery_point", keyrow.Finished, "status", res.response.Status)
+		}
 		if err := x.inject(ctx, Point{p.name, BeforeResponse}); err != nil {
 			return nil, x.fail(ctx, err)
 		}
@@ -790,7 +805,9 @@ func (x *execution[Req, State]) committedAt(ctx context.Context, i int, began, s
 	x.rp = p.identity()
 	x.c.observe(ctx, keyrow.Event{Kind: keyrow.EventPhaseCommitted, Workflow: x.w.name, Tenant: x.run.Tenant, Key: x.run.Key,
 		Phase: p.name, Duration: time.Since(started), RecoveryPoint: x.rp})
-	x.debug(ctx, "phase committed", "recovery_point", x.rp)
+	if x.debugging(ctx) {
+		x.debug(ctx, "phase committed", "recovery_point", x.rp)
+	}
 	return nil
 }
 
@@ -862,8 +879,7 @@ func (x *execution[Req, State]) commit(ctx context.Context, i int, body LocalFun
 	backoff := x.c.cfg.RetryBackoff
 	for attempt := 0; ; attempt++ {
 		res, err := x.commitOnce(ctx, i, body, rec)
-		var prior *priorCommitError
-		if err == nil || errors.As(err, &prior) {
+		if err == nil || asPriorCommit(err) != nil {
 			return res, err
 		}
 		x.restoreState()
@@ -981,9 +997,9 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	// Only an open, healthy transaction is held back: one the phase ended
 	// on its own, or in which a statement failed, fails its commit now.
 	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' && x.holdsBack(next) {
-		started := x.started
-		x.prior = &priorCommit{write: w, done: func() error { return x.committedAt(ctx, i, began, started, state) }}
-		x.held, x.priorAt, x.priorRec, x.next = conn, i, rec, next
+		x.heldBack = priorCommit{write: w, done: x}
+		x.heldBegan, x.heldStarted, x.heldState = began, x.started, state
+		x.prior, x.held, x.priorAt, x.priorRec, x.next = &x.heldBack, conn, i, rec, next
 		kept = true
 		return res, nil
 	}
@@ -991,8 +1007,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			x.lease.MarkLost()
 		}
-		var prior *priorCommitError
-		if errors.Is(err, keyrow.ErrLeaseLost) || errors.As(err, &prior) || tx.priorErr != nil {
+		if errors.Is(err, keyrow.ErrLeaseLost) || asPriorCommit(err) != nil || tx.priorErr != nil {
 			return Result{}, err
 		}
 		return Result{}, fmt.Errorf("phase %s: commit: %w", p.name, err)
@@ -1006,6 +1021,12 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// priorCommitted is committedAt for the phase whose commit was held back
+// (see priorCommit).
+func (x *execution[Req, State]) priorCommitted(ctx context.Context) error {
+	return x.committedAt(ctx, x.priorAt, x.heldBegan, x.heldStarted, x.heldState)
 }
 
 // holdsBack reports whether the commit of a phase followed by the phase at
@@ -1096,8 +1117,11 @@ func (x *execution[Req, State]) fencedWrite(p *Phase[Req, State], res Result, st
 func (x *execution[Req, State]) restoreState() {
 	var zero State
 	x.run.State = zero
-	// committed was produced by json.Marshal of State, so it decodes.
-	_ = json.Unmarshal(x.committed, &x.run.State)
+	// committed was produced by json.Marshal of State, so it decodes; nil
+	// is the zero State a key starts with.
+	if x.committed != nil {
+		_ = json.Unmarshal(x.committed, &x.run.State)
+	}
 }
 
 // fail ends a run that met err, freeing the lease unless the run crashed or
@@ -1167,10 +1191,14 @@ func (x *execution[Req, State]) release(ctx context.Context, cause error, hold k
 	return cause
 }
 
+// debugging reports whether debug logs; callers ask first, so that a run
+// that does not log builds no arguments.
+func (x *execution[Req, State]) debugging(ctx context.Context) bool {
+	return x.c.cfg.Logger.Enabled(ctx, slog.LevelDebug)
+}
+
 func (x *execution[Req, State]) debug(ctx context.Context, msg string, args ...any) {
-	if log := x.c.cfg.Logger; log.Enabled(ctx, slog.LevelDebug) {
-		log.Debug(msg, append(args, "workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key)...)
-	}
+	x.c.cfg.Logger.Debug(msg, append(args, "workflow", x.w.name, "tenant", x.run.Tenant, "key", x.run.Key)...)
 }
 
 func (x *execution[Req, State]) inject(ctx context.Context, at Point) error {

@@ -115,6 +115,11 @@ func (w *Workflow[Req, State]) StoreResponses(cfg StoreConfig) error {
 // response is stored and when one is replayed, so that a row stored by a
 // release that kept every header replays no more than one stored now.
 func (p *storePolicy) replayHeader(h http.Header) http.Header {
+	if p.keepsAll(h) {
+		// Nothing to drop (most often a lone Content-Type): h is only
+		// encoded or written, never changed, so it need not be copied.
+		return h
+	}
 	var kept http.Header
 	for k, v := range h {
 		ck := http.CanonicalHeaderKey(k)
@@ -127,6 +132,16 @@ func (p *storePolicy) replayHeader(h http.Header) http.Header {
 		kept[ck] = slices.Clone(v)
 	}
 	return kept
+}
+
+// keepsAll reports whether replayHeader keeps every header of h as it is.
+func (p *storePolicy) keepsAll(h http.Header) bool {
+	for k := range h {
+		if !p.headers[k] || neverReplayed[k] || http.CanonicalHeaderKey(k) != k {
+			return false
+		}
+	}
+	return true
 }
 
 // stored is what a key stores of resp: its status and body with the

@@ -49,6 +49,19 @@ type phaseTx struct {
 	// is set when it failed (a *priorCommitError), or when its done did.
 	prior    *priorCommit
 	priorErr error
+
+	// first and last are the batches that begin and commit the
+	// transaction, with room for their queries, so that building them
+	// allocates nothing: first holds the prior commit (its write and
+	// COMMIT), BEGIN and the phase's first statement; last the fenced
+	// write and COMMIT.
+	// rows are the rows of the first statement, when it is a query.
+	rows         firstRows
+	first, last  pgx.Batch
+	firstQueued  [4]*pgx.QueuedQuery
+	lastQueued   [2]*pgx.QueuedQuery
+	firstQueries [3]pgx.QueuedQuery
+	lastQueries  [2]pgx.QueuedQuery
 }
 
 // priorCommit is the commit of a phase held back to travel with the next
@@ -60,9 +73,11 @@ type phaseTx struct {
 // statements never run.
 type priorCommit struct {
 	write store.Write
-	// done is called once the commit succeeded; an error from it (an
+	// done is told once the commit succeeded; an error from it (an
 	// injected fault) ends the phase that carried the commit.
-	done func() error
+	done interface {
+		priorCommitted(ctx context.Context) error
+	}
 }
 
 // priorCommitError is the error a phase's statement meets when the commit
@@ -77,20 +92,39 @@ func (e *priorCommitError) Error() string {
 
 func (e *priorCommitError) Unwrap() error { return e.err }
 
-// queuePrior queues the prior commit, if any, at the front of b: before
-// the BEGIN that b.BeginTx queued first, when it did. Batch.BeginTx
-// requires its BEGIN to be queued first only so that its result is the
-// batch's first one for the caller; the server runs the batch in order
-// either way.
-func (t *phaseTx) queuePrior(b *pgx.Batch) {
-	if t.prior == nil {
-		return
+// firstBatch returns the transaction's first batch: the prior commit, if
+// any, then with begin BEGIN, then queries. BEGIN is queued by
+// Batch.BeginTx, so that the batch's results carry the transaction;
+// BeginTx requires it to be queued first only so that its result is the
+// batch's first one for the caller, and the server runs the batch in
+// order either way.
+func (t *phaseTx) firstBatch(begin bool, queries ...*pgx.QueuedQuery) *pgx.Batch {
+	b := &t.first
+	*b = pgx.Batch{QueuedQueries: t.firstQueued[:0]}
+	if begin {
+		b.BeginTx(t.opts)
 	}
-	rest := b.QueuedQueries
-	b.QueuedQueries = make([]*pgx.QueuedQuery, 0, len(rest)+2)
-	t.prior.write.Queue(b)
-	b.Queue("COMMIT")
-	b.QueuedQueries = append(b.QueuedQueries, rest...)
+	if t.prior != nil {
+		rest := b.QueuedQueries // BEGIN, or nothing
+		var beginQuery *pgx.QueuedQuery
+		if len(rest) > 0 {
+			beginQuery = rest[0]
+		}
+		t.firstQueries[0] = t.prior.write.QueuedQuery()
+		t.firstQueries[1] = pgx.QueuedQuery{SQL: "COMMIT"}
+		b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], &t.firstQueries[1])
+		if beginQuery != nil {
+			b.QueuedQueries = append(b.QueuedQueries, beginQuery)
+		}
+	}
+	b.QueuedQueries = append(b.QueuedQueries, queries...)
+	return b
+}
+
+// firstQuery returns sql and args as the query of the first batch.
+func (t *phaseTx) firstQuery(sql string, args []any) *pgx.QueuedQuery {
+	t.firstQueries[2] = pgx.QueuedQuery{SQL: sql, Arguments: args}
+	return &t.firstQueries[2]
 }
 
 // settlePrior reads the results of the prior commit queued at the front of
@@ -109,7 +143,7 @@ func (t *phaseTx) settlePrior(br pgx.BatchResults) error {
 	if err != nil {
 		t.priorErr = &priorCommitError{store.AsLeaseLost(err)}
 	} else {
-		t.priorErr = p.done()
+		t.priorErr = p.done.priorCommitted(t.ctx)
 	}
 	return t.priorErr
 }
@@ -119,9 +153,7 @@ func (t *phaseTx) flushPrior(ctx context.Context) error {
 	if t.prior == nil {
 		return nil
 	}
-	b := &pgx.Batch{}
-	t.queuePrior(b)
-	br := t.conn.SendBatch(ctx, b)
+	br := t.conn.SendBatch(ctx, t.firstBatch(false))
 	err := t.settlePrior(br)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = &priorCommitError{store.AsLeaseLost(cerr)}
@@ -170,7 +202,7 @@ func (t *phaseTx) begin(ctx context.Context) error {
 		t.tx = tx
 		return nil
 	}
-	br, err := t.sendFirst(ctx, nil)
+	br, err := t.sendFirst(ctx)
 	if err != nil {
 		return err
 	}
@@ -198,12 +230,8 @@ func batchable(args []any) bool {
 // commit, if any, in front, and reads the results of the prior commit and
 // of BEGIN. The caller reads the rest and closes the results. On an error
 // nothing began, and the results are closed.
-func (t *phaseTx) sendFirst(ctx context.Context, queries []*pgx.QueuedQuery) (pgx.BatchResults, error) {
-	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
-	b.QueuedQueries = append(b.QueuedQueries, queries...)
-	t.queuePrior(b)
-	br := t.conn.SendBatch(ctx, b)
+func (t *phaseTx) sendFirst(ctx context.Context, queries ...*pgx.QueuedQuery) (pgx.BatchResults, error) {
+	br := t.conn.SendBatch(ctx, t.firstBatch(true, queries...))
 	// Closing br marks this transaction closed if BEGIN never ran; when
 	// the prior commit failed, it is the earlier phase's aborted
 	// transaction that stays open, which the runner rolls back.
@@ -225,7 +253,7 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		if err := t.open(); err != nil {
 			return pgconn.CommandTag{}, err
 		}
-		br, err := t.sendFirst(ctx, []*pgx.QueuedQuery{{SQL: sql, Arguments: args}})
+		br, err := t.sendFirst(ctx, t.firstQuery(sql, args))
 		if err != nil {
 			return pgconn.CommandTag{}, err
 		}
@@ -246,7 +274,7 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 		if err := t.open(); err != nil {
 			return errRows(err), err
 		}
-		br, err := t.sendFirst(ctx, []*pgx.QueuedQuery{{SQL: sql, Arguments: args}})
+		br, err := t.sendFirst(ctx, t.firstQuery(sql, args))
 		if err != nil {
 			return errRows(err), err
 		}
@@ -255,7 +283,8 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 			_ = br.Close()
 			return rows, err
 		}
-		return &firstRows{Rows: rows, br: br}, nil
+		t.rows = firstRows{Rows: rows, br: br}
+		return &t.rows, nil
 	}
 	if err := t.begin(ctx); err != nil {
 		return errRows(err), err
@@ -286,7 +315,7 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if pgx.FailedBatchResults(b, nil).Tx() != nil {
 		return pgx.FailedBatchResults(b, errors.New("Batch.BeginTx cannot be used within a transaction"))
 	}
-	br, err := t.sendFirst(ctx, b.QueuedQueries)
+	br, err := t.sendFirst(ctx, b.QueuedQueries...)
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
@@ -404,10 +433,10 @@ func (t *phaseTx) commit(ctx context.Context, w store.Write) error {
 	if t.err != nil {
 		return t.err
 	}
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
-	w.Queue(b)
-	b.Queue("COMMIT")
-	return store.AsLeaseLost(t.tx.SendBatch(ctx, b).Close())
+	t.lastQueries = [2]pgx.QueuedQuery{w.QueuedQuery(), {SQL: "COMMIT"}}
+	t.lastQueued = [2]*pgx.QueuedQuery{&t.lastQueries[0], &t.lastQueries[1]}
+	t.last = pgx.Batch{QueuedQueries: t.lastQueued[:]}
+	return store.AsLeaseLost(t.tx.SendBatch(ctx, &t.last).Close())
 }
 
 // firstRows are the rows of a query sent in one batch with BEGIN: closing

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -205,17 +206,36 @@ type Input[Req, State any] struct {
 	// Resumed is true when this run continues an earlier, interrupted one.
 	Resumed bool
 
-	// downstream starts every downstream key of this run.
-	downstream string
-	phase      string
+	// downstream starts every downstream key of this run, made from
+	// downstreamOf once asked for: most runs of local phases never are.
+	downstreamOf   downstreamOf
+	downstreamOnce sync.Once
+	downstream     string
+	phase          string
+}
+
+// downstreamOf is what a run's downstream keys are made of (see
+// keyrow.DownstreamKey).
+type downstreamOf struct {
+	prefix, tenant, key string
+	fingerprint         []byte
 }
 
 // DownstreamKey returns the idempotency key to send with this phase's foreign
 // call (see keyrow.DownstreamKey): the same on every retry and in every
 // process, even after the key row was lost to a failover, and different for
-// every key, request and phase.
+// every key, request and phase. It is safe for concurrent use.
 func (r *Input[Req, State]) DownstreamKey() string {
-	return r.downstream + r.phase
+	return r.downstreamBase() + r.phase
+}
+
+// downstreamBase is the part of the run's downstream keys before the phase.
+func (r *Input[Req, State]) downstreamBase() string {
+	r.downstreamOnce.Do(func() {
+		d := r.downstreamOf
+		r.downstream = keyrow.DownstreamKey(d.prefix, d.tenant, d.key, d.fingerprint, "")
+	})
+	return r.downstream
 }
 
 // Result is how a phase ends when it does not fail: by moving on (Next), or

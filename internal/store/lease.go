@@ -15,8 +15,9 @@ type Lease struct {
 	Holder
 	TTL time.Duration
 
-	// id and token as statement arguments, made once for every write.
-	idArg, tokenArg any
+	// id, token, tenant and TTL as statement arguments, made once for
+	// every write.
+	idArg, tokenArg, tenantArg, ttlArg any
 
 	mu      sync.Mutex
 	lost    chan struct{}
@@ -30,19 +31,20 @@ type Lease struct {
 // NewLease returns the lease of holder h. A TTL below lockttl.MinTTL is
 // raised to it.
 func NewLease(h Holder, ttl time.Duration) *Lease {
-	return &Lease{Holder: h, TTL: max(ttl, lockttl.MinTTL), lost: make(chan struct{}),
-		idArg: [16]byte(h.ID), tokenArg: [16]byte(h.Token)}
+	ttl = max(ttl, lockttl.MinTTL)
+	return &Lease{Holder: h, TTL: ttl, lost: make(chan struct{}),
+		idArg: [16]byte(h.ID), tokenArg: [16]byte(h.Token), tenantArg: h.Tenant, ttlArg: ttl}
 }
 
 // Advance is AdvanceWrite for this lease: it commits point and state and
 // renews the lease for its TTL.
 func (l *Lease) Advance(point string, state []byte) (Write, error) {
-	return advanceWrite(l.idArg, l.tokenArg, l.Tenant, point, state, l.TTL)
+	return advanceWrite(l.idArg, l.tokenArg, l.tenantArg, point, state, l.TTL, l.ttlArg)
 }
 
 // Finish is FinishWrite for this lease.
 func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite(l.idArg, l.tokenArg, l.Tenant, state, resp)
+	return finishWrite(l.idArg, l.tokenArg, l.tenantArg, state, resp)
 }
 
 // Renew extends the lease to TTL from now by the database clock. When the

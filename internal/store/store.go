@@ -247,8 +247,8 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 		return 0, nil, errors.New("store: acquire: lease TTL must be positive")
 	}
 	var retention *time.Duration
-	if req.Retention > 0 {
-		retention = &req.Retention
+	if r := req.Retention; r > 0 {
+		retention = &r
 	}
 	if err := keyrow.CheckTenant(req.Tenant); err != nil {
 		return 0, nil, fmt.Errorf("store: acquire: %w", err)
@@ -518,15 +518,19 @@ func (w Write) Exec(ctx context.Context, q Querier) error { return execFenced(ct
 // Queue adds w to a batch.
 func (w Write) Queue(b *pgx.Batch) { b.Queue(w.sql, w.args...) }
 
+// QueuedQuery returns w as a query to put in a batch.
+func (w Write) QueuedQuery() pgx.QueuedQuery { return pgx.QueuedQuery{SQL: w.sql, Arguments: w.args} }
+
 // AdvanceWrite is the write that commits the recovery point and state of the
 // holder identified by token, and renews its lease for ttl. point must be a
 // phase name: neither keyrow.Started nor keyrow.Finished.
 func AdvanceWrite(h Holder, point string, state []byte, ttl time.Duration) (Write, error) {
-	return advanceWrite([16]byte(h.ID), [16]byte(h.Token), h.Tenant, point, state, ttl)
+	return advanceWrite([16]byte(h.ID), [16]byte(h.Token), h.Tenant, point, state, ttl, ttl)
 }
 
-// id and token are [16]byte values, passed as they are to pgx.
-func advanceWrite(id, token any, tenant, point string, state []byte, ttl time.Duration) (Write, error) {
+// id and token are [16]byte values, tenant a string and ttlArg ttl, passed
+// as they are to pgx.
+func advanceWrite(id, token, tenant any, point string, state []byte, ttl time.Duration, ttlArg any) (Write, error) {
 	if err := keyrow.CheckName(point); err != nil {
 		return Write{}, fmt.Errorf("store: advance: recovery point %w", err)
 	}
@@ -536,7 +540,7 @@ func advanceWrite(id, token any, tenant, point string, state []byte, ttl time.Du
 	if ttl <= 0 {
 		return Write{}, errors.New("store: advance: lease TTL must be positive")
 	}
-	return Write{advanceSQL, []any{id, token, point, jsonOrNull(state), ttl, tenant}}, nil
+	return Write{advanceSQL, []any{id, token, point, jsonOrNull(state), ttlArg, tenant}}, nil
 }
 
 // Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
@@ -556,7 +560,7 @@ func FinishWrite(h Holder, state []byte, resp keyrow.Response) (Write, error) {
 	return finishWrite([16]byte(h.ID), [16]byte(h.Token), h.Tenant, state, resp)
 }
 
-func finishWrite(id, token any, tenant string, state []byte, resp keyrow.Response) (Write, error) {
+func finishWrite(id, token, tenant any, state []byte, resp keyrow.Response) (Write, error) {
 	if resp.Status < 100 || resp.Status > 599 {
 		return Write{}, fmt.Errorf("store: finish: invalid status %d", resp.Status)
 	}
