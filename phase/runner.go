@@ -539,17 +539,16 @@ type execution[Req, State any] struct {
 	// next is the first phase that applies after the last one committed,
 	// found before its commit (see settle); -1 before a phase commits.
 	next int
-	// prior is the commit of the last phase, held back to travel with the
-	// next phase's first statement on held, the connection its
-	// transaction is open on (see deferCommit); priorAt is that phase's
-	// index and priorRec its record, to run it again if the commit fails.
-	prior    *priorCommit
-	held     *pgxpool.Conn
-	priorAt  int
-	priorRec recordFn[Req, State]
-	// held back is the prior commit's storage, and what committedAt needs
-	// to know of its phase.
+	// held, when set, is the connection on which the last phase's
+	// transaction is open, its commit (heldBack) held back to travel with
+	// the next phase's first statement (see commitOnce). priorAt is that
+	// phase's index and priorRec its record, to run it again if the commit
+	// fails; heldBegan, heldStarted and heldState are what committedAt
+	// needs once the commit is known.
+	held                   *pgxpool.Conn
 	heldBack               priorCommit
+	priorAt                int
+	priorRec               recordFn[Req, State]
 	heldBegan, heldStarted time.Time
 	heldState              []byte
 	// priorRetries counts the runs of phases again after their held-back
@@ -605,7 +604,7 @@ func asPriorCommit(err error) *priorCommitError {
 
 // again handles the failure of the commit held back from the phase at
 // x.priorAt, which travelled with the next phase's first statement and
-// failed (see deferCommit): neither phase committed anything, so the run
+// failed (see commitOnce): neither phase committed anything, so the run
 // goes back to that phase, with its state as committed before it, and runs
 // it again after a serialization failure or deadlock, as commit would;
 // any other failure ends the run as that phase's.
@@ -789,7 +788,7 @@ func (x *execution[Req, State]) phase(ctx context.Context, i int, rec recordFn[R
 	return nil, nil
 }
 
-// committed records that the phase at index i committed, its advance sent
+// committedAt records that the phase at index i committed, its advance sent
 // at began, with state: the lease is proven from began, and the run's
 // state and recovery point move on. It returns the error of an injected
 // fault after the commit.
@@ -936,9 +935,12 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	p := &x.w.phases[i]
 	// A commit held back from the phase before is this phase's to send, on
 	// the connection its transaction is open on.
-	conn, prior := x.held, x.prior
-	x.held, x.prior = nil, nil
-	if conn == nil {
+	conn := x.held
+	x.held = nil
+	var prior *priorCommit
+	if conn != nil {
+		prior = &x.heldBack
+	} else {
 		if err := x.inject(ctx, Point{p.name, BeforeTx}); err != nil {
 			return Result{}, err
 		}
@@ -999,7 +1001,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' && x.holdsBack(next) {
 		x.heldBack = priorCommit{write: w, done: x}
 		x.heldBegan, x.heldStarted, x.heldState = began, x.started, state
-		x.prior, x.held, x.priorAt, x.priorRec, x.next = &x.heldBack, conn, i, rec, next
+		x.held, x.priorAt, x.priorRec, x.next = conn, i, rec, next
 		kept = true
 		return res, nil
 	}
@@ -1065,7 +1067,7 @@ func (x *execution[Req, State]) dropHeld(ctx context.Context) {
 		_, _ = x.held.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK")
 	}
 	x.held.Release()
-	x.held, x.prior = nil, nil
+	x.held = nil
 }
 
 // settle decides what the phase at index i, ended with res, commits: the

@@ -50,13 +50,13 @@ type phaseTx struct {
 	prior    *priorCommit
 	priorErr error
 
+	// rows are the rows of the first statement, when it is a query.
+	rows firstRows
 	// first and last are the batches that begin and commit the
 	// transaction, with room for their queries, so that building them
 	// allocates nothing: first holds the prior commit (its write and
 	// COMMIT), BEGIN and the phase's first statement; last the fenced
 	// write and COMMIT.
-	// rows are the rows of the first statement, when it is a query.
-	rows         firstRows
 	first, last  pgx.Batch
 	firstQueued  [4]*pgx.QueuedQuery
 	lastQueued   [2]*pgx.QueuedQuery
