@@ -249,7 +249,8 @@ func (e *Env) runLibrary(ctx context.Context, w *phase.Workflow[Order, orderStat
 // statements, an UPDATE of the recovery point and COMMIT, one round trip
 // each; the last phase stores the response in that UPDATE. There is no
 // fencing token and no phase state: the reference re-reads what it needs.
-// Every statement names the tenant, as the library's do.
+// Every statement names the tenant, as the library's do, but for those
+// that find the key row by its id (baselineKeySQL).
 const (
 	// baselineAcquireSQL is the reference's upsert. The WHERE leaves a
 	// finished key alone (the reference's "unless the request is already
@@ -275,19 +276,50 @@ SELECT recovery_point, request_params = $3, response_code, response_body
 FROM baseline_keys
 WHERE tenant = $1 AND idempotency_key = $2`
 
-	baselineAdvanceSQL = `UPDATE baseline_keys SET recovery_point = $3 WHERE tenant = $1 AND id = $2`
-
-	baselineFinishSQL = `
-UPDATE baseline_keys
-SET recovery_point = 'finished', locked_at = NULL, response_code = $3, response_body = $4
-WHERE tenant = $1 AND id = $2`
-
-	baselineUnlockSQL = `UPDATE baseline_keys SET locked_at = NULL WHERE tenant = $1 AND id = $2`
-
 	// baselineOrderSQL finds the order of a resumed key, as the reference
 	// finds the ride of a key it recovers.
 	baselineOrderSQL = `SELECT id FROM orders WHERE tenant = $1 AND ikey = $2`
 )
+
+// The baseline's statements about the key row it holds, which find it by
+// its id ($1), as the reference's do, and on Citus by its tenant too (see
+// Env.baselineKey). Naming the tenant on a single Postgres would let a
+// generic plan made while the table is new find the row by the tenant
+// alone, through the (tenant, idempotency_key) index, and read every key
+// of the tenant each time (as the library's statements avoid: see
+// internal/store's keySQL).
+var (
+	baselineAdvanceSQL = baselineKeySQL(`UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1`)
+
+	baselineFinishSQL = baselineKeySQL(`
+UPDATE baseline_keys
+SET recovery_point = 'finished', locked_at = NULL, response_code = $2, response_body = $3
+WHERE id = $1`)
+
+	baselineUnlockSQL = baselineKeySQL(`UPDATE baseline_keys SET locked_at = NULL WHERE id = $1`)
+)
+
+// keyStatement is a baseline statement about a key row in its two forms:
+// for a single Postgres, and for Citus, where the WHERE also names the
+// tenant, the statement's last parameter.
+type keyStatement struct{ plain, distributed string }
+
+// baselineKeySQL returns the two forms of sql, a statement that ends with
+// its WHERE and names the row's id as $1: the Citus form takes the tenant
+// as one parameter more.
+func baselineKeySQL(sql string) keyStatement {
+	n := strings.Count(sql, "$") + 1
+	return keyStatement{plain: sql, distributed: sql + " AND tenant = $" + strconv.Itoa(n)}
+}
+
+// baselineKey returns the statement s and its arguments (the row's id
+// first) for the server at hand.
+func (e *Env) baselineKey(s keyStatement, args ...any) (string, []any) {
+	if e.distributed {
+		return s.distributed, append(args, tenant)
+	}
+	return s.plain, args
+}
 
 // runBaseline serves one request with hand-written pgx following the
 // reference, and returns its status. rides selects the rides-shaped
@@ -326,7 +358,8 @@ func (e *Env) runBaseline(ctx context.Context, key string, rides bool) (int, err
 	status, err := e.baselinePhases(ctx, id, key, point, rides)
 	if err != nil {
 		// As the reference does: free the key at once for the next retry.
-		_, _ = e.Pool.Exec(context.WithoutCancel(ctx), baselineUnlockSQL, tenant, id)
+		sql, args := e.baselineKey(baselineUnlockSQL, id)
+		_, _ = e.Pool.Exec(context.WithoutCancel(ctx), sql, args...)
 		return 0, err
 	}
 	return status, nil
@@ -344,7 +377,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 			err := e.baselinePhase(ctx, func(tx pgx.Tx) (err error) {
 				orderID, err = createOrder(ctx, tx, key, order)
 				return err
-			}, baselineAdvanceSQL, tenant, id, "order_created")
+			}, baselineAdvanceSQL, id, "order_created")
 			if err != nil {
 				return 0, err
 			}
@@ -364,7 +397,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 					return err
 				}
 				return recordCharge(ctx, tx, orderID, chargeID)
-			}, baselineAdvanceSQL, tenant, id, "order_confirmed")
+			}, baselineAdvanceSQL, id, "order_confirmed")
 			if err != nil {
 				return 0, err
 			}
@@ -381,7 +414,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 			}
 			err = e.baselinePhase(ctx, func(tx pgx.Tx) error {
 				return auditOrder(ctx, tx, orderID, order)
-			}, baselineFinishSQL, tenant, id, http.StatusCreated, append(body, '\n'))
+			}, baselineFinishSQL, id, http.StatusCreated, append(body, '\n'))
 			if err != nil {
 				return 0, err
 			}
@@ -394,7 +427,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 
 // baselinePhase is the reference's atomic_phase: BEGIN, the phase's
 // statements, the key update, COMMIT, each its own round trip.
-func (e *Env) baselinePhase(ctx context.Context, work func(pgx.Tx) error, keySQL string, args ...any) error {
+func (e *Env) baselinePhase(ctx context.Context, work func(pgx.Tx) error, key keyStatement, args ...any) error {
 	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -403,6 +436,7 @@ func (e *Env) baselinePhase(ctx context.Context, work func(pgx.Tx) error, keySQL
 	if err := work(tx); err != nil {
 		return err
 	}
+	keySQL, args := e.baselineKey(key, args...)
 	if _, err := tx.Exec(ctx, keySQL, args...); err != nil {
 		return err
 	}

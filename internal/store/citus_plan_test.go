@@ -35,9 +35,10 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 		"claim key":     {"acme", "k1", ttl, token},
 	}
 	sqls := map[string]string{
-		"acquire": acquireDistributedSQL, "advance": advanceSQL, "finish": finishSQL, "release": releaseSQL,
-		"adopt": adoptSQL, "mark call": markCallSQL, "renew": renewDistributedSQL, "claim one": claimOneSQL,
-		"take decision": takeResolutionSQL, "claim key": claimKeySQL,
+		"acquire": acquireDistributedSQL, "advance": advanceSQL.distributed, "finish": finishSQL.distributed,
+		"release": releaseSQL.distributed, "adopt": adoptSQL.distributed, "mark call": markCallSQL.distributed,
+		"renew": renewDistributedSQL, "claim one": claimOneSQL, "take decision": takeResolutionSQL.distributed,
+		"claim key": claimKeySQL,
 	}
 	tasks := regexp.MustCompile(`Task Count: (\d+)`)
 	for name, sql := range sqls {

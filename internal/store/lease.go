@@ -39,12 +39,12 @@ func NewLease(h Holder, ttl time.Duration) *Lease {
 // Advance is AdvanceWrite for this lease: it commits point and state and
 // renews the lease for its TTL.
 func (l *Lease) Advance(point string, state []byte) (Write, error) {
-	return advanceWrite(l.idArg, l.tokenArg, l.tenantArg, point, state, l.TTL, l.ttlArg)
+	return advanceWrite(l.Distributed, l.idArg, l.tokenArg, l.tenantArg, point, state, l.TTL, l.ttlArg)
 }
 
 // Finish is FinishWrite for this lease.
 func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite(l.idArg, l.tokenArg, l.tenantArg, state, resp)
+	return finishWrite(l.Distributed, l.idArg, l.tokenArg, l.tenantArg, state, resp)
 }
 
 // Renew extends the lease to TTL from now by the database clock. When the

@@ -605,23 +605,24 @@ func BulkAct(ctx context.Context, q Querier, b Bulk, f keyrow.ListFilter, confir
 // takeResolutionSQL clears the key's resolution and returns it, for the
 // holder identified by the token; no row when there is none or the lease is
 // no longer the holder's.
-const takeResolutionSQL = `
+var takeResolutionSQL = byID(`
 WITH taken AS (
     SELECT id, resolution FROM idempotency_keys
-    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL AND tenant = $3
+    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL{tenant}
     FOR NO KEY UPDATE
 )
 UPDATE idempotency_keys k SET resolution = NULL
 FROM taken
-WHERE k.id = taken.id AND k.lock_token = $2 AND k.tenant = $3
-RETURNING taken.resolution`
+WHERE k.id = taken.id AND k.lock_token = $2{tenant}
+RETURNING taken.resolution`, 3)
 
 // TakeResolution returns the operator's resolution recorded on the key the
 // caller holds, and clears it, so it is acted on once; nil when there is
 // none.
 func TakeResolution(ctx context.Context, q Querier, h Holder) (*keyrow.Resolution, error) {
 	var r keyrow.Resolution
-	err := q.QueryRow(ctx, takeResolutionSQL, [16]byte(h.ID), [16]byte(h.Token), h.Tenant).Scan(&r)
+	err := q.QueryRow(ctx, takeResolutionSQL.form(h.Distributed),
+		keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), h.Tenant})...).Scan(&r)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -398,6 +400,50 @@ func fenced(modify string) string {
 	return "WITH fenced AS (" + modify + ") SELECT atomicphase_lease_lost() WHERE NOT EXISTS (SELECT FROM fenced)"
 }
 
+// keySQL is a statement about the one key row a holder names by its id, in
+// the two forms the key table needs.
+//
+// On a key table distributed with Citus the statement names the tenant too,
+// so that it is planned as one task on the tenant's shard. On a single
+// Postgres it must not: a prepared statement's generic plan, made while the
+// table is new and has no statistics, finds the row through the unique
+// index on (tenant, idempotency_key) by the tenant alone, and then reads
+// every key of the tenant on every phase commit for as long as the
+// connection keeps that plan. By the id alone the only index that fits is
+// the primary key, which finds one row whatever the statistics say.
+type keySQL struct{ plain, distributed string }
+
+// tenantMark is where a statement given to byID names the tenant.
+const tenantMark = "{tenant}"
+
+// byID returns the two forms of sql, whose WHERE clauses find the row by
+// its id and end at tenantMark: the distributed form adds the tenant as
+// parameter n, the statement's last; the plain form takes no tenant (see
+// keyArgs).
+func byID(sql string, n int) keySQL {
+	return keySQL{
+		plain:       strings.ReplaceAll(sql, tenantMark, ""),
+		distributed: strings.ReplaceAll(sql, tenantMark, " AND tenant = $"+strconv.Itoa(n)),
+	}
+}
+
+// form returns the statement for a key table distributed or not.
+func (s keySQL) form(distributed bool) string {
+	if distributed {
+		return s.distributed
+	}
+	return s.plain
+}
+
+// keyArgs returns the arguments of a keySQL statement, whose last is the
+// tenant, for the form that distributed selects.
+func keyArgs(distributed bool, args []any) []any {
+	if distributed {
+		return args
+	}
+	return args[:len(args)-1]
+}
+
 // advanceSQL moves the recovery point and state forward and renews the lease.
 // It waits on the row lock of a concurrent takeover and then re-checks the
 // token against the newest row version (READ COMMITTED), so it never advances
@@ -412,47 +458,47 @@ func fenced(modify string) string {
 // (the one it matched), and the recovery point it sets is a phase name,
 // never keyrow.Finished (checked by AdvanceArgs).
 
-var advanceSQL = fenced(`
+var advanceSQL = byID(fenced(`
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
     lock_expires_at = now() + $5::interval
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $6
-RETURNING 1`)
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
+RETURNING 1`), 6)
 
 // finishSQL stores the response, marks the key finished and frees the lease.
 // It sets the recovery point, the finish time and the response status (never
 // NULL: checked by finishArgs) together, and clears the token and its expiry
 // together.
-var finishSQL = fenced(`
+var finishSQL = byID(fenced(`
 UPDATE idempotency_keys
 SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0, call_pending = NULL
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $7
-RETURNING 1`)
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
+RETURNING 1`), 7)
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
 // resumes after the last committed phase. A non-empty hold parks the key.
 // $5 is 1 when the run that failed was the completer's, so that only the
 // completer's own failures count towards giving up on a key. $6 clears the
 // pending call, when the run learnt that it did not happen.
-var releaseSQL = fenced(`
+var releaseSQL = byID(fenced(`
 UPDATE idempotency_keys
 SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
     last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int,
     call_pending = CASE WHEN $6 THEN NULL ELSE call_pending END
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $7
-RETURNING 1`)
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
+RETURNING 1`), 7)
 
 // adoptSQL moves a key the caller holds to the definition of the workflow
 // that adopted it, at the recovery point it resumes from. It is fenced like
 // every other write of a holder.
-var adoptSQL = fenced(`
+var adoptSQL = byID(fenced(`
 UPDATE idempotency_keys
 SET definition = $3, recovery_point = $4
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $5
-RETURNING 1`)
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
+RETURNING 1`), 5)
 
 // Adopt records that the key the holder identified by token holds now runs
 // under definition, from recovery point point. It returns
@@ -462,18 +508,19 @@ func Adopt(ctx context.Context, q Querier, h Holder, definition, point string) e
 	if err := keyrow.CheckName(point); err != nil || point == keyrow.Finished {
 		return fmt.Errorf("store: adopt: invalid recovery point %q", point)
 	}
-	return execFenced(ctx, q, adoptSQL, []any{[16]byte(h.ID), [16]byte(h.Token), definition, point, h.Tenant})
+	return execFenced(ctx, q, adoptSQL.form(h.Distributed),
+		keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), definition, point, h.Tenant}))
 }
 
 // markCallSQL records, before a foreign call that is not safe to repeat,
 // that the call may be under way, and renews the lease as renewSQL does.
 // Unlike a renewal it waits for the WAL flush: the mark must outlive a crash
 // of the server as surely as the call's effect outlives one of the caller.
-const markCallSQL = `
+var markCallSQL = byID(`
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval, call_pending = $4
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $5
-RETURNING 1`
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
+RETURNING 1`, 5)
 
 // renewSQL extends a live lease by ttl from now. It is fenced like every
 // other write. It returns a row when it matched, not the time left: that is
@@ -490,7 +537,7 @@ const renewSQL = `
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $4
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL
 RETURNING 1`
 
 // renewDistributedSQL is renewSQL for a key table distributed with Citus,
@@ -525,12 +572,12 @@ func (w Write) QueuedQuery() pgx.QueuedQuery { return pgx.QueuedQuery{SQL: w.sql
 // holder identified by token, and renews its lease for ttl. point must be a
 // phase name: neither keyrow.Started nor keyrow.Finished.
 func AdvanceWrite(h Holder, point string, state []byte, ttl time.Duration) (Write, error) {
-	return advanceWrite([16]byte(h.ID), [16]byte(h.Token), h.Tenant, point, state, ttl, ttl)
+	return advanceWrite(h.Distributed, [16]byte(h.ID), [16]byte(h.Token), h.Tenant, point, state, ttl, ttl)
 }
 
 // id and token are [16]byte values, tenant a string and ttlArg ttl, passed
-// as they are to pgx.
-func advanceWrite(id, token, tenant any, point string, state []byte, ttl time.Duration, ttlArg any) (Write, error) {
+// as they are to pgx; distributed selects the statement's form (keySQL).
+func advanceWrite(distributed bool, id, token, tenant any, point string, state []byte, ttl time.Duration, ttlArg any) (Write, error) {
 	if err := keyrow.CheckName(point); err != nil {
 		return Write{}, fmt.Errorf("store: advance: recovery point %w", err)
 	}
@@ -540,7 +587,7 @@ func advanceWrite(id, token, tenant any, point string, state []byte, ttl time.Du
 	if ttl <= 0 {
 		return Write{}, errors.New("store: advance: lease TTL must be positive")
 	}
-	return Write{advanceSQL, []any{id, token, point, jsonOrNull(state), ttlArg, tenant}}, nil
+	return Write{advanceSQL.form(distributed), keyArgs(distributed, []any{id, token, point, jsonOrNull(state), ttlArg, tenant})}, nil
 }
 
 // Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
@@ -557,10 +604,10 @@ func Advance(ctx context.Context, q Querier, h Holder, point string, state []byt
 // marks the key finished and frees the lease of the holder identified by
 // token. resp.Status must be a valid HTTP status (100 to 599).
 func FinishWrite(h Holder, state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite([16]byte(h.ID), [16]byte(h.Token), h.Tenant, state, resp)
+	return finishWrite(h.Distributed, [16]byte(h.ID), [16]byte(h.Token), h.Tenant, state, resp)
 }
 
-func finishWrite(id, token, tenant any, state []byte, resp keyrow.Response) (Write, error) {
+func finishWrite(distributed bool, id, token, tenant any, state []byte, resp keyrow.Response) (Write, error) {
 	if resp.Status < 100 || resp.Status > 599 {
 		return Write{}, fmt.Errorf("store: finish: invalid status %d", resp.Status)
 	}
@@ -572,7 +619,7 @@ func finishWrite(id, token, tenant any, state []byte, resp keyrow.Response) (Wri
 	if body == nil {
 		body = []byte{}
 	}
-	return Write{finishSQL, []any{id, token, jsonOrNull(state), resp.Status, headers, body, tenant}}, nil
+	return Write{finishSQL.form(distributed), keyArgs(distributed, []any{id, token, jsonOrNull(state), resp.Status, headers, body, tenant})}, nil
 }
 
 // Finish sends FinishWrite on its own. It returns ErrLeaseLost, and changes
@@ -627,7 +674,8 @@ func Release(ctx context.Context, q Querier, h Holder, lastErr string, hold keyr
 	if byCompleter {
 		failed = 1
 	}
-	return execFenced(ctx, q, releaseSQL, []any{[16]byte(h.ID), [16]byte(h.Token), lastErr, string(hold), failed, callFailed, h.Tenant})
+	return execFenced(ctx, q, releaseSQL.form(h.Distributed),
+		keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), lastErr, string(hold), failed, callFailed, h.Tenant}))
 }
 
 // releaseTimeout bounds ReleaseDetached.
@@ -662,11 +710,12 @@ func renew(ctx context.Context, q Querier, h Holder, ttl time.Duration, phase st
 	var err error
 	switch {
 	case phase != "":
-		err = q.QueryRow(ctx, markCallSQL, [16]byte(h.ID), [16]byte(h.Token), ttl, phase, h.Tenant).Scan(&one)
+		err = q.QueryRow(ctx, markCallSQL.form(h.Distributed),
+			keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), ttl, phase, h.Tenant})...).Scan(&one)
 	case h.Distributed:
 		err = q.QueryRow(ctx, renewDistributedSQL, [16]byte(h.ID), [16]byte(h.Token), ttl, h.Tenant).Scan(&one)
 	default:
-		err = q.QueryRow(ctx, renewSQL, [16]byte(h.ID), [16]byte(h.Token), ttl, h.Tenant).Scan(&one)
+		err = q.QueryRow(ctx, renewSQL, [16]byte(h.ID), [16]byte(h.Token), ttl).Scan(&one)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, keyrow.ErrLeaseLost
