@@ -408,9 +408,10 @@ func fenced(modify string) string {
 // Postgres it must not: a prepared statement's generic plan, made while the
 // table is new and has no statistics, finds the row through the unique
 // index on (tenant, idempotency_key) by the tenant alone, and then reads
-// every key of the tenant on every phase commit for as long as the
-// connection keeps that plan. By the id alone the only index that fits is
-// the primary key, which finds one row whatever the statistics say.
+// every key of the tenant on every phase commit until an ANALYZE of the
+// table makes the connection plan again. By the id alone the only index
+// that fits is the primary key, which finds one row whatever the
+// statistics say.
 type keySQL struct{ plain, distributed string }
 
 // tenantMark is where a statement given to byID names the tenant.

@@ -377,7 +377,7 @@ var roles = []struct{ name, fragment string }{
 	// advance under two entries, one with its constants as written and one
 	// with them numbered; the fragment matches both.
 	{"advance: fenced / plain", "SET recovery_point = $3, phase_state = $4, hold ="},
-	{"advance: fenced / plain", "UPDATE baseline_keys SET recovery_point = $3"},
+	{"advance: fenced / plain", "UPDATE baseline_keys SET recovery_point = $2"},
 	{"finish: fenced / plain", "finished_at = now()"},
 	{"finish: fenced / plain", "response_code"},
 }
