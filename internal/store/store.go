@@ -69,8 +69,9 @@ type Row struct {
 }
 
 // Holder identifies a lease: the key's tenant and row id, and the fencing
-// token that the lease's holder was given. Every write of a holder names
-// the tenant, so that on a distributed key table it reaches one shard.
+// token that the lease's holder was given. On a distributed key table
+// every write of a holder names the tenant, so that it reaches one shard;
+// on a single Postgres it finds the row by its id alone (see keySQL).
 type Holder struct {
 	Tenant string
 	ID     uuid.UUID
