@@ -97,7 +97,10 @@
 // distributed by tenant as `rides serve -citus` does it, with two API
 // processes on the coordinator and riders on both workers. The fake Stripe
 // keeps its data on the server every test uses and only slows charges
-// down, so that every failed answer is the outage's. Once a charge of a
+// down, so that every failed answer is the outage's. The nodes commit
+// synchronously (the other tests' servers do not): a node killed with
+// asynchronous commits loses commits it acknowledged, which no client can
+// make up for. Once a charge of a
 // rider on the worker holding the busiest rider's keys is in flight, that
 // worker is killed as a crash of its machine would kill it and started
 // again five seconds later; meanwhile one API process is killed and
