@@ -20,7 +20,7 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
 	ctx := context.Background()
-	id, token := [16]byte(uuid.New()), [16]byte(uuid.New())
+	id, token := uuidArg(uuid.New()), uuidArg(uuid.New())
 	ttl := 30 * time.Second
 	statements := map[string][]any{
 		"acquire":       {"acme", "k1", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil},

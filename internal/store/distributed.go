@@ -137,7 +137,7 @@ func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, er
 		var got []*Row
 		sent := time.Now()
 		err := pgxscan.Select(ctx, q, &got, claimOneSQL, p.TTL, p.MinIdle, p.Backoff, p.MaxBackoff,
-			[16]byte(uuid.New()), c.tenant, [16]byte(c.id))
+			uuidArg(uuid.New()), c.tenant, uuidArg(c.id))
 		if err != nil {
 			return claimed, fmt.Errorf("store: claim: %w", err)
 		}

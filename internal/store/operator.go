@@ -622,7 +622,7 @@ RETURNING taken.resolution`, 3)
 func TakeResolution(ctx context.Context, q Querier, h Holder) (*keyrow.Resolution, error) {
 	var r keyrow.Resolution
 	err := q.QueryRow(ctx, takeResolutionSQL.form(h.Distributed),
-		keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), h.Tenant})...).Scan(&r)
+		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), h.Tenant})...).Scan(&r)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -651,7 +651,7 @@ RETURNING ` + claimedColumns
 func ClaimKey(ctx context.Context, q Querier, tenant, key string, ttl time.Duration) (*Row, error) {
 	var rows []*Row
 	sent := time.Now()
-	if err := pgxscan.Select(ctx, q, &rows, claimKeySQL, tenant, key, ttl, [16]byte(uuid.New())); err != nil {
+	if err := pgxscan.Select(ctx, q, &rows, claimKeySQL, tenant, key, ttl, uuidArg(uuid.New())); err != nil {
 		return nil, fmt.Errorf("store: claim key: %w", err)
 	}
 	if len(rows) == 0 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
@@ -37,7 +38,7 @@ func TestAHoldersStatementsFindTheRowByItsIDOnANewTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, token := [16]byte(h.ID), [16]byte(h.Token)
+	id, token := uuidArg(h.ID), uuidArg(h.Token)
 	statements := []struct {
 		name string
 		sql  string
@@ -94,8 +95,8 @@ func genericPlan(t *testing.T, db *pgxpool.Pool, name, sql string, args []any) s
 	params := make([]string, len(args))
 	for i, a := range args {
 		switch a := a.(type) {
-		case [16]byte:
-			params[i] = "'" + uuid.UUID(a).String() + "'"
+		case pgtype.UUID:
+			params[i] = "'" + uuid.UUID(a.Bytes).String() + "'"
 		case string:
 			params[i] = "'" + strings.ReplaceAll(a, "'", "''") + "'"
 		case []byte: // JSON, which reads as jsonb and as bytea

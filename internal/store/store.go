@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/atomicphase/atomicphase/keyrow"
 )
@@ -277,7 +278,7 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 			sql = acquireDistributedSQL
 		}
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, sql,
-			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, [16]byte(token), [16]byte(id),
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, uuidArg(token), uuidArg(id),
 			req.Definition, retention), req)
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
 			// The upsert met a row committed by a concurrent transaction after
@@ -305,13 +306,16 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	// One struct holds every scan target, so that they cost one allocation
 	// between them rather than one each.
+	// The targets are pgtype values rather than pointers to pointers and
+	// the id a [16]byte, for which pgx has scan plans that allocate
+	// nothing (a uuid.UUID it would scan through its text form).
 	var v struct {
 		row                         Row
-		hold, lastError, pending    *string
-		token                       *uuid.UUID
-		expires                     *time.Time
+		hold, lastError, pending    pgtype.Text
+		token                       pgtype.UUID
+		expires                     pgtype.Timestamptz
 		inserted, acquired, sameReq bool
-		status                      *int32
+		status                      pgtype.Int4
 		headers                     []byte
 		body                        []byte
 	}
@@ -322,26 +326,18 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	if req.Distributed {
 		left = &v.expires
 	}
-	err := r.Scan(&row.ID, &row.Workflow, &row.Definition, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
+	err := r.Scan((*[16]byte)(&row.ID), &row.Workflow, &row.Definition, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
 		left, &v.inserted, &v.acquired, &v.sameReq, &v.status, &v.headers, &v.body, &v.lastError,
 		&v.pending, &row.Params)
 	if err != nil {
 		return nil, 0, err
 	}
-	if req.Distributed {
-		row.LeaseLeft = leaseLeftAt(v.expires, time.Now())
+	if req.Distributed && v.expires.Valid {
+		row.LeaseLeft = leaseLeftAt(&v.expires.Time, time.Now())
 	}
-	if v.pending != nil {
-		row.CallPending = *v.pending
-	}
-	if v.hold != nil {
-		row.Hold = keyrow.Hold(*v.hold)
-	}
-	if v.lastError != nil {
-		row.LastError = *v.lastError
-	}
-	if v.token != nil {
-		row.LockToken = *v.token
+	row.CallPending, row.Hold, row.LastError = v.pending.String, keyrow.Hold(v.hold.String), v.lastError.String
+	if v.token.Valid {
+		row.LockToken = v.token.Bytes
 	}
 	switch {
 	case v.acquired && v.inserted:
@@ -353,7 +349,11 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	case row.Workflow != req.Workflow:
 		return row, Elsewhere, nil
 	case row.RecoveryPoint == keyrow.Finished:
-		resp, err := decodeResponse(v.status, v.headers, v.body)
+		var status *int32
+		if v.status.Valid {
+			status = &v.status.Int32
+		}
+		resp, err := decodeResponse(status, v.headers, v.body)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -511,7 +511,7 @@ func Adopt(ctx context.Context, q Querier, h Holder, definition, point string) e
 		return fmt.Errorf("store: adopt: invalid recovery point %q", point)
 	}
 	return execFenced(ctx, q, adoptSQL.form(h.Distributed),
-		keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), definition, point, h.Tenant}))
+		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), definition, point, h.Tenant}))
 }
 
 // markCallSQL records, before a foreign call that is not safe to repeat,
@@ -574,7 +574,7 @@ func (w Write) QueuedQuery() pgx.QueuedQuery { return pgx.QueuedQuery{SQL: w.sql
 // holder identified by token, and renews its lease for ttl. point must be a
 // phase name: neither keyrow.Started nor keyrow.Finished.
 func AdvanceWrite(h Holder, point string, state []byte, ttl time.Duration) (Write, error) {
-	return advanceWrite(h.Distributed, [16]byte(h.ID), [16]byte(h.Token), h.Tenant, point, state, ttl, ttl)
+	return advanceWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, point, state, ttl, ttl)
 }
 
 // id and token are [16]byte values, tenant a string and ttlArg ttl, passed
@@ -606,7 +606,7 @@ func Advance(ctx context.Context, q Querier, h Holder, point string, state []byt
 // marks the key finished and frees the lease of the holder identified by
 // token. resp.Status must be a valid HTTP status (100 to 599).
 func FinishWrite(h Holder, state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite(h.Distributed, [16]byte(h.ID), [16]byte(h.Token), h.Tenant, state, resp)
+	return finishWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, state, resp)
 }
 
 func finishWrite(distributed bool, id, token, tenant any, state []byte, resp keyrow.Response) (Write, error) {
@@ -677,7 +677,7 @@ func Release(ctx context.Context, q Querier, h Holder, lastErr string, hold keyr
 		failed = 1
 	}
 	return execFenced(ctx, q, releaseSQL.form(h.Distributed),
-		keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), lastErr, string(hold), failed, callFailed, h.Tenant}))
+		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), lastErr, string(hold), failed, callFailed, h.Tenant}))
 }
 
 // releaseTimeout bounds ReleaseDetached.
@@ -713,11 +713,11 @@ func renew(ctx context.Context, q Querier, h Holder, ttl time.Duration, phase st
 	switch {
 	case phase != "":
 		err = q.QueryRow(ctx, markCallSQL.form(h.Distributed),
-			keyArgs(h.Distributed, []any{[16]byte(h.ID), [16]byte(h.Token), ttl, phase, h.Tenant})...).Scan(&one)
+			keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), ttl, phase, h.Tenant})...).Scan(&one)
 	case h.Distributed:
-		err = q.QueryRow(ctx, renewDistributedSQL, [16]byte(h.ID), [16]byte(h.Token), ttl, h.Tenant).Scan(&one)
+		err = q.QueryRow(ctx, renewDistributedSQL, uuidArg(h.ID), uuidArg(h.Token), ttl, h.Tenant).Scan(&one)
 	default:
-		err = q.QueryRow(ctx, renewSQL, [16]byte(h.ID), [16]byte(h.Token), ttl).Scan(&one)
+		err = q.QueryRow(ctx, renewSQL, uuidArg(h.ID), uuidArg(h.Token), ttl).Scan(&one)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, keyrow.ErrLeaseLost
@@ -749,3 +749,8 @@ func jsonOrNull(b []byte) []byte {
 	}
 	return b
 }
+
+// uuidArg returns u as a statement argument. pgx encodes a pgtype.UUID as
+// it is; a [16]byte it first wraps in a value of its own, which costs an
+// allocation on every statement, and a uuid.UUID it would send as text.
+func uuidArg(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
