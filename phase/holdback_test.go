@@ -114,9 +114,10 @@ func (ch *chain) rows(t *testing.T, key string) string {
 
 // TestALocalPhaseCommitTravelsWithTheNextPhasesFirstStatement pins the
 // round trips of three local phases of one statement each: acquire; BEGIN
-// with the first phase's statement; its advance and COMMIT with the second
-// phase's BEGIN and statement, and the same again into the third; the
-// finish with COMMIT. Five round trips for thirteen statements.
+// with the first phase's statement; its advance and COMMIT AND CHAIN (which
+// commits and begins the second phase's transaction) with the second
+// phase's statement, and the same again into the third; the finish with
+// COMMIT. Five round trips for eleven statements.
 func TestALocalPhaseCommitTravelsWithTheNextPhasesFirstStatement(t *testing.T) {
 	t.Parallel()
 	ch := newChain(t, nil)
@@ -125,8 +126,11 @@ func TestALocalPhaseCommitTravelsWithTheNextPhasesFirstStatement(t *testing.T) {
 	if err != nil || out.Kind != phase.OutcomeNew {
 		t.Fatalf("run: %v, %v", kindOf(out), err)
 	}
-	if ch.counter.RoundTrips() != 5 || ch.counter.Statements() != 13 {
-		t.Fatalf("%d round trips, %d statements; want 5 and 13: %q", ch.counter.RoundTrips(), ch.counter.Statements(), ch.counter.SQL())
+	if ch.counter.RoundTrips() != 5 || ch.counter.Statements() != 11 {
+		t.Fatalf("%d round trips, %d statements; want 5 and 11: %q", ch.counter.RoundTrips(), ch.counter.Statements(), ch.counter.SQL())
+	}
+	if got := transactionControl(ch.counter.SQL()); got != "begin,COMMIT AND CHAIN,COMMIT AND CHAIN,COMMIT" {
+		t.Fatalf("transaction control statements %s; want begin,COMMIT AND CHAIN,COMMIT AND CHAIN,COMMIT", got)
 	}
 	if got := ch.rows(t, "k1"); got != "first,second,third" {
 		t.Fatalf("committed rows of %s; want all three", got)
@@ -298,5 +302,64 @@ CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON chained DEFERRABLE INITIAL
 	var locked bool
 	if err := ch.db.QueryRow(ctx, `SELECT recovery_point, lock_token IS NOT NULL FROM idempotency_keys WHERE idempotency_key = 'refused'`).Scan(&rp, &locked); err != nil || rp != keyrow.Started || locked {
 		t.Fatalf("recovery point %q, locked %v (%v); want %q and the lease freed", rp, locked, err, keyrow.Started)
+	}
+}
+
+// transactionControl returns the statements of sqls that begin and end
+// transactions, in order.
+func transactionControl(sqls []string) string {
+	var got []string
+	for _, sql := range sqls {
+		if strings.HasPrefix(sql, "begin") || strings.HasPrefix(sql, "COMMIT") {
+			got = append(got, sql)
+		}
+	}
+	return strings.Join(got, ",")
+}
+
+// TestAPhaseAtAnotherIsolationLevelBeginsATransactionOfItsOwn: a held-back
+// commit chains the next phase's transaction to it only when the two run at
+// the same isolation level; otherwise it is COMMIT, then BEGIN at the next
+// phase's level. Each phase sees the level it asked for.
+func TestAPhaseAtAnotherIsolationLevelBeginsATransactionOfItsOwn(t *testing.T) {
+	t.Parallel()
+	db, counter := pgtest.CountingPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+	levels := map[string]string{}
+	level := func(name string, res phase.Result) phase.LocalFunc[order, struct{}] {
+		return func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
+			var l string
+			err := tx.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&l)
+			levels[name] = l
+			return res, err
+		}
+	}
+	w, err := phase.NewWorkflow("levels",
+		phase.Local("first", level("first", phase.Next())),
+		phase.Local("second", level("second", phase.Next())).Isolation(pgx.Serializable),
+		phase.Local("third", level("third", phase.Next())).Isolation(pgx.Serializable),
+		phase.Local("fourth", level("fourth", phase.JSON(201, "ok"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Prepares the statements on the connection first.
+	if _, err := w.Run(context.Background(), c, "acme", "warm-up", order{}); err != nil {
+		t.Fatal(err)
+	}
+	counter.Reset()
+	if out, err := w.Run(context.Background(), c, "acme", "k1", order{}); err != nil || out.Kind != phase.OutcomeNew {
+		t.Fatalf("run: %v, %v", kindOf(out), err)
+	}
+	want := "begin,COMMIT,begin isolation level serializable,COMMIT AND CHAIN,COMMIT,begin,COMMIT"
+	if got := transactionControl(counter.SQL()); got != want {
+		t.Errorf("transaction control statements\n%s; want\n%s", got, want)
+	}
+	for name, want := range map[string]string{"first": "read committed", "second": "serializable", "third": "serializable", "fourth": "read committed"} {
+		if levels[name] != want {
+			t.Errorf("phase %s ran at %q; want %q", name, levels[name], want)
+		}
 	}
 }

@@ -923,7 +923,9 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 // An advance to a local phase is held back instead (see holdsBack): the
 // phase's transaction stays open on its connection, and its fenced write
 // and COMMIT travel in front of the next phase's BEGIN and first
-// statement, which saves a round trip per local phase. That phase's Go
+// statement, which saves a round trip per local phase; when the two phases
+// run at the same isolation level on a single Postgres, COMMIT and BEGIN
+// are one COMMIT AND CHAIN (see priorCommit). That phase's Go
 // code then runs before the commit of the phase before it is known: when
 // that commit fails (the fence found the lease lost, or the commit met a
 // serialization failure), the server runs none of the next phase's
@@ -999,7 +1001,8 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	// Only an open, healthy transaction is held back: one the phase ended
 	// on its own, or in which a statement failed, fails its commit now.
 	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' && x.holdsBack(next) {
-		x.heldBack = priorCommit{write: w, done: x}
+		x.heldBack = priorCommit{write: w, done: x,
+			chain: !x.lease.Distributed && x.w.phases[next].isolation == p.isolation}
 		x.heldBegan, x.heldStarted, x.heldState = began, x.started, state
 		x.held, x.priorAt, x.priorRec, x.next = conn, i, rec, next
 		kept = true

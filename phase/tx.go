@@ -29,7 +29,8 @@ import (
 // A phaseTx may carry the commit of the phase before it (prior), still
 // unsent, on the same connection: that commit then travels in front of
 // BEGIN, in the same batch, so that passing from one local phase to the
-// next costs no round trip of its own (see priorCommit).
+// next costs no round trip of its own, and when the two may chain, COMMIT
+// and BEGIN are one statement, COMMIT AND CHAIN (see priorCommit).
 type phaseTx struct {
 	// ctx is the run's context, for the begins of methods that take none.
 	ctx  context.Context
@@ -47,8 +48,11 @@ type phaseTx struct {
 	ended bool
 	// prior is the commit of the phase before, until it is sent; priorErr
 	// is set when it failed (a *priorCommitError), or when its done did.
+	// chained is set when the batch that carries it begins this
+	// transaction with COMMIT AND CHAIN (see firstBatch).
 	prior    *priorCommit
 	priorErr error
+	chained  bool
 
 	// rows are the rows of the first statement, when it is a query.
 	rows firstRows
@@ -73,12 +77,23 @@ type phaseTx struct {
 // statements never run.
 type priorCommit struct {
 	write store.Write
+	// chain is set when the next phase's transaction may begin with
+	// COMMIT AND CHAIN, which commits this one and begins the next with the
+	// same characteristics in one statement: the two phases run at the
+	// same isolation level, and the key table is on a single Postgres (a
+	// Citus coordinator's transactions keep COMMIT and BEGIN apart, the
+	// form its tests cover).
+	chain bool
 	// done is told once the commit succeeded; an error from it (an
 	// injected fault) ends the phase that carried the commit.
 	done interface {
 		priorCommitted(ctx context.Context) error
 	}
 }
+
+// commitAndChain commits a transaction and begins the next with the same
+// isolation level and access mode (PostgreSQL 12 and later).
+const commitAndChain = "COMMIT AND CHAIN"
 
 // priorCommitError is the error a phase's statement meets when the commit
 // of the phase before it, which travelled with that statement, failed:
@@ -98,12 +113,18 @@ func (e *priorCommitError) Unwrap() error { return e.err }
 // BeginTx requires it to be queued first only so that its result is the
 // batch's first one for the caller, and the server runs the batch in
 // order either way.
+//
+// When the prior commit may chain (see priorCommit), its COMMIT and BEGIN
+// are one statement, COMMIT AND CHAIN, queued in BEGIN's place: the batch
+// is then the prior's write, COMMIT AND CHAIN and queries, and t.chained
+// is set.
 func (t *phaseTx) firstBatch(begin bool, queries ...*pgx.QueuedQuery) *pgx.Batch {
 	b := &t.first
 	*b = pgx.Batch{QueuedQueries: t.firstQueued[:0]}
 	if begin {
 		b.BeginTx(t.opts)
 	}
+	t.chained = false
 	if t.prior != nil {
 		rest := b.QueuedQueries // BEGIN, or nothing
 		var beginQuery *pgx.QueuedQuery
@@ -111,10 +132,17 @@ func (t *phaseTx) firstBatch(begin bool, queries ...*pgx.QueuedQuery) *pgx.Batch
 			beginQuery = rest[0]
 		}
 		t.firstQueries[0] = t.prior.write.QueuedQuery()
-		t.firstQueries[1] = pgx.QueuedQuery{SQL: "COMMIT"}
-		b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], &t.firstQueries[1])
-		if beginQuery != nil {
-			b.QueuedQueries = append(b.QueuedQueries, beginQuery)
+		switch {
+		case beginQuery != nil && t.prior.chain:
+			beginQuery.SQL = commitAndChain
+			b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], beginQuery)
+			t.chained = true
+		default:
+			t.firstQueries[1] = pgx.QueuedQuery{SQL: "COMMIT"}
+			b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], &t.firstQueries[1])
+			if beginQuery != nil {
+				b.QueuedQueries = append(b.QueuedQueries, beginQuery)
+			}
 		}
 	}
 	b.QueuedQueries = append(b.QueuedQueries, queries...)
@@ -128,8 +156,9 @@ func (t *phaseTx) firstQuery(sql string, args []any) *pgx.QueuedQuery {
 }
 
 // settlePrior reads the results of the prior commit queued at the front of
-// br, and forgets it. It returns a *priorCommitError when the commit
-// failed, or the error of the prior's done.
+// br, its write and its COMMIT (or COMMIT AND CHAIN), and forgets it. It
+// returns a *priorCommitError when the commit failed, or the error of the
+// prior's done.
 func (t *phaseTx) settlePrior(br pgx.BatchResults) error {
 	p := t.prior
 	if p == nil {
@@ -234,10 +263,11 @@ func (t *phaseTx) sendFirst(ctx context.Context, queries ...*pgx.QueuedQuery) (p
 	br := t.conn.SendBatch(ctx, t.firstBatch(true, queries...))
 	// Closing br marks this transaction closed if BEGIN never ran; when
 	// the prior commit failed, it is the earlier phase's aborted
-	// transaction that stays open, which the runner rolls back.
+	// transaction that stays open, which the runner rolls back. A
+	// chained commit's result, read with the prior's, is BEGIN's too.
 	t.tx = br.Tx()
 	err := t.settlePrior(br)
-	if err == nil {
+	if err == nil && !t.chained {
 		_, err = br.Exec()
 	}
 	if err != nil {

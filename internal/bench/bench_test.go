@@ -46,11 +46,11 @@ func large(b *testing.B) {
 // TestEachPathCostsWhatTheCostModelSays pins the statements and round trips
 // behind the benchmark figures: a local phase costs its own statements plus
 // one round trip (BEGIN travels with its first statement, the advance with
-// COMMIT), and none when the next phase is local too (its advance and
-// COMMIT travel with that phase's BEGIN and first statement), a foreign
-// call none of its own (the commit before it proves the lease), acquire,
-// replay and 409 one statement each, and the baseline one round trip per
-// statement.
+// COMMIT), and none when the next phase is local too (its advance travels
+// with that phase's first statement, and one COMMIT AND CHAIN ends the one
+// transaction and begins the other), a foreign call none of its own (the
+// commit before it proves the lease), acquire, replay and 409 one statement
+// each, and the baseline one round trip per statement.
 func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
@@ -59,13 +59,15 @@ func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
 		kind              Kind
 		statements, trips int
 	}{
-		// The advance and COMMIT of a local phase followed by a local
-		// phase travel with that phase's BEGIN and first statement.
-		{LibraryRun, 1 + phases*(1+userStatements+2), 1 + phases*userStatements + 1},
+		// The advance of a local phase followed by a local phase travels
+		// with that phase's first statement, and COMMIT AND CHAIN stands
+		// for the one's COMMIT and the other's BEGIN.
+		{LibraryRun, 1 + phases*(1+userStatements+2) - (phases - 1), 1 + phases*userStatements + 1},
 		{BaselineRun, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
 		// The commit before the foreign call proves the lease: no renewal;
-		// the charge's record commits with the last phase's first statement.
-		{LibraryRides, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements) - 1},
+		// the charge's record commits with the last phase's first
+		// statement, chained to its transaction.
+		{LibraryRides, 1 + phases*(1+userStatements+2) - 1, 1 + phases*(1+userStatements) - 1},
 		{BaselineRides, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
 		{LibraryReplay, 1, 1},
 		{BaselineReplay, 2, 2},

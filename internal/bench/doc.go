@@ -18,8 +18,13 @@
 // does.
 //
 // The library runs them as a phase.Workflow: acquire (one statement), then
-// per phase BEGIN pipelined with the phase's statement, and the fenced
-// advance (or finish) pipelined with COMMIT.
+// BEGIN pipelined with the first phase's statement; the fenced advance of a
+// phase followed by a local phase waits and travels with the next phase's
+// statement, behind one COMMIT AND CHAIN that ends the one transaction and
+// begins the other; the last phase's fenced finish is pipelined with
+// COMMIT. Before the foreign call of the rides-shaped request the advance
+// is pipelined with COMMIT, and the call's record begins a transaction of
+// its own.
 //
 // The baseline follows rocket-rides-atomic: its own keys table
 // (baseline_keys, shaped like the reference's), one upsert that inserts or
@@ -38,10 +43,13 @@
 // # Cost model
 //
 // TestEachPathCostsWhatTheCostModelSays pins the counts: the three-phase
-// request costs the library 1 + 3×(1 + 1) = 7 round trips (13 statements)
-// and the baseline 13; so does the rides-shaped one, whose foreign call
-// needs no lease renewal of its own right after the commit before it;
-// replay and 409 cost the library one statement and the baseline two.
+// request costs the library 1 + 3 + 1 = 5 round trips (11 statements:
+// acquire, BEGIN, three phase statements, two advances, two COMMIT AND
+// CHAIN, the finish and COMMIT) and the baseline 13 (13 statements); the
+// rides-shaped one costs the library 6 round trips and 12 statements
+// (its foreign call needs no lease renewal of its own right after the
+// commit before it) and the baseline 13; replay and 409 cost the library
+// one statement and the baseline two.
 //
 // # Running
 //
