@@ -33,7 +33,7 @@ type Lease struct {
 func NewLease(h Holder, ttl time.Duration) *Lease {
 	ttl = max(ttl, lockttl.MinTTL)
 	return &Lease{Holder: h, TTL: ttl, lost: make(chan struct{}),
-		idArg: uuidArg(h.ID), tokenArg: uuidArg(h.Token), tenantArg: h.Tenant, ttlArg: ttl}
+		idArg: uuidArg(h.ID), tokenArg: uuidArg(h.Token), tenantArg: h.Tenant, ttlArg: intervalArg(ttl)}
 }
 
 // Advance is AdvanceWrite for this lease: it commits point and state and

@@ -106,6 +106,8 @@ func genericPlan(t *testing.T, db *pgxpool.Pool, name, sql string, args []any) s
 			}
 		case time.Duration:
 			params[i] = fmt.Sprintf("'%d microseconds'", a.Microseconds())
+		case pgtype.Interval:
+			params[i] = fmt.Sprintf("'%d microseconds'", a.Microseconds)
 		default:
 			params[i] = fmt.Sprint(a)
 		}

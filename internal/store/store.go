@@ -278,7 +278,7 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 			sql = acquireDistributedSQL
 		}
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, sql,
-			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, req.TTL, uuidArg(token), uuidArg(id),
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, intervalArg(req.TTL), uuidArg(token), uuidArg(id),
 			req.Definition, retention), req)
 		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
 			// The upsert met a row committed by a concurrent transaction after
@@ -306,13 +306,13 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	// One struct holds every scan target, so that they cost one allocation
 	// between them rather than one each.
-	// The targets are pgtype values rather than pointers to pointers and
-	// the id a [16]byte, for which pgx has scan plans that allocate
-	// nothing (a uuid.UUID it would scan through its text form).
+	// The targets are pgtype values, for which pgx has scan plans that
+	// allocate nothing (a uuid.UUID it would scan through its text form, a
+	// pointer to a pointer or a [16]byte with a plan made for the row).
 	var v struct {
 		row                         Row
 		hold, lastError, pending    pgtype.Text
-		token                       pgtype.UUID
+		id, token                   pgtype.UUID
 		expires                     pgtype.Timestamptz
 		inserted, acquired, sameReq bool
 		status                      pgtype.Int4
@@ -326,7 +326,7 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	if req.Distributed {
 		left = &v.expires
 	}
-	err := r.Scan((*[16]byte)(&row.ID), &row.Workflow, &row.Definition, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
+	err := r.Scan(&v.id, &row.Workflow, &row.Definition, &row.RecoveryPoint, &row.State, &v.hold, &row.Attempts, &v.token,
 		left, &v.inserted, &v.acquired, &v.sameReq, &v.status, &v.headers, &v.body, &v.lastError,
 		&v.pending, &row.Params)
 	if err != nil {
@@ -335,6 +335,7 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	if req.Distributed && v.expires.Valid {
 		row.LeaseLeft = leaseLeftAt(&v.expires.Time, time.Now())
 	}
+	row.ID = v.id.Bytes
 	row.CallPending, row.Hold, row.LastError = v.pending.String, keyrow.Hold(v.hold.String), v.lastError.String
 	if v.token.Valid {
 		row.LockToken = v.token.Bytes
@@ -574,10 +575,10 @@ func (w Write) QueuedQuery() pgx.QueuedQuery { return pgx.QueuedQuery{SQL: w.sql
 // holder identified by token, and renews its lease for ttl. point must be a
 // phase name: neither keyrow.Started nor keyrow.Finished.
 func AdvanceWrite(h Holder, point string, state []byte, ttl time.Duration) (Write, error) {
-	return advanceWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, point, state, ttl, ttl)
+	return advanceWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, point, state, ttl, intervalArg(ttl))
 }
 
-// id and token are [16]byte values, tenant a string and ttlArg ttl, passed
+// id and token are uuidArg values, tenant a string and ttlArg ttl's intervalArg, passed
 // as they are to pgx; distributed selects the statement's form (keySQL).
 func advanceWrite(distributed bool, id, token, tenant any, point string, state []byte, ttl time.Duration, ttlArg any) (Write, error) {
 	if err := keyrow.CheckName(point); err != nil {
@@ -713,11 +714,11 @@ func renew(ctx context.Context, q Querier, h Holder, ttl time.Duration, phase st
 	switch {
 	case phase != "":
 		err = q.QueryRow(ctx, markCallSQL.form(h.Distributed),
-			keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), ttl, phase, h.Tenant})...).Scan(&one)
+			keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), intervalArg(ttl), phase, h.Tenant})...).Scan(&one)
 	case h.Distributed:
-		err = q.QueryRow(ctx, renewDistributedSQL, uuidArg(h.ID), uuidArg(h.Token), ttl, h.Tenant).Scan(&one)
+		err = q.QueryRow(ctx, renewDistributedSQL, uuidArg(h.ID), uuidArg(h.Token), intervalArg(ttl), h.Tenant).Scan(&one)
 	default:
-		err = q.QueryRow(ctx, renewSQL, uuidArg(h.ID), uuidArg(h.Token), ttl).Scan(&one)
+		err = q.QueryRow(ctx, renewSQL, uuidArg(h.ID), uuidArg(h.Token), intervalArg(ttl)).Scan(&one)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, keyrow.ErrLeaseLost
@@ -754,3 +755,10 @@ func jsonOrNull(b []byte) []byte {
 // it is; a [16]byte it first wraps in a value of its own, which costs an
 // allocation on every statement, and a uuid.UUID it would send as text.
 func uuidArg(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
+
+// intervalArg returns d as an interval argument, in microseconds as pgx
+// encodes a time.Duration, which it too would first wrap in a value of its
+// own.
+func intervalArg(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Microseconds(), Valid: true}
+}
