@@ -139,10 +139,11 @@
 // commits the one transaction and begins the next with the characteristics
 // the one had (on a key table distributed with Citus they stay two): the
 // three phases then cost eleven statements. The phase still sees a plain
-// pgx.Tx at its isolation level. Its first call pays a round trip of its own for BEGIN
-// when it is CopyFrom, Begin (a savepoint), LargeObjects or Conn, or a
-// statement with a pgx.QueryExecMode argument; River's InsertTx asks for
-// Conn first, so a phase that starts with it pays that round trip too.
+// pgx.Tx at its isolation level. Its first call pays a round trip of its
+// own for BEGIN when it is CopyFrom, Begin (a savepoint), LargeObjects or
+// Conn, or a statement with a pgx.QueryExecMode argument; River's InsertTx
+// asks for Conn first, so a phase that starts with it pays that round trip
+// too.
 //
 // A phase's Go code therefore runs before the commit of the local phase
 // before it is known. The fence still decides: the server runs the batch in
