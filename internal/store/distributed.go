@@ -13,6 +13,7 @@ import (
 	"github.com/georgysavva/scany/v2/pgxscan"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // On a key table distributed with Citus (atomicphase.Distribute), every
@@ -78,11 +79,11 @@ func ifTakeable(then, otherwise string) string {
 
 // leaseLeftAt is the time a lease that expires at expires has left at now,
 // by the caller's clock; zero for none.
-func leaseLeftAt(expires *time.Time, now time.Time) time.Duration {
-	if expires == nil {
+func leaseLeftAt(expires pgtype.Timestamptz, now time.Time) time.Duration {
+	if !expires.Valid {
 		return 0
 	}
-	return max(expires.Sub(now), 0)
+	return max(expires.Time.Sub(now), 0)
 }
 
 // dueCandidatesSQL lists keys due for the completer (dueWhere) without

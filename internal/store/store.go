@@ -305,10 +305,10 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 
 func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	// One struct holds every scan target, so that they cost one allocation
-	// between them rather than one each.
-	// The targets are pgtype values, for which pgx has scan plans that
-	// allocate nothing (a uuid.UUID it would scan through its text form, a
-	// pointer to a pointer or a [16]byte with a plan made for the row).
+	// between them rather than one each. The targets are pgtype values, for
+	// which pgx has scan plans that allocate nothing (a uuid.UUID it would
+	// scan through its text form, a pointer to a pointer or a [16]byte with
+	// a plan made for the row).
 	var v struct {
 		row                         Row
 		hold, lastError, pending    pgtype.Text
@@ -332,8 +332,8 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	if req.Distributed && v.expires.Valid {
-		row.LeaseLeft = leaseLeftAt(&v.expires.Time, time.Now())
+	if req.Distributed {
+		row.LeaseLeft = leaseLeftAt(v.expires, time.Now())
 	}
 	row.ID = v.id.Bytes
 	row.CallPending, row.Hold, row.LastError = v.pending.String, keyrow.Hold(v.hold.String), v.lastError.String
@@ -350,11 +350,7 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	case row.Workflow != req.Workflow:
 		return row, Elsewhere, nil
 	case row.RecoveryPoint == keyrow.Finished:
-		var status *int32
-		if v.status.Valid {
-			status = &v.status.Int32
-		}
-		resp, err := decodeResponse(status, v.headers, v.body)
+		resp, err := decodeResponse(v.status, v.headers, v.body)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -369,11 +365,11 @@ func scanAcquire(r pgx.Row, req Request) (*Row, Outcome, error) {
 	}
 }
 
-func decodeResponse(status *int32, headers, body []byte) (*keyrow.Response, error) {
-	if status == nil {
+func decodeResponse(status pgtype.Int4, headers, body []byte) (*keyrow.Response, error) {
+	if !status.Valid {
 		return nil, errors.New("finished key has no stored response")
 	}
-	resp := &keyrow.Response{Status: int(*status), Body: body}
+	resp := &keyrow.Response{Status: int(status.Int32), Body: body}
 	switch {
 	case bytes.Equal(headers, storedJSONContentType):
 		resp.Header = http.Header{"Content-Type": {"application/json"}}
