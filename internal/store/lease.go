@@ -138,8 +138,10 @@ func (l *Lease) MarkLost() {
 // then expires and resumes elsewhere. The first renewal is bounded by ctx
 // alone. Later renewal errors other than a lost lease (a store
 // hiccup) are retried at the next tick; the lease is still bounded by its
-// TTL. stop waits for the renewing goroutine to end, so a caller that defers
-// it leaves nothing running, even when the work panics.
+// TTL. The renewals run on a timer, so work that ends before the first is
+// due, as most foreign calls do, costs no goroutine. stop waits for a
+// renewal under way to end, so a caller that defers it leaves nothing
+// running, even when the work panics.
 //
 // A non-empty mark names a phase whose call is not safe to repeat: Keep
 // then always renews first, in a statement that also records the call as
@@ -154,48 +156,75 @@ func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration, mark s
 			return nil, nil, err
 		}
 	}
-	var cancel context.CancelFunc
+	k := &keeper{lease: l, q: q, ctx: ctx, every: lockttl.RenewInterval(l.TTL)}
 	if limit > 0 {
-		workCtx, cancel = context.WithTimeout(ctx, limit)
+		k.work, k.cancel = context.WithTimeout(ctx, limit)
 	} else {
-		workCtx, cancel = context.WithCancel(ctx)
+		k.work, k.cancel = context.WithCancel(ctx)
 	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	every := lockttl.RenewInterval(l.TTL)
-	wg.Go(func() {
-		// The first renewal is due an interval after the last proof,
-		// which may predate the work, so that the lease is renewed every
-		// interval whether or not Keep had to renew it first.
-		age, _ := l.proofAge() // proven by now: Keep renewed or took a proof
-		t := time.NewTimer(max(every-age, 0))
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-workCtx.Done():
-				return
-			case <-t.C:
-				// The renewal must not be cut short by the work's own
-				// cancellation, only by stop.
-				rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), every)
-				err := l.Renew(rctx, q)
-				rcancel()
-				if errors.Is(err, keyrow.ErrLeaseLost) {
-					cancel()
-					return
-				}
-				t.Reset(every)
-			}
-		}
+	// The first renewal is due an interval after the last proof, which may
+	// predate the work, so that the lease is renewed every interval whether
+	// or not Keep had to renew it first.
+	age, _ := l.proofAge() // proven by now: Keep renewed or took a proof
+	k.mu.Lock()
+	k.timer = time.AfterFunc(max(k.every-age, 0), k.renew)
+	k.mu.Unlock()
+	return k.work, k.stop, nil
+}
+
+// keeper renews a lease for Keep while its work runs.
+type keeper struct {
+	lease *Lease
+	q     Querier
+	// ctx is Keep's; a renewal is bounded by it and by the interval, not
+	// by the work's cancellation.
+	ctx    context.Context
+	work   context.Context
+	cancel context.CancelFunc
+	every  time.Duration
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+	// renewing counts the renewal under way, which stop waits for.
+	renewing sync.WaitGroup
+	once     sync.Once
+}
+
+// renew runs on the timer's goroutine when a renewal is due; the timer is
+// set again only once the renewal has ended, so renewals never overlap.
+func (k *keeper) renew() {
+	k.mu.Lock()
+	if k.stopped || k.work.Err() != nil {
+		k.mu.Unlock()
+		return
+	}
+	k.renewing.Add(1)
+	k.mu.Unlock()
+	defer k.renewing.Done()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(k.ctx), k.every)
+	err := k.lease.Renew(rctx, k.q)
+	rcancel()
+	if errors.Is(err, keyrow.ErrLeaseLost) {
+		k.cancel()
+		return
+	}
+	k.mu.Lock()
+	if !k.stopped {
+		k.timer.Reset(k.every)
+	}
+	k.mu.Unlock()
+}
+
+// stop ends the renewals, waits for one under way, and cancels the work's
+// context; calls after the first do nothing.
+func (k *keeper) stop() {
+	k.once.Do(func() {
+		k.mu.Lock()
+		k.stopped = true
+		k.timer.Stop()
+		k.mu.Unlock()
+		k.renewing.Wait()
+		k.cancel()
 	})
-	var once sync.Once
-	return workCtx, func() {
-		once.Do(func() {
-			close(done)
-			wg.Wait()
-			cancel()
-		})
-	}, nil
 }

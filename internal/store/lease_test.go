@@ -3,8 +3,11 @@ package store_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
@@ -246,5 +249,50 @@ func TestKeepRenewsAnIntervalAfterTheProof(t *testing.T) {
 	}
 	if at := time.Since(proof); at < 2*time.Second || at > 2600*time.Millisecond {
 		t.Fatalf("first renewal %v after the proof, want 2s (one renewal interval)", at.Round(time.Millisecond))
+	}
+}
+
+// TestKeepStartsNoGoroutineUntilARenewalIsDue: a foreign call that starts
+// right after the commit that proved the lease, and returns before the
+// lease needs renewing, as most calls do, costs no goroutine: the renewals
+// are a timer until the first is due.
+func TestKeepStartsNoGoroutineUntilARenewalIsDue(t *testing.T) {
+	l := store.NewLease(store.Holder{Tenant: "acme", ID: uuid.New(), Token: uuid.New()}, 30*time.Second)
+	grew := 0
+	// Other goroutines of the process may start or end meanwhile; one try
+	// in which the count did not grow shows Keep started none.
+	for range 10 {
+		l.Proven(time.Now())
+		before := runtime.NumGoroutine()
+		work, stop, err := l.Keep(context.Background(), nil, time.Minute, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		grew = runtime.NumGoroutine() - before
+		stop()
+		if work.Err() == nil {
+			t.Fatal("the work's context is live after stop")
+		}
+		if grew <= 0 {
+			return
+		}
+	}
+	t.Fatalf("Keep on a fresh proof started %d goroutine(s), want none", grew)
+}
+
+// BenchmarkKeepRightAfterACommit measures Keep and stop around a foreign
+// call that needs no renewal: the usual call, made right after the commit
+// that proved the lease.
+func BenchmarkKeepRightAfterACommit(b *testing.B) {
+	l := store.NewLease(store.Holder{Tenant: "acme", ID: uuid.New(), Token: uuid.New()}, 30*time.Second)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		l.Proven(time.Now())
+		_, stop, err := l.Keep(ctx, nil, time.Minute, "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		stop()
 	}
 }
