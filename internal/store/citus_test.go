@@ -24,19 +24,14 @@ func distributed(t testing.TB, tenant, key, body string) store.Request {
 }
 
 // TestCitusAcquireMeetsEveryOutcome runs the one-statement acquire on a key
-// table distributed by tenant: Citus refuses acquireSQL (now() in ON
-// CONFLICT), and the distributed form must tell every case apart as the
-// plain one does.
+// table distributed by tenant: Citus refuses the single Postgres's takeover
+// (now() in ON CONFLICT), and the distributed form must tell every case
+// apart as the plain one does.
 func TestCitusAcquireMeetsEveryOutcome(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
 	ctx := context.Background()
 
-	plain := request(t, "acme", "plain", `{}`)
-	plain.Distributed = false
-	if _, _, err := store.Acquire(ctx, db, plain); err == nil {
-		t.Fatal("the plain acquire ran on a distributed table; want Citus to refuse it")
-	}
 	out, row := acquire(t, db, distributed(t, "acme", "k1", `{"amount":1}`))
 	if out != store.New || row.LockToken == uuid.Nil || !row.Distributed {
 		t.Fatalf("first acquire = %v, token %v, distributed %v; want New with a token", out, row.LockToken, row.Distributed)
@@ -53,6 +48,11 @@ func TestCitusAcquireMeetsEveryOutcome(t *testing.T) {
 	}
 	if err := store.Release(ctx, db, row.Holder(), "provider down", "", false, false); err != nil {
 		t.Fatalf("release: %v", err)
+	}
+	plain := distributed(t, "acme", "k1", `{"amount":1}`)
+	plain.Distributed = false
+	if _, _, err := store.Acquire(ctx, db, plain); err == nil {
+		t.Fatal("the plain takeover ran on a distributed table; want Citus to refuse it")
 	}
 	res, rrow := acquire(t, db, distributed(t, "acme", "k1", `{"amount":1}`))
 	if res != store.Resumed || rrow.RecoveryPoint != "charged" || string(rrow.State) != `{"charge": "ch_1"}` ||

@@ -4,13 +4,14 @@
 //
 // # Acquire
 //
-// Acquire is one statement: an INSERT ... ON CONFLICT DO UPDATE that creates
-// the key or takes over its lease when the lease is free or expired by the
-// database clock, and otherwise reads the row to say why not: Replay,
-// Held (with the lease time left), Mismatch or Parked. Replays and
-// conflicts cost one round trip and write nothing. Acquire and Renew write
-// only the lease, and commit without waiting for the WAL flush; every write
-// of a phase waits for it.
+// Acquire reads the key and inserts it when it is new, in one statement,
+// and otherwise says why it cannot be taken: Replay, Held (with the lease
+// time left), Mismatch, Parked or Elsewhere. Replays and conflicts cost one
+// round trip, take no lock and write nothing. A key found with a free or
+// expired lease is taken over by a second statement, an INSERT ... ON
+// CONFLICT DO UPDATE that takes the lease only when the newest row version
+// still allows it. Acquire and Renew write only the lease, and commit
+// without waiting for the WAL flush; every write of a phase waits for it.
 //
 // # Fencing
 //

@@ -158,31 +158,26 @@ type Request struct {
 	Distributed bool
 }
 
-// acquireSQL inserts a new key or takes over an existing one, in one
+// acquireSQL inserts a new key, or reads the existing one, in one
 // statement, and reports which case happened.
 //
-// It reads the key first (found). When the key exists and cannot be taken
-// (finished, on hold, another fingerprint, workflow or definition, or a
-// live lease), the INSERT's SELECT yields no row, so a replay or a conflict
-// is a plain read: no row lock, no transaction id, no WAL.
+// It reads the key first (found), and inserts it only when found is empty,
+// so a replay, a conflict or a mismatch is a plain read: no row lock, no
+// transaction id, no WAL, and no wait on a transaction writing the row. The
+// INSERT does nothing on a conflict: a concurrent request that inserted the
+// same key after this statement's snapshot was taken wins, and the
+// statement returns no row (see Acquire). Its plan has no ON CONFLICT DO
+// UPDATE to build, which makes a new key, a replay and a 409 cheaper for
+// the server than takeOverSQL.
 //
-// Otherwise the upsert inserts the key, or takes the existing row only when
-// it is still unfinished, not on hold, has the same fingerprint, workflow
-// and definition, and its lease is free or expired by the database clock.
-// ON CONFLICT judges the newest row version, so a takeover racing with
-// another one, or with a phase commit that renewed the lease, loses instead
-// of stealing the key; the found branch then reports the row as the
-// statement's snapshot saw it.
-//
-// xmax = 0 on the returned row means it was inserted, otherwise updated. A
-// taken row's stored request comes back only when the row was not inserted:
-// a new key's request is the caller's own.
-//
-// A new key records its retention ($10), which a takeover leaves as it
-// was: the key is kept as long as the run that created it promised.
+// A key found unfinished, not on hold, with the same fingerprint, workflow
+// and definition and a free or expired lease comes back as it is, with no
+// lease time left and no token: the caller takes it over with takeOverSQL,
+// which judges all of that again on the newest row version.
 //
 // A new key's id ($8) is a UUIDv7, ordered by time, so that new rows go to
-// the right edge of the primary key's index instead of a random page.
+// the right edge of the primary key's index instead of a random page; it
+// records its retention ($10).
 //
 // The statement's transaction commits without waiting for the WAL flush
 // (synchronous_commit off for it alone). The lease is the library's own
@@ -192,6 +187,54 @@ type Request struct {
 // is a run that never started; its holder is fenced (its token matches no
 // row), and a retry takes the key anew, with the same downstream keys.
 const acquireSQL = `
+WITH found AS (
+    SELECT id, workflow, definition, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
+           response_status, response_headers, response_body, last_error
+    FROM idempotency_keys
+    WHERE tenant = $1 AND idempotency_key = $2
+), inserted AS (
+    INSERT INTO idempotency_keys
+        (id, tenant, idempotency_key, workflow, definition, request_fingerprint, request_params,
+         locked_at, lock_expires_at, lock_token, attempts, retain_for)
+    SELECT $8, $1, $2, $3, $9, $4, $5, now(), now() + $6::interval, $7, 1, $10::interval
+    FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lease_only
+    WHERE NOT EXISTS (SELECT FROM found)
+    ON CONFLICT (tenant, idempotency_key) DO NOTHING
+    RETURNING id, workflow, definition, recovery_point, phase_state, hold, attempts, lock_token, last_error, call_pending
+)
+SELECT id, workflow, definition, recovery_point, phase_state, hold, attempts, lock_token,
+       interval '0', true, true, true,
+       NULL::int, NULL::jsonb, NULL::bytea, last_error, call_pending, NULL::jsonb
+FROM inserted
+UNION ALL
+SELECT id, workflow, definition, recovery_point, NULL, hold, attempts, NULL,
+       greatest(lock_expires_at - now(), interval '0'), false, false, request_fingerprint = $4,
+       response_status, response_headers, response_body, last_error, NULL, NULL
+FROM found`
+
+// takeOverSQL takes over the lease of an existing key, or inserts the key
+// when it is gone, in one statement, and reports which case happened.
+// Acquire sends it when acquireSQL found the key and it may be taken.
+//
+// It reads the key first (found). When the key cannot be taken (finished,
+// on hold, another fingerprint, workflow or definition, or a live lease),
+// the INSERT's SELECT yields no row and the statement is a plain read.
+//
+// Otherwise the upsert takes the existing row only when it is still
+// unfinished, not on hold, has the same fingerprint, workflow and
+// definition, and its lease is free or expired by the database clock, or
+// inserts the key when it was deleted meanwhile. ON CONFLICT judges the
+// newest row version, so a takeover racing with another one, or with a
+// phase commit that renewed the lease, loses instead of stealing the key;
+// the found branch then reports the row as the statement's snapshot saw
+// it.
+//
+// xmax = 0 on the returned row means it was inserted, otherwise updated. A
+// taken row's stored request comes back only when the row was not inserted:
+// a new key's request is the caller's own. A takeover leaves the key's
+// retention as it was: the key is kept as long as the run that created it
+// promised. Like acquireSQL, it commits without waiting for the WAL flush.
+const takeOverSQL = `
 WITH found AS (
     SELECT id, workflow, definition, recovery_point, hold, attempts, lock_expires_at, request_fingerprint,
            finished_at, response_status, response_headers, response_body, last_error
@@ -234,9 +277,13 @@ SELECT id, workflow, definition, recovery_point, NULL, hold, attempts, NULL,
 FROM found
 WHERE NOT EXISTS (SELECT FROM taken)`
 
-// Acquire inserts the key or takes over its lease in one statement, and says
-// which case it met. When the outcome is New or Resumed, the caller holds the
-// lease and Row.LockToken is its fencing token.
+// Acquire inserts the key or takes over its lease, and says which case it
+// met. When the outcome is New or Resumed, the caller holds the lease and
+// Row.LockToken is its fencing token. Either is taken by one statement: a
+// new key, a replay, a conflict, a mismatch or a key on hold costs one
+// (acquireSQL), and a key that may be resumed a second, the takeover
+// (takeOverSQL). On a distributed key table every case costs one
+// (acquireDistributedSQL).
 //
 // Lease expiry is judged by the database clock, never the caller's. The
 // tenant, key and workflow name are checked before anything is sent: the
@@ -271,26 +318,32 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 	if err != nil {
 		return 0, nil, fmt.Errorf("store: acquire: %w", err)
 	}
-	for attempt := 0; ; attempt++ {
+	sql := acquireSQL
+	if req.Distributed {
+		sql = acquireDistributedSQL
+	}
+	for raced := false; ; {
 		sent := time.Now()
-		sql := acquireSQL
-		if req.Distributed {
-			sql = acquireDistributedSQL
-		}
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, sql,
 			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, intervalArg(req.TTL), uuidArg(token), uuidArg(id),
 			req.Definition, retention), req)
-		if errors.Is(err, pgx.ErrNoRows) && attempt == 0 {
-			// The upsert met a row committed by a concurrent transaction after
-			// this statement's snapshot was taken: ON CONFLICT sees the latest
-			// version (and found nothing to take), but found reads the
-			// snapshot, in which the row does not exist yet. Running the statement again takes a fresh
-			// snapshot in which the row is visible. This costs a second
-			// statement only in that race.
+		if errors.Is(err, pgx.ErrNoRows) && !raced {
+			// The statement met a row committed by a concurrent transaction
+			// after its snapshot was taken: ON CONFLICT sees the latest
+			// version (and inserted or took nothing), but found reads the
+			// snapshot, in which the row does not exist yet. Running the
+			// statement again takes a fresh snapshot in which the row is
+			// visible. This costs a second statement only in that race.
+			raced = true
 			continue
 		}
 		if err != nil {
 			return 0, nil, fmt.Errorf("store: acquire: %w", err)
+		}
+		if sql == acquireSQL && outcome == Held && row.LeaseLeft == 0 {
+			// Found with a free or expired lease: take it over.
+			sql, raced = takeOverSQL, false
+			continue
 		}
 		row.Tenant, row.Key, row.Fingerprint, row.Distributed = req.Tenant, req.Key, req.Fingerprint[:], req.Distributed
 		if outcome == New {

@@ -292,6 +292,35 @@ func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 	assertOne("mismatch", store.Mismatch, request(t, "acme", "k1", `{"x":1}`))
 }
 
+// TestAcquireResumesAKeyWithASecondStatement: a key found unfinished with
+// a free or expired lease is taken over by a second statement, which takes
+// the lease only if the newest row version still allows it; the first,
+// which makes a new key, a replay or a conflict cost one statement, only
+// read it.
+func TestAcquireResumesAKeyWithASecondStatement(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipOnCitus(t, "a distributed key table takes every case in one statement")
+	ctx := context.Background()
+	db, counter := pgtest.CountingPool(t, nil)
+	req := request(t, "acme", "k1", `{}`)
+	_, row := acquire(t, db, req)
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", false, false); err != nil {
+		t.Fatal(err)
+	}
+	counter.Reset()
+	out, resumed := acquire(t, db, req)
+	if out != store.Resumed || resumed.LockToken == uuid.Nil || resumed.LockToken == row.LockToken || resumed.Attempts != 2 {
+		t.Fatalf("acquire after release = %v, token %v, attempts %d; want Resumed with a new token, attempt 2", out, resumed.LockToken, resumed.Attempts)
+	}
+	sql := counter.SQL()
+	if len(sql) != 2 || counter.RoundTrips() != 2 || strings.Contains(sql[0], "DO UPDATE") || !strings.Contains(sql[1], "DO UPDATE") {
+		t.Fatalf("resume sent %d statements in %d round trips, want the read and the takeover: %q", len(sql), counter.RoundTrips(), sql)
+	}
+	if !heldByAnother(t, db, "k1") {
+		t.Fatal("the resumed key is free to take")
+	}
+}
+
 func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
