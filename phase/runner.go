@@ -245,10 +245,11 @@ type taken struct {
 }
 
 // acquire takes the key's lease with one statement, or returns the outcome
-// of a run that runs nothing. A key is looked up at most twice more: under
-// the fingerprint keys stored before definitions hold, and under the
-// definition it started with. A key another run holds is waited for, up to
-// WaitForInFlight.
+// of a run that runs nothing (a key that may be resumed is read by one
+// statement and taken over by a second). A key is looked up at most twice
+// more: under the fingerprint keys stored before definitions hold, and
+// under the definition it started with. A key another run holds is waited
+// for, up to WaitForInFlight.
 func (w *Workflow[Req, State]) acquire(ctx context.Context, c *Client, info *RunInfo, kreq *store.Request) (taken, *Outcome, error) {
 	legacyTried, rerouted := false, false
 	var waitUntil time.Time

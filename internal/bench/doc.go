@@ -49,7 +49,9 @@
 // rides-shaped one costs the library 6 round trips and 12 statements
 // (its foreign call needs no lease renewal of its own right after the
 // commit before it) and the baseline 13; replay and 409 cost the library
-// one statement and the baseline two.
+// one statement and the baseline two. (A key the library resumes after a
+// crash costs it one statement more, the takeover; the benchmarks send
+// none.)
 //
 // # Running
 //
