@@ -339,8 +339,9 @@ func TestRenewExtendsTheLeaseByTheDatabaseClock(t *testing.T) {
 }
 
 // A key inserted by a transaction that commits while Acquire waits on it is
-// invisible to Acquire's snapshot: the upsert sees and locks the row, the
-// read of it does not. Acquire must run again rather than report nothing.
+// invisible to Acquire's snapshot: the insert waits for that transaction
+// and then sees the row, the read of it does not. Acquire must run again
+// rather than report nothing.
 func TestAcquireSeesARowCommittedAfterItsSnapshot(t *testing.T) {
 	t.Parallel()
 	pgtest.SkipOnCitus(t, "the race it stages is the single-Postgres statement's (a read before the upsert), and it watches for the lock wait on the coordinator, where Citus does not wait")
