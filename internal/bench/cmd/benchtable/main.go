@@ -5,7 +5,7 @@
 // Usage:
 //
 //	go run ./internal/bench/cmd/benchtable [-rounds 5] [-round 2s] [-configs fast,durable,citus]
-//		[-large [-compare=false]] [-settings name=value,...] [-database-url URL]
+//		[-runs 1] [-large [-compare=false]] [-settings name=value,...] [-database-url URL]
 //
 // Each kind of request is measured in rounds, library and baseline
 // alternating (and swapping which goes first every round), so that drift in
@@ -22,10 +22,17 @@
 // of its tenant, and the table counts the statements Citus ran on one shard
 // and on several.
 //
-// -large adds, on the first configuration, the acquire latency with 10
-// thousand and with 10 million keys in the table, again alternating, and
-// the reaper deleting a million expired keys under traffic with its default
-// batch size and pause; it takes many minutes more and about 10 GB of disk.
+// -runs repeats the whole comparison, every configuration in turn, on a
+// new server each time, and then prints the median of the runs'
+// all-rounds ratios with their lowest and highest, and how far one more
+// run may land from that median: the ratio of a single run strays from
+// run to run by more than the rounds within it show.
+//
+// -large adds, on the first configuration of the first run, the acquire
+// latency with 10 thousand and with 10 million keys in the table, again
+// alternating, and the reaper deleting a million expired keys under
+// traffic with its default batch size and pause; it takes many minutes
+// more and about 10 GB of disk.
 // Both tables are read into shared buffers with pg_prewarm before they are
 // measured. Give the server the memory a production server of that size
 // would have (the 10-million-key table and its indexes take about 6.3 GB):
@@ -108,35 +115,54 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	compare := fs.Bool("compare", true, "compare the library with the baseline (-compare=false with -large measures only the large tables)")
 	extra := fs.String("settings", "", "more server settings for the servers benchtable starts, comma-separated (shared_buffers=2GB)")
 	dbURL := fs.String("database-url", "", "scratch Postgres database to use instead of starting servers; its benchmark tables are emptied")
+	runs := fs.Int("runs", 1, "runs of the whole comparison; with more than one, the median of their ratios and how far another run may land follow")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *dbURL != "" {
-		return measure(ctx, "the given database", *dbURL, nil, *rounds, *round, *compare, *large, stdout, stderr)
+	if *runs < 1 {
+		return errors.New("-runs must be at least 1")
 	}
-	for i, name := range strings.Split(*configList, ",") {
-		c, ok := configs[name]
-		if !ok {
-			return fmt.Errorf("unknown configuration %q; use fast, durable or citus", name)
+	var all ratios
+	for run := range *runs {
+		if *runs > 1 {
+			fmt.Fprintf(stdout, "## Run %d of %d\n\n", run+1, *runs)
 		}
-		settings := append(slices.Clone(statsSettings), c.settings...)
-		if c.citus {
-			settings = append(slices.Clone(citusStatsSettings), c.settings...)
+		if *dbURL != "" {
+			results, err := measure(ctx, "the given database", *dbURL, nil, *rounds, *round, *compare, *large && run == 0, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			all.add("the given database", results)
+			continue
 		}
-		if *extra != "" {
-			settings = append(settings, strings.Split(*extra, ",")...)
+		for i, name := range strings.Split(*configList, ",") {
+			c, ok := configs[name]
+			if !ok {
+				return fmt.Errorf("unknown configuration %q; use fast, durable or citus", name)
+			}
+			settings := append(slices.Clone(statsSettings), c.settings...)
+			if c.citus {
+				settings = append(slices.Clone(citusStatsSettings), c.settings...)
+			}
+			if *extra != "" {
+				settings = append(settings, strings.Split(*extra, ",")...)
+			}
+			nodes, stop, err := startServer(ctx, name, c.citus, settings, stderr)
+			if err != nil {
+				return fmt.Errorf("%w\n(or pass -database-url with a scratch database)", err)
+			}
+			results, err := measure(ctx, name, nodes[0].dsn, nodes, *rounds, *round, *compare, *large && i == 0 && run == 0, stdout, stderr)
+			if stopErr := stop(); err == nil {
+				err = stopErr
+			}
+			if err != nil {
+				return err
+			}
+			all.add(name, results)
 		}
-		nodes, stop, err := startServer(ctx, name, c.citus, settings, stderr)
-		if err != nil {
-			return fmt.Errorf("%w\n(or pass -database-url with a scratch database)", err)
-		}
-		err = measure(ctx, name, nodes[0].dsn, nodes, *rounds, *round, *compare, *large && i == 0, stdout, stderr)
-		if stopErr := stop(); err == nil {
-			err = stopErr
-		}
-		if err != nil {
-			return err
-		}
+	}
+	if *runs > 1 && *compare {
+		all.print(stdout, *runs)
 	}
 	return nil
 }
@@ -174,15 +200,16 @@ func startServer(ctx context.Context, name string, citus bool, settings []string
 
 // measure runs the comparison, and with large the large-table measurements,
 // on the database at dsn, which nodes are when they are servers benchtable
-// started (one, or a Citus cluster's; none otherwise).
-func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) error {
+// started (one, or a Citus cluster's; none otherwise). It returns the
+// comparison's results.
+func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) ([]*measured, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
+		return nil, fmt.Errorf("database URL: %w", err)
 	}
 	env, err := bench.Open(ctx, cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer env.Close()
 	var postmasters []int
@@ -196,12 +223,12 @@ func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, ro
 	}
 	fmt.Fprintf(w, "### Configuration: %s\n\n", name)
 	if err := describeServer(ctx, env, w); err != nil {
-		return err
+		return nil, err
 	}
+	var results []*measured
 	if compare {
-		results, err := compareAll(ctx, env, rounds, round, progress)
-		if err != nil {
-			return err
+		if results, err = compareAll(ctx, env, rounds, round, progress); err != nil {
+			return nil, err
 		}
 		printComparison(w, results, env.Stats(), env.CPU != nil, env.ShardCounts())
 		if env.Stats() {
@@ -210,17 +237,17 @@ func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, ro
 		}
 		if len(nodes) > 1 && env.Stats() {
 			if err := nodeCosts(ctx, env, nodes, rounds, round, w, progress); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	if !large {
-		return nil
+		return results, nil
 	}
 	if err := acquireLatency(ctx, cfg, rounds, round, w, progress); err != nil {
-		return err
+		return nil, err
 	}
-	return reaperUnderTraffic(ctx, env, w, progress)
+	return results, reaperUnderTraffic(ctx, env, w, progress)
 }
 
 // describeServer prints what the figures were measured on.
@@ -455,17 +482,12 @@ func printStatements(w io.Writer, all []*measured, lib, base bench.Kind) {
 // ratioCell is the library's throughput over the baseline's for all rounds
 // together, and the median and range of the per-round ratios.
 func ratioCell(lib, base []bench.Result) string {
-	total := bench.Merge(lib...).PerSecond() / bench.Merge(base...).PerSecond()
+	total := allRounds(lib, base)
 	var each []float64
 	for i := range min(len(lib), len(base)) {
 		each = append(each, lib[i].PerSecond()/base[i].PerSecond())
 	}
-	slices.Sort(each)
-	median := each[len(each)/2]
-	if len(each)%2 == 0 {
-		median = (each[len(each)/2-1] + each[len(each)/2]) / 2
-	}
-	return fmt.Sprintf("**%.2f** (%.2f; %.2f–%.2f)", total, median, each[0], each[len(each)-1])
+	return fmt.Sprintf("**%.2f** (%.2f; %.2f–%.2f)", total, median(each), slices.Min(each), slices.Max(each))
 }
 
 // largeSizes are the table sizes acquire is compared at.
