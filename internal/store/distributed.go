@@ -39,15 +39,15 @@ const takeable = `(k.finished_at IS NULL AND k.hold IS NULL
           AND (k.lock_expires_at IS NULL OR k.lock_expires_at <= excluded.locked_at))`
 
 // acquireDistributedSQL is acquireSQL and takeOverSQL in one, for a
-// distributed key table, in the one form Citus sends to a single shard: an INSERT ... VALUES whose ON
-// CONFLICT clause uses no function. ON CONFLICT DO UPDATE ... WHERE would
-// return nothing for a key it did not take, so the update instead always
-// happens and leaves the row as it was unless the key is takeable; RETURNING
-// then reports the row either way, and whether the caller's token ($7) is
-// now the row's. A replay or a conflict therefore writes a row version (HOT:
-// no indexed column changes) where acquireSQL only reads, and waits for a
-// phase transaction holding the row's lock. The takeover sets the same
-// columns as takeOverSQL's.
+// distributed key table, in the one form Citus sends to a single shard: an
+// INSERT ... VALUES whose ON CONFLICT clause uses no function. ON CONFLICT
+// DO UPDATE ... WHERE would return nothing for a key it did not take, so the
+// update instead always happens and leaves the row as it was unless the key
+// is takeable; RETURNING then reports the row either way, and whether the
+// caller's token ($7) is now the row's. A replay or a conflict therefore
+// writes a row version (HOT: no indexed column changes) where acquireSQL
+// only reads, and waits for a phase transaction holding the row's lock. The
+// takeover sets the same columns as takeOverSQL's.
 //
 // Citus refuses now() in RETURNING too, so a key held by another run
 // reports the lease's expiry (column 9), and Acquire turns it into the
