@@ -132,7 +132,9 @@
 // the fenced advance in one batch with COMMIT; a phase that sends nothing
 // costs the advance alone. When the next phase is local too, the advance
 // and COMMIT wait and travel in front of that phase's BEGIN and first
-// statement, so passing from one local phase to the next costs no round
+// statement (the record of a foreign call never waits: it commits before
+// anything after it runs, the next phase's Go code included, so that a
+// crash cannot lose a call that was made), so passing from one local phase to the next costs no round
 // trip at all: three local phases of one statement each take five round
 // trips, acquire included. When the two phases run at the same isolation
 // level, that COMMIT and BEGIN are one statement, COMMIT AND CHAIN, which

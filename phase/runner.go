@@ -921,8 +921,8 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 // alone (see phaseTx). If the lease was lost, the fenced write raises and
 // the COMMIT is skipped, so nothing of the phase persists.
 //
-// An advance to a local phase is held back instead (see holdsBack): the
-// phase's transaction stays open on its connection, and its fenced write
+// The advance of a local phase to a local phase is held back instead (see
+// holdsBack): the phase's transaction stays open on its connection, and its fenced write
 // and COMMIT travel in front of the next phase's BEGIN and first
 // statement, which saves a round trip per local phase; when the two phases
 // run at the same isolation level on a single Postgres, COMMIT and BEGIN
@@ -1001,7 +1001,7 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	// Only an open, healthy transaction is held back: one the phase ended
 	// on its own, or in which a statement failed, fails its commit now.
-	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' && x.holdsBack(next) {
+	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' && x.holdsBack(i, next) {
 		x.heldBack = priorCommit{write: w, done: x,
 			chain: !x.lease.Distributed && x.w.phases[next].isolation == p.isolation}
 		x.heldBegan, x.heldStarted, x.heldState = began, x.started, state
@@ -1035,13 +1035,16 @@ func (x *execution[Req, State]) priorCommitted(ctx context.Context) error {
 	return x.committedAt(ctx, x.priorAt, x.heldBegan, x.heldStarted, x.heldState)
 }
 
-// holdsBack reports whether the commit of a phase followed by the phase at
-// index next is held back to travel with next's first statement (see
-// commitOnce): next must be local, since a foreign call must follow a
-// commit it knows of, and no PhaseWrapper may be installed, since a
-// wrapper's phase includes its commit.
-func (x *execution[Req, State]) holdsBack(next int) bool {
-	return x.w.phases[next].foreign == nil && len(x.c.hooks.phases) == 0
+// holdsBack reports whether the commit of the phase at index i, followed by
+// the phase at index next, is held back to travel with next's first
+// statement (see commitOnce). Both must be local: the record of a foreign
+// call commits before anything after it runs, since a crash that lost it
+// would send the call again, or leave it to be reconciled, though its
+// outcome was known; and a foreign call must follow a commit it knows of.
+// No PhaseWrapper may be installed either, since a wrapper's phase includes
+// its commit.
+func (x *execution[Req, State]) holdsBack(i, next int) bool {
+	return x.w.phases[i].foreign == nil && x.w.phases[next].foreign == nil && len(x.c.hooks.phases) == 0
 }
 
 // endPrior returns err, the error of a phase that was to carry the commit

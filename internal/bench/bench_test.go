@@ -49,7 +49,8 @@ func large(b *testing.B) {
 // COMMIT), and none when the next phase is local too (its advance travels
 // with that phase's first statement, and one COMMIT AND CHAIN ends the one
 // transaction and begins the other), a foreign call none of its own (the
-// commit before it proves the lease), acquire, replay and 409 one statement
+// commit before it proves the lease; its record commits alone, before the
+// next phase runs), acquire, replay and 409 one statement
 // each, and the baseline one round trip per statement.
 func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
 	t.Parallel()
@@ -65,9 +66,9 @@ func TestEachPathCostsWhatTheCostModelSays(t *testing.T) {
 		{LibraryRun, 1 + phases*(1+userStatements+2) - (phases - 1), 1 + phases*userStatements + 1},
 		{BaselineRun, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
 		// The commit before the foreign call proves the lease: no renewal;
-		// the charge's record commits with the last phase's first
-		// statement, chained to its transaction.
-		{LibraryRides, 1 + phases*(1+userStatements+2) - 1, 1 + phases*(1+userStatements) - 1},
+		// the charge's record commits on its own, before anything after
+		// it runs, and the last phase begins a transaction of its own.
+		{LibraryRides, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements)},
 		{BaselineRides, 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
 		{LibraryReplay, 1, 1},
 		{BaselineReplay, 2, 2},

@@ -46,9 +46,10 @@
 // request costs the library 1 + 3 + 1 = 5 round trips (11 statements:
 // acquire, BEGIN, three phase statements, two advances, two COMMIT AND
 // CHAIN, the finish and COMMIT) and the baseline 13 (13 statements); the
-// rides-shaped one costs the library 6 round trips and 12 statements
+// rides-shaped one costs the library 7 round trips and 13 statements
 // (its foreign call needs no lease renewal of its own right after the
-// commit before it) and the baseline 13; replay and 409 cost the library
+// commit before it; its record commits on its own, before the next phase
+// runs) and the baseline 13; replay and 409 cost the library
 // one statement and the baseline two. (A key the library resumes after a
 // crash costs it one statement more, the takeover; the benchmarks send
 // none.)
