@@ -46,6 +46,37 @@
 // retry replays it byte for byte, and that the author's invariants hold
 // (Config.Check: one charge per key).
 //
+// # Promises, not only outcomes
+//
+// A provider that honours idempotency keys hides a call sent twice, and a
+// check of the outcome alone (one charge) hides a phase run twice. So every
+// matrix also watches each run of each scenario at its fault points, for any
+// workflow and with no code of the author's, and fails the scenario, naming
+// the phase and the counts, when the runner breaks a promise on the way:
+//
+//   - a foreign call is sent again only if no record of it committed: when
+//     a run is about to send a phase's call, the key's recovery point is
+//     still before that phase;
+//   - a recorded call is never lost: once a call returned, nothing of a
+//     later phase begins before its record committed;
+//   - a committed phase never runs again, and a phase's after_commit point
+//     is reached only once the phase is committed;
+//   - a run whose lease was taken over commits nothing;
+//   - once every run on the key has ended, no lease is left, and a finished
+//     key holds no pending call mark; replays are byte for byte the stored
+//     answer.
+//
+// A key may instead end on hold for an operator, for the one documented
+// reason a scenario can cause: a run stopped after marking a call that is
+// not safe to repeat as about to be sent (its in_call point or later), and
+// the phase has no reconcile function. The scenario then checks that the
+// hold names that phase, that the call went out at most once, that no
+// lease is left and that a retry leaves the key on hold, and calls
+// Config.Check with Scenario.Hold set and no Response.
+//
+// The checks read the key through Config.Client while a run may be paused,
+// so the client's pool needs a connection more than its runs hold.
+//
 // # Pairs of faults
 //
 // Real incidents combine two things: a crash while a duplicate request

@@ -75,8 +75,15 @@ type Scenario struct {
 	// ID is the key row's id, the phase.Input.ID its phases saw: the column
 	// that links the rows a workflow writes to its key.
 	ID uuid.UUID
-	// Response is the key's final, stored response.
+	// Response is the key's final, stored response; nil when the key ended
+	// on hold for an operator (Hold).
 	Response *keyrow.Response
+	// Hold is set when the scenario ended with the key on hold for one of
+	// the documented reasons: keyrow.HoldUnknown, when a run stopped after
+	// marking a call that is not safe to repeat as about to be sent, and
+	// the phase has no reconcile function (or its reconciliation could not
+	// tell). The key then waits for an operator's resolution.
+	Hold keyrow.Hold
 }
 
 // Points runs the workflow once, crash-free, under key and returns the
@@ -84,8 +91,15 @@ type Scenario struct {
 // the database.
 func Points[Req, State any](t testing.TB, cfg Config[Req, State], key string) ([]phase.Point, *keyrow.Response) {
 	t.Helper()
+	return points(t, cfg, key, newLedger(t, cfg.Client, tenant(cfg), key))
+}
+
+// points is Points, its run watched by l.
+func points[Req, State any](t testing.TB, cfg Config[Req, State], key string, l *ledger) ([]phase.Point, *keyrow.Response) {
+	t.Helper()
 	var rec phase.Recorder
-	out, err := cfg.Workflow.Run(phase.WithInjector(context.Background(), &rec), cfg.Client, tenant(cfg), key, cfg.Request(key))
+	ctx, _ := l.watch(context.Background(), "crash-free", cfg.Workflow.Phases(), &rec)
+	out, err := cfg.Workflow.Run(ctx, cfg.Client, tenant(cfg), key, cfg.Request(key))
 	if err != nil {
 		t.Fatalf("crash-free run of key %q: %v", key, err)
 	}
@@ -113,7 +127,8 @@ func CrashMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 		for _, how := range recoveries {
 			m.scenario(t, fmt.Sprintf("%s/%s", at, how), fmt.Sprintf("crash-%02d-%s-%s", i, at.Stage, how), func(t *testing.T, key string) {
 				ctx := m.context(t)
-				_, err := m.cfg.Workflow.Run(phase.WithInjector(ctx, phase.CrashAt(at)), m.cfg.Client, m.tenant, key, m.cfg.Request(key))
+				crashing, _ := m.ledger(key).watch(ctx, byClient, m.cfg.Workflow.Phases(), phase.CrashAt(at))
+				_, err := m.cfg.Workflow.Run(crashing, m.cfg.Client, m.tenant, key, m.cfg.Request(key))
 				if !errors.Is(err, phase.ErrCrash) {
 					t.Fatalf("run with a crash at %s: err = %v, want the injected crash", at, err)
 				}
@@ -122,8 +137,8 @@ func CrashMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 				var answers []*keyrow.Response
 				if how == ByCompleter {
 					m.complete(ctx, t, key)
-				} else {
-					answers = append(answers, m.retry(ctx, t, key))
+				} else if a := m.retry(ctx, t, key); a != nil {
+					answers = append(answers, a)
 				}
 				m.settled(ctx, t, key, answers...)
 			})
@@ -142,6 +157,9 @@ type matrix[Req, State any] struct {
 	prefix    string
 	points    []phase.Point
 	crashFree *keyrow.Response
+	// ledgers watch each scenario's key, by key.
+	ledgersMu sync.Mutex
+	ledgers   map[string]*ledger
 	// lockWaitSQL is the statement that tells whether a run waits on a
 	// lock, chosen once for the database.
 	lockWaitOnce sync.Once
@@ -158,12 +176,12 @@ func newMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) *matrix[Req
 	case cfg.Request == nil:
 		t.Fatal("phasetest: Config.Request is nil")
 	}
-	m := &matrix[Req, State]{cfg: cfg, tenant: tenant(cfg), compare: cfg.Compare, prefix: uniquePrefix()}
+	m := &matrix[Req, State]{cfg: cfg, tenant: tenant(cfg), compare: cfg.Compare, prefix: uniquePrefix(), ledgers: map[string]*ledger{}}
 	if m.compare == nil {
 		m.compare = IgnoreFields()
 	}
 	key := m.key("crash-free")
-	points, crashFree := Points(t, cfg, key)
+	points, crashFree := points(t, cfg, key, m.newLedger(t, key))
 	// A phase re-run after a serialization failure passes its points again;
 	// each is crashed or paused at the first time only.
 	for _, p := range points {
@@ -172,9 +190,10 @@ func newMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) *matrix[Req
 		}
 	}
 	m.crashFree = crashFree
+	row := m.inspect(context.Background(), t, key)
+	m.ledger(key).settle(row)
 	if cfg.Check != nil {
-		id := m.inspect(context.Background(), t, key).ID
-		cfg.Check(t, Scenario{Name: "crash-free", Tenant: m.tenant, Key: key, ID: id, Response: m.crashFree})
+		cfg.Check(t, Scenario{Name: "crash-free", Tenant: m.tenant, Key: key, ID: row.ID, Response: m.crashFree})
 	}
 	return m
 }
@@ -190,6 +209,28 @@ func (m *matrix[Req, State]) context(t *testing.T) context.Context {
 
 func (m *matrix[Req, State]) key(label string) string { return m.prefix + label }
 
+// newLedger starts watching key for the scenario t.
+func (m *matrix[Req, State]) newLedger(t testing.TB, key string) *ledger {
+	l := newLedger(t, m.cfg.Client, m.tenant, key)
+	m.ledgersMu.Lock()
+	defer m.ledgersMu.Unlock()
+	m.ledgers[key] = l
+	return l
+}
+
+// ledger returns the ledger watching key.
+func (m *matrix[Req, State]) ledger(key string) *ledger {
+	m.ledgersMu.Lock()
+	defer m.ledgersMu.Unlock()
+	return m.ledgers[key]
+}
+
+// watch returns ctx for a run of the workflow under test by who, watched by
+// key's ledger, consulting inner (nil for no fault) at its fault points.
+func (m *matrix[Req, State]) watch(ctx context.Context, key, who string, inner phase.Injector) (context.Context, *watcher) {
+	return m.ledger(key).watch(ctx, who, m.cfg.Workflow.Phases(), inner)
+}
+
 // scenario runs f as the subtest name, on a key of its own named after
 // label. A failed scenario's key is then run to its end if it can be, so
 // that the completer passes of later scenarios do not meet it; if it
@@ -197,7 +238,10 @@ func (m *matrix[Req, State]) key(label string) string { return m.prefix + label 
 func (m *matrix[Req, State]) scenario(t *testing.T, name, label string, f func(t *testing.T, key string)) {
 	t.Helper()
 	key := m.key(label)
-	if t.Run(name, func(t *testing.T) { f(t, key) }) {
+	if t.Run(name, func(t *testing.T) {
+		m.newLedger(t, key)
+		f(t, key)
+	}) {
 		return
 	}
 	ctx := phase.WithInjector(context.Background(), noFaults)
@@ -205,6 +249,10 @@ func (m *matrix[Req, State]) scenario(t *testing.T, name, label string, f func(t
 		t.Fatalf("after %s failed: %v", name, err)
 	}
 	out, err := m.cfg.Workflow.Run(ctx, m.cfg.Client, m.tenant, key, m.cfg.Request(key))
+	if err == nil && out.Kind == phase.OutcomeOnHold {
+		// A key on hold waits for an operator; the completer skips it.
+		return
+	}
 	if err != nil || out.Response == nil {
 		t.Fatalf("%s failed and left key %s unfinished (%v); the matrix stops here, since the completer would take the key up in later scenarios", name, key, err)
 	}
@@ -213,17 +261,40 @@ func (m *matrix[Req, State]) scenario(t *testing.T, name, label string, f func(t
 // run sends the scenario's request under key, as a client would.
 func (m *matrix[Req, State]) run(ctx context.Context, t *testing.T, key string) *phase.Outcome {
 	t.Helper()
+	ctx, _ = m.watch(ctx, key, byRetry, nil)
 	out, err := m.cfg.Workflow.Run(ctx, m.cfg.Client, m.tenant, key, m.cfg.Request(key))
+	if held := m.heldBy(ctx, t, key, err); held != nil {
+		return held
+	}
 	if err != nil {
 		t.Fatalf("request under %s: %v", key, err)
 	}
 	return out
 }
 
-// retry sends the request again after a crash and returns its answer.
+// heldBy returns the outcome of a run that ended with err by putting key
+// on hold for an operator for a documented reason (see Scenario.Hold), or
+// nil.
+func (m *matrix[Req, State]) heldBy(ctx context.Context, t *testing.T, key string, err error) *phase.Outcome {
+	t.Helper()
+	if !errors.Is(err, phase.ErrOutcomeUnknown) {
+		return nil
+	}
+	if row := m.inspect(ctx, t, key); m.ledger(key).heldForOperator(row) {
+		return &phase.Outcome{Kind: phase.OutcomeOnHold, Hold: row.Hold}
+	}
+	return nil
+}
+
+// retry sends the request again after a crash and returns its answer, or
+// nil when the key is on hold for an operator for a documented reason (see
+// Scenario.Hold).
 func (m *matrix[Req, State]) retry(ctx context.Context, t *testing.T, key string) *keyrow.Response {
 	t.Helper()
 	out := m.run(ctx, t, key)
+	if out.Kind == phase.OutcomeOnHold && m.ledger(key).heldForOperator(m.inspect(ctx, t, key)) {
+		return nil
+	}
 	if out.Response == nil {
 		t.Fatalf("retry of %s with its lease free: the key was %s, want it run to its response", key, describe(out))
 	}
@@ -249,7 +320,8 @@ func (m *matrix[Req, State]) inspect(ctx context.Context, t testing.TB, key stri
 // complete runs the completer, which must take key since its lease is free.
 func (m *matrix[Req, State]) complete(ctx context.Context, t *testing.T, key string) {
 	t.Helper()
-	res, err := m.cfg.Client.Complete(ctx)
+	watched, _ := m.watch(ctx, key, byCompleter, nil)
+	res, err := m.cfg.Client.Complete(watched)
 	if err != nil {
 		t.Fatalf("completer: %v", err)
 	}
@@ -280,10 +352,26 @@ func (m *matrix[Req, State]) completerTook(ctx context.Context, t *testing.T, ke
 
 // settled checks a scenario's key once every run on it has ended: it is
 // finished with the crash-free answer, every answer a run gave is the stored
-// one, a retry replays it byte for byte, and Check holds.
+// one, a retry replays it byte for byte, no lease or pending mark is left
+// (see ledger.settle), and Check holds. A key may instead end on hold for
+// an operator for a documented reason: then a retry must leave it so.
 func (m *matrix[Req, State]) settled(ctx context.Context, t *testing.T, key string, answers ...*keyrow.Response) {
 	t.Helper()
 	row := m.inspect(ctx, t, key)
+	if m.ledger(key).settle(row) {
+		t.Logf("key %s is on hold for an operator: phase %s's call may have been sent and cannot be reconciled (%s)",
+			key, row.CallPending, row.LastError)
+		if len(answers) > 0 {
+			t.Fatalf("a run answered %d %q, but the key is on hold", answers[0].Status, answers[0].Body)
+		}
+		if again := m.run(ctx, t, key); again.Kind != phase.OutcomeOnHold {
+			t.Fatalf("retry of a key on hold for an operator: the key was %s, want it still on hold", describe(again))
+		}
+		if m.cfg.Check != nil {
+			m.cfg.Check(t, Scenario{Name: t.Name(), Tenant: m.tenant, Key: key, ID: row.ID, Hold: row.Hold})
+		}
+		return
+	}
 	if row.FinishedAt == nil || row.ResponseStatus == nil {
 		t.Fatalf("key %s did not converge: recovery point %s, hold %q, last error %q", key, row.RecoveryPoint, row.Hold, row.LastError)
 	}

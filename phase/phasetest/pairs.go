@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -56,14 +57,23 @@ const waitTimeout = time.Minute
 //     record is then fenced out.
 //
 // When the taker's name has no pause point, it runs to its end before the
-// first run wakes up. By default Q is P itself when the taker passes it
-// (both runs at the same step), or else the taker's first point; with
+// first run wakes up; that scenario also finds the points the taker
+// passes, from which Q is chosen, so that no scenario pauses a taker at a
+// point it cannot reach (a run that takes over a call not safe to repeat
+// reconciles it, or leaves it to an operator, and never passes the call's
+// in_call or after_call). By default Q is P itself when the taker passes
+// it (both runs at the same step), or else the taker's first point; with
 // EnvPairs set to "all", Q is every point the taker passes.
 //
 // Each scenario then converges as production would (a crashed run's lease
 // is freed and the client retries) and is checked as CrashMatrix checks
 // its scenarios: the crash-free answer, one stored answer given to every
-// run that answered, replays byte for byte, and Config.Check.
+// run that answered, replays byte for byte, the runner's promises on the
+// way (see CrashMatrix), and Config.Check. A first run whose lease was
+// taken over must commit nothing; it may still send the call it was about
+// to send, which its lease covered when it checked (see phase's
+// # Fencing), and which the taker may also send: such a call goes out at
+// most twice, under one downstream key.
 //
 // The interleavings are deterministic: runs are paused and released at
 // their fault points through channels, never by sleeping. When one run is
@@ -90,7 +100,7 @@ func PairMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 	}
 	scenarios := 0
 	for _, first := range firsts {
-		for i, p := range m.points {
+		for _, p := range m.points {
 			for _, crash := range []bool{true, false} {
 				fate := "continue"
 				if crash {
@@ -101,13 +111,15 @@ func PairMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 					func(t *testing.T, key string) { m.held(t, key, first, p, crash) })
 			}
 			for _, taker := range takers {
-				for _, q := range m.takerPauses(i, all) {
-					name := fmt.Sprintf("%s@%s/%s-takes-over", first, dotted(p), taker)
-					if q != (phase.Point{}) {
-						name += "@" + dotted(q)
-					}
+				// The scenario without a pause finds the points the
+				// taker passes.
+				var passed []phase.Point
+				scenarios++
+				m.scenario(t, fmt.Sprintf("%s@%s/%s-takes-over", first, dotted(p), taker), fmt.Sprintf("pair-%03d", scenarios),
+					func(t *testing.T, key string) { passed = m.takeover(t, key, first, p, taker, phase.Point{}) })
+				for _, q := range takerPauses(passed, p, all) {
 					scenarios++
-					m.scenario(t, name, fmt.Sprintf("pair-%03d", scenarios),
+					m.scenario(t, fmt.Sprintf("%s@%s/%s-takes-over@%s", first, dotted(p), taker, dotted(q)), fmt.Sprintf("pair-%03d", scenarios),
 						func(t *testing.T, key string) { m.takeover(t, key, first, p, taker, q) })
 				}
 			}
@@ -117,45 +129,24 @@ func PairMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 }
 
 // takerPauses returns where a run that takes the key over from a first run
-// paused at points[i] is paused: the zero Point for no pause, then the
-// points chosen from those it passes.
-func (m *matrix[Req, State]) takerPauses(i int, all bool) []phase.Point {
-	pauses := []phase.Point{{}}
-	rest := m.resumedPoints(i)
-	switch {
-	case all:
-		return append(pauses, rest...)
-	case len(rest) == 0:
-		return pauses
-	}
-	for _, q := range rest {
-		if q == m.points[i] {
-			return append(pauses, q)
+// paused at p is paused, chosen from the points passed by such a run that
+// was not paused: p itself when it passes it, or else its first point;
+// with all, every point it passes, once each.
+func takerPauses(passed []phase.Point, p phase.Point, all bool) []phase.Point {
+	var pauses []phase.Point
+	for _, q := range passed {
+		if q.Stage == phase.BeforeResponse || slices.Contains(pauses, q) {
+			continue
 		}
-	}
-	return append(pauses, rest[0])
-}
-
-// resumedPoints returns the points passed by a run that resumes the key of
-// a run paused at points[i]: those after its last commit, or none when that
-// commit finished the key. A commit that travelled with the next local
-// phase's first statement is reached after that phase's BeforeTx, which a
-// resuming run passes first.
-func (m *matrix[Req, State]) resumedPoints(i int) []phase.Point {
-	from := 0
-	for k := 0; k <= i; k++ {
-		if m.points[k].Stage == phase.AfterCommit {
-			from = k + 1
+		if !all && q == p {
+			return []phase.Point{q}
 		}
+		pauses = append(pauses, q)
 	}
-	rest := m.points[from:]
-	if len(rest) == 0 || rest[0].Stage == phase.BeforeResponse {
-		return nil
+	if !all && len(pauses) > 0 {
+		return pauses[:1]
 	}
-	if from >= 2 && m.points[from-2].Stage == phase.BeforeTx && m.points[from-2].Phase != m.points[from-1].Phase {
-		return append([]phase.Point{m.points[from-2]}, rest...)
-	}
-	return rest
+	return pauses
 }
 
 // held runs a duplicate request, and a completer pass, against a key whose
@@ -203,13 +194,15 @@ func (m *matrix[Req, State]) held(t *testing.T, key, first string, p phase.Point
 
 // takeover lets the lease of a first run paused at p run out, has taker
 // take the key over and pause at q (the zero Point: not at all), lets the
-// first run go on, and then the taker.
-func (m *matrix[Req, State]) takeover(t *testing.T, key, first string, p phase.Point, taker string, q phase.Point) {
+// first run go on, and then the taker. It returns the points the taker
+// passed.
+func (m *matrix[Req, State]) takeover(t *testing.T, key, first string, p phase.Point, taker string, q phase.Point) []phase.Point {
 	s := m.newPair(t, key)
 	defer s.end()
 	a := s.first(first, p)
 	// The first run stalls past its lease.
 	m.unlock(s.ctx, t, s.key)
+	a.watch.takenOver()
 	b := s.start(taker, q)
 	stB := s.wait(b, a)
 	// The first run wakes up; the taker is paused, done, or waiting on a
@@ -225,7 +218,8 @@ func (m *matrix[Req, State]) takeover(t *testing.T, key, first string, p phase.P
 	s.waitDone(a)
 	s.waitDone(b)
 	if q != (phase.Point{}) && !b.gate.reached() {
-		t.Fatalf("the %s run that took the key over never reached %s", taker, q)
+		t.Fatalf("the %s run that took the key over never reached %s, which it passed when it was not paused: %s",
+			taker, q, b.gate.passedPoints())
 	}
 	if first == byClient {
 		switch {
@@ -237,6 +231,7 @@ func (m *matrix[Req, State]) takeover(t *testing.T, key, first string, p phase.P
 	}
 	s.finished(b)
 	s.converge()
+	return b.gate.passedPoints()
 }
 
 // pair is one scenario of PairMatrix: one key and the runs on it.
@@ -258,6 +253,7 @@ func (m *matrix[Req, State]) newPair(t *testing.T, key string) *pair[Req, State]
 type pausable struct {
 	who      string
 	gate     *gate
+	watch    *watcher
 	done     chan struct{}
 	released bool
 	out      *phase.Outcome      // a client run's outcome
@@ -271,7 +267,8 @@ func (s *pair[Req, State]) first(who string, p phase.Point) *pausable {
 	if who == byCompleter {
 		// The key is unfinished and free, as a client that crashed at
 		// once leaves it when its lease has run out.
-		_, err := s.m.cfg.Workflow.Run(phase.WithInjector(s.ctx, phase.CrashAt(s.m.points[0])), s.m.cfg.Client, s.m.tenant, s.key, s.m.cfg.Request(s.key))
+		crashing, _ := s.m.watch(s.ctx, s.key, byClient, phase.CrashAt(s.m.points[0]))
+		_, err := s.m.cfg.Workflow.Run(crashing, s.m.cfg.Client, s.m.tenant, s.key, s.m.cfg.Request(s.key))
 		if !errors.Is(err, phase.ErrCrash) {
 			s.t.Fatalf("run with a crash at %s: err = %v, want the injected crash", s.m.points[0], err)
 		}
@@ -291,7 +288,8 @@ func (s *pair[Req, State]) first(who string, p phase.Point) *pausable {
 func (s *pair[Req, State]) start(who string, at phase.Point) *pausable {
 	x := &pausable{who: who, gate: newGate(at, s.abort), done: make(chan struct{})}
 	s.runs = append(s.runs, x)
-	ctx := phase.WithInjector(s.ctx, x.gate)
+	var ctx context.Context
+	ctx, x.watch = s.m.watch(s.ctx, s.key, who, x.gate)
 	c, w, req := s.m.cfg.Client, s.m.cfg.Workflow, s.m.cfg.Request(s.key)
 	go func() {
 		defer close(x.done)
@@ -419,9 +417,20 @@ func (s *pair[Req, State]) lockWaiting() bool {
 	return waiting
 }
 
-// finished fails the test unless the run x finished the key itself.
+// finished fails the test unless the run x finished the key itself, or
+// left it on hold for an operator for a documented reason (see
+// Scenario.Hold).
 func (s *pair[Req, State]) finished(x *pausable) {
 	s.t.Helper()
+	if x.who != byCompleter {
+		if held := s.m.heldBy(s.ctx, s.t, s.key, x.err); held != nil {
+			x.out, x.err = held, nil
+		}
+	}
+	if s.m.ledger(s.key).heldForOperator(s.m.inspect(s.ctx, s.t, s.key)) && x.err == nil &&
+		(x.who == byCompleter || x.out.Kind == phase.OutcomeOnHold) {
+		return
+	}
 	if x.who == byCompleter {
 		s.m.completerTook(s.ctx, s.t, s.key, x.pass)
 		if row := s.m.inspect(s.ctx, s.t, s.key); row.FinishedAt == nil {
@@ -441,10 +450,12 @@ func (s *pair[Req, State]) finished(x *pausable) {
 // converge finishes the key as production would, then checks it.
 func (s *pair[Req, State]) converge() {
 	s.t.Helper()
-	if row := s.m.inspect(s.ctx, s.t, s.key); row.FinishedAt == nil {
+	if row := s.m.inspect(s.ctx, s.t, s.key); row.FinishedAt == nil && !s.m.ledger(s.key).heldForOperator(row) {
 		// A crashed run's lease would run out; the client retries.
 		s.m.unlock(s.ctx, s.t, s.key)
-		s.answers = append(s.answers, s.m.retry(s.ctx, s.t, s.key))
+		if a := s.m.retry(s.ctx, s.t, s.key); a != nil {
+			s.answers = append(s.answers, a)
+		}
 	}
 	s.m.settled(s.ctx, s.t, s.key, s.answers...)
 }
@@ -467,6 +478,8 @@ func (s *pair[Req, State]) end() {
 type gate struct {
 	phase.HookDefaults
 	at     phase.Point
+	mu     sync.Mutex
+	passed []phase.Point // every point the run reached, in order
 	once   sync.Once
 	paused chan struct{} // closed when the run reaches at
 	resume chan error    // what the paused run returns: nil, or phase.ErrCrash
@@ -480,6 +493,9 @@ func newGate(at phase.Point, abort <-chan struct{}) *gate {
 // Inject pauses at g.at, once. It ignores ctx: a paused run stands for a
 // stalled process, which notices nothing until it wakes.
 func (g *gate) Inject(_ context.Context, p phase.Point) error {
+	g.mu.Lock()
+	g.passed = append(g.passed, p)
+	g.mu.Unlock()
 	if p != g.at {
 		return nil
 	}
@@ -495,6 +511,13 @@ func (g *gate) Inject(_ context.Context, p phase.Point) error {
 	case <-g.abort:
 		return phase.ErrCrash
 	}
+}
+
+// passedPoints returns the points the run reached, in order.
+func (g *gate) passedPoints() []phase.Point {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]phase.Point(nil), g.passed...)
 }
 
 func (g *gate) reached() bool {

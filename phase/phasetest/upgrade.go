@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -45,17 +46,19 @@ func UpgradeMatrix[FromReq, FromState, Req, State any](t *testing.T, from Config
 		for _, how := range recoveries {
 			m.scenario(t, fmt.Sprintf("%s/%s", at, how), fmt.Sprintf("upgrade-%02d-%s-%s", i, at.Stage, how), func(t *testing.T, key string) {
 				ctx := m.context(t)
-				_, err := from.Workflow.Run(phase.WithInjector(ctx, phase.CrashAt(at)), from.Client, m.tenant, key, from.Request(key))
+				crashing, _ := m.ledger(key).watch(ctx, byClient, from.Workflow.Phases(), phase.CrashAt(at))
+				_, err := from.Workflow.Run(crashing, from.Client, m.tenant, key, from.Request(key))
 				if !errors.Is(err, phase.ErrCrash) {
 					t.Fatalf("old definition's run with a crash at %s: err = %v, want the injected crash", at, err)
 				}
 				m.unlock(ctx, t, key)
+				var answers []*keyrow.Response
 				if how == ByCompleter {
 					m.complete(ctx, t, key)
-					m.settled(ctx, t, key)
-					return
+				} else if a := m.retry(ctx, t, key); a != nil {
+					answers = append(answers, a)
 				}
-				m.settled(ctx, t, key, m.retry(ctx, t, key))
+				m.settled(ctx, t, key, answers...)
 			})
 		}
 	}
