@@ -123,7 +123,7 @@ func TestPromiseChecksFailWhenAPromiseIsBroken(t *testing.T) {
 		t.Fatal(err)
 	}
 	kept := run("opened")
-	for _, at := range []phase.Point{{"charged", phase.BeforeCall}, {"charged", phase.InCall}, {"charged", phase.AfterCall}} {
+	for _, at := range []phase.Point{{Phase: "charged", Stage: phase.BeforeCall}, {Phase: "charged", Stage: phase.InCall}, {Phase: "charged", Stage: phase.AfterCall}} {
 		pass(kept, at.Phase, at.Stage)
 	}
 	if len(rec.errs) != 0 {
