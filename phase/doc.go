@@ -70,7 +70,9 @@
 // request answers 202 again while the run goes on (not 409), and the
 // stored final response once it is done. [StatusHandler] serves the
 // status: 202 with the recovery point until the key is finished, then
-// its stored response; a tenant only ever sees its own keys. Package caller
+// its stored response; a tenant only ever sees its own keys, and an error
+// of its Tenant function is answered as the handler answers it (401 for a
+// refused tenant, 503 with Retry-After for a store outage). Package caller
 // follows a 202 by polling its Location.
 //
 // # Limits and failures
