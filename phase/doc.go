@@ -100,6 +100,14 @@
 // phase was committed and a retry with the same key resumes it. 500 is kept
 // for bugs in user code.
 //
+// Text from outside the library that is only recorded, never run on (the
+// error that ended a run, whatever its phase or provider put in it; an
+// operator's name and resolution, and the audit of them), is stored
+// whatever it holds: a NUL character, which Postgres cannot keep, as the
+// two characters \0, and bytes that are not UTF-8 as U+FFFD. Recording a
+// run's error never keeps its lease: if the server refuses it anyway, the
+// lease is freed without it and the error goes to the log.
+//
 // # Fencing
 //
 // Every write of a run names its lease's token, so a run that stalled past
