@@ -261,16 +261,22 @@ func (c *Client) send(ctx context.Context, req *http.Request, key string, getBod
 		unknown.Attempts, unknown.Status, unknown.Last = n, 0, err
 		a := Attempt{Key: key, Number: n, Err: err}
 		var retry bool
-		var retryAfter time.Duration
+		var wait time.Duration // the least pause the server asked for
 		if err == nil {
 			unknown.Status = resp.StatusCode
 			a.Status, a.Replayed = resp.StatusCode, replayed(resp)
-			retry, retryAfter = retryable(resp, time.Now())
+			retry = retryable(resp)
 			if loc := accepted(resp, attempt.URL); loc != nil {
 				// The request goes on in the background: poll its status.
 				status, retry = loc, true
 			} else if status != nil && resp.StatusCode == http.StatusAccepted {
 				retry = true // still running
+			}
+			if retry {
+				// Whatever made the answer worth another attempt (its
+				// status, a 202 to poll, Stripe-Should-Retry), its
+				// Retry-After is the least pause before the next.
+				wait = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 			}
 		} else {
 			retry = ctx.Err() == nil && !permanent(err)
@@ -299,7 +305,7 @@ func (c *Client) send(ctx context.Context, req *http.Request, key string, getBod
 			polls++
 			retries = polls
 		}
-		a.Wait = max(c.backoff(retries), retryAfter)
+		a.Wait = max(c.backoff(retries), wait)
 		deadline, hasDeadline := ctx.Deadline()
 		a.Retry = n-polls < c.cfg.MaxAttempts && (!hasDeadline || time.Now().Add(a.Wait).Before(deadline))
 		if !a.Retry {
@@ -374,24 +380,24 @@ func safe(method string) bool {
 }
 
 // retryable reports whether resp is worth another attempt under the same
-// key, and the pause its Retry-After asks for.
-func retryable(resp *http.Response, now time.Time) (bool, time.Duration) {
+// key.
+func retryable(resp *http.Response) bool {
 	switch strings.ToLower(resp.Header.Get(ShouldRetryHeader)) {
 	case "true":
-		return true, retryAfter(resp.Header.Get("Retry-After"), now)
+		return true
 	case "false":
-		return false, 0
+		return false
 	}
 	if replayed(resp) {
 		// The key's stored answer: every retry gets it again.
-		return false, 0
+		return false
 	}
 	switch resp.StatusCode {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
 		http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return true, retryAfter(resp.Header.Get("Retry-After"), now)
+		return true
 	}
-	return false, 0
+	return false
 }
 
 // accepted returns the status location of a 202 Accepted answer, resolved

@@ -400,23 +400,31 @@ func TestBudgetExhaustedNamesTheKeyAndALaterRetryCompletes(t *testing.T) {
 }
 
 // A Retry-After beyond the elapsed budget ends the request at once rather
-// than sleeping past it.
+// than sleeping past it, whether it comes with a retried status or with a
+// 202 whose status would be polled.
 func TestRetryAfterBeyondTheBudgetEndsAtOnce(t *testing.T) {
 	t.Parallel()
-	s := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "30")
-		w.WriteHeader(http.StatusServiceUnavailable)
-	})
-	start := time.Now()
-	_, err := newClient(t, caller.Config{MaxElapsed: 2 * time.Second}).Do(post(t, s.URL, "x"))
-	if !errors.Is(err, caller.ErrBudgetExhausted) {
-		t.Fatalf("Do returned %v, want the exhausted budget", err)
-	}
-	if took := time.Since(start); took > time.Second {
-		t.Fatalf("Do took %v; it should give up at once", took)
-	}
-	if s.attempts() != 1 {
-		t.Fatalf("server saw %d attempts, want 1", s.attempts())
+	for _, code := range []int{http.StatusServiceUnavailable, http.StatusAccepted} {
+		t.Run(http.StatusText(code), func(t *testing.T) {
+			t.Parallel()
+			s := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Location", "/status/1")
+				w.Header().Set("Retry-After", "30")
+				w.WriteHeader(code)
+			})
+			start := time.Now()
+			_, err := newClient(t, caller.Config{MaxElapsed: 2 * time.Second}).Do(post(t, s.URL, "x"))
+			var unknown *caller.UnknownOutcomeError
+			if !errors.As(err, &unknown) || !errors.Is(err, caller.ErrBudgetExhausted) || unknown.Status != code {
+				t.Fatalf("Do returned %v, want an unknown outcome for the exhausted budget after the %d", err, code)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Fatalf("Do took %v; it should give up at once", took)
+			}
+			if s.attempts() != 1 {
+				t.Fatalf("server saw %d attempts, want 1", s.attempts())
+			}
+		})
 	}
 }
 
@@ -607,6 +615,47 @@ func TestAcceptedIsFollowedByPollingItsLocation(t *testing.T) {
 	for i := 1; i < 4; i++ {
 		if s.methods[i] != http.MethodGet || s.keys[i] != s.keys[0] || s.bodies[i] != "" {
 			t.Fatalf("poll %d: %s with key %q and body %q; want GET with the key, no body", i, s.methods[i], s.keys[i], s.bodies[i])
+		}
+	}
+}
+
+// A 202 with Retry-After is polled no sooner than it asks: each poll comes
+// at least the Retry-After after the answer before it, and the caller
+// waits for it rather than for its own, shorter backoff.
+func TestAcceptedIsPolledAfterItsRetryAfter(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		switch n {
+		case 1:
+			w.Header().Set("Location", "/status/1")
+			fallthrough
+		case 2:
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusAccepted)
+		default:
+			w.Header().Set(caller.ReplayedHeader, "true")
+			w.WriteHeader(http.StatusCreated)
+		}
+	})
+	var waits []time.Duration
+	c := newClient(t, caller.Config{Observe: func(a caller.Attempt) {
+		if a.Retry {
+			waits = append(waits, a.Wait)
+		}
+	}})
+	res, _ := do(t, c, post(t, s.URL+"/orders", "x"))
+	if res.StatusCode != http.StatusCreated || res.Attempts != 3 || s.attempts() != 3 {
+		t.Fatalf("answer %d after %d attempts (server saw %d); want 201 after the request and two polls",
+			res.StatusCode, res.Attempts, s.attempts())
+	}
+	if len(waits) != 2 || waits[0] < time.Second || waits[1] < time.Second {
+		t.Fatalf("the caller waited %v before its polls; each 202 asked for a second", waits)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := 1; i < len(s.times); i++ {
+		if gap := s.times[i].Sub(s.times[i-1]); gap < time.Second {
+			t.Fatalf("poll %d came %v after the 202 before it, which asked for Retry-After: 1", i, gap)
 		}
 	}
 }

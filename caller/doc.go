@@ -39,7 +39,8 @@
 //	                       up to MaxBodyBytes (1 MiB), else Do fails before sending.
 //	transport errors       Retried, whether or not the request was written: the key makes
 //	                       a second delivery harmless. Not retried: certificate errors.
-//	409 Conflict           Retried: the key's first request is still in flight (or on hold).
+//	409 Conflict           Retried after Retry-After when it is given: the key's first
+//	                       request is still in flight (or on hold).
 //	429, 503               Retried after Retry-After when it is given.
 //	408, 425, 502, 504     Retried.
 //	500                    Retried. An atomicphase handler answers 500 for a failed phase
@@ -49,8 +50,12 @@
 //	                       rules below return it without a second retry. A 500 that
 //	                       persists ends as an unknown outcome: the key is unfinished.
 //	501, 505, other 5xx    Returned: the server cannot serve the request at all.
-//	Retry-After            delay-seconds or an HTTP-date; honoured on any retried response
-//	                       as a minimum pause; one past the budget ends the request at once.
+//	Retry-After            delay-seconds or an HTTP-date; honoured on every response that
+//	                       another attempt follows (a retried status, a 202 being polled,
+//	                       Stripe-Should-Retry: true) as the least pause before it, even
+//	                       beyond MaxDelay. A pause that would end past MaxElapsed or the
+//	                       request's deadline ends the request at once, without sleeping,
+//	                       as an unknown outcome.
 //	replays                A response with Idempotent-Replayed: true is returned, whatever
 //	                       its status: it is the key's stored answer and will not change.
 //	400 401 403 404 405    Returned, never retried: the request itself is wrong, and
@@ -58,8 +63,9 @@
 //	                       the key was used with another request.
 //	202 with Location      Followed: the request goes on in the background, and its status
 //	                       is polled with GET at Location (the request's headers and key,
-//	                       no body), after Retry-After or the backoff, until an answer
-//	                       other than 202. Polls are attempts, bounded by MaxElapsed only.
+//	                       no body), each after the previous answer's Retry-After or,
+//	                       without one, the backoff, until an answer other than 202.
+//	                       Polls are attempts, bounded by MaxElapsed only.
 //	2xx, 3xx               Returned (a 202 without Location too).
 //	Stripe-Should-Retry    "true" retries the response, "false" returns it, whatever its
 //	                       status.

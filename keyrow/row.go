@@ -152,7 +152,12 @@ type Row struct {
 	// Failures counts the completer's own failed runs since the key last
 	// made progress; the completer gives up on a key when they reach its
 	// MaxAttempts.
-	Failures  int    `json:"failures"`
+	Failures int `json:"failures"`
+	// LastError is the error that ended the key's last unsuccessful run.
+	// Text Postgres cannot hold is kept escaped: a NUL as the two
+	// characters \0, bytes that are not UTF-8 as U+FFFD. A run's error is
+	// never the reason its lease stays taken: should the server refuse
+	// it all the same, the lease is freed without it.
 	LastError string `json:"last_error"`
 	// ResponseStatus, ResponseHeader and ResponseBody are the stored
 	// response of a finished key, nil otherwise.

@@ -139,7 +139,10 @@ func (h *handler[Req, State]) inProgress(rw http.ResponseWriter, r *http.Request
 // documented default.
 type StatusConfig struct {
 	// Tenant returns whose key the request asks about, from its
-	// authentication, as HTTPConfig.Tenant does. Required.
+	// authentication, as HTTPConfig.Tenant does, and its errors are answered
+	// as Handler answers them: 401 with its message, or the status of a
+	// *RequestError; 503 with Retry-After for an error wrapping
+	// ErrUnavailable (the user store is down, say). Required.
 	Tenant func(r *http.Request) (string, error)
 	// Key returns the key asked about. Defaults to the path value "key"
 	// (a route such as GET /rides/status/{key}), or else the
@@ -152,7 +155,10 @@ type StatusConfig struct {
 // of a Handler with HTTPConfig.AcceptAfter: once the key is finished, its stored
 // response, as a replay (Idempotent-Replayed: true); until then 202 with a
 // JSON body ({"status": "processing" or "on_hold", "recovery_point": ...})
-// and Retry-After; 404 when the tenant has no such key of this workflow.
+// and Retry-After; 404 when the tenant has no such key of this workflow;
+// 503 with Retry-After when the key store, or the store behind the Tenant
+// function, is unavailable, so that a poller waits and asks again instead
+// of giving up as for a refused tenant (401).
 // Like the Handler, it only ever shows a tenant its own keys.
 func StatusHandler[Req, State any](c *Client, w *Workflow[Req, State], cfg StatusConfig) (http.Handler, error) {
 	if err := c.registered(w); err != nil {
@@ -176,9 +182,8 @@ func StatusHandler[Req, State any](c *Client, w *Workflow[Req, State], cfg Statu
 				fmt.Sprintf("the status of a request is read with GET, not %s", r.Method), 0)
 			return
 		}
-		tenant, err := cfg.Tenant(r)
-		if err != nil {
-			WriteProblem(rw, http.StatusUnauthorized, "invalid-request", http.StatusText(http.StatusUnauthorized), err.Error(), 0)
+		tenant, ok := tenantOf(rw, r, cfg.Tenant, c.cfg.Logger, w.name)
+		if !ok {
 			return
 		}
 		key, err := cfg.Key(r)

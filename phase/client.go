@@ -412,8 +412,18 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 //
 // callFailed clears the key's pending call: the run learnt that the call
 // did not happen.
+//
+// A diagnostic never keeps a lease: when the server refuses the statement
+// (not the connection) while lastErr is recorded, the lease is freed again
+// without it, and lastErr goes only to the log. Otherwise every retry would
+// be refused as in flight until the lease expired.
 func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) (lost bool) {
 	err := store.ReleaseDetached(ctx, c.pool, row.Holder(), lastErr, hold, byCompleter, callFailed)
+	if err != nil && lastErr != "" && !errors.Is(err, keyrow.ErrLeaseLost) && !storeDown(err) {
+		c.cfg.Logger.Error("storing the run's error failed; freeing the lease without it",
+			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "last_error", lastErr, "err", err)
+		err = store.ReleaseDetached(ctx, c.pool, row.Holder(), "", hold, byCompleter, callFailed)
+	}
 	if errors.Is(err, keyrow.ErrLeaseLost) {
 		return true
 	}

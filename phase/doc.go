@@ -70,7 +70,9 @@
 // request answers 202 again while the run goes on (not 409), and the
 // stored final response once it is done. [StatusHandler] serves the
 // status: 202 with the recovery point until the key is finished, then
-// its stored response; a tenant only ever sees its own keys. Package caller
+// its stored response; a tenant only ever sees its own keys, and an error
+// of its Tenant function is answered as the handler answers it (401 for a
+// refused tenant, 503 with Retry-After for a store outage). Package caller
 // follows a 202 by polling its Location.
 //
 // # Limits and failures
@@ -97,6 +99,14 @@
 // [ErrUnavailable] and 503 with Retry-After: nothing of the interrupted
 // phase was committed and a retry with the same key resumes it. 500 is kept
 // for bugs in user code.
+//
+// Text from outside the library that is only recorded, never run on (the
+// error that ended a run, whatever its phase or provider put in it; an
+// operator's name and resolution, and the audit of them), is stored
+// whatever it holds: a NUL character, which Postgres cannot keep, as the
+// two characters \0, and bytes that are not UTF-8 as U+FFFD. Recording a
+// run's error never keeps its lease: if the server refuses it anyway, the
+// lease is freed without it and the error goes to the log.
 //
 // # Fencing
 //

@@ -555,6 +555,16 @@ func TestHTTPEdges(t *testing.T) {
 	}
 }
 
+// wantStoreUnavailable fails t unless rec is the answer to an outage: 503
+// store-unavailable with Retry-After, so that the client retries.
+func wantStoreUnavailable(t testing.TB, what string, rec *httptest.ResponseRecorder) {
+	t.Helper()
+	if rec.Code != http.StatusServiceUnavailable || problemType(t, rec) != "store-unavailable" || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("%s: %d %s (Retry-After %q), want 503 store-unavailable with Retry-After",
+			what, rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"))
+	}
+}
+
 // A Tenant or Decode function that cannot reach a store of its own (the
 // users table, say) answers as a key store outage does: 503 with the
 // store-unavailable type and Retry-After, so a client retries with the
@@ -571,11 +581,66 @@ func TestTenantAndDecodeOutagesAnswerStoreUnavailable(t *testing.T) {
 			c.Decode = func(*http.Request) (order, error) { return order{}, outage }
 		}),
 	} {
-		rec := post(h, "k1", `{"item":"lamp","amount":300}`)
-		if rec.Code != http.StatusServiceUnavailable || problemType(t, rec) != "store-unavailable" || rec.Header().Get("Retry-After") == "" {
-			t.Errorf("%s outage: %d %s (Retry-After %q), want 503 store-unavailable with Retry-After",
+		wantStoreUnavailable(t, name+" outage", post(h, "k1", `{"item":"lamp","amount":300}`))
+	}
+	var n int
+	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d keys, %v; want nothing stored", n, err)
+	}
+}
+
+// The status endpoint finds the tenant as the POST handler does, so the
+// same failure of the Tenant function gets the same answer from both: a
+// refused tenant is 401, and a users database that has gone away is 503
+// with Retry-After, which a poller waits out instead of giving up.
+func TestStatusAndPostAnswerATenantLookupAlike(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	users, cut := switchedPool(t)
+	if _, err := users.Exec(context.Background(), `CREATE TABLE users (token text PRIMARY KEY, account text NOT NULL);
+		INSERT INTO users VALUES ('t-acme', 'acme')`); err != nil {
+		t.Fatal(err)
+	}
+	tenant := func(r *http.Request) (string, error) {
+		var account string
+		err := users.QueryRow(r.Context(), `SELECT account FROM users WHERE token = $1`, r.Header.Get("Authorization")).Scan(&account)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", errors.New("unknown token")
+		}
+		if err != nil {
+			return "", fmt.Errorf("look up the account: %w: %w", phase.ErrUnavailable, err)
+		}
+		return account, nil
+	}
+	post := e.handler(t, func(c *phase.HTTPConfig[order]) { c.Tenant = tenant })
+	status, err := phase.StatusHandler(e.c, e.w, phase.StatusConfig{Tenant: tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(h http.Handler, method, token string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, "/orders", strings.NewReader(`{"item":"lamp","amount":300}`))
+		r.Header.Set("Authorization", token)
+		r.Header.Set("Idempotency-Key", "k1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	endpoints := map[string]func(token string) *httptest.ResponseRecorder{
+		"POST":   func(token string) *httptest.ResponseRecorder { return send(post, http.MethodPost, token) },
+		"status": func(token string) *httptest.ResponseRecorder { return send(status, http.MethodGet, token) },
+	}
+	if rec := endpoints["status"]("t-acme"); rec.Code != http.StatusNotFound {
+		t.Fatalf("status of an unknown key with a valid token: %d %s, want 404", rec.Code, rec.Body.String())
+	}
+	for name, send := range endpoints {
+		if rec := send("t-nobody"); rec.Code != http.StatusUnauthorized || rec.Header().Get("Retry-After") != "" {
+			t.Errorf("%s with a refused token: %d %s (Retry-After %q), want 401 without Retry-After",
 				name, rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"))
 		}
+	}
+	cut()
+	for name, send := range endpoints {
+		wantStoreUnavailable(t, name+" while the users database is down", send("t-acme"))
 	}
 	var n int
 	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil || n != 0 {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"mime"
 	"net/http"
@@ -195,12 +196,8 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		WriteProblem(rw, http.StatusBadRequest, code, "Invalid Idempotency-Key", err.Error(), 0)
 		return
 	}
-	var tenant string
-	if err := protect("Tenant", "", func() (err error) {
-		tenant, err = h.cfg.Tenant(r)
-		return err
-	}); err != nil {
-		h.writeRequestError(rw, err, http.StatusUnauthorized)
+	tenant, ok := tenantOf(rw, r, h.cfg.Tenant, h.c.cfg.Logger, h.w.name)
+	if !ok {
 		return
 	}
 	// The body is read whole first, so that the fingerprint covers what the
@@ -233,7 +230,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		return
 	}
 	if err != nil {
-		h.writeError(rw, err)
+		writeError(rw, err)
 		return
 	}
 	switch out.Kind {
@@ -277,7 +274,7 @@ func (h *handler[Req, State]) writeBodyError(rw http.ResponseWriter, err error) 
 			fmt.Sprintf("the request body is larger than %d bytes", h.cfg.MaxBodyBytes), 0)
 		return
 	}
-	h.writeRequestError(rw, err, http.StatusBadRequest)
+	writeRequestError(rw, h.c.cfg.Logger, h.w.name, err, http.StatusBadRequest)
 }
 
 // fingerprintSent is the fingerprint of r as its client sent it: the path
@@ -304,20 +301,41 @@ func fingerprintSent(r *http.Request, body []byte) ([32]byte, error) {
 	return fp, nil
 }
 
-// writeRequestError answers an error of the Tenant or Decode function.
-func (h *handler[Req, State]) writeRequestError(rw http.ResponseWriter, err error, status int) {
+// tenantOf returns whose key r uses, from the Tenant function f, or answers
+// f's error and reports false. Handler and StatusHandler both find the
+// tenant with it, so that the same error gets the same answer from both:
+// 401 for a refused tenant, or the status of a *RequestError; 503 with
+// Retry-After for an error wrapping ErrUnavailable, such as a user store
+// that is down; 500 for a panic.
+func tenantOf(rw http.ResponseWriter, r *http.Request, f func(*http.Request) (string, error), log *slog.Logger, workflow string) (string, bool) {
+	var tenant string
+	if err := protect("Tenant", "", func() (err error) {
+		tenant, err = f(r)
+		return err
+	}); err != nil {
+		writeRequestError(rw, log, workflow, err, http.StatusUnauthorized)
+		return "", false
+	}
+	return tenant, true
+}
+
+// writeRequestError answers an error of the Tenant or Decode function, with
+// status unless the error says otherwise. A store outage is not the
+// client's mistake: an error wrapping ErrUnavailable answers as an outage
+// of the key store does.
+func writeRequestError(rw http.ResponseWriter, log *slog.Logger, workflow string, err error, status int) {
 	var (
 		re *RequestError
 		pe *PanicError
 	)
 	switch {
 	case errors.As(err, &pe):
-		h.c.cfg.Logger.Error("panic in user code; nothing was run", "workflow", h.w.name, "where", pe.Where,
+		log.Error("panic in user code; nothing was run", "workflow", workflow, "where", pe.Where,
 			"panic", pe.Value, "stack", string(pe.Stack))
 		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
 			"the request could not be read because of a server bug; nothing was processed", 0)
 	case errors.Is(err, ErrUnavailable):
-		h.writeError(rw, err)
+		writeError(rw, err)
 	case errors.As(err, &re):
 		status = cmp.Or(re.Status, status)
 		p := problem{Type: problemType + "invalid-request", Title: http.StatusText(status), Status: status, Detail: re.Detail, Field: re.Field}
@@ -327,7 +345,9 @@ func (h *handler[Req, State]) writeRequestError(rw http.ResponseWriter, err erro
 	}
 }
 
-func (h *handler[Req, State]) writeError(rw http.ResponseWriter, err error) {
+// writeError answers the error of a run, or of a user function that wraps
+// ErrUnavailable.
+func writeError(rw http.ResponseWriter, err error) {
 	const retrySafe = "; nothing of the interrupted step was kept, and retrying with the same Idempotency-Key resumes the request safely"
 	var pe *PanicError
 	switch {

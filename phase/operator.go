@@ -15,7 +15,9 @@ import (
 
 // WithActor returns ctx naming who performs the operator actions made with
 // it (Unlock, Retry, Resolve, Bulk), for the audit that records each of
-// them. Actions made without one are recorded as by "unnamed".
+// them. Actions made without one are recorded as by "unnamed". An actor
+// is recorded whatever text it holds, a NUL escaped as \0 and bytes that
+// are not UTF-8 as U+FFFD.
 func WithActor(ctx context.Context, actor string) context.Context {
 	return store.WithActor(ctx, actor)
 }
@@ -210,7 +212,9 @@ var ErrInvalidResolution = errors.New("phase: invalid resolution")
 // an error wrapping ErrInvalidResolution returned when it does not fit.
 // The run decodes it again in any case, and keeps the key on hold if it
 // does not fit. The resolution is audited under the actor of ctx (see
-// WithActor).
+// WithActor). A NUL in r.Output's strings, which Postgres cannot keep, is
+// stored as the two characters \0, and bytes that are not UTF-8 as U+FFFD:
+// the record function reads them so.
 func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resolution) (*keyrow.Row, error) {
 	row, err := store.Inspect(ctx, c.pool, tenant, key)
 	if err != nil {

@@ -393,6 +393,9 @@ type action struct {
 // the UPDATE's conditions against the newest row version).
 func act(ctx context.Context, q Querier, x action) (int, error) {
 	detail, err := json.Marshal(x.detail)
+	if err == nil {
+		detail, err = storableJSON(detail)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("store: %s: %w", x.name, err)
 	}
@@ -432,7 +435,7 @@ WITH target AS (
         k.lock_expires_at, k.last_run_at, k.attempts, k.failures, k.last_error, k.resolution
 )
 INSERT INTO atomicphase_audit (actor, action, tenant, idempotency_key, before, after, detail)
-SELECT ` + a.add(Actor(ctx)) + `::text, ` + a.add(x.name) + `::text, tenant, idempotency_key, before, ` + snapshot("changed") + `, ` + a.add(detail) + `::jsonb
+SELECT ` + a.add(storableText(Actor(ctx))) + `::text, ` + a.add(x.name) + `::text, tenant, idempotency_key, before, ` + snapshot("changed") + `, ` + a.add(detail) + `::jsonb
 FROM changed`
 	tag, err := q.Exec(ctx, sql, a...)
 	if err != nil {
@@ -512,7 +515,9 @@ func Retry(ctx context.Context, q Querier, tenant, key string) error {
 // r.RecoveryPoint with no live lease: the check and the write are one
 // statement, so a resolution made from a stale view of the key is refused
 // with keyrow.ErrNotUnknown. The completer's backoff on the key is reset.
-// The change is audited under the actor of ctx.
+// The change is audited under the actor of ctx. A NUL in the output's
+// strings, which jsonb cannot hold, is stored as \0, and bytes that are not
+// UTF-8 as U+FFFD (see storableJSON): the record function reads them so.
 func Resolve(ctx context.Context, q Querier, tenant, key string, r keyrow.Resolution) error {
 	if r.Happened && len(r.Output) == 0 {
 		return errors.New("store: resolve: a call that happened needs its output")
@@ -521,6 +526,9 @@ func Resolve(ctx context.Context, q Querier, tenant, key string, r keyrow.Resolu
 		r.Output = nil
 	}
 	enc, err := json.Marshal(r)
+	if err == nil {
+		enc, err = storableJSON(enc)
+	}
 	if err != nil {
 		return fmt.Errorf("store: resolve: %w", err)
 	}

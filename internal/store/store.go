@@ -708,7 +708,8 @@ func encodeHeader(h http.Header) ([]byte, error) {
 }
 
 // Release frees the lease and keeps the recovery point, recording lastErr
-// for operators. A non-empty hold parks the key so that neither clients nor
+// for operators, with a NUL and bytes that are not UTF-8 escaped (see
+// storableText). A non-empty hold parks the key so that neither clients nor
 // the completer run it until someone acts. byCompleter counts the failure
 // towards the completer giving up on the key. It returns
 // keyrow.ErrLeaseLost, and changes nothing, when the token no longer
@@ -727,7 +728,7 @@ func Release(ctx context.Context, q Querier, h Holder, lastErr string, hold keyr
 		failed = 1
 	}
 	return execFenced(ctx, q, releaseSQL.form(h.Distributed),
-		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), lastErr, string(hold), failed, callFailed, h.Tenant}))
+		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), storableText(lastErr), string(hold), failed, callFailed, h.Tenant}))
 }
 
 // releaseTimeout bounds ReleaseDetached.
