@@ -99,11 +99,7 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		return c, nil
 	}
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		return c, fmt.Errorf("conformance: URL: %w", err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if u, err := url.Parse(c.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return c, fmt.Errorf("conformance: URL %q is not an absolute http or https URL", c.URL)
 	}
 	return c, nil
