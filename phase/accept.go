@@ -131,7 +131,7 @@ func (h *handler[Req, State]) inProgress(rw http.ResponseWriter, r *http.Request
 			return
 		}
 	}
-	WriteProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
+	WriteProblem(rw, http.StatusConflict, ProblemInProgress, "Request in progress",
 		"another request with this Idempotency-Key is still being processed; retry after the time in Retry-After", out.RetryAfter)
 }
 
@@ -188,7 +188,7 @@ func StatusHandler[Req, State any](c *Client, w *Workflow[Req, State], cfg Statu
 		}
 		key, err := cfg.Key(r)
 		if err != nil {
-			WriteProblem(rw, http.StatusBadRequest, "invalid-idempotency-key", "Invalid Idempotency-Key", err.Error(), 0)
+			WriteProblem(rw, http.StatusBadRequest, ProblemInvalidKey, "Invalid Idempotency-Key", err.Error(), 0)
 			return
 		}
 		row, err := c.Inspect(r.Context(), tenant, key)
@@ -198,7 +198,7 @@ func StatusHandler[Req, State any](c *Client, w *Workflow[Req, State], cfg Statu
 				"no request of this endpoint was made with this Idempotency-Key, or it was deleted after its retention", 0)
 			return
 		case err != nil:
-			WriteProblem(rw, http.StatusServiceUnavailable, "store-unavailable", "Service unavailable",
+			WriteProblem(rw, http.StatusServiceUnavailable, ProblemStoreUnavailable, "Service unavailable",
 				"the idempotency key store is unavailable; retry", time.Second)
 			return
 		}

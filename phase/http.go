@@ -160,7 +160,7 @@ func Handler[Req, State any](c *Client, w *Workflow[Req, State], cfg HTTPConfig[
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if cfg.MismatchStatus == 0 {
-		cfg.MismatchStatus = http.StatusUnprocessableEntity
+		cfg.MismatchStatus = DefaultMismatchStatus
 	}
 	if err := w.checkAccept(cfg.AcceptAfter, cfg.StatusLocation); err != nil {
 		return nil, err
@@ -183,15 +183,15 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 	}
 	values := r.Header.Values(keyrow.HeaderName)
 	if len(values) > 1 {
-		WriteProblem(rw, http.StatusBadRequest, "invalid-idempotency-key", "Invalid Idempotency-Key",
+		WriteProblem(rw, http.StatusBadRequest, ProblemInvalidKey, "Invalid Idempotency-Key",
 			"the request has more than one Idempotency-Key header; send exactly one key", 0)
 		return
 	}
 	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
 	if err != nil {
-		code := "invalid-idempotency-key"
+		code := ProblemInvalidKey
 		if errors.Is(err, keyrow.ErrKeyMissing) {
-			code = "missing-idempotency-key"
+			code = ProblemMissingKey
 		}
 		WriteProblem(rw, http.StatusBadRequest, code, "Invalid Idempotency-Key", err.Error(), 0)
 		return
@@ -256,13 +256,13 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		if out.Hold == keyrow.HoldDead {
 			detail = "processing of this request was abandoned after repeated failures; an operator must retry it"
 		}
-		WriteProblem(rw, http.StatusConflict, "request-on-hold", "Request on hold", detail, out.RetryAfter)
+		WriteProblem(rw, http.StatusConflict, ProblemOnHold, "Request on hold", detail, out.RetryAfter)
 	case OutcomeElsewhere:
-		WriteProblem(rw, http.StatusServiceUnavailable, "definition-unavailable", "Request started under another version",
+		WriteProblem(rw, http.StatusServiceUnavailable, ProblemDefinitionUnavailable, "Request started under another version",
 			fmt.Sprintf("this request started under definition %s of the workflow, which this server does not run; a server that runs it will finish it, so retry later with the same Idempotency-Key", out.Definition),
 			out.RetryAfter)
 	case OutcomeMismatch:
-		WriteProblem(rw, h.cfg.MismatchStatus, "idempotency-key-reused", "Idempotency-Key reused",
+		WriteProblem(rw, h.cfg.MismatchStatus, ProblemKeyReused, "Idempotency-Key reused",
 			"this Idempotency-Key was already used with a different request; use a new key for a new request", 0)
 	}
 }
@@ -357,19 +357,19 @@ func writeError(rw http.ResponseWriter, err error) {
 	case errors.Is(err, keyrow.ErrInvalidTenant), errors.Is(err, keyrow.ErrKeyInvalid), errors.Is(err, ErrInvalidRequest):
 		WriteProblem(rw, http.StatusBadRequest, "invalid-request", "Bad Request", requestErrorDetail(err), 0)
 	case errors.Is(err, ErrUnavailable):
-		WriteProblem(rw, http.StatusServiceUnavailable, "store-unavailable", "Service unavailable",
+		WriteProblem(rw, http.StatusServiceUnavailable, ProblemStoreUnavailable, "Service unavailable",
 			"the idempotency key store is unavailable"+retrySafe, time.Second)
 	case errors.Is(err, ErrRunTimeout):
-		WriteProblem(rw, http.StatusServiceUnavailable, "timeout", "Request timed out",
+		WriteProblem(rw, http.StatusServiceUnavailable, ProblemTimeout, "Request timed out",
 			"processing took longer than the server allows"+retrySafe, time.Second)
 	case errors.Is(err, ErrStopped):
-		WriteProblem(rw, http.StatusServiceUnavailable, "shutting-down", "Service shutting down",
+		WriteProblem(rw, http.StatusServiceUnavailable, ProblemShuttingDown, "Service shutting down",
 			"the server is shutting down and did not process the request; retry with the same Idempotency-Key", time.Second)
 	case errors.Is(err, keyrow.ErrLeaseLost):
-		WriteProblem(rw, http.StatusConflict, "request-in-progress", "Request in progress",
+		WriteProblem(rw, http.StatusConflict, ProblemInProgress, "Request in progress",
 			"another request with this Idempotency-Key took over processing; retry with the same key", time.Second)
 	case errors.Is(err, ErrOutcomeUnknown):
-		WriteProblem(rw, http.StatusServiceUnavailable, "outcome-unknown", "Downstream outcome unknown",
+		WriteProblem(rw, http.StatusServiceUnavailable, ProblemOutcomeUnknown, "Downstream outcome unknown",
 			"a downstream service did not confirm the operation; retry with the same Idempotency-Key and it will be completed exactly once", time.Second)
 	case errors.As(err, &pe):
 		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
@@ -420,7 +420,7 @@ func bodyAllowed(status int) bool {
 }
 
 // problemType prefixes the type URI of every problem the library answers.
-const problemType = "urn:atomicphase:problem:"
+const problemType = ProblemTypePrefix
 
 // problem is an RFC 9457 problem details body.
 type problem struct {

@@ -62,6 +62,7 @@ Commands:
 	for _, c := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", strings.Join(strings.Fields(c.name+" "+c.required+" "+c.args), " "), c.summary)
 	}
+	fmt.Fprintf(tw, "  check URL\t%s\n", checkSummary)
 	tw.Flush()
 	b.WriteString(usageFlags)
 	return b.String()
@@ -132,6 +133,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage())
 		return exitOK
+	case "check":
+		return runCheck(ctx, args[1:], stdout, stderr)
 	}
 	cmd := lookup(args[0])
 	if cmd == nil {

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/conformance"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+type payment struct {
+	Amount int  `json:"amount"`
+	Fail   bool `json:"fail,omitempty"`
+}
+
+// paymentsServer serves phase.Handler at /payments, answering with
+// mismatch for a reused key, and the number of payments made at /_count.
+func paymentsServer(t *testing.T, mismatch int) string {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE check_payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount int)`); err != nil {
+		t.Fatal(err)
+	}
+	w, err := phase.NewWorkflow("payments",
+		phase.Local("paid", func(ctx context.Context, tx pgx.Tx, run *phase.Input[payment, struct{}]) (phase.Result, error) {
+			if run.Req.Fail {
+				return phase.Result{}, fmt.Errorf("the card network is down")
+			}
+			time.Sleep(100 * time.Millisecond) // the card network's latency
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO check_payments (amount) VALUES ($1) RETURNING id`, run.Req.Amount).Scan(&id)
+			return phase.JSON(http.StatusCreated, map[string]int64{"id": id}), err
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := phase.Handler(c, w, phase.HTTPConfig[payment]{
+		Tenant:         func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+		MismatchStatus: mismatch,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", h)
+	mux.HandleFunc("GET /_count", func(w http.ResponseWriter, r *http.Request) {
+		var n int64
+		_ = pool.QueryRow(r.Context(), `SELECT count(*) FROM check_payments`).Scan(&n)
+		fmt.Fprintf(w, `{"payments": %d}`, n)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// Pasted flags of a curl command check phase.Handler: every scenario but
+// the restart one runs, and passes.
+func TestCheckPassesAgainstPhaseHandler(t *testing.T) {
+	t.Parallel()
+	base := paymentsServer(t, 0)
+	r := runCLI(t, "", "check", "-H", "Authorization: acme", "-H", "Content-Type: application/json",
+		"-d", `{"amount": 500}`, "-H2", "Authorization: globex", "-d500", `{"amount": 500, "fail": true}`,
+		base+"/payments", "-effects", base+"/_count#payments")
+	t.Logf("stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	if r.code != exitOK || r.stderr != "" {
+		t.Fatalf("atomicphase check = %d, want 0", r.code)
+	}
+	for _, s := range conformance.Scenarios() {
+		want := " pass "
+		if s.Name == "restart" {
+			want = " skip "
+		}
+		if !strings.Contains(lineOf(r.stdout, s.Name), want) {
+			t.Errorf("scenario %s: %q, want %s", s.Name, lineOf(r.stdout, s.Name), want)
+		}
+	}
+	for _, want := range []string{"other request: made from the request by changing \"amount\" from 500 to 501", "14 passed, 1 skipped, 0 failed"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("the report does not say %q", want)
+		}
+	}
+}
+
+func lineOf(out, scenario string) string {
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, scenario+" ") {
+			return line
+		}
+	}
+	return ""
+}
+
+// An endpoint that answers a reused key with 400 fails the atomicphase
+// profile's mismatch scenarios (exit 1, saying why) and passes Stripe's.
+func TestCheckJudgesByTheProfile(t *testing.T) {
+	t.Parallel()
+	base := paymentsServer(t, http.StatusBadRequest)
+	args := []string{"check", "-json", "-H", "Authorization: acme", "-H", "Content-Type: application/json", "-d", `{"amount": 500}`}
+	r := runCLI(t, "", append(args, base+"/payments")...)
+	if r.code != exitError {
+		t.Fatalf("atomicphase check = %d, want 1:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	rep := decode[conformance.Report](t, r.stdout)
+	for _, res := range rep.Results {
+		failing := res.Scenario == "mismatch" || res.Scenario == "in-flight-mismatch"
+		if failing != (res.Verdict == conformance.Fail) {
+			t.Errorf("%s: %s (%s)", res.Scenario, res.Verdict, res.Why)
+		}
+		if res.Scenario == "mismatch" && !strings.Contains(res.Why, "want 422 for a key reused with another request, got 400") {
+			t.Errorf("mismatch fails for %q", res.Why)
+		}
+	}
+	r = runCLI(t, "", append(args, "-profile", "stripe", base+"/payments")...)
+	if r.code != exitOK {
+		t.Errorf("atomicphase check -profile stripe = %d, want 0:\n%s", r.code, r.stdout)
+	}
+}
+
+func TestCheckUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"check", "-d", "x"}, "want one URL, got 0"},
+		{[]string{"check", "http://127.0.0.1:1/"}, "-d is required"},
+		{[]string{"check", "-d", "x", "-profile", "paypal", "http://127.0.0.1:1/"}, `no profile "paypal"; the profiles are ietf, stripe, atomicphase`},
+		{[]string{"check", "-d", "x", "-H", "Authorization", "http://127.0.0.1:1/"}, `header "Authorization" is not 'Name: value'`},
+		{[]string{"check", "-d", "x", "127.0.0.1:1"}, "is not an absolute http or https URL"},
+		{[]string{"check", "-d", "@/nonexistent", "http://127.0.0.1:1/"}, "no such file"},
+	} {
+		r := runCLI(t, "", tc.args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, "Usage: atomicphase check") {
+			t.Errorf("atomicphase %q = %d, want 2 and %q:\n%s", tc.args, r.code, tc.want, r.stderr)
+		}
+	}
+	r := runCLI(t, "", "check", "-h")
+	for _, want := range []string{"-d2", "-H2", "-d500", "-profile", "-effects", "-restart", "test tenant", "storm"} {
+		if r.code != exitOK || !strings.Contains(r.stdout, want) {
+			t.Errorf("atomicphase check -h (%d) does not document %s", r.code, want)
+		}
+	}
+	if help := runCLI(t, "", "help"); !strings.Contains(help.stdout, "check URL") {
+		t.Error("atomicphase help does not list check")
+	}
+}

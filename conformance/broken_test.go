@@ -1,0 +1,214 @@
+package conformance_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/atomicphase/atomicphase/conformance"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// bug is a mistake hand-written Idempotency-Key handlers make, as the
+// articles on them describe.
+type bug int
+
+const (
+	// raceCheckThenInsert looks the key up and records it in two steps, so
+	// that requests arriving together all find it free.
+	raceCheckThenInsert bug = 1 << iota
+	// noFingerprint never compares a request with the key's first one.
+	noFingerprint
+	// replayDiffers replays the answer re-encoded from what it stored.
+	replayDiffers
+	// keyOptional runs a request without a key, unprotected.
+	keyOptional
+	// cached500 stores a 5xx and replays it as the key's answer.
+	cached500
+	// noInFlight records a key only once its request is done, so that a
+	// retry sent meanwhile runs again.
+	noInFlight
+	// noRetryAfter answers 409 without Retry-After.
+	noRetryAfter
+)
+
+// memHandler is an Idempotency-Key handler kept in memory, correct unless
+// told to have bugs. It creates an order per execution, which takes a
+// while, and fails a request whose body asks it to.
+type memHandler struct {
+	bugs       bug
+	executions atomic.Int64
+
+	mu   sync.Mutex
+	keys map[string]*record
+}
+
+type record struct {
+	fingerprint [32]byte
+	done        bool
+	status      int
+	body        []byte
+}
+
+func newMem(bugs bug) *memHandler { return &memHandler{bugs: bugs, keys: map[string]*record{}} }
+
+func (m *memHandler) has(b bug) bool { return m.bugs&b != 0 }
+
+func (m *memHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	values := r.Header.Values(keyrow.HeaderName)
+	body, _ := io.ReadAll(r.Body)
+	if len(values) == 0 && m.has(keyOptional) {
+		status, resp := m.execute(body)
+		w.WriteHeader(status)
+		_, _ = w.Write(resp)
+		return
+	}
+	if len(values) > 1 {
+		phase.WriteProblem(w, http.StatusBadRequest, phase.ProblemInvalidKey, "Invalid Idempotency-Key", "one key", 0)
+		return
+	}
+	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
+	if err != nil {
+		code := phase.ProblemInvalidKey
+		if errors.Is(err, keyrow.ErrKeyMissing) {
+			code = phase.ProblemMissingKey
+		}
+		phase.WriteProblem(w, http.StatusBadRequest, code, "Invalid Idempotency-Key", err.Error(), 0)
+		return
+	}
+	id := r.Header.Get("Authorization") + "\x00" + key
+	fp := sha256.Sum256(body)
+	if m.has(noFingerprint) {
+		fp = [32]byte{}
+	}
+
+	m.mu.Lock()
+	rec, found := m.keys[id]
+	if found {
+		m.mu.Unlock()
+		m.answerExisting(w, rec, fp)
+		return
+	}
+	if m.has(raceCheckThenInsert) {
+		// The lookup and the insert are two statements, as in a handler
+		// that checks first and inserts after.
+		m.mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		m.mu.Lock()
+	}
+	rec = &record{fingerprint: fp}
+	if !m.has(noInFlight) {
+		m.keys[id] = rec
+	}
+	m.mu.Unlock()
+
+	status, resp := m.execute(body)
+	m.mu.Lock()
+	if status >= 500 && !m.has(cached500) {
+		delete(m.keys, id)
+	} else {
+		rec.done, rec.status, rec.body = true, status, resp
+		m.keys[id] = rec
+	}
+	m.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(resp)
+}
+
+func (m *memHandler) answerExisting(w http.ResponseWriter, rec *record, fp [32]byte) {
+	m.mu.Lock()
+	done, status, body, same := rec.done, rec.status, rec.body, rec.fingerprint == fp
+	m.mu.Unlock()
+	switch {
+	case !same:
+		phase.WriteProblem(w, http.StatusUnprocessableEntity, phase.ProblemKeyReused, "Idempotency-Key reused", "another request", 0)
+	case !done:
+		retryAfter := time.Second
+		if m.has(noRetryAfter) {
+			retryAfter = 0
+		}
+		phase.WriteProblem(w, http.StatusConflict, phase.ProblemInProgress, "Request in progress", "retry later", retryAfter)
+	default:
+		if m.has(replayDiffers) {
+			// Re-encoded from a decoded copy: the keys come out sorted.
+			var v map[string]any
+			if json.Unmarshal(body, &v) == nil {
+				body, _ = json.Marshal(v)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set(phase.ReplayedHeader, "true")
+		w.WriteHeader(status)
+		_, _ = w.Write(body)
+	}
+}
+
+// execute creates an order, or fails for a body that asks to.
+func (m *memHandler) execute(body []byte) (int, []byte) {
+	time.Sleep(100 * time.Millisecond)
+	if bytes.Contains(body, []byte(`"fail"`)) {
+		return http.StatusInternalServerError, []byte(`{"error":"the order cannot be created"}`)
+	}
+	n := m.executions.Add(1)
+	return http.StatusCreated, []byte(`{"order":` + strconv.FormatInt(n, 10) + `,"amount":500}`)
+}
+
+// Each bug is caught by the scenario named for it (and by the others that
+// its mistake breaks, listed with it), and by no other scenario: a correct
+// handler written independently of this library passes them all. Each
+// handler is checked twice: judged from its answers alone, and with an
+// exact count of its executions.
+func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		bugs   bug
+		caught []string
+	}{
+		{"correct", 0, nil},
+		{"check-then-insert race", raceCheckThenInsert, []string{"storm"}},
+		{"no fingerprint", noFingerprint, []string{"mismatch", "in-flight-mismatch"}},
+		{"replay that differs", replayDiffers, []string{"replay", "storm", "dropped-connection"}},
+		{"key not required", keyOptional, []string{"key-missing"}},
+		{"cached 500s", cached500, []string{"server-error"}},
+		{"second execution while the first is in flight", noInFlight, []string{"in-flight", "in-flight-mismatch", "storm"}},
+		{"409 without Retry-After", noRetryAfter, []string{"retry-after"}},
+	} {
+		for _, counted := range []bool{false, true} {
+			name := tc.name + "/from its answers"
+			if counted {
+				name = tc.name + "/counted"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				m := newMem(tc.bugs)
+				cfg := conformance.Config{
+					Handler:     m,
+					Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
+					Body:        []byte(`{"amount": 500}`),
+					FailBody:    []byte(`{"amount": 500, "fail": true}`),
+					OtherCaller: http.Header{"Authorization": {"globex"}},
+				}
+				if counted {
+					cfg.Executions = func(context.Context) (int64, error) { return m.executions.Load(), nil }
+				}
+				rep, err := conformance.Check(t.Context(), cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				expectVerdicts(t, rep, tc.caught)
+			})
+		}
+	}
+}

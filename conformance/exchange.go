@@ -1,0 +1,286 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// maxResponseBytes bounds how much of an answer the check reads.
+const maxResponseBytes = 4 << 20
+
+// replayHeaders are the replay markers in use, whichever the profile
+// expects: a 5xx marked with any of them was kept as final.
+var replayHeaders = []string{"Idempotent-Replayed", "Idempotency-Replayed"}
+
+// exchange is one request the check sent and what came back.
+type exchange struct {
+	what   string   // how the request is shown: "key K, body"
+	keys   []string // the Idempotency-Key lines sent; nil for none
+	body   []byte
+	caller int // 1 or 2
+
+	status int
+	header http.Header
+	resp   []byte
+	err    error
+	// sent is when the request was written; done when the answer's
+	// headers arrived (or the request failed).
+	sent, done time.Time
+}
+
+// success reports a 2xx answer.
+func (x *exchange) success() bool { return x.err == nil && x.status >= 200 && x.status < 300 }
+
+// busy reports an answer that asks to retry later.
+func (x *exchange) busy() bool {
+	return x.err == nil && (x.status == http.StatusConflict || x.status == http.StatusTooManyRequests || x.status == http.StatusServiceUnavailable)
+}
+
+// sameAnswer reports whether x and y have the same status and bytes.
+func (x *exchange) sameAnswer(y *exchange) bool {
+	return x.err == nil && y.err == nil && x.status == y.status && bytes.Equal(x.resp, y.resp)
+}
+
+// markedBy reports whether x carries the replay header name with "true".
+func (x *exchange) markedBy(name string) bool {
+	return x.err == nil && strings.EqualFold(strings.TrimSpace(x.header.Get(name)), "true")
+}
+
+// markedAny reports whether x is marked as a replay by any known marker.
+func (x *exchange) markedAny() bool {
+	return slices.ContainsFunc(replayHeaders, x.markedBy)
+}
+
+// got describes the answer in one line.
+func (x *exchange) got(replayHeader string) string {
+	if x.err != nil {
+		return "no answer: " + x.err.Error()
+	}
+	s := strconv.Itoa(x.status)
+	if len(x.resp) > 0 {
+		s += " " + abbreviate(x.resp, 60)
+	}
+	if ra := x.header.Get("Retry-After"); ra != "" {
+		s += " (Retry-After " + ra + ")"
+	}
+	if x.markedBy(replayHeader) {
+		s += " [" + replayHeader + "]"
+	}
+	return s
+}
+
+// abbreviate shows b on one line, cut to about n characters.
+func abbreviate(b []byte, n int) string {
+	s := string(b)
+	if !utf8.ValidString(s) {
+		return fmt.Sprintf("<%d bytes>", len(b))
+	}
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		s = string(r[:n]) + "…"
+	}
+	return s
+}
+
+// checker sends the scenarios' requests to one endpoint.
+type checker struct {
+	cfg       Config
+	target    string // the endpoint's absolute URL
+	client    *http.Client
+	prefix    string // starts every key of this check
+	seq       atomic.Int64
+	other     []byte // cfg.OtherBody, or the one made from Body
+	otherNote string // how other was made, or why there is none
+
+	mu   sync.Mutex
+	seen []*exchange // every answer, for the Retry-After scenario
+}
+
+func newChecker(cfg Config, target string) *checker {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = cfg.Storm
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	c := &checker{cfg: cfg, target: target, client: &http.Client{Transport: t, CheckRedirect: noRedirects},
+		prefix: "atomicphase-check-" + hex.EncodeToString(b[:])}
+	c.other, c.otherNote = cfg.OtherBody, "given"
+	if c.other == nil {
+		c.other, c.otherNote = OtherBody(cfg.Body, cfg.Header.Get("Content-Type"))
+	}
+	return c
+}
+
+// noRedirects hands a redirect back to the scenario as the answer: a
+// redirect is not what an idempotent POST should answer, and following it
+// would send the request elsewhere.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// key returns a key no earlier request of any check used.
+func (c *checker) key(scenario string) string {
+	return fmt.Sprintf("%s-%s-%d", c.prefix, scenario, c.seq.Add(1))
+}
+
+// request is what a scenario sends.
+type request struct {
+	what   string
+	keys   []string // nil: no Idempotency-Key
+	body   []byte
+	caller int          // 2 sends OtherCaller's headers
+	via    string       // a proxy's base URL to send through instead
+	client *http.Client // defaults to the checker's
+}
+
+// send sends rq and returns what came back; a failure to send is the
+// exchange's err, never a panic or a hang past RequestTimeout.
+func (c *checker) send(ctx context.Context, rq request) *exchange {
+	x := &exchange{what: rq.what, keys: rq.keys, body: rq.body, caller: max(rq.caller, 1)}
+	defer func() {
+		if x.done.IsZero() {
+			x.done = time.Now()
+		}
+		if x.sent.IsZero() {
+			x.sent = x.done
+		}
+		c.mu.Lock()
+		c.seen = append(c.seen, x)
+		c.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	target := c.target
+	if rq.via != "" {
+		target = rq.via
+	}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { x.sent = time.Now() },
+	})
+	req, err := http.NewRequestWithContext(ctx, c.cfg.Method, target, bytes.NewReader(rq.body))
+	if err != nil {
+		x.err = err
+		return x
+	}
+	for k, v := range c.cfg.Header {
+		req.Header[k] = slices.Clone(v)
+	}
+	if x.caller == 2 {
+		for k, v := range c.cfg.OtherCaller {
+			req.Header[k] = slices.Clone(v)
+		}
+	}
+	if h := req.Header.Get("Host"); h != "" {
+		req.Host = h
+	}
+	req.Header.Del(keyrow.HeaderName)
+	if rq.keys != nil {
+		req.Header[keyrow.HeaderName] = rq.keys
+	}
+	client := c.client
+	if rq.client != nil {
+		client = rq.client
+	}
+	res, err := client.Do(req)
+	x.done = time.Now()
+	if err != nil {
+		x.err = err
+		return x
+	}
+	defer res.Body.Close()
+	x.status, x.header = res.StatusCode, res.Header
+	x.resp, x.err = io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
+	return x
+}
+
+// cutter is a proxy in front of the endpoint that forwards one request,
+// reads the endpoint's whole answer, and closes the client's connection
+// without sending a byte of it: a network failure after the request was
+// executed.
+type cutter struct {
+	c   *checker
+	srv *http.Server
+	url string
+
+	mu      sync.Mutex
+	answers []*exchange // what the endpoint answered, in order
+}
+
+func (c *checker) startCutter() (*cutter, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("conformance: start the dropping proxy: %w", err)
+	}
+	p := &cutter{c: c, url: "http://" + ln.Addr().String()}
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: c.cfg.RequestTimeout}
+	go func() { _ = p.srv.Serve(ln) }()
+	return p, nil
+}
+
+func (p *cutter) close() { _ = p.srv.Close() }
+
+func (p *cutter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	x := &exchange{err: err}
+	if err == nil {
+		// Forwarded as the client sent it, to the endpoint's URL.
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, p.c.target, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		if h := p.c.cfg.Header.Get("Host"); h != "" {
+			req.Host = h
+		}
+		var res *http.Response
+		if res, x.err = p.c.client.Do(req); x.err == nil {
+			x.status, x.header = res.StatusCode, res.Header
+			x.resp, x.err = io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
+			res.Body.Close()
+		}
+	}
+	p.mu.Lock()
+	p.answers = append(p.answers, x)
+	p.mu.Unlock()
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		_ = conn.Close()
+		return
+	}
+	panic(http.ErrAbortHandler)
+}
+
+// forwarded returns what the endpoint answered the requests p forwarded.
+func (p *cutter) forwarded() []*exchange {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.answers)
+}
+
+// oneShot returns a client on a connection of its own that is never
+// reused, so that a dropped answer is not sent again by the transport
+// (Go's client re-sends a request with an Idempotency-Key when a reused
+// connection fails before any byte of the answer).
+func oneShot() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DisableKeepAlives = true
+	t.Proxy = nil
+	return &http.Client{Transport: t, CheckRedirect: noRedirects}
+}
+
+// httptraceWrote returns ctx with a trace that calls wrote once the
+// request is written, after any trace ctx already has.
+func httptraceWrote(ctx context.Context, wrote func()) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote() },
+	})
+}

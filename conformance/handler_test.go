@@ -1,0 +1,175 @@
+package conformance_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/conformance"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+type order struct {
+	Amount int  `json:"amount"`
+	Fail   bool `json:"fail,omitempty"`
+}
+
+type orderState struct {
+	ID int64 `json:"id"`
+}
+
+// orders is a workflow of two phases whose first inserts an order and takes
+// a while, as a call to a payment provider would, so that a request is in
+// flight long enough to be caught; a request with fail set makes it return
+// an error, which Handler answers with a 500 and does not store.
+func orders(t *testing.T) *phase.Workflow[order, orderState] {
+	t.Helper()
+	w, err := phase.NewWorkflow("orders",
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
+			if run.Req.Fail {
+				return phase.Result{}, errors.New("the order cannot be created")
+			}
+			time.Sleep(150 * time.Millisecond)
+			err := tx.QueryRow(ctx, `INSERT INTO conformance_orders (amount) VALUES ($1) RETURNING id`, run.Req.Amount).Scan(&run.State.ID)
+			return phase.Next(), err
+		}),
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, map[string]any{"id": run.State.ID, "amount": run.Req.Amount}), nil
+		}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// setup returns a phase.Handler for orders over a database of its own,
+// configured by cfg, and the check's Config for it with every optional
+// input: a second caller, a failing request, the count of orders and a
+// restart that replaces the handler's client by a new one.
+func setup(t *testing.T, mismatch int) conformance.Config {
+	t.Helper()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE conformance_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount int)`); err != nil {
+		t.Fatal(err)
+	}
+	var current atomic.Pointer[http.Handler]
+	start := func() error {
+		w := orders(t)
+		c, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, w)
+		if err != nil {
+			return err
+		}
+		h, err := phase.Handler(c, w, phase.HTTPConfig[order]{
+			Tenant:         func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+			MismatchStatus: mismatch,
+		})
+		if err != nil {
+			return err
+		}
+		current.Store(&h)
+		return nil
+	}
+	if err := start(); err != nil {
+		t.Fatal(err)
+	}
+	return conformance.Config{
+		Handler:     http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }),
+		URL:         "/orders",
+		Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
+		Body:        []byte(`{"amount": 500}`),
+		FailBody:    []byte(`{"amount": 500, "fail": true}`),
+		OtherCaller: http.Header{"Authorization": {"globex"}},
+		Executions:  countRows(pool, `SELECT count(*) FROM conformance_orders`),
+		Restart:     func(context.Context) error { return start() },
+	}
+}
+
+func countRows(pool *pgxpool.Pool, query string) func(context.Context) (int64, error) {
+	return func(ctx context.Context) (int64, error) {
+		var n int64
+		err := pool.QueryRow(ctx, query).Scan(&n)
+		return n, err
+	}
+}
+
+// phase.Handler with its defaults passes every scenario of its own profile,
+// counted exactly by the orders it inserted.
+func TestPhaseHandlerPassesTheAtomicPhaseProfile(t *testing.T) {
+	t.Parallel()
+	cfg := setup(t, 0)
+	rep, err := conformance.Check(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectVerdicts(t, rep, nil)
+	// Every scenario ran: the handler is slow enough to catch in flight,
+	// and every optional input was given.
+	for _, res := range rep.Results {
+		if res.Verdict == conformance.Skip {
+			t.Errorf("%s skipped: %s", res.Scenario, res.Why)
+		}
+	}
+}
+
+// With MismatchStatus 400, phase.Handler passes the Stripe profile, run as
+// subtests through Test.
+func TestPhaseHandlerPassesTheStripeProfileAsSubtests(t *testing.T) {
+	t.Parallel()
+	cfg := setup(t, http.StatusBadRequest)
+	cfg.Profile = conformance.Stripe()
+	conformance.Test(t, cfg)
+}
+
+// The same handler judged by a profile it does not follow fails exactly
+// the scenarios where the profiles differ: the IETF profile's replay
+// marker, which every scenario that checks a replay looks for.
+func TestPhaseHandlerFailsTheIETFProfileOnlyOnTheReplayMarker(t *testing.T) {
+	t.Parallel()
+	cfg := setup(t, 0)
+	cfg.Profile = conformance.IETF()
+	cfg.Restart, cfg.FailBody, cfg.OtherCaller = nil, nil, nil
+	rep, err := conformance.Check(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectVerdicts(t, rep, []string{"replay", "storm", "dropped-connection"})
+	for _, res := range rep.Results {
+		if res.Verdict == conformance.Fail && res.Why != "the replay is not marked Idempotency-Replayed: true" &&
+			res.Why != "the retry after the storm is not marked as a replay" {
+			t.Errorf("%s failed for another reason than the marker: %s", res.Scenario, res.Why)
+		}
+	}
+}
+
+// expectVerdicts fails t unless exactly the scenarios named in failing
+// failed; the others passed or skipped. It logs the report.
+func expectVerdicts(t *testing.T, rep *conformance.Report, failing []string) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, name := range failing {
+		want[name] = true
+	}
+	for _, res := range rep.Results {
+		t.Logf("%-20s %-4s sent: %s\n    got: %s\n    why: %s", res.Scenario, res.Verdict, res.Sent, res.Got, res.Why)
+		switch {
+		case want[res.Scenario] && res.Verdict != conformance.Fail:
+			t.Errorf("%s: %s, want fail", res.Scenario, res.Verdict)
+		case !want[res.Scenario] && res.Verdict == conformance.Fail:
+			t.Errorf("%s failed, want pass: %s", res.Scenario, res.Why)
+		}
+	}
+	if len(rep.Results) != len(conformance.Scenarios()) {
+		t.Errorf("%d results for %d scenarios", len(rep.Results), len(conformance.Scenarios()))
+	}
+}
