@@ -205,13 +205,25 @@ var ErrInvalidResolution = errors.New("phase: invalid resolution")
 // The resolution holds only while the key is held as unknown at
 // r.RecoveryPoint with no live lease: otherwise nothing is recorded and
 // the error is keyrow.ErrNotUnknown (the key moved on since the operator
-// looked) or keyrow.ErrNotFound. With the workflow registered, r.Output is
-// first decoded into the phase's output type, unknown fields refused, and
-// an error wrapping ErrInvalidResolution returned when it does not fit.
-// The run decodes it again in any case, and keeps the key on hold if it
-// does not fit. The resolution is audited under the actor of ctx (see
+// looked) or keyrow.ErrNotFound. Given what the operator saw of the key
+// (Row.Seen, at most one), it is recorded only while the key is as seen,
+// and replaces a pending resolution only when seen names it; given
+// nothing, only while no resolution is pending. Otherwise the error is a
+// *keyrow.ChangedError (errors.Is keyrow.ErrChanged) holding the key as it
+// is now: of two resolutions made from the same view, exactly one is
+// recorded.
+//
+// With the workflow registered, r.Output is first decoded into the
+// phase's output type, unknown fields refused, and an error wrapping
+// ErrInvalidResolution returned when it does not fit. The run decodes it
+// again in any case, and keeps the key on hold if it does not fit. The
+// resolution, or its refusal, is audited under the actor of ctx (see
 // WithActor).
-func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resolution) (*keyrow.Row, error) {
+func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resolution, seen ...keyrow.Seen) (*keyrow.Row, error) {
+	s, err := oneSeen(seen)
+	if err != nil {
+		return nil, err
+	}
 	row, err := store.Inspect(ctx, c.pool, tenant, key)
 	if err != nil {
 		return nil, err
@@ -226,7 +238,7 @@ func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resol
 			return nil, fmt.Errorf("%w: %w", ErrInvalidResolution, err)
 		}
 	}
-	if err := store.Resolve(ctx, c.pool, tenant, key, r); err != nil {
+	if err := store.Resolve(ctx, c.pool, tenant, key, r, s); err != nil {
 		return nil, err
 	}
 	if known {
