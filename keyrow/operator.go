@@ -150,7 +150,15 @@ func NewChangedError(action string, seen *Seen, now *Row, changes []string, stat
 }
 
 func (e *ChangedError) Error() string {
-	return fmt.Sprintf("keyrow: %s refused: the key changed since it was seen: %s", e.Action, strings.Join(e.Changes, "; "))
+	return "keyrow: " + e.Action + " refused: " + e.Reason()
+}
+
+// Reason says why the action was refused, as the audit records it.
+func (e *ChangedError) Reason() string {
+	if e.Seen == nil {
+		return strings.Join(e.Changes, "; ")
+	}
+	return "the key changed since it was seen: " + strings.Join(e.Changes, "; ")
 }
 
 // Unwrap returns ErrChanged and the sentinel of the state the key left.

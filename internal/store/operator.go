@@ -522,6 +522,10 @@ func actOnKey(ctx context.Context, q Querier, x keyAction, tenant, key string) e
 		return fmt.Errorf("store: %s: %w", x.name, err)
 	}
 	why := strings.TrimPrefix(refusal.Error(), "keyrow: ")
+	var changed *keyrow.ChangedError
+	if errors.As(refusal, &changed) {
+		why = changed.Reason()
+	}
 	if _, err := q.Exec(ctx, refusedAuditSQL, Actor(ctx), x.name, detail, why, tenant, key); err != nil {
 		return fmt.Errorf("store: %s: audit the refusal: %w", x.name, err)
 	}
