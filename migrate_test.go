@@ -494,6 +494,7 @@ func ExampleMigrations() {
 	// 006_operator_actions
 	// 007_scrub_replayed_headers
 	// 008_record_retention
+	// 009_audit_refusals
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {

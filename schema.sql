@@ -120,7 +120,7 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_finished_by_workflow
     WHERE finished_at IS NOT NULL;
 
 -- Operator actions, one row per key changed, written in the statement that
--- changed it.
+-- changed it, and one per action refused.
 CREATE TABLE IF NOT EXISTS atomicphase_audit (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at              timestamptz NOT NULL DEFAULT now(),
@@ -130,11 +130,12 @@ CREATE TABLE IF NOT EXISTS atomicphase_audit (
     idempotency_key text        NOT NULL,
     before          jsonb       NOT NULL,
     after           jsonb       NOT NULL,
-    detail          jsonb       NOT NULL DEFAULT '{}'
+    detail          jsonb       NOT NULL DEFAULT '{}',
+    refused         text
 );
 
 COMMENT ON TABLE atomicphase_audit IS
-    'One row per key an operator action changed (unlock, retry, resolve), written in the statement that changed it.';
+    'One row per key an operator action changed (unlock, retry, resolve), written in the statement that changed it, and one per action refused.';
 COMMENT ON COLUMN atomicphase_audit.actor IS
     'Who acted, as the application or the command line named them.';
 COMMENT ON COLUMN atomicphase_audit.action IS
@@ -144,7 +145,9 @@ COMMENT ON COLUMN atomicphase_audit.before IS
 COMMENT ON COLUMN atomicphase_audit.after IS
     'The same fields after the action.';
 COMMENT ON COLUMN atomicphase_audit.detail IS
-    'What the action was given: the resolution and its output, the filter of a bulk action.';
+    'What the action was given: the resolution and its output, the filter of a bulk action, what the operator saw of the key.';
+COMMENT ON COLUMN atomicphase_audit.refused IS
+    'Why the action was refused, changing nothing (before and after are then the same): the key was no longer as the operator saw it. NULL for an action that was done.';
 
 -- The audit of one key, newest first, for its detail page.
 CREATE INDEX IF NOT EXISTS atomicphase_audit_key

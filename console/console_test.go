@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -10,10 +11,12 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/atomicphase/atomicphase/console"
 	"github.com/atomicphase/atomicphase/console/internal/consoletest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
 
@@ -76,7 +79,21 @@ func (b *browser) post(path string, form url.Values) (int, string) {
 	return code, body
 }
 
-var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+var (
+	csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+	seenField = regexp.MustCompile(`name="seen" value="([^"]+)"`)
+)
+
+// seen returns what the key's page puts in its forms of what it showed.
+func (b *browser) seen(tenant, key string) string {
+	b.t.Helper()
+	_, body, _ := b.get("/console/key?" + url.Values{"tenant": {tenant}, "key": {key}}.Encode())
+	m := seenField.FindStringSubmatch(body)
+	if m == nil {
+		b.t.Fatal("the key's page has no form that says what it showed")
+	}
+	return m[1]
+}
 
 // csrf returns the token the key's page puts in its forms: the one in its
 // cookie, which a page without forms (a reader's) sets too.
@@ -168,7 +185,9 @@ func TestAnActionNeedsTheCSRFTokenActAccessAndAWritableConsole(t *testing.T) {
 		t.Fatal("the read-only console offers an unlock")
 	}
 
-	if code, _ := alice.post("/console/unlock", withToken(token)); code != http.StatusSeeOther || leased() {
+	fresh := withToken(token)
+	fresh.Set("seen", alice.seen("acme", "order-in-flight"))
+	if code, _ := alice.post("/console/unlock", fresh); code != http.StatusSeeOther || leased() {
 		t.Fatalf("unlock with the token = %d, leased %v; want 303 and the lease freed", code, leased())
 	}
 	entries, err := f.Client.Audit(ctx, 0, 10)
@@ -203,7 +222,7 @@ func TestResolvingAsHappenedFromTheKeyPageFinishesTheKey(t *testing.T) {
 	f := consoletest.New(t)
 	alice := open(t, f.Handler(t, false), "alice")
 	form := url.Values{"csrf": {alice.csrf("acme", f.UnknownKey)}, "tenant": {"acme"}, "key": {f.UnknownKey},
-		"at": {"order_created"}, "outcome": {"happened"}, "confirm": {"yes"}}
+		"at": {"order_created"}, "outcome": {"happened"}, "confirm": {"yes"}, "seen": {alice.seen("acme", f.UnknownKey)}}
 
 	form.Set("output", `{"chargeid":"ch_typo"}`)
 	if code, body := alice.post("/console/resolve", form); code != http.StatusUnprocessableEntity || !strings.Contains(body, "unknown field") {
@@ -219,5 +238,85 @@ func TestResolvingAsHappenedFromTheKeyPageFinishesTheKey(t *testing.T) {
 	}
 	if row.RecoveryPoint != keyrow.Finished || !strings.Contains(string(row.ResponseBody), "ch_from_dashboard") {
 		t.Fatalf("after resolving: %s %s; want finished with the operator's charge", row.RecoveryPoint, row.ResponseBody)
+	}
+}
+
+// An Unlock form loaded while the key's lease had expired is submitted
+// after a new run took a ten-minute lease.
+func TestAnUnlockFormFromBeforeANewLeaseIsRefusedAndTheLeaseKept(t *testing.T) {
+	t.Parallel()
+	f := consoletest.New(t)
+	ctx := context.Background()
+	if _, err := f.Pool.Exec(ctx, `UPDATE idempotency_keys SET lock_expires_at = now() - interval '1 minute'
+		WHERE tenant = 'acme' AND idempotency_key = 'order-in-flight'`); err != nil {
+		t.Fatal(err)
+	}
+	alice := open(t, f.Handler(t, false), "alice")
+	form := url.Values{"csrf": {alice.csrf("acme", "order-in-flight")}, "tenant": {"acme"}, "key": {"order-in-flight"},
+		"confirm": {"yes"}, "seen": {alice.seen("acme", "order-in-flight")}}
+	if run, err := store.ClaimKey(ctx, f.Pool, "acme", "order-in-flight", 10*time.Minute); err != nil || run == nil {
+		t.Fatalf("the new run's claim = %+v, %v", run, err)
+	}
+	taken, err := f.Client.Inspect(ctx, "acme", "order-in-flight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := func() bool {
+		row, err := f.Client.Inspect(ctx, "acme", "order-in-flight")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return row.LeaseLeft >= 9*time.Minute && row.LockedAt.Equal(*taken.LockedAt)
+	}
+
+	code, body := alice.post("/console/unlock", form)
+	if code != http.StatusConflict || !strings.Contains(body, "took the lease again") || !kept() {
+		t.Fatalf("stale unlock = %d, lease kept %v; want 409 saying a run took the lease, and the lease kept:\n%s", code, kept(), body)
+	}
+	entries, err := f.Client.Audit(ctx, 0, 10)
+	if err != nil || len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionUnlock || entries[0].Refused == "" {
+		t.Fatalf("audit = %+v, %v; want alice's unlock, refused", entries, err)
+	}
+	form.Del("seen")
+	if code, _ := alice.post("/console/unlock", form); code != http.StatusBadRequest || !kept() {
+		t.Fatalf("unlock without what the page showed = %d, lease kept %v; want 400 and the lease kept", code, kept())
+	}
+}
+
+// Two operators load the page of one unknown key; one records that the
+// charge happened, then the other that it did not.
+func TestASecondResolutionFromAnOlderPageIsRefusedWith409(t *testing.T) {
+	t.Parallel()
+	f := consoletest.New(t)
+	ctx := context.Background()
+	h := f.Handler(t, false)
+	alice, carol := open(t, h, "alice"), open(t, h, "alice")
+	form := func(b *browser, outcome string) url.Values {
+		return url.Values{"csrf": {b.csrf("acme", f.UnknownKey)}, "tenant": {"acme"}, "key": {f.UnknownKey},
+			"at": {"order_created"}, "outcome": {outcome}, "confirm": {"yes"}, "seen": {b.seen("acme", f.UnknownKey)}}
+	}
+	happened, notHappened := form(alice, "happened"), form(carol, "not_happened")
+	happened.Set("output", `{"charge_id":"ch_from_dashboard"}`)
+
+	if code, _ := alice.post("/console/resolve", happened); code != http.StatusSeeOther {
+		t.Fatalf("first resolve = %d, want 303", code)
+	}
+	code, body := carol.post("/console/resolve", notHappened)
+	if code != http.StatusConflict || !strings.Contains(body, "changed since your page showed it") {
+		t.Fatalf("second resolve = %d; want 409 saying what changed:\n%s", code, body)
+	}
+	row, err := f.Client.Inspect(ctx, "acme", f.UnknownKey)
+	if err != nil || row.RecoveryPoint != keyrow.Finished || !strings.Contains(string(row.ResponseBody), "ch_from_dashboard") {
+		t.Fatalf("key = %+v, %v; want finished with the first resolution's charge", row, err)
+	}
+	entries, err := f.Client.Audit(ctx, 0, 10)
+	if err != nil || len(entries) != 2 || entries[0].Refused == "" || entries[1].Refused != "" {
+		t.Fatalf("audit = %+v, %v; want the resolution, then the refused one", entries, err)
+	}
+	var given struct {
+		Happened bool `json:"happened"`
+	}
+	if err := json.Unmarshal(entries[0].Detail, &given); err != nil || given.Happened {
+		t.Fatalf("refused entry's detail %s: want the not-happened resolution it was given", entries[0].Detail)
 	}
 }

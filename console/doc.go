@@ -15,6 +15,15 @@
 // unlock of a filtered list with a count first) each need an explicit
 // confirmation and are recorded in the audit, which has a page too.
 //
+// # Stale pages
+//
+// A key's action forms carry the key as the page showed it (its recovery
+// point, hold, lease and pending resolution), and an action applies only
+// while the key is still like that: a form from a page loaded before
+// another operator resolved the key, or before a new run took its lease,
+// is answered 409 with the key as it is now and what changed, and the
+// refusal is audited.
+//
 // # Security
 //
 // Nobody gets in by default: Config.Authorizer, which the application

@@ -298,15 +298,46 @@ func seeOther(w http.ResponseWriter, rel string) {
 	w.WriteHeader(http.StatusSeeOther)
 }
 
+// seen reads what the page showed of the key, which every action's form
+// carries; without it, an action could undo what another operator did
+// after the page was loaded.
+func (c *console) seen(w http.ResponseWriter, r *http.Request, rq *request, tenant, key string) (keyrow.Seen, bool) {
+	seen, err := keyrow.ParseSeen(r.PostFormValue("seen"))
+	if err != nil {
+		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "The form does not say what its page showed of the key; nothing changed. Look at the key again.")
+		return seen, false
+	}
+	return seen, true
+}
+
+// actionFailed answers an action that changed nothing: 409 with what
+// changed since the page was loaded, 404 for a missing key.
+func (c *console) actionFailed(w http.ResponseWriter, r *http.Request, rq *request, tenant, key string, err error) {
+	var changed *keyrow.ChangedError
+	switch {
+	case errors.As(err, &changed):
+		c.showKey(w, r, rq, tenant, key, http.StatusConflict,
+			"Nothing changed: the key changed since your page showed it ("+strings.Join(changed.Changes, "; ")+"). This page shows it as it is now; look again before you act.")
+	case errors.Is(err, keyrow.ErrNotFound):
+		c.fail(w, r, rq, http.StatusNotFound, "There is no such key.")
+	default:
+		c.storeFailed(w, r, rq, err)
+	}
+}
+
 func (c *console) unlock(w http.ResponseWriter, r *http.Request, rq *request) {
 	tenant, key := r.PostFormValue("tenant"), r.PostFormValue("key")
 	if !confirmed(r) {
 		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "Tick the box to confirm the unlock.")
 		return
 	}
-	freed, err := c.cfg.Client.Unlock(phase.WithActor(r.Context(), rq.who.Name), tenant, key)
+	seen, ok := c.seen(w, r, rq, tenant, key)
+	if !ok {
+		return
+	}
+	freed, err := c.cfg.Client.Unlock(phase.WithActor(r.Context(), rq.who.Name), tenant, key, seen)
 	if err != nil {
-		c.storeFailed(w, r, rq, err)
+		c.actionFailed(w, r, rq, tenant, key, err)
 		return
 	}
 	done(w, tenant, key, map[bool]string{true: "unlocked", false: "unheld"}[freed])
@@ -318,22 +349,23 @@ func (c *console) retry(w http.ResponseWriter, r *http.Request, rq *request) {
 		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "Tick the box to confirm the retry.")
 		return
 	}
-	row, err := c.cfg.Client.Inspect(r.Context(), tenant, key)
-	if err == nil && row.Hold == keyrow.HoldUnknown && r.PostFormValue("confirm_unknown") != "yes" {
+	seen, ok := c.seen(w, r, rq, tenant, key)
+	if !ok {
+		return
+	}
+	// The retry applies only while the key is held as the page showed it,
+	// so the hold the page showed is the one to confirm.
+	if seen.Hold == keyrow.HoldUnknown && r.PostFormValue("confirm_unknown") != "yes" {
 		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest,
 			"This key's last call may have happened: retrying makes it again. Resolve it instead, or confirm that repeating it is safe.")
 		return
 	}
-	if err == nil {
-		err = c.cfg.Client.Retry(phase.WithActor(r.Context(), rq.who.Name), tenant, key)
-	}
+	err := c.cfg.Client.Retry(phase.WithActor(r.Context(), rq.who.Name), tenant, key, seen)
 	switch {
-	case errors.Is(err, keyrow.ErrNotHeld):
-		c.showKey(w, r, rq, tenant, key, http.StatusConflict, "The key is not on hold (any more); nothing changed.")
-	case errors.Is(err, keyrow.ErrNotFound):
-		c.fail(w, r, rq, http.StatusNotFound, "There is no such key.")
+	case errors.Is(err, keyrow.ErrNotHeld) && !errors.Is(err, keyrow.ErrChanged):
+		c.showKey(w, r, rq, tenant, key, http.StatusConflict, "The key is not on hold; nothing changed.")
 	case err != nil:
-		c.storeFailed(w, r, rq, err)
+		c.actionFailed(w, r, rq, tenant, key, err)
 	default:
 		done(w, tenant, key, "retried")
 	}
@@ -359,17 +391,19 @@ func (c *console) resolve(w http.ResponseWriter, r *http.Request, rq *request) {
 		c.showKey(w, r, rq, tenant, key, http.StatusBadRequest, "Tick the box to confirm that you checked with the provider.")
 		return
 	}
-	_, err := c.cfg.Client.Resolve(phase.WithActor(r.Context(), rq.who.Name), tenant, key, res)
+	seen, ok := c.seen(w, r, rq, tenant, key)
+	if !ok {
+		return
+	}
+	_, err := c.cfg.Client.Resolve(phase.WithActor(r.Context(), rq.who.Name), tenant, key, res, seen)
 	switch {
 	case errors.Is(err, phase.ErrInvalidResolution):
 		c.showKey(w, r, rq, tenant, key, http.StatusUnprocessableEntity, "Nothing recorded: "+err.Error())
-	case errors.Is(err, keyrow.ErrNotUnknown):
+	case errors.Is(err, keyrow.ErrNotUnknown) && !errors.Is(err, keyrow.ErrChanged):
 		c.showKey(w, r, rq, tenant, key, http.StatusConflict,
-			"Nothing recorded: the key is no longer held as unknown at that recovery point, or a run holds it. Look again.")
-	case errors.Is(err, keyrow.ErrNotFound):
-		c.fail(w, r, rq, http.StatusNotFound, "There is no such key.")
+			"Nothing recorded: the key is not held as unknown at that recovery point, or a run holds it. Look again.")
 	case err != nil:
-		c.storeFailed(w, r, rq, err)
+		c.actionFailed(w, r, rq, tenant, key, err)
 	default:
 		done(w, tenant, key, "resolved")
 	}

@@ -490,22 +490,56 @@ func (c *Client) Definitions(ctx context.Context) ([]keyrow.DefinitionCount, err
 // dead: a holder that is still running is fenced out and stops at its next
 // write, but a foreign call it is already making goes on, and so does one
 // it starts within a third of the TTL (at most a second) of its last commit
-// (see # Fencing). It reports whether a lease was freed, and audits the
-// change under the actor of ctx (see WithActor).
-func (c *Client) Unlock(ctx context.Context, tenant, key string) (bool, error) {
-	return store.Unlock(ctx, c.pool, tenant, key)
+// (see # Fencing).
+//
+// Given what the operator saw of the key (Row.Seen, at most one), it frees
+// the lease only while the key is as seen, above all while its lease is
+// the one seen: a lease a new run took since is left alone, and the error
+// is a *keyrow.ChangedError (errors.Is keyrow.ErrChanged) holding the key
+// as it is now. Given nothing, it frees whatever lease the key has, as a
+// test or a script that knows its holder is gone does. It reports whether
+// a lease was freed, and audits the change, or the refusal, under the
+// actor of ctx (see WithActor).
+func (c *Client) Unlock(ctx context.Context, tenant, key string, seen ...keyrow.Seen) (bool, error) {
+	s, err := oneSeen(seen)
+	if err != nil {
+		return false, err
+	}
+	return store.Unlock(ctx, c.pool, tenant, key, s)
 }
 
 // Retry makes a key on hold runnable again, keeping its recovery point and
 // state, and gives the completer its full MaxAttempts on it again.
 // Retrying a dead key is always safe. Retrying an unknown key is the
 // operator's word that the uncertain foreign call did not happen, or may
-// happen twice: the resumed run repeats it instead of reconciling it. It
-// returns keyrow.ErrNotFound or keyrow.ErrNotHeld when there is nothing to
-// retry, and audits the change under the actor of ctx (see WithActor).
+// happen twice: the resumed run repeats it instead of reconciling it.
 // Resolve is the way to say what became of an unknown outcome.
-func (c *Client) Retry(ctx context.Context, tenant, key string) error {
-	return store.Retry(ctx, c.pool, tenant, key)
+//
+// Given what the operator saw of the key (Row.Seen, at most one), it
+// retries the key only while it is as seen, and drops a pending
+// resolution only when seen names it. Given nothing, it retries the key
+// only while no resolution is pending on it. Otherwise nothing changes and
+// the error is a *keyrow.ChangedError (errors.Is keyrow.ErrChanged) holding
+// the key as it is now. It returns keyrow.ErrNotFound or keyrow.ErrNotHeld
+// when there is nothing to retry, and audits the change, or the refusal,
+// under the actor of ctx (see WithActor).
+func (c *Client) Retry(ctx context.Context, tenant, key string, seen ...keyrow.Seen) error {
+	s, err := oneSeen(seen)
+	if err != nil {
+		return err
+	}
+	return store.Retry(ctx, c.pool, tenant, key, s)
+}
+
+// oneSeen returns the one Seen an operator action was given, nil for none.
+func oneSeen(seen []keyrow.Seen) (*keyrow.Seen, error) {
+	switch len(seen) {
+	case 0:
+		return nil, nil
+	case 1:
+		return &seen[0], nil
+	}
+	return nil, fmt.Errorf("phase: an operator action takes at most one Seen, got %d", len(seen))
 }
 
 // ReapCandidates reports what a reaper run would do if it started now,

@@ -92,6 +92,7 @@ type checkoutDef struct {
 	formerly   string // the charge phase's former name
 	fraudCheck bool   // a fraud check before the charge
 	reconciled bool   // the receipt phase has a reconcile function
+	noReceipt  bool   // no receipt phase
 }
 
 func (s *shop) workflow(t *testing.T, d checkoutDef) *phase.Workflow[checkoutReq, checkoutState] {
@@ -140,7 +141,11 @@ func (s *shop) workflow(t *testing.T, d checkoutDef) *phase.Workflow[checkoutReq
 			return "", phase.NotHappened, nil
 		}, record)
 	}
-	phases = append(phases, charge, receipt,
+	phases = append(phases, charge)
+	if !d.noReceipt {
+		phases = append(phases, receipt)
+	}
+	phases = append(phases,
 		phase.Local("responded", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
 			return phase.JSON(http.StatusCreated, map[string]any{"charge": r.State.Charge, "receipt": r.State.Receipt, "checked": r.State.Checked}), nil
 		}))
@@ -182,6 +187,22 @@ func retry(t *testing.T, c *phase.Client, w *phase.Workflow[checkoutReq, checkou
 		t.Fatalf("retry of %s: %v", key, err)
 	}
 	return out
+}
+
+// checkout posts acme's checkout request with key k1 to w's handler on c,
+// with ctx.
+func checkout(ctx context.Context, t *testing.T, c *phase.Client, w *phase.Workflow[checkoutReq, checkoutState]) *httptest.ResponseRecorder {
+	t.Helper()
+	h, err := phase.Handler(c, w, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/checkout", strings.NewReader(`{"amount":2000}`))
+	req.Header.Set("Idempotency-Key", "k1")
+	req.Header.Set("Content-Type", "application/json")
+	h.ServeHTTP(rec, req.WithContext(ctx))
+	return rec
 }
 
 func inspect(t *testing.T, c *phase.Client, key string) *keyrow.Row {
@@ -329,18 +350,11 @@ func TestAKeyAtAPointTheNewDefinitionLacksIsNotBuried(t *testing.T) {
 	db := pgtest.Pool(t)
 	s := newShop()
 	v2 := s.workflow(t, checkoutDef{fraudCheck: true})
-	h2, err := phase.Handler(process(t, db, v2), v2, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
 	func() {
 		// The crashed handler aborts as a killed process would.
 		defer func() { _ = recover() }()
-		req := httptest.NewRequest(http.MethodPost, "/checkout", strings.NewReader(`{"amount":2000}`))
-		req.Header.Set("Idempotency-Key", "k1")
-		req.Header.Set("Content-Type", "application/json")
-		ctx := phase.WithInjector(req.Context(), phase.CrashAt(phase.Point{Phase: "fraud_checked", Stage: phase.AfterCommit}))
-		h2.ServeHTTP(httptest.NewRecorder(), req.WithContext(ctx))
+		checkout(phase.WithInjector(context.Background(), phase.CrashAt(phase.Point{Phase: "fraud_checked", Stage: phase.AfterCommit})),
+			t, process(t, db, v2), v2)
 	}()
 
 	// v3 removes the fraud check and adopts v2 without saying where keys
@@ -353,15 +367,7 @@ func TestAKeyAtAPointTheNewDefinitionLacksIsNotBuried(t *testing.T) {
 	if _, err := c3.Unlock(context.Background(), "acme", "k1"); err != nil {
 		t.Fatal(err)
 	}
-	h, err := phase.Handler(c3, v3, phase.HTTPConfig[checkoutReq]{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(http.MethodPost, "/checkout", strings.NewReader(`{"amount":2000}`))
-	req.Header.Set("Idempotency-Key", "k1")
-	req.Header.Set("Content-Type", "application/json")
-	h.ServeHTTP(rec, req)
+	rec := checkout(context.Background(), t, c3, v3)
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" ||
 		!strings.Contains(rec.Body.String(), "definition-unavailable") {
 		t.Fatalf("retry: %d %q %s, want 503 definition-unavailable with Retry-After", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
@@ -388,6 +394,65 @@ func TestAKeyAtAPointTheNewDefinitionLacksIsNotBuried(t *testing.T) {
 	}
 	if s.charges.count() != 1 || s.checks.Load() != 1 {
 		t.Fatalf("%d charges, %d checks after the move; want one of each (the check before the deploy)", s.charges.count(), s.checks.Load())
+	}
+}
+
+// A key dies inside the receipt's call, which is not safe to repeat; the
+// next definition removes the receipt and adopts the old one.
+func TestAKeyHeldInsideARemovedPhasesCallIsResolvedUnderTheAdoptingDefinition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	s := newShop()
+	v1 := s.workflow(t, checkoutDef{})
+	c1 := process(t, db, v1)
+	func() {
+		// The crashed handler aborts as a killed process would.
+		defer func() { _ = recover() }()
+		checkout(phase.WithInjector(ctx, phase.CrashAt(phase.Point{Phase: "receipt_sent", Stage: phase.AfterCall})), t, c1, v1)
+	}()
+	if _, err := c1.Unlock(ctx, "acme", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	v2 := s.workflow(t, checkoutDef{noReceipt: true})
+	if err := v2.Adopt("checkout", v1.Definition(), nil); err != nil {
+		t.Fatal(err)
+	}
+	c2 := process(t, db, v2)
+	post := func() *httptest.ResponseRecorder { return checkout(ctx, t, c2, v2) }
+
+	// The client is told the request waits, never that a retry completes it.
+	first := post()
+	if first.Code != http.StatusServiceUnavailable || strings.Contains(first.Body.String(), "exactly once") ||
+		!strings.Contains(first.Body.String(), "operator") {
+		t.Fatalf("retry under the new definition: %d %s; want 503 saying the request waits, without promising completion", first.Code, first.Body)
+	}
+	if again := post(); again.Code != http.StatusConflict || !strings.Contains(again.Body.String(), "operator") {
+		t.Fatalf("later retry: %d %s; want 409 saying the request waits for an operator", again.Code, again.Body)
+	}
+	row := inspect(t, c2, "k1")
+	if row.Hold != keyrow.HoldUnknown || row.CallPending != "receipt_sent" || row.RecoveryPoint != "charged" {
+		t.Fatalf("key: hold %q, call pending %q, at %s; want held as unknown inside the receipt's call", row.Hold, row.CallPending, row.RecoveryPoint)
+	}
+
+	// Nothing in the new definition can record the receipt's output.
+	_, err := c2.Resolve(ctx, "acme", "k1", keyrow.Resolution{RecoveryPoint: "charged", Happened: true, Output: json.RawMessage(`"rc_1"`)}, row.Seen())
+	if !errors.Is(err, phase.ErrInvalidResolution) || !strings.Contains(err.Error(), "Retry") || !strings.Contains(err.Error(), "definition") {
+		t.Fatalf("resolve as happened = %v; want ErrInvalidResolution pointing to the old definition and Retry", err)
+	}
+	// That the call did not happen lets the key go on without it.
+	row, err = c2.Resolve(ctx, "acme", "k1", keyrow.Resolution{RecoveryPoint: "charged"}, row.Seen())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.RecoveryPoint != keyrow.Finished || row.Hold != "" || row.CallPending != "" {
+		t.Fatalf("after resolving as not happened: at %s, hold %q, call pending %q; want finished", row.RecoveryPoint, row.Hold, row.CallPending)
+	}
+	if s.charges.count() != 1 || s.receipts.count() != 1 {
+		t.Fatalf("%d charges, %d receipts; want the one of each sent before the deploy, none again", s.charges.count(), s.receipts.count())
+	}
+	if done := post(); done.Code != http.StatusCreated {
+		t.Fatalf("retry after the resolution: %d %s; want the stored response", done.Code, done.Body)
 	}
 }
 

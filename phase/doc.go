@@ -35,7 +35,10 @@
 // runs in flight finish, or cancels them when its context ends, each run
 // then freeing its lease. Operators act through the client too:
 // [Client.Inspect], [Client.List], [Client.Counts], [Client.Unlock],
-// [Client.Retry], [Client.Reap]; the atomicphase command wraps them.
+// [Client.Retry], [Client.Resolve], [Client.Reap]; the atomicphase command
+// wraps them. Unlock, Retry and Resolve take what the operator saw
+// ([keyrow.Row.Seen]) and refuse, with a [keyrow.ChangedError], a key that
+// changed since.
 //
 // # Connection poolers
 //

@@ -252,7 +252,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 	case OutcomeInFlight:
 		h.inProgress(rw, r, tenant, key, out)
 	case OutcomeOnHold:
-		detail := "the outcome of this request is being reconciled with a downstream service; retry later with the same Idempotency-Key"
+		detail := "the outcome of a downstream operation of this request is not known, and the request waits for it to be reconciled, by the service or by an operator; retry later with the same Idempotency-Key"
 		if out.Hold == keyrow.HoldDead {
 			detail = "processing of this request was abandoned after repeated failures; an operator must retry it"
 		}
@@ -370,7 +370,8 @@ func writeError(rw http.ResponseWriter, err error) {
 			"another request with this Idempotency-Key took over processing; retry with the same key", time.Second)
 	case errors.Is(err, ErrOutcomeUnknown):
 		WriteProblem(rw, http.StatusServiceUnavailable, ProblemOutcomeUnknown, "Downstream outcome unknown",
-			"a downstream service did not confirm the operation; retry with the same Idempotency-Key and it will be completed exactly once", time.Second)
+			"a downstream service did not confirm the operation, so the request waits until its outcome is known, from the service or from an operator; "+
+				"a retry with the same Idempotency-Key never repeats the operation, and answers once the request is finished", time.Second)
 	case errors.As(err, &pe):
 		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
 			"the request failed part-way because of a server bug and nothing was stored as its answer; retrying with the same Idempotency-Key resumes it safely", 0)

@@ -162,6 +162,12 @@ func (w *Workflow[Req, State]) checkOutput(row *keyrow.Row, output json.RawMessa
 	if i, err = x.applicable(i); err != nil {
 		return "", err
 	}
+	if removedCall(w, row.CallPending, i) {
+		if output != nil {
+			return row.CallPending, removedCallHappened(row.CallPending)
+		}
+		return row.CallPending, nil
+	}
 	if i == len(w.phases) || w.phases[i].foreign == nil {
 		return "", fmt.Errorf("no foreign phase follows recovery point %q", row.RecoveryPoint)
 	}
@@ -172,6 +178,21 @@ func (w *Workflow[Req, State]) checkOutput(row *keyrow.Row, output json.RawMessa
 		}
 	}
 	return p.name, nil
+}
+
+// removedCall reports whether the call pending on a key, which may have
+// been sent, is of a phase that w would not run next: a definition that
+// adopted the key's removed the phase. w never makes that call again.
+func removedCall[Req, State any](w *Workflow[Req, State], pending string, next int) bool {
+	return pending != "" && (next == len(w.phases) || w.phases[next].identity() != pending)
+}
+
+// removedCallHappened is why a call that happened cannot be resolved in a
+// definition that removed its phase.
+func removedCallHappened(pending string) error {
+	return fmt.Errorf("the call of phase %q happened, but this definition has no phase %q to record its output: "+
+		"register the definition the key started under (Workflow.Definition) to finish it through that phase, "+
+		"or Retry it to go on under this definition without recording the call", pending, pending)
 }
 
 // decodeOutput decodes an operator's JSON into a phase's output type,
@@ -207,15 +228,34 @@ var ErrInvalidResolution = errors.New("phase: invalid resolution")
 // The resolution holds only while the key is held as unknown at
 // r.RecoveryPoint with no live lease: otherwise nothing is recorded and
 // the error is keyrow.ErrNotUnknown (the key moved on since the operator
-// looked) or keyrow.ErrNotFound. With the workflow registered, r.Output is
-// first decoded into the phase's output type, unknown fields refused, and
-// an error wrapping ErrInvalidResolution returned when it does not fit.
-// The run decodes it again in any case, and keeps the key on hold if it
-// does not fit. The resolution is audited under the actor of ctx (see
+// looked) or keyrow.ErrNotFound. Given what the operator saw of the key
+// (Row.Seen, at most one), it is recorded only while the key is as seen,
+// and replaces a pending resolution only when seen names it; given
+// nothing, only while no resolution is pending. Otherwise the error is a
+// *keyrow.ChangedError (errors.Is keyrow.ErrChanged) holding the key as it
+// is now: of two resolutions made from the same view, exactly one is
+// recorded.
+//
+// A key held inside the call of a phase that the definition running it
+// removed (it adopted the key's definition) is resolved too: as not
+// happened, the run goes on with the phases the definition has; as
+// happened, the error wraps ErrInvalidResolution, since nothing can record
+// the output: drain the key with its own definition registered, or Retry
+// it.
+//
+// With the workflow registered, r.Output is first decoded into the
+// phase's output type, unknown fields refused, and an error wrapping
+// ErrInvalidResolution returned when it does not fit. The run decodes it
+// again in any case, and keeps the key on hold if it does not fit. The
+// resolution, or its refusal, is audited under the actor of ctx (see
 // WithActor). A NUL in r.Output's strings, which Postgres cannot keep, is
 // stored as the two characters \0, and bytes that are not UTF-8 as U+FFFD:
 // the record function reads them so.
-func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resolution) (*keyrow.Row, error) {
+func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resolution, seen ...keyrow.Seen) (*keyrow.Row, error) {
+	s, err := oneSeen(seen)
+	if err != nil {
+		return nil, err
+	}
 	row, err := store.Inspect(ctx, c.pool, tenant, key)
 	if err != nil {
 		return nil, err
@@ -230,7 +270,7 @@ func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resol
 			return nil, fmt.Errorf("%w: %w", ErrInvalidResolution, err)
 		}
 	}
-	if err := store.Resolve(ctx, c.pool, tenant, key, r); err != nil {
+	if err := store.Resolve(ctx, c.pool, tenant, key, r, s); err != nil {
 		return nil, err
 	}
 	if known {
@@ -295,14 +335,31 @@ func (c *Client) Audit(ctx context.Context, before int64, limit int) ([]keyrow.A
 // resolved acts on an operator's resolution, when one was recorded for
 // the key at its recovery point, of the unknown outcome of the phase at
 // index i: it records the call's output (Happened) or makes the call again
-// (not happened), and reports done. The resolution is taken off the key
-// first, so it is acted on once.
+// (not happened), and reports done. When the call pending on the key is of
+// a phase this definition removed, a call that did not happen lets the run
+// go on from i, and one that happened keeps the key on hold: nothing here
+// can record it. The resolution is taken off the key first, so it is acted
+// on once.
 func (x *execution[Req, State]) resolved(ctx context.Context, i int) (resp *keyrow.Response, done bool, err error) {
 	r, err := store.TakeResolution(ctx, x.c.pool, x.row.Holder())
 	if err != nil {
 		return nil, true, x.release(ctx, fmt.Errorf("phase: read the operator's resolution: %w", err), keyrow.HoldUnknown)
 	}
-	if r == nil || r.RecoveryPoint != x.rp || i == len(x.w.phases) || x.w.phases[i].foreign == nil {
+	if r == nil || r.RecoveryPoint != x.rp {
+		return nil, false, nil
+	}
+	if removedCall(x.w, x.row.CallPending, i) {
+		x.c.cfg.Logger.Info("acting on the operator's resolution of a call this definition removed", "workflow", x.w.name,
+			"tenant", x.run.Tenant, "key", x.run.Key, "phase", x.row.CallPending, "happened", r.Happened)
+		if r.Happened {
+			return nil, true, x.release(ctx, fmt.Errorf("%w: %w", ErrOutcomeUnknown, removedCallHappened(x.row.CallPending)), keyrow.HoldUnknown)
+		}
+		// The call did not happen and this definition never makes it:
+		// go on with the phases it has.
+		resp, err := x.from(ctx, i, nil)
+		return resp, true, err
+	}
+	if i == len(x.w.phases) || x.w.phases[i].foreign == nil {
 		return nil, false, nil
 	}
 	p := &x.w.phases[i]

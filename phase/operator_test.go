@@ -219,3 +219,56 @@ func TestTheCompleterActsOnAResolutionRecordedElsewhere(t *testing.T) {
 		t.Fatalf("reconcile asked %d more times, %d calls; want the resolution used instead of both", n.asked.Load()-asked, len(n.calls()))
 	}
 }
+
+// Two operators resolve the same unknown key from the same view, one with
+// the provider's message id, one saying the call did not happen. The second
+// must not overwrite the first before a run takes it: the call would be made
+// again.
+func TestASecondResolutionFromTheSameViewIsRefusedAndTheCallIsNotMadeAgain(t *testing.T) {
+	t.Parallel()
+	n := &notifier{}
+	c, db := unknownKey(t, n, false)
+	n.lose.Store(false)
+	ctx := context.Background()
+	// A client without the workflow records resolutions without running the
+	// key, so both land before any run takes one.
+	cli, err := phase.NewClient(db, &phase.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err := cli.Inspect(ctx, "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := row.Seen()
+
+	if _, err := cli.Resolve(phase.WithActor(ctx, "alice"), "acme", "k1", keyrow.Resolution{RecoveryPoint: keyrow.Started,
+		Happened: true, Output: json.RawMessage(`{"id":"msg-from-the-dashboard"}`)}, seen); err != nil {
+		t.Fatal(err)
+	}
+	_, err = cli.Resolve(phase.WithActor(ctx, "bob"), "acme", "k1", keyrow.Resolution{RecoveryPoint: keyrow.Started}, seen)
+	var changed *keyrow.ChangedError
+	if !errors.As(err, &changed) || changed.Now.Resolution == nil || !changed.Now.Resolution.Happened {
+		t.Fatalf("second resolution = %v; want refused, showing the first", err)
+	}
+
+	if res, err := c.Complete(ctx); err != nil || res.Completed != 1 {
+		t.Fatalf("pass = %+v, %v; want the key completed", res, err)
+	}
+	if row, err = c.Inspect(ctx, "acme", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if row.RecoveryPoint != keyrow.Finished || !strings.Contains(string(row.ResponseBody), "msg-from-the-dashboard") {
+		t.Fatalf("after the pass: %s %s; want finished with the first resolution's output", row.RecoveryPoint, row.ResponseBody)
+	}
+	if calls := n.calls(); len(calls) != 1 {
+		t.Fatalf("calls %q; want only the lost call, never made again", calls)
+	}
+	d, err := c.Describe(ctx, "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Audit) != 2 || d.Audit[0].Actor != "bob" || d.Audit[0].Refused == "" || d.Audit[1].Actor != "alice" || d.Audit[1].Refused != "" {
+		t.Fatalf("audit = %+v; want alice's resolution and bob's refusal", d.Audit)
+	}
+}

@@ -21,9 +21,11 @@ var commands = []command{
 		detail: `
 Show everything stored for the tenant's key: its status, where its workflow
 got to, who holds it, its attempts, the completer's failures on it, its last
-error, its request, state and stored response. The response body is shown
-shortened; -json prints every field, the body base64-encoded and
-lease_left_ns (the lease time left by the database clock) in nanoseconds.
+error, its request, state and stored response, and the token to pass as
+-seen to unlock, retry or resolve, so that they act only on the key as shown.
+The response body is shown shortened; -json prints every field, the body
+base64-encoded, lease_left_ns (the lease time left by the database clock)
+in nanoseconds and the token as seen.
 
 Exits with status 3 if the tenant has no such key.`,
 		define: defineInspect,
@@ -64,8 +66,14 @@ the next run, and a foreign call it was making may be made again. Unlock a
 key only when its holder is known to be gone (its process crashed or hangs),
 not when it is merely slow.
 
-A key on hold stays on hold; see 'atomicphase retry -h'. Exits with status
-3 if the tenant has no such key, and 0 with a note if the key had no lease.`,
+A key on hold stays on hold; see 'atomicphase retry -h'.
+
+-seen takes the token 'atomicphase inspect' printed: the lease is freed only
+if it is still the one inspect showed, so a lease a new run took since is
+left alone. Without -seen, the lease freed is the one read just before.
+Exits with status 3 if the tenant has no such key, 4 if the key changed
+since it was seen (nothing is freed; the refusal is audited), and 0 with a
+note if the key had no lease.`,
 		define: defineUnlock,
 	},
 	{
@@ -86,8 +94,14 @@ of reconciling it, so it needs -confirm-unknown: pass it only once you have
 checked with the provider that the call did not happen, or know that
 making it twice is harmless.
 
-Exits with status 3 if the tenant has no such key, and 1 if the key is not
-on hold.`,
+-seen takes the token 'atomicphase inspect' printed: the key is retried
+only if it is still as inspect showed it, and a resolution pending on it is
+dropped only if inspect showed that resolution. Without -seen, a key with a
+pending resolution is not retried.
+
+Exits with status 3 if the tenant has no such key, 4 if the key changed
+since it was seen or has a resolution pending (nothing changes; the refusal
+is audited), and 1 if the key is not on hold.`,
 		define: defineRetry,
 	},
 	{
@@ -102,6 +116,12 @@ same downstream key. Check with the provider first, by the downstream key.
 
 -at is the recovery point 'atomicphase inspect' showed: if the key has
 moved on since, nothing is recorded and the command exits with status 1.
+A resolution is recorded only while none is pending on the key: to replace
+a pending one, pass -seen with the token inspect printed while showing it.
+With -seen, the resolution is recorded only if the key is still as inspect
+showed it. Otherwise nothing is recorded and the command exits with status
+4; the refusal is audited. Of two resolutions sent at once, one is
+recorded.
 
 The resolution is recorded on the key. This command does not know the
 application's workflows, so the application's completer acts on it at its
@@ -247,7 +267,10 @@ func defineInspect(*flag.FlagSet) action {
 			return err
 		}
 		if s.json {
-			return s.writeJSON(info)
+			return s.writeJSON(struct {
+				*keyrow.Row
+				Seen string `json:"seen"`
+			}{info, info.Seen().String()})
 		}
 		return printKey(s.stdout, info, time.Now())
 	}
@@ -279,7 +302,8 @@ func defineList(fs *flag.FlagSet) action {
 	}
 }
 
-func defineUnlock(*flag.FlagSet) action {
+func defineUnlock(fs *flag.FlagSet) action {
+	seen := defineSeen(fs)
 	return func(ctx context.Context, s *session, args []string) error {
 		tenant, key := args[0], args[1]
 		c, err := s.client(ctx, phase.Config{})
@@ -287,15 +311,19 @@ func defineUnlock(*flag.FlagSet) action {
 			return err
 		}
 		// Read first, for the exit status of a missing key and to say what
-		// the freed lease was; a key changing in between only makes the
-		// message stale.
+		// the freed lease was. Without -seen, the unlock expects the key as
+		// read here, so the lease it frees is the one the message names.
 		info, err := inspect(ctx, c, tenant, key)
 		if err != nil {
 			return err
 		}
-		freed, err := c.Unlock(s.acting(ctx), tenant, key)
+		expect := seen.list()
+		if expect == nil {
+			expect = []keyrow.Seen{info.Seen()}
+		}
+		freed, err := c.Unlock(s.acting(ctx), tenant, key, expect...)
 		if err != nil {
-			return err
+			return refused(err, tenant, key)
 		}
 		if s.json {
 			return s.writeJSON(struct {
@@ -311,6 +339,7 @@ func defineUnlock(*flag.FlagSet) action {
 func defineRetry(fs *flag.FlagSet) action {
 	confirmUnknown := fs.Bool("confirm-unknown", false,
 		"retry a key held as unknown, repeating its last foreign call")
+	seen := defineSeen(fs)
 	return func(ctx context.Context, s *session, args []string) error {
 		tenant, key := args[0], args[1]
 		c, err := s.client(ctx, phase.Config{})
@@ -330,7 +359,11 @@ func defineRetry(fs *flag.FlagSet) action {
 					"and retrying makes it again; check with the provider, then pass -confirm-unknown", key, tenant)
 			}
 		}
-		err = c.Retry(s.acting(ctx), tenant, key)
+		err = refused(c.Retry(s.acting(ctx), tenant, key, seen.list()...), tenant, key)
+		var changed *changedError
+		if errors.As(err, &changed) {
+			return err
+		}
 		if errors.Is(err, keyrow.ErrNotHeld) {
 			return fmt.Errorf("key %q of tenant %q left its hold while being retried; inspect it", key, tenant)
 		}

@@ -54,6 +54,9 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 	default:
 		row("lease", "free")
 	}
+	if k.Resolution != nil {
+		row("resolution", clean(k.Resolution.String())+" (pending: the next run acts on it)")
+	}
 	row("params", compact(k.Params))
 	row("state", compact(k.State))
 	if k.ResponseStatus != nil {
@@ -70,6 +73,7 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 		}
 		row("response body", preview(k.ResponseBody))
 	}
+	row("seen", k.Seen().String()+" (pass as -seen to unlock, retry or resolve)")
 	return tw.Flush()
 }
 

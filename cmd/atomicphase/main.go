@@ -34,6 +34,7 @@ const (
 	exitError    = 1
 	exitUsage    = 2
 	exitNotFound = 3
+	exitChanged  = 4
 )
 
 // defaultConnectTimeout bounds connecting when the URL sets no
@@ -92,6 +93,9 @@ Exit status:
      URL; the usage is printed to stderr
   3  not found: inspect, unlock, retry or resolve of a key that does not
      exist
+  4  changed: unlock, retry or resolve refused because the key changed
+     since it was seen (-seen), or has a resolution pending; nothing
+     changed, and the refusal is audited
 `
 
 // command is one subcommand. define registers the command's own flags and
@@ -183,6 +187,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case errors.Is(err, keyrow.ErrNotFound):
 		fmt.Fprintf(stderr, "atomicphase %s: %v\n", cmd.name, err)
 		return exitNotFound
+	case errors.Is(err, keyrow.ErrChanged):
+		fmt.Fprintf(stderr, "atomicphase %s: %v\n", cmd.name, err)
+		return exitChanged
 	default:
 		fmt.Fprintf(stderr, "atomicphase %s: %v\n", cmd.name, err)
 		var pgErr *pgconn.PgError

@@ -752,8 +752,9 @@ func TestResolveRecordsTheResolutionAndAuditsItUnderTheActor(t *testing.T) {
 		t.Fatalf("stored resolution = %+v", res)
 	}
 	entries := decode[[]keyrow.AuditEntry](t, ok(t, dsn, "audit", "-json"))
-	if len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionResolve || entries[0].Key != "order-1" {
-		t.Fatalf("audit = %+v, want alice's resolution", entries)
+	if len(entries) != 2 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionResolve || entries[0].Key != "order-1" ||
+		entries[0].Refused != "" || entries[1].Refused == "" {
+		t.Fatalf("audit = %+v, want the refused resolution, then alice's", entries)
 	}
 	if out := ok(t, dsn, "audit"); !strings.Contains(out, "alice") || !strings.Contains(out, "resolved:happened") {
 		t.Fatalf("audit text:\n%s", out)
@@ -782,5 +783,59 @@ func TestBulkRetryCountsFirstAndActsOnlyWithYes(t *testing.T) {
 		if hold := stored(t, db, "acme", key).Hold; hold != "" {
 			t.Errorf("%s: hold %q after bulk retry", key, hold)
 		}
+	}
+}
+
+func TestActionsGivenWhatInspectShowedRefuseAKeyThatChangedAndExitFour(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "unknown")
+	var shown struct {
+		Seen string `json:"seen"`
+	}
+	shown = decode[struct {
+		Seen string `json:"seen"`
+	}](t, ok(t, dsn, "inspect", "-json", "acme", "order-1"))
+	if text := ok(t, dsn, "inspect", "acme", "order-1"); shown.Seen == "" || !strings.Contains(text, shown.Seen) {
+		t.Fatalf("inspect shows no token to pass as -seen (json %q):\n%s", shown.Seen, text)
+	}
+
+	ok(t, dsn, "resolve", "-actor", "alice", "-seen", shown.Seen, "-at", "charged", "-happened", "-output", `{"id":"ch_7"}`, "acme", "order-1")
+	for _, args := range [][]string{
+		{"resolve", "-actor", "bob", "-seen", shown.Seen, "-at", "charged", "-not-happened", "acme", "order-1"},
+		{"resolve", "-actor", "bob", "-at", "charged", "-not-happened", "acme", "order-1"},
+		{"retry", "-actor", "bob", "-seen", shown.Seen, "-confirm-unknown", "acme", "order-1"},
+		{"retry", "-actor", "bob", "-confirm-unknown", "acme", "order-1"},
+		{"unlock", "-actor", "bob", "-seen", shown.Seen, "acme", "order-1"},
+	} {
+		r := runCLI(t, dsn, args...)
+		if r.code != exitChanged || !strings.Contains(r.stderr, "nothing changed") || !strings.Contains(r.stderr, "ch_7") {
+			t.Errorf("%q = %d; want %d saying the resolution recorded since:\n%s", args, r.code, exitChanged, r.stderr)
+		}
+	}
+	if res := stored(t, db, "acme", "order-1"); res.Hold != keyrow.HoldUnknown || res.Resolution == nil || !res.Resolution.Happened {
+		t.Fatalf("after the refusals: hold %q, resolution %s; want alice's resolution kept", res.Hold, res.Resolution)
+	}
+	if out := ok(t, dsn, "audit"); strings.Count(out, "(refused: ") != 5 {
+		t.Fatalf("audit shows %d refusals, want 5:\n%s", strings.Count(out, "(refused: "), out)
+	}
+	if r := runCLI(t, dsn, "unlock", "-seen", "not-a-token", "acme", "order-1"); r.code != exitUsage {
+		t.Fatalf("unlock with a bad token = %d, want %d", r.code, exitUsage)
+	}
+
+	// A lease taken after inspect showed the key expired is left alone.
+	keyIn(t, db, "acme", "order-2", "leased")
+	age(t, db, "acme", "order-2", `lock_expires_at = now() - interval '1 minute'`)
+	expired := decode[struct {
+		Seen string `json:"seen"`
+	}](t, ok(t, dsn, "inspect", "-json", "acme", "order-2")).Seen
+	if out, _ := acquire(t, db, "acme", "order-2"); out != store.Resumed {
+		t.Fatalf("a new run's acquire = %v, want resumed", out)
+	}
+	if r := runCLI(t, dsn, "unlock", "-seen", expired, "acme", "order-2"); r.code != exitChanged || !strings.Contains(r.stderr, "took the lease again") {
+		t.Fatalf("unlock of the expired lease seen = %d:\n%s", r.code, r.stderr)
+	}
+	if row := stored(t, db, "acme", "order-2"); row.LeaseLeft == 0 {
+		t.Fatal("the stale unlock freed the new run's lease")
 	}
 }

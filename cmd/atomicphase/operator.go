@@ -68,6 +68,55 @@ func (f *filterFlags) check(fs *flag.FlagSet) error {
 	return nil
 }
 
+// seenFlag is the -seen flag of the single-key actions: what the operator
+// saw of the key, as inspect printed it.
+type seenFlag struct{ seen *keyrow.Seen }
+
+func defineSeen(fs *flag.FlagSet) *seenFlag {
+	f := &seenFlag{}
+	fs.Func("seen", "act only while the key is as it was when inspect printed this `token`; "+
+		"without it, nothing stops the action from undoing a change made since you looked", func(v string) error {
+		seen, err := keyrow.ParseSeen(v)
+		if err != nil {
+			return errors.New("not a token that inspect printed")
+		}
+		f.seen = &seen
+		return nil
+	})
+	return f
+}
+
+// list returns what the action passes on: nothing, or what was seen.
+func (f *seenFlag) list() []keyrow.Seen {
+	if f.seen == nil {
+		return nil
+	}
+	return []keyrow.Seen{*f.seen}
+}
+
+// changedError is an action refused because the key changed since it was
+// seen: exit status 4.
+type changedError struct {
+	tenant, key string
+	err         *keyrow.ChangedError
+}
+
+func (e *changedError) Error() string {
+	return fmt.Sprintf("nothing changed: key %q of tenant %q: %s; inspect it again", e.key, e.tenant, clean(e.err.Reason()))
+}
+
+func (e *changedError) Unwrap() error { return e.err }
+
+// refused turns a refusal of an action on the key into a changedError,
+// and returns any other error as it is.
+func refused(err error, tenant, key string) error {
+	var changed *keyrow.ChangedError
+	if errors.As(err, &changed) {
+		return &changedError{tenant: tenant, key: key, err: changed}
+	}
+	return err
+}
+
 // resolveReport is what resolve prints.
 type resolveReport struct {
 	Tenant     string            `json:"tenant"`
@@ -80,6 +129,7 @@ func defineResolve(fs *flag.FlagSet) action {
 		r           keyrow.Resolution
 		notHappened bool
 		output      string
+		seen        = defineSeen(fs)
 	)
 	fs.StringVar(&r.RecoveryPoint, "at", "", "the key's recovery point as inspect showed it; nothing is recorded if it moved on")
 	fs.BoolVar(&r.Happened, "happened", false, "the call happened; pass what it returned as -output")
@@ -104,8 +154,12 @@ func defineResolve(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		_, err = c.Resolve(s.acting(ctx), tenant, key, r)
+		_, err = c.Resolve(s.acting(ctx), tenant, key, r, seen.list()...)
+		err = refused(err, tenant, key)
+		var changed *changedError
 		switch {
+		case errors.As(err, &changed):
+			return err
 		case errors.Is(err, keyrow.ErrNotFound):
 			return &notFoundError{tenant: tenant, key: key}
 		case errors.Is(err, keyrow.ErrNotUnknown):
@@ -216,7 +270,11 @@ func printAudit(w io.Writer, entries []keyrow.AuditEntry) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "ID\tAT\tACTOR\tACTION\tTENANT\tKEY\tBEFORE\tAFTER")
 	for _, e := range entries {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.UTC().Format(time.RFC3339), clean(e.Actor), e.Action,
+		action := e.Action
+		if e.Refused != "" {
+			action += " (refused: " + clean(e.Refused) + ")"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.UTC().Format(time.RFC3339), clean(e.Actor), action,
 			clean(e.Tenant), clean(e.Key), standing(e.Before), standing(e.After))
 	}
 	return tw.Flush()

@@ -214,8 +214,8 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 			return store.Release(ctx, db, h, "failed", holds[rnd.IntN(len(holds))], rnd.IntN(2) == 0, false)
 		}},
 		{"renew", func() error { h := pick(); _, err := store.Renew(ctx, db, h, ttl); return err }},
-		{"unlock", func() error { _, err := store.Unlock(ctx, db, "acme", keys[rnd.IntN(len(keys))]); return err }},
-		{"retry", func() error { return store.Retry(ctx, db, "acme", keys[rnd.IntN(len(keys))]) }},
+		{"unlock", func() error { _, err := store.Unlock(ctx, db, "acme", keys[rnd.IntN(len(keys))], nil); return err }},
+		{"retry", func() error { return store.Retry(ctx, db, "acme", keys[rnd.IntN(len(keys))], nil) }},
 		{"claim", func() error {
 			rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 2, MinIdle: 0, TTL: ttl})
 			for _, r := range rows {

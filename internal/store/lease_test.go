@@ -139,7 +139,7 @@ func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
 	const ttl = 1200 * time.Millisecond
 	_, stale := lease(t, db, "k1", ttl)
 	// The holder stalls; an operator frees the key and another run takes it.
-	if freed, err := store.Unlock(ctx, db, "acme", "k1"); err != nil || !freed {
+	if freed, err := store.Unlock(ctx, db, "acme", "k1", nil); err != nil || !freed {
 		t.Fatalf("unlock = %v, %v", freed, err)
 	}
 	taker, _ := lease(t, db, "k1", ttl)
@@ -200,7 +200,7 @@ func TestKeepTakesAFreshProofAndRenewsAfterAStall(t *testing.T) {
 	// and a holder whose key was taken over meanwhile starts nothing.
 	_, stale := lease(t, db, "stale", ttl)
 	stale.Proven(time.Now().Add(-store.ProofWindow(ttl)))
-	if freed, err := store.Unlock(ctx, db, "acme", "stale"); err != nil || !freed {
+	if freed, err := store.Unlock(ctx, db, "acme", "stale", nil); err != nil || !freed {
 		t.Fatalf("unlock = %v, %v", freed, err)
 	}
 	lease(t, db, "stale", ttl)

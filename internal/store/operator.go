@@ -444,25 +444,120 @@ FROM changed`
 	return int(tag.RowsAffected()), nil
 }
 
-// actOnKey applies the action to the tenant's key; when it changed
-// nothing, it returns keyrow.ErrNotFound for a missing key and notInState
-// otherwise.
-func actOnKey(ctx context.Context, q Querier, x action, tenant, key string, notInState error) error {
+// seenWhere returns the conditions that hold while the key is as seen:
+// the same recovery point, hold, lease (attempts, which every lease taken
+// adds to, and its taken-at time) and pending resolution. Resolutions
+// compare as jsonb values, so key order and spacing do not matter.
+func seenWhere(seen keyrow.Seen, a *args) ([]string, error) {
+	var lockedAt, resolution any
+	if seen.LockedAt != nil {
+		lockedAt = *seen.LockedAt
+	}
+	if seen.Resolution != nil {
+		enc, err := json.Marshal(seen.Resolution)
+		if err != nil {
+			return nil, err
+		}
+		resolution = string(enc)
+	}
+	return []string{
+		`recovery_point = ` + a.add(seen.RecoveryPoint),
+		`coalesce(hold, '') = ` + a.add(string(seen.Hold)),
+		`attempts = ` + a.add(seen.Attempts),
+		`locked_at IS NOT DISTINCT FROM ` + a.add(lockedAt) + `::timestamptz`,
+		`resolution IS NOT DISTINCT FROM ` + a.add(resolution) + `::jsonb`,
+	}, nil
+}
+
+// keyAction is an operator action on one key: the action, what the
+// operator saw of the key (nil when nothing was given), and the test of
+// whether a key is in the state the action applies to, with the error
+// that says it is not.
+type keyAction struct {
+	action
+	seen       *keyrow.Seen
+	inState    func(now *keyrow.Row) bool
+	notInState error
+}
+
+// seenDetail is the audit's detail of an action given what was seen.
+type seenDetail struct {
+	Seen *keyrow.Seen `json:"seen,omitempty"`
+}
+
+// refusedAuditSQL audits a refused action with the key's fields as they
+// are, before and after alike, since nothing changed.
+var refusedAuditSQL = `
+INSERT INTO atomicphase_audit (actor, action, tenant, idempotency_key, before, after, detail, refused)
+SELECT $1::text, $2::text, tenant, idempotency_key, ` + snapshot("t") + `, ` + snapshot("t") + `, $3::jsonb, $4::text
+FROM idempotency_keys t
+WHERE tenant = $5 AND idempotency_key = $6`
+
+// actOnKey applies x to the tenant's key, only while the key is as
+// x.seen saw it when that is set. When it changed nothing, it returns
+// keyrow.ErrNotFound for a missing key; otherwise it audits the refusal,
+// with why, and returns x.notInState when the key is as seen but not in
+// the action's state, and a *keyrow.ChangedError when the key changed.
+func actOnKey(ctx context.Context, q Querier, x keyAction, tenant, key string) error {
+	if x.seen != nil {
+		w, err := seenWhere(*x.seen, &x.a)
+		if err != nil {
+			return fmt.Errorf("store: %s: %w", x.name, err)
+		}
+		x.where = append(x.where, w...)
+	}
 	x.where = append(x.where, `tenant = `+x.a.add(tenant), `idempotency_key = `+x.a.add(key))
 	x.limit = 1
-	n, err := act(ctx, q, x)
+	n, err := act(ctx, q, x.action)
 	if err != nil || n == 1 {
 		return err
 	}
-	// Nothing changed, so this read only chooses the error to report.
-	var exists bool
-	if err := q.QueryRow(ctx, existsSQL, tenant, key).Scan(&exists); err != nil {
+	// Nothing changed, so this read only explains the refusal: a key that
+	// changes again meanwhile makes the explanation newer, never the
+	// refusal wrong.
+	now, err := Inspect(ctx, q, tenant, key)
+	if err != nil {
+		return err
+	}
+	refusal := x.refusal(now)
+	detail, err := json.Marshal(x.detail)
+	if err != nil {
 		return fmt.Errorf("store: %s: %w", x.name, err)
 	}
-	if !exists {
-		return keyrow.ErrNotFound
+	why := strings.TrimPrefix(refusal.Error(), "keyrow: ")
+	var changed *keyrow.ChangedError
+	if errors.As(refusal, &changed) {
+		why = changed.Reason()
 	}
-	return notInState
+	if _, err := q.Exec(ctx, refusedAuditSQL, Actor(ctx), x.name, detail, why, tenant, key); err != nil {
+		return fmt.Errorf("store: %s: audit the refusal: %w", x.name, err)
+	}
+	return refusal
+}
+
+// refusal returns why x changed nothing on the key that is now as now.
+func (x keyAction) refusal(now *keyrow.Row) error {
+	var changes []string
+	switch {
+	case x.seen != nil:
+		changes = x.seen.Changes(now)
+	case now.Resolution != nil:
+		changes = []string{"a resolution is pending (" + now.Resolution.String() + "); name it to replace or drop it"}
+	}
+	var state error
+	if !x.inState(now) {
+		state = x.notInState
+	}
+	switch {
+	case len(changes) > 0:
+		return keyrow.NewChangedError(x.name, x.seen, now, changes, state)
+	case state != nil:
+		return state
+	default:
+		// The key was not as seen when the action was applied, and is
+		// again now.
+		return keyrow.NewChangedError(x.name, x.seen, now, []string{"the key changed while the action was applied"}, nil)
+	}
 }
 
 // The assignments and conditions of each action.
@@ -475,6 +570,9 @@ const (
 	// reaper's next run.
 	retrySet   = `hold = NULL, failures = 0, call_pending = NULL, last_run_at = now(), resolution = NULL`
 	retryWhere = `hold IS NOT NULL`
+	// unresolvedWhere keeps an action given nothing seen from replacing or
+	// dropping a pending resolution its operator may not know of.
+	unresolvedWhere = `resolution IS NULL`
 )
 
 // Unlock frees the lease on an unfinished key regardless of who holds it,
@@ -482,11 +580,22 @@ const (
 // at once. It is the operator's escape hatch for a key whose holder is known
 // to be dead, and the way tests get past a crashed holder without waiting
 // out the TTL. A holder that is still running is fenced out by the cleared
-// token and stops at its next write. It reports whether a lease was freed,
-// and audits the change under the actor of ctx.
-func Unlock(ctx context.Context, q Querier, tenant, key string) (bool, error) {
-	err := actOnKey(ctx, q, action{name: keyrow.ActionUnlock, set: unlockSet, where: []string{unlockWhere}}, tenant, key, keyrow.ErrNotLocked)
-	if errors.Is(err, keyrow.ErrNotLocked) || errors.Is(err, keyrow.ErrNotFound) {
+// token and stops at its next write.
+//
+// Given seen, it frees the lease only while the key is as seen, above all
+// while the lease is the one seen (no run took it since); otherwise it
+// frees nothing and returns a *keyrow.ChangedError. Given nil, it frees
+// whatever lease the key has. It reports whether a lease was freed, and
+// audits the change, or the refusal, under the actor of ctx.
+func Unlock(ctx context.Context, q Querier, tenant, key string, seen *keyrow.Seen) (bool, error) {
+	x := keyAction{
+		action:     action{name: keyrow.ActionUnlock, set: unlockSet, where: []string{unlockWhere}, detail: seenDetail{seen}},
+		seen:       seen,
+		inState:    func(now *keyrow.Row) bool { return now.LockedAt != nil && now.FinishedAt == nil },
+		notInState: keyrow.ErrNotLocked,
+	}
+	err := actOnKey(ctx, q, x, tenant, key)
+	if errors.Is(err, keyrow.ErrNotFound) || (errors.Is(err, keyrow.ErrNotLocked) && !errors.Is(err, keyrow.ErrChanged)) {
 		return false, nil
 	}
 	return err == nil, err
@@ -499,26 +608,48 @@ func Unlock(ctx context.Context, q Querier, tenant, key string) (bool, error) {
 //
 // Retrying a dead key is always safe. Retrying an unknown key is the
 // operator's word that the uncertain foreign call did not happen, or may
-// happen twice: the resumed run repeats it instead of reconciling it. Any
-// resolution recorded for the key is dropped.
+// happen twice: the resumed run repeats it instead of reconciling it. A
+// resolution pending on the key is dropped, but only when seen names it:
+// given nil, Retry refuses a key with a pending resolution.
 //
-// Retry leaves a lease alone. It waits for a concurrent writer (a run
-// releasing the key, Bury) and checks the hold on the row version that
-// writer committed. It returns ErrNotFound when there is no such key and
-// ErrNotHeld when the key is not on hold, and audits the change under the
-// actor of ctx.
-func Retry(ctx context.Context, q Querier, tenant, key string) error {
-	return actOnKey(ctx, q, action{name: keyrow.ActionRetry, set: retrySet, where: []string{retryWhere}}, tenant, key, keyrow.ErrNotHeld)
+// Given seen, it retries the key only while it is as seen; otherwise it
+// changes nothing and returns a *keyrow.ChangedError. Retry leaves a lease
+// alone. It waits for a concurrent writer (a run releasing the key, Bury)
+// and checks the hold on the row version that writer committed. It returns
+// ErrNotFound when there is no such key and ErrNotHeld when the key is not
+// on hold, and audits the change, or the refusal, under the actor of ctx.
+func Retry(ctx context.Context, q Querier, tenant, key string, seen *keyrow.Seen) error {
+	x := keyAction{
+		action:     action{name: keyrow.ActionRetry, set: retrySet, where: []string{retryWhere}, detail: seenDetail{seen}},
+		seen:       seen,
+		inState:    func(now *keyrow.Row) bool { return now.Hold != "" },
+		notInState: keyrow.ErrNotHeld,
+	}
+	if seen == nil {
+		x.where = append(x.where, unresolvedWhere)
+	}
+	return actOnKey(ctx, q, x, tenant, key)
+}
+
+// resolveDetail is the audit's detail of a resolution.
+type resolveDetail struct {
+	keyrow.Resolution
+	seenDetail
 }
 
 // Resolve records r on the tenant's key, which must be held as unknown at
 // r.RecoveryPoint with no live lease: the check and the write are one
-// statement, so a resolution made from a stale view of the key is refused
-// with keyrow.ErrNotUnknown. The completer's backoff on the key is reset.
-// The change is audited under the actor of ctx. A NUL in the output's
-// strings, which jsonb cannot hold, is stored as \0, and bytes that are not
-// UTF-8 as U+FFFD (see storableJSON): the record function reads them so.
-func Resolve(ctx context.Context, q Querier, tenant, key string, r keyrow.Resolution) error {
+// statement. Given seen, r is recorded only while the key is as seen, and
+// replaces a pending resolution only when seen names it; given nil, only
+// while no resolution is pending. Otherwise nothing is recorded and the
+// error is a *keyrow.ChangedError, or keyrow.ErrNotUnknown for a key that
+// is as seen but not held as unknown there. Of two resolutions made from
+// the same view of the key, one is recorded and the other refused. The
+// completer's backoff on the key is reset. The change, or the refusal, is
+// audited under the actor of ctx. A NUL in the output's strings, which
+// jsonb cannot hold, is stored as \0, and bytes that are not UTF-8 as
+// U+FFFD (see storableJSON): the record function reads them so.
+func Resolve(ctx context.Context, q Querier, tenant, key string, r keyrow.Resolution, seen *keyrow.Seen) error {
 	if r.Happened && len(r.Output) == 0 {
 		return errors.New("store: resolve: a call that happened needs its output")
 	}
@@ -532,11 +663,21 @@ func Resolve(ctx context.Context, q Querier, tenant, key string, r keyrow.Resolu
 	if err != nil {
 		return fmt.Errorf("store: resolve: %w", err)
 	}
-	x := action{name: keyrow.ActionResolve, detail: r}
+	x := keyAction{
+		action: action{name: keyrow.ActionResolve, detail: resolveDetail{r, seenDetail{seen}}},
+		seen:   seen,
+		inState: func(now *keyrow.Row) bool {
+			return now.Hold == keyrow.HoldUnknown && now.FinishedAt == nil && now.LeaseLeft == 0 && now.RecoveryPoint == r.RecoveryPoint
+		},
+		notInState: keyrow.ErrNotUnknown,
+	}
 	x.set = `resolution = ` + x.a.add(enc) + `::jsonb, failures = 0`
 	x.where = []string{`hold = 'unknown' AND finished_at IS NULL AND (lock_expires_at IS NULL OR lock_expires_at <= now())`,
 		`recovery_point = ` + x.a.add(r.RecoveryPoint)}
-	return actOnKey(ctx, q, x, tenant, key, keyrow.ErrNotUnknown)
+	if seen == nil {
+		x.where = append(x.where, unresolvedWhere)
+	}
+	return actOnKey(ctx, q, x, tenant, key)
 }
 
 // BulkLimit is the most keys one bulk action changes.
@@ -704,7 +845,8 @@ func Audit(ctx context.Context, q Querier, f AuditFilter) ([]keyrow.AuditEntry, 
 	if f.Before > 0 {
 		w = append(w, `id < `+a.add(f.Before))
 	}
-	sql := `SELECT id, at, actor, action, tenant, idempotency_key AS key, before, after, detail
+	sql := `SELECT id, at, actor, action, tenant, idempotency_key AS key, before, after, detail,
+    coalesce(refused, '') AS refused
 FROM atomicphase_audit WHERE ` + strings.Join(w, " AND ") + ` ORDER BY id DESC LIMIT ` + a.add(cmp.Or(f.Limit, keyrow.DefaultListLimit))
 	entries := []keyrow.AuditEntry{}
 	if err := pgxscan.Select(ctx, q, &entries, sql, a...); err != nil {

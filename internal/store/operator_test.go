@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
@@ -94,20 +97,21 @@ func TestResolveRecordsTheResolutionOnlyOnAKeyHeldAsUnknownAtThatPoint(t *testin
 
 	stale := happened
 	stale.RecoveryPoint = keyrow.Started
-	if err := store.Resolve(ctx, db, "acme", "unknown", stale); !errors.Is(err, keyrow.ErrNotUnknown) {
+	if err := store.Resolve(ctx, db, "acme", "unknown", stale, nil); !errors.Is(err, keyrow.ErrNotUnknown) {
 		t.Fatalf("resolve at a recovery point the key left = %v, want ErrNotUnknown", err)
 	}
-	if err := store.Resolve(ctx, db, "acme", "dead", happened); !errors.Is(err, keyrow.ErrNotUnknown) {
+	if err := store.Resolve(ctx, db, "acme", "dead", happened, nil); !errors.Is(err, keyrow.ErrNotUnknown) {
 		t.Fatalf("resolve of a dead key = %v, want ErrNotUnknown", err)
 	}
-	if err := store.Resolve(ctx, db, "acme", "missing", happened); !errors.Is(err, keyrow.ErrNotFound) {
+	if err := store.Resolve(ctx, db, "acme", "missing", happened, nil); !errors.Is(err, keyrow.ErrNotFound) {
 		t.Fatalf("resolve of a missing key = %v, want ErrNotFound", err)
 	}
-	if n := len(audit(t, db, "acme", "unknown")); n != 0 {
-		t.Fatalf("refused resolutions left %d audit entries", n)
+	refused := audit(t, db, "acme", "unknown")
+	if len(refused) != 1 || refused[0].Refused == "" || refused[0].Actor != "alice" || string(refused[0].Before) != string(refused[0].After) {
+		t.Fatalf("audit of the refused resolution = %+v; want one refusal by alice that changed nothing", refused)
 	}
 
-	if err := store.Resolve(ctx, db, "acme", "unknown", happened); err != nil {
+	if err := store.Resolve(ctx, db, "acme", "unknown", happened, nil); err != nil {
 		t.Fatal(err)
 	}
 	info := inspect(t, db, "acme", "unknown")
@@ -115,8 +119,8 @@ func TestResolveRecordsTheResolutionOnlyOnAKeyHeldAsUnknownAtThatPoint(t *testin
 		t.Fatalf("after resolve: resolution %+v, hold %q", info.Resolution, info.Hold)
 	}
 	entries := audit(t, db, "acme", "unknown")
-	if len(entries) != 1 {
-		t.Fatalf("audit = %+v, want one entry", entries)
+	if len(entries) != 2 {
+		t.Fatalf("audit = %+v, want the refusal and the resolution", entries)
 	}
 	e := entries[0]
 	var before, after struct {
@@ -126,7 +130,7 @@ func TestResolveRecordsTheResolutionOnlyOnAKeyHeldAsUnknownAtThatPoint(t *testin
 	if err := errors.Join(json.Unmarshal(e.Before, &before), json.Unmarshal(e.After, &after)); err != nil {
 		t.Fatal(err)
 	}
-	if e.Actor != "alice" || e.Action != keyrow.ActionResolve || before.Resolution != nil || after.Resolution == nil ||
+	if e.Actor != "alice" || e.Action != keyrow.ActionResolve || e.Refused != "" || before.Resolution != nil || after.Resolution == nil ||
 		after.Hold != "unknown" || time.Since(e.At) > time.Minute {
 		t.Fatalf("audit entry = %+v (before %+v, after %+v)", e, before, after)
 	}
@@ -144,12 +148,223 @@ func TestResolveRecordsTheResolutionOnlyOnAKeyHeldAsUnknownAtThatPoint(t *testin
 	}
 }
 
+// waitForLock returns once a statement containing fragment waits on a
+// row lock in the test's database, and fails the test if the statement's
+// caller returns first, on done.
+func waitForLock(t *testing.T, db store.Querier, fragment string, done <-chan error) {
+	t.Helper()
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("returned without waiting on the lock: %v", err)
+		default:
+		}
+		var waiting bool
+		err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%')`, fragment).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Two operators resolve the same unknown key from the same view of it,
+// one saying the call happened, the other that it did not: the second
+// waits on the first's row lock, then finds a resolution it did not see.
+func TestTwoResolutionsFromOneViewRecordExactlyOne(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		withSeen bool
+	}{{"given what was seen", true}, {"given nothing", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.Pool(t)
+			keyIn(t, db, "acme", "k1", "unknown")
+			var seen *keyrow.Seen
+			if tc.withSeen {
+				s := inspect(t, db, "acme", "k1").Seen()
+				seen = &s
+			}
+			happened := keyrow.Resolution{RecoveryPoint: "charged", Happened: true, Output: json.RawMessage(`{"id":"ch_9"}`)}
+			notHappened := keyrow.Resolution{RecoveryPoint: "charged"}
+
+			first, err := db.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer first.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+			if err := store.Resolve(store.WithActor(ctx, "alice"), first, "acme", "k1", happened, seen); err != nil {
+				t.Fatal(err)
+			}
+			second := make(chan error, 1)
+			go func() { second <- store.Resolve(store.WithActor(ctx, "bob"), db, "acme", "k1", notHappened, seen) }()
+			waitForLock(t, db, "WITH target AS", second)
+			if err := first.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			err = <-second
+			var changed *keyrow.ChangedError
+			if !errors.As(err, &changed) || !errors.Is(err, keyrow.ErrChanged) || errors.Is(err, keyrow.ErrNotUnknown) ||
+				changed.Now == nil || !changed.Now.Resolution.Equal(&happened) {
+				t.Fatalf("second resolution = %v; want a ChangedError holding the first resolution", err)
+			}
+			if r := inspect(t, db, "acme", "k1").Resolution; !r.Equal(&happened) {
+				t.Fatalf("resolution recorded = %s, want the first (%s)", r, &happened)
+			}
+			entries := audit(t, db, "acme", "k1")
+			if len(entries) != 2 || entries[1].Actor != "alice" || entries[1].Refused != "" ||
+				entries[0].Actor != "bob" || entries[0].Action != keyrow.ActionResolve ||
+				!strings.Contains(entries[0].Refused, `"ch_9"`) {
+				t.Fatalf("audit = %+v; want alice's resolution, then bob's refused", entries)
+			}
+		})
+	}
+}
+
+// resolvedAfterSeen returns a database whose key acme/k1 is held as
+// unknown, what an operator saw of it, and the resolution another operator
+// recorded since.
+func resolvedAfterSeen(t *testing.T) (*pgxpool.Pool, keyrow.Seen, keyrow.Resolution) {
+	t.Helper()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "unknown")
+	before := inspect(t, db, "acme", "k1").Seen()
+	happened := keyrow.Resolution{RecoveryPoint: "charged", Happened: true, Output: json.RawMessage(`{"id":"ch_9"}`)}
+	if err := store.Resolve(context.Background(), db, "acme", "k1", happened, nil); err != nil {
+		t.Fatal(err)
+	}
+	return db, before, happened
+}
+
+func TestResolveReplacesAPendingResolutionOnlyWhenSeenNamesIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, before, happened := resolvedAfterSeen(t)
+	notHappened := keyrow.Resolution{RecoveryPoint: "charged"}
+
+	// A page loaded before the first resolution, and a call that names
+	// none, are refused.
+	for _, seen := range []*keyrow.Seen{&before, nil} {
+		if err := store.Resolve(ctx, db, "acme", "k1", notHappened, seen); !errors.Is(err, keyrow.ErrChanged) {
+			t.Fatalf("resolve over a pending resolution, seen %+v = %v; want ErrChanged", seen, err)
+		}
+	}
+	if r := inspect(t, db, "acme", "k1").Resolution; !r.Equal(&happened) {
+		t.Fatalf("resolution = %s, want the first kept", r)
+	}
+	// A page that showed the pending resolution replaces it.
+	after := inspect(t, db, "acme", "k1").Seen()
+	if err := store.Resolve(ctx, db, "acme", "k1", notHappened, &after); err != nil {
+		t.Fatal(err)
+	}
+	if r := inspect(t, db, "acme", "k1").Resolution; !r.Equal(&notHappened) {
+		t.Fatalf("resolution = %s, want the replacement", r)
+	}
+	var refusals int
+	for _, e := range audit(t, db, "acme", "k1") {
+		if e.Refused != "" {
+			refusals++
+		}
+	}
+	if refusals != 2 {
+		t.Fatalf("%d refusals audited, want 2", refusals)
+	}
+}
+
+// An Unlock form loaded while a lease had expired is submitted after a new
+// run took a ten-minute lease.
+func TestUnlockGivenAnExpiredLeaseLeavesTheLeaseANewRunTookAlone(t *testing.T) {
+	t.Parallel()
+	ctx := store.WithActor(context.Background(), "alice")
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "leased")
+	age(t, db, "acme", "k1", `locked_at = now() - interval '1 hour', lock_expires_at = now() - interval '50 minutes'`)
+	seen := inspect(t, db, "acme", "k1").Seen()
+	run, err := store.ClaimKey(ctx, db, "acme", "k1", 10*time.Minute)
+	if err != nil || run == nil {
+		t.Fatalf("claim = %+v, %v", run, err)
+	}
+	leased := inspect(t, db, "acme", "k1")
+
+	freed, err := store.Unlock(ctx, db, "acme", "k1", &seen)
+	var changed *keyrow.ChangedError
+	if freed || !errors.As(err, &changed) || !strings.Contains(err.Error(), "took the lease again") ||
+		changed.Now.LockedAt == nil || !changed.Now.LockedAt.Equal(*leased.LockedAt) {
+		t.Fatalf("stale unlock = %v, %v; want refused, naming the new lease", freed, err)
+	}
+	if now := inspect(t, db, "acme", "k1"); now.LeaseLeft == 0 || !now.LockedAt.Equal(*leased.LockedAt) {
+		t.Fatalf("after the stale unlock: lease %v left, taken %v; want the new run's lease kept", now.LeaseLeft, now.LockedAt)
+	}
+	if err := store.Advance(ctx, db, run.Holder(), "charged", []byte(`{}`), ttl); err != nil {
+		t.Fatalf("the new run's write after the stale unlock: %v", err)
+	}
+
+	fresh := inspect(t, db, "acme", "k1").Seen()
+	if freed, err := store.Unlock(ctx, db, "acme", "k1", &fresh); err != nil || !freed {
+		t.Fatalf("unlock of the lease seen = %v, %v; want it freed", freed, err)
+	}
+	entries := audit(t, db, "acme", "k1")
+	if len(entries) != 2 || entries[1].Refused == "" || entries[0].Refused != "" || entries[0].Action != keyrow.ActionUnlock {
+		t.Fatalf("audit = %+v; want the refusal, then the unlock", entries)
+	}
+}
+
+func TestRetryDropsAPendingResolutionOnlyWhenSeenNamesIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, before, happened := resolvedAfterSeen(t)
+	for _, seen := range []*keyrow.Seen{&before, nil} {
+		err := store.Retry(ctx, db, "acme", "k1", seen)
+		if !errors.Is(err, keyrow.ErrChanged) || errors.Is(err, keyrow.ErrNotHeld) {
+			t.Fatalf("retry over a pending resolution, seen %+v = %v; want ErrChanged", seen, err)
+		}
+	}
+	if now := inspect(t, db, "acme", "k1"); now.Hold != keyrow.HoldUnknown || !now.Resolution.Equal(&happened) {
+		t.Fatalf("after refused retries: hold %q, resolution %s; want both kept", now.Hold, now.Resolution)
+	}
+	after := inspect(t, db, "acme", "k1").Seen()
+	if err := store.Retry(ctx, db, "acme", "k1", &after); err != nil {
+		t.Fatal(err)
+	}
+	if now := inspect(t, db, "acme", "k1"); now.Hold != "" || now.Resolution != nil {
+		t.Fatalf("after the retry: hold %q, resolution %s; want runnable, the resolution dropped", now.Hold, now.Resolution)
+	}
+	// The retried key is no longer as seen.
+	if err := store.Retry(ctx, db, "acme", "k1", &after); !errors.Is(err, keyrow.ErrChanged) || !errors.Is(err, keyrow.ErrNotHeld) {
+		t.Fatalf("second retry from the same view = %v; want ErrChanged and ErrNotHeld", err)
+	}
+}
+
+func TestSeenSurvivesItsTextForm(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2025, 3, 1, 12, 0, 0, 123456000, time.UTC)
+	seen := keyrow.Seen{RecoveryPoint: "charged", Hold: keyrow.HoldUnknown, Attempts: 3, LockedAt: &at,
+		Resolution: &keyrow.Resolution{RecoveryPoint: "charged", Happened: true, Output: json.RawMessage(`{"id": "ch_9"}`)}}
+	back, err := keyrow.ParseSeen(seen.String())
+	if err != nil || len(seen.Changes(&keyrow.Row{RecoveryPoint: back.RecoveryPoint, Hold: back.Hold, Attempts: back.Attempts,
+		LockedAt: back.LockedAt, Resolution: back.Resolution})) != 0 {
+		t.Fatalf("ParseSeen(%s) = %+v, %v; want what was seen", seen, back, err)
+	}
+	for _, bad := range []string{"", "not a token", "e30"} {
+		if _, err := keyrow.ParseSeen(bad); err == nil {
+			t.Errorf("ParseSeen(%q) succeeded, want an error", bad)
+		}
+	}
+}
+
 func TestTakeResolutionIsFencedByTheLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	keyIn(t, db, "acme", "k1", "unknown")
-	if err := store.Resolve(ctx, db, "acme", "k1", keyrow.Resolution{RecoveryPoint: "charged"}); err != nil {
+	if err := store.Resolve(ctx, db, "acme", "k1", keyrow.Resolution{RecoveryPoint: "charged"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	row, err := store.ClaimKey(ctx, db, "acme", "k1", ttl)

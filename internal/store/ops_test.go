@@ -284,7 +284,7 @@ func TestRetryMakesADeadKeyClaimableWithAFreshFailureBudget(t *testing.T) {
 	if claimed, err := store.Claim(ctx, db, claim); err != nil || len(claimed) != 0 {
 		t.Fatalf("claim before retry = %d keys, %v; want none", len(claimed), err)
 	}
-	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
+	if err := store.Retry(ctx, db, "acme", "k1", nil); err != nil {
 		t.Fatal(err)
 	}
 	if info := inspect(t, db, "acme", "k1"); info.Failures != 0 || info.Hold != "" {
@@ -312,7 +312,7 @@ func TestRetryKeepsAnOldKeyFromBeingExpiredAsAbandoned(t *testing.T) {
 	keyIn(t, db, "acme", "k1", "dead")
 	age(t, db, "acme", "k1", "last_run_at = now() - interval '3 days'")
 
-	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
+	if err := store.Retry(ctx, db, "acme", "k1", nil); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 100, pgtest.OnCitus()); err != nil || n != 0 {
@@ -329,7 +329,7 @@ func TestRetryUnknownKeyLetsAClientResumeIt(t *testing.T) {
 	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != store.Parked {
 		t.Fatalf("acquire before retry = %v, want parked", out)
 	}
-	if err := store.Retry(ctx, db, "acme", "k1"); err != nil {
+	if err := store.Retry(ctx, db, "acme", "k1", nil); err != nil {
 		t.Fatal(err)
 	}
 	if out, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != store.Resumed || row.RecoveryPoint != "charged" {
@@ -343,11 +343,11 @@ func TestRetryOfAMissingOrUnheldKeySaysWhich(t *testing.T) {
 	db := pgtest.Pool(t)
 	for key, state := range map[string]string{"finished": "finished", "leased": "leased", "runnable": "runnable"} {
 		keyIn(t, db, "acme", key, state)
-		if err := store.Retry(ctx, db, "acme", key); !errors.Is(err, keyrow.ErrNotHeld) {
+		if err := store.Retry(ctx, db, "acme", key, nil); !errors.Is(err, keyrow.ErrNotHeld) {
 			t.Errorf("Retry of a %s key = %v, want ErrNotHeld", state, err)
 		}
 	}
-	if err := store.Retry(ctx, db, "acme", "missing"); !errors.Is(err, keyrow.ErrNotFound) {
+	if err := store.Retry(ctx, db, "acme", "missing", nil); !errors.Is(err, keyrow.ErrNotFound) {
 		t.Errorf("Retry of a missing key = %v, want ErrNotFound", err)
 	}
 }

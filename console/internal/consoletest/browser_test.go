@@ -252,3 +252,39 @@ func TestHostileKeysTenantsAndBodiesRenderInert(t *testing.T) {
 	}
 	run(t, ctx, "screenshot", screenshot("console-hostile"))
 }
+
+// Two tabs show one unknown key; the charge is recorded as happened in the
+// first, then as not happened in the second, from the page it still shows.
+func TestAResolutionFromAPageThatMissedAnotherIsRefused(t *testing.T) {
+	t.Parallel()
+	f, srv, ctx := setup(t)
+	keyPage := srv.URL + "/console/key?" + url.Values{"tenant": {"acme"}, "key": {f.UnknownKey}}.Encode()
+	second, cancel := chromedp.NewContext(ctx)
+	t.Cleanup(cancel)
+	run(t, ctx, "sign in", chromedp.Navigate(srv.URL+"/as?user=alice"))
+	for _, tab := range []context.Context{ctx, second} {
+		run(t, tab, "open the key", chromedp.Navigate(keyPage), chromedp.WaitVisible(css(`#resolve-not-happened`)))
+	}
+
+	run(t, ctx, "resolve as happened",
+		chromedp.SendKeys(css(`#resolve-happened textarea[name=output]`), `{"charge_id":"ch_first"}`),
+		chromedp.Click(css(`#resolve-happened input[name=confirm]`)),
+		chromedp.Click(css(`#resolve-happened button`)),
+		chromedp.WaitVisible(css(`p.flash`)))
+	run(t, second, "resolve as not happened from the older page",
+		chromedp.Click(css(`#resolve-not-happened input[name=confirm]`)),
+		chromedp.Click(css(`#resolve-not-happened button`)),
+		chromedp.WaitVisible(css(`p.error`)),
+		screenshot("console-resolve-conflict"))
+	if msg, status := text(t, second, "p.error"), text(t, second, "h1 .st"); !strings.Contains(msg, "changed since your page showed it") ||
+		status != "finished" {
+		t.Fatalf("the second tab shows %q, status %q; want what changed, and the key as it is now", msg, status)
+	}
+	if audit := text(t, second, "table.audit"); !strings.Contains(audit, "refused") {
+		t.Fatalf("the key's audit does not show the refusal:\n%s", audit)
+	}
+	row, err := f.Client.Inspect(context.Background(), "acme", f.UnknownKey)
+	if err != nil || !strings.Contains(string(row.ResponseBody), "ch_first") {
+		t.Fatalf("stored key: %+v, %v; want finished with the first resolution", row, err)
+	}
+}
