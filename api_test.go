@@ -99,7 +99,7 @@ func TestAPINameIsHowTheChangelogNamesADeclaration(t *testing.T) {
 	for line, want := range map[string]string{
 		"pkg atomicphase, func Migrate(context.Context, Beginner) error":                                        "atomicphase.Migrate",
 		"pkg atomicphase/phase, method (*Workflow[Req, State]) Definition() string":                             "Workflow.Definition",
-		"pkg atomicphase/phase, type Config struct, LockTTL time.Duration":                                      "Config.LockTTL",
+		"pkg atomicphase/phase, type Config struct, LeaseTTL time.Duration":                                     "Config.LeaseTTL",
 		"pkg atomicphase/phase, type Input[Req any, State any] struct, Tenant string":                           "Input.Tenant",
 		"pkg atomicphase/phase, type Hook interface, embedded any":                                              "phase.Hook",
 		"pkg atomicphase/phase/phasetest, type Scenario struct":                                                 "phasetest.Scenario",

@@ -357,7 +357,7 @@ func goldenPhaseOf(t *testing.T, p goldenPhase) phase.Phase[struct{}, struct{}] 
 	if p.Foreign {
 		ph = phase.Foreign(p.Name, func(context.Context, *in) (string, error) { return "", nil }, record)
 		if p.Reconciled {
-			ph = phase.Reconciled(ph, func(context.Context, *in) (string, phase.Resolution, error) { return "", phase.Pending, nil }, record)
+			ph = phase.Reconciled(ph, func(context.Context, *in) (string, phase.Verdict, error) { return "", phase.Pending, nil }, record)
 		}
 		if p.Repeatable {
 			ph = ph.Repeatable()

@@ -227,7 +227,7 @@ func upgradeWithKeysInFlight(t *testing.T, from int) {
 	runs := &upgradeRuns{phases: map[string]int{}, charges: map[string]int{}}
 	w := upgradeWorkflow(t, runs)
 	c, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,20 +60,20 @@ func newShop(t *testing.T, injector phase.Injector, accept ...bool) *shop {
 		t.Fatal(err)
 	}
 	w, err := phase.NewWorkflow("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
-			return phase.Next(), tx.QueryRow(ctx, `INSERT INTO orders (amount) VALUES ($1) RETURNING id`, run.Req.Amount).Scan(&run.State.OrderID)
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.Next(), tx.QueryRow(ctx, `INSERT INTO orders (amount) VALUES ($1) RETURNING id`, in.Req.Amount).Scan(&in.State.OrderID)
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Input[order, orderState]) (string, error) {
+			func(ctx context.Context, in *phase.Input[order, orderState]) (string, error) {
 				s.mu.Lock()
 				defer s.mu.Unlock()
-				s.charges[run.DownstreamKey()]++
-				return "ch_" + run.DownstreamKey(), nil
+				s.charges[in.DownstreamKey()]++
+				return "ch_" + in.DownstreamKey(), nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState], id string) (phase.Result, error) {
-				run.State.ChargeID = id
-				_, err := tx.Exec(ctx, `UPDATE orders SET charge = $2 WHERE id = $1`, run.State.OrderID, id)
-				return phase.JSON(http.StatusCreated, run.State), err
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState], id string) (phase.Result, error) {
+				in.State.ChargeID = id
+				_, err := tx.Exec(ctx, `UPDATE orders SET charge = $2 WHERE id = $1`, in.State.OrderID, id)
+				return phase.JSON(http.StatusCreated, in.State), err
 			}).Repeatable(),
 	)
 	if err != nil {
@@ -83,7 +83,7 @@ func newShop(t *testing.T, injector phase.Injector, accept ...bool) *shop {
 	if injector != nil {
 		hooks = append(hooks, injector)
 	}
-	client, err := phase.NewClient(s.pool, &phase.Config{LockTTL: time.Second, Hooks: hooks,
+	client, err := phase.NewClient(s.pool, &phase.Config{LeaseTTL: time.Second, Hooks: hooks,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, w)
 	if err != nil {
 		t.Fatal(err)

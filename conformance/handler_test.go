@@ -34,16 +34,16 @@ type orderState struct {
 func orders(t *testing.T) *phase.Workflow[order, orderState] {
 	t.Helper()
 	w, err := phase.NewWorkflow("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
-			if run.Req.Fail {
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			if in.Req.Fail {
 				return phase.Result{}, errors.New("the order cannot be created")
 			}
 			time.Sleep(150 * time.Millisecond)
-			err := tx.QueryRow(ctx, `INSERT INTO conformance_orders (amount) VALUES ($1) RETURNING id`, run.Req.Amount).Scan(&run.State.ID)
+			err := tx.QueryRow(ctx, `INSERT INTO conformance_orders (amount) VALUES ($1) RETURNING id`, in.Req.Amount).Scan(&in.State.ID)
 			return phase.Next(), err
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
-			return phase.JSON(http.StatusCreated, map[string]any{"id": run.State.ID, "amount": run.Req.Amount}), nil
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, map[string]any{"id": in.State.ID, "amount": in.Req.Amount}), nil
 		}),
 	)
 	if err != nil {

@@ -150,7 +150,7 @@ func TestAnActionNeedsTheCSRFTokenActAccessAndAWritableConsole(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return row.LockExpiresAt != nil
+		return row.LeaseExpiresAt != nil
 	}
 
 	alice := open(t, f.Handler(t, false), "alice")
@@ -266,7 +266,7 @@ func TestAnUnlockFormFromBeforeANewLeaseIsRefusedAndTheLeaseKept(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return row.LeaseLeft >= 9*time.Minute && row.LockedAt.Equal(*taken.LockedAt)
+		return row.LeaseLeft >= 9*time.Minute && row.LeaseTakenAt.Equal(*taken.LeaseTakenAt)
 	}
 
 	code, body := alice.post("/console/unlock", form)

@@ -20,8 +20,8 @@ import (
 )
 
 // states in the order the pages show them.
-var states = []keyrow.State{keyrow.StateInFlight, keyrow.StateWaiting, keyrow.StateStuck,
-	keyrow.StateUnknown, keyrow.StateDead, keyrow.StateFinished}
+var states = []keyrow.Status{keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow.StatusStuck,
+	keyrow.StatusUnknown, keyrow.StatusDead, keyrow.StatusFinished}
 
 var funcs = template.FuncMap{
 	"ago":    ago,
@@ -30,11 +30,11 @@ var funcs = template.FuncMap{
 	"body":   body,
 	"status": status,
 	"keyURL": keyURL,
-	"states": func() []keyrow.State { return states },
-	"label":  func(s keyrow.State) string { return strings.ReplaceAll(string(s), "_", " ") },
+	"states": func() []keyrow.Status { return states },
+	"label":  func(s keyrow.Status) string { return strings.ReplaceAll(string(s), "_", " ") },
 	"count":  count,
-	"listURL": func(state keyrow.State, workflow string) template.URL {
-		return listURL(keyrow.ListFilter{State: state, Workflow: workflow})
+	"listURL": func(state keyrow.Status, workflow string) template.URL {
+		return listURL(keyrow.ListFilter{Status: state, Workflow: workflow})
 	},
 }
 
@@ -95,19 +95,19 @@ func status(k *keyrow.Row) string {
 	return "runnable"
 }
 
-func count(c keyrow.Counts, s keyrow.State) int {
+func count(c keyrow.Counts, s keyrow.Status) int {
 	switch s {
-	case keyrow.StateFinished:
+	case keyrow.StatusFinished:
 		return c.Finished
-	case keyrow.StateInFlight:
+	case keyrow.StatusInFlight:
 		return c.InFlight
-	case keyrow.StateWaiting:
+	case keyrow.StatusWaiting:
 		return c.Waiting
-	case keyrow.StateStuck:
+	case keyrow.StatusStuck:
 		return c.Stuck
-	case keyrow.StateUnknown:
+	case keyrow.StatusUnknown:
 		return c.Unknown
-	case keyrow.StateDead:
+	case keyrow.StatusDead:
 		return c.Dead
 	}
 	return 0
@@ -126,7 +126,7 @@ func filterValues(f keyrow.ListFilter) url.Values {
 			v.Set(name, value)
 		}
 	}
-	set("state", string(f.State))
+	set("state", string(f.Status))
 	set("workflow", f.Workflow)
 	set("tenant", f.Tenant)
 	set("prefix", f.KeyPrefix)
@@ -146,9 +146,9 @@ func listURL(f keyrow.ListFilter) template.URL {
 
 // parseFilter reads a key filter from a query or a form.
 func parseFilter(v url.Values) (keyrow.ListFilter, error) {
-	f := keyrow.ListFilter{State: keyrow.State(v.Get("state")), Workflow: v.Get("workflow"), Tenant: v.Get("tenant"),
+	f := keyrow.ListFilter{Status: keyrow.Status(v.Get("state")), Workflow: v.Get("workflow"), Tenant: v.Get("tenant"),
 		KeyPrefix: v.Get("prefix"), After: v.Get("after")}
-	if f.State != "" && !slices.Contains(states, f.State) {
+	if f.Status != "" && !slices.Contains(states, f.Status) {
 		return f, errors.New("unknown state")
 	}
 	for name, d := range map[string]*time.Duration{"older": &f.OlderThan, "newer": &f.NewerThan} {

@@ -11,7 +11,7 @@
 // the first, [Finished] once its response is stored), the typed phase state,
 // a lease (locked_at, lock_expires_at, lock_token) and, once finished, the
 // [Response] to replay. [Row] is what an operator sees of it; schema.sql
-// comments every column. Every key is in exactly one [State].
+// comments every column. Every key is in exactly one [Status].
 //
 // # Headers and fingerprints
 //

@@ -9,8 +9,8 @@ type EventKind string
 // The events of runs, the completer and the reaper: one list, one spelling
 // for each.
 const (
-	// EventAcquired: a new key was stored and its lease taken.
-	EventAcquired EventKind = "acquired"
+	// EventNew: a new key was stored and its lease taken.
+	EventNew EventKind = "new"
 	// EventResumed: an unfinished key's lease was taken over; the run
 	// continues after its recovery point.
 	EventResumed EventKind = "resumed"
@@ -53,9 +53,9 @@ const (
 	EventDead EventKind = "dead"
 	// EventReaped: the reaper deleted finished keys (Event.Count).
 	EventReaped EventKind = "reaped"
-	// EventExpired: the reaper gave abandoned keys their terminal response
+	// EventAbandoned: the reaper gave abandoned keys their terminal response
 	// (Event.Count).
-	EventExpired EventKind = "expired"
+	EventAbandoned EventKind = "abandoned"
 )
 
 // Event describes one thing that happened to a key, or, for the completer's

@@ -16,8 +16,8 @@ var (
 	// unknown at the recovery point the resolution names (it was resolved,
 	// retried or finished meanwhile), or that a run holds right now.
 	ErrNotUnknown = errors.New("keyrow: key is not held as unknown at that recovery point")
-	// ErrNotLocked is returned when unlocking a key that has no lease.
-	ErrNotLocked = errors.New("keyrow: key has no lease to free")
+	// ErrNoLease is returned when unlocking a key that has no lease.
+	ErrNoLease = errors.New("keyrow: key has no lease to free")
 	// ErrChanged is returned, as a *ChangedError, when an operator action
 	// is refused because the key is no longer as the operator saw it.
 	ErrChanged = errors.New("keyrow: key changed since it was seen")
@@ -33,18 +33,18 @@ var (
 type Seen struct {
 	RecoveryPoint string `json:"recovery_point"`
 	Hold          Hold   `json:"hold,omitempty"`
-	// Attempts and LockedAt name the lease: every run that takes the
+	// Attempts and LeaseTakenAt name the lease: every run that takes the
 	// key's lease adds an attempt, and a released or freed lease has no
-	// LockedAt. A renewal changes neither.
-	Attempts int        `json:"attempts"`
-	LockedAt *time.Time `json:"locked_at,omitempty"`
+	// LeaseTakenAt. A renewal changes neither.
+	Attempts     int        `json:"attempts"`
+	LeaseTakenAt *time.Time `json:"lease_taken_at,omitempty"`
 	// Resolution is the resolution that was pending, nil when none was.
 	Resolution *Resolution `json:"resolution,omitempty"`
 }
 
 // Seen returns what an operator sees of r, for an action on it.
 func (r *Row) Seen() Seen {
-	s := Seen{RecoveryPoint: r.RecoveryPoint, Hold: r.Hold, Attempts: r.Attempts, LockedAt: r.LockedAt}
+	s := Seen{RecoveryPoint: r.RecoveryPoint, Hold: r.Hold, Attempts: r.Attempts, LeaseTakenAt: r.LeaseTakenAt}
 	if r.Resolution != nil {
 		res := *r.Resolution
 		s.Resolution = &res
@@ -85,15 +85,15 @@ func (s Seen) Changes(now *Row) []string {
 		changes = append(changes, fmt.Sprintf("the hold changed from %s to %s", holdText(s.Hold), holdText(now.Hold)))
 	}
 	switch {
-	case now.Attempts != s.Attempts && now.LockedAt != nil:
+	case now.Attempts != s.Attempts && now.LeaseTakenAt != nil:
 		changes = append(changes, fmt.Sprintf("a run took the lease again (attempt %d, taken at %s)",
-			now.Attempts, now.LockedAt.UTC().Format(time.RFC3339)))
+			now.Attempts, now.LeaseTakenAt.UTC().Format(time.RFC3339)))
 	case now.Attempts != s.Attempts:
 		changes = append(changes, fmt.Sprintf("a run took the lease again and gave it back (attempt %d)", now.Attempts))
-	case !sameTime(now.LockedAt, s.LockedAt) && now.LockedAt == nil:
+	case !sameTime(now.LeaseTakenAt, s.LeaseTakenAt) && now.LeaseTakenAt == nil:
 		changes = append(changes, "the lease was given back or freed")
-	case !sameTime(now.LockedAt, s.LockedAt):
-		changes = append(changes, fmt.Sprintf("the lease was taken at %s", now.LockedAt.UTC().Format(time.RFC3339)))
+	case !sameTime(now.LeaseTakenAt, s.LeaseTakenAt):
+		changes = append(changes, fmt.Sprintf("the lease was taken at %s", now.LeaseTakenAt.UTC().Format(time.RFC3339)))
 	}
 	if !s.Resolution.Equal(now.Resolution) {
 		switch {
@@ -126,7 +126,7 @@ func sameTime(a, b *time.Time) bool {
 // longer as the operator saw it, or that has a resolution pending which
 // the action would have replaced or dropped unseen. Nothing was changed;
 // the refusal is in the audit. It matches ErrChanged with errors.Is, and
-// also ErrNotUnknown, ErrNotHeld or ErrNotLocked when the key has left the
+// also ErrNotUnknown, ErrNotHeld or ErrNoLease when the key has left the
 // state the action needs.
 type ChangedError struct {
 	// Action is the refused action (ActionUnlock, ActionRetry,

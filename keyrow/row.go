@@ -98,26 +98,26 @@ type Response struct {
 	Body   []byte
 }
 
-// State is where a key stands, as operators and gauges see it.
-type State string
+// Status is where a key stands, as operators and gauges see it.
+type Status string
 
 // The states of a key. Every key is in exactly one of them.
 const (
-	// StateFinished keys hold a stored response.
-	StateFinished State = "finished"
-	// StateInFlight keys are unfinished and held by a live lease.
-	StateInFlight State = "in_flight"
-	// StateWaiting keys are unfinished, runnable and unleased, and were
+	// StatusFinished keys hold a stored response.
+	StatusFinished Status = "finished"
+	// StatusInFlight keys are unfinished and held by a live lease.
+	StatusInFlight Status = "in_flight"
+	// StatusWaiting keys are unfinished, runnable and unleased, and were
 	// touched recently: a client is expected to retry them, or the
 	// completer to take them once they have been idle long enough.
-	StateWaiting State = "waiting"
-	// StateStuck keys are unfinished, runnable and unleased, and have been
+	StatusWaiting Status = "waiting"
+	// StatusStuck keys are unfinished, runnable and unleased, and have been
 	// idle longer than the completer's idle threshold: its backlog.
-	StateStuck State = "stuck"
-	// StateUnknown keys await reconciliation of a foreign call.
-	StateUnknown State = "unknown"
-	// StateDead keys were given up on and wait for an operator.
-	StateDead State = "dead"
+	StatusStuck Status = "stuck"
+	// StatusUnknown keys await reconciliation of a foreign call.
+	StatusUnknown Status = "unknown"
+	// StatusDead keys were given up on and wait for an operator.
+	StatusDead Status = "dead"
 )
 
 // Row is everything stored about one key that an operator needs, read in one
@@ -143,10 +143,10 @@ type Row struct {
 	LastRunAt time.Time `json:"last_run_at"`
 	// FinishedAt is set once the response is stored.
 	FinishedAt *time.Time `json:"finished_at"`
-	// LockedAt and LockExpiresAt describe the last lease taken; they stay
+	// LeaseTakenAt and LeaseExpiresAt describe the last lease taken; they stay
 	// set after a lease expires until someone takes or frees the key.
-	LockedAt      *time.Time `json:"locked_at"`
-	LockExpiresAt *time.Time `json:"lock_expires_at"`
+	LeaseTakenAt   *time.Time `json:"lease_taken_at" db:"locked_at"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at" db:"lock_expires_at"`
 	// Attempts counts the runs that took the key's lease.
 	Attempts int `json:"attempts"`
 	// Failures counts the completer's own failed runs since the key last
@@ -176,7 +176,7 @@ type Row struct {
 	Resolution *Resolution `json:"resolution,omitempty"`
 }
 
-// Counts is how many keys are in each State.
+// Counts is how many keys are in each Status.
 type Counts struct {
 	// Finished is exact on small tables; on large ones it is estimated
 	// from the table's statistics, and FinishedEstimated is set, so that
@@ -207,10 +207,10 @@ const DefaultListLimit = 50
 // ListFilter selects keys for an operator's listing; its zero value selects
 // every key. Every condition set must hold.
 type ListFilter struct {
-	// State selects the keys of one State; empty selects every key. Keys
-	// of the unfinished states are listed idle longest first; finished
+	// Status selects the keys of one Status; empty selects every key. Keys
+	// of the unfinished statuses are listed idle longest first; finished
 	// keys, and all keys, newest first.
-	State State
+	Status Status
 	// StuckAfter is how idle a key must be to be stuck rather than
 	// waiting; zero means any idle time.
 	StuckAfter time.Duration

@@ -2,7 +2,7 @@
 // idempotency key before another run may take it over, how often a
 // long-running holder renews it, and what a waiting client is told. The
 // client, the completer and the statements that take and fence a lease all
-// follow these rules; phase.Config.LockTTL sets the one TTL they share.
+// follow these rules; phase.Config.LeaseTTL sets the one TTL they share.
 //
 // # Leases
 //

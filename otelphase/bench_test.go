@@ -81,18 +81,18 @@ var benchKeys atomic.Int64
 func BenchmarkRun(b *testing.B) {
 	pool := pgtest.Pool(b)
 	w, err := phase.NewWorkflow("orders",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Input[order, string]) (string, error) { return "ch_1", nil },
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string], id string) (phase.Result, error) {
-				run.State = id
+			func(ctx context.Context, in *phase.Input[order, string]) (string, error) { return "ch_1", nil },
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string], id string) (phase.Result, error) {
+				in.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
-			return phase.JSON(http.StatusCreated, run.State), nil
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string]) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, in.State), nil
 		}),
 	)
 	if err != nil {

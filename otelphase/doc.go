@@ -23,7 +23,7 @@
 //	                       .tenant and .key only with Config.KeyAttributes
 //	atomicphase.phase      atomicphase.workflow, .phase, error.type
 //	atomicphase.call       atomicphase.workflow, .phase, .downstream_key, error.type
-//	atomicphase.completer.pass  atomicphase.claimed, .completed, .failed, .buried
+//	atomicphase.completer.pass  atomicphase.claimed, .completed, .failed, .dead
 //
 // The outcome is the phase.OutcomeKind (new, resumed, replayed, in_flight,
 // mismatch, on_hold, elsewhere) or error; an error's error.type is crash
@@ -44,11 +44,11 @@
 //
 //	atomicphase.runs             counter {run}: atomicphase.workflow, .outcome, .completer, error.type
 //	atomicphase.replays          counter {run}: atomicphase.workflow
-//	atomicphase.conflicts        counter {run}: atomicphase.workflow, .outcome (in_flight or on_hold)
+//	atomicphase.refused        counter {run}: atomicphase.workflow, .outcome (in_flight or on_hold)
 //	atomicphase.phase.duration   histogram, seconds: atomicphase.workflow, .phase, error.type
 //	atomicphase.keys             gauge {key}: atomicphase.state (finished, in_flight, waiting, stuck, unknown, dead)
 //
-// Replays and conflicts are also in atomicphase.runs by outcome; they have
+// Replays and refusals are also in atomicphase.runs by outcome; they have
 // counters of their own because they are what alerts watch. The keys gauge
 // comes from Client.Counts, which scans the keys table: it is read at most
 // once per Config.CountsInterval, however often metrics are collected.

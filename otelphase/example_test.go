@@ -41,10 +41,10 @@ func ExampleNew() {
 	}
 	greet, err := phase.NewWorkflow("greet",
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Input[string, string]) (string, error) {
-				return "hello " + run.Req, nil // a call to another service, with run.DownstreamKey()
+			func(ctx context.Context, in *phase.Input[string, string]) (string, error) {
+				return "hello " + in.Req, nil // a call to another service, with run.DownstreamKey()
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[string, string], greeting string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[string, string], greeting string) (phase.Result, error) {
 				return phase.JSON(http.StatusOK, greeting), nil
 			}),
 	)

@@ -47,7 +47,7 @@ const (
 	AttrClaimed       = attribute.Key("atomicphase.claimed")
 	AttrCompleted     = attribute.Key("atomicphase.completed")
 	AttrFailed        = attribute.Key("atomicphase.failed")
-	AttrBuried        = attribute.Key("atomicphase.buried")
+	AttrDead          = attribute.Key("atomicphase.dead")
 	// AttrErrorType is OpenTelemetry's error.type: the kind of a run's,
 	// phase's or call's error (see the package documentation).
 	AttrErrorType = attribute.Key("error.type")
@@ -84,10 +84,10 @@ type Hook struct {
 	tracer trace.Tracer
 	meter  metric.Meter
 
-	runs      metric.Int64Counter
-	replays   metric.Int64Counter
-	conflicts metric.Int64Counter
-	duration  metric.Float64Histogram
+	runs     metric.Int64Counter
+	replays  metric.Int64Counter
+	refused  metric.Int64Counter
+	duration metric.Float64Histogram
 }
 
 var _ interface {
@@ -121,7 +121,7 @@ func New(cfg *Config) (*Hook, error) {
 		metric.WithDescription("Runs of idempotency keys, by workflow and outcome."))
 	m.replays, errs[1] = m.meter.Int64Counter("atomicphase.replays", metric.WithUnit("{run}"),
 		metric.WithDescription("Runs that replayed a finished key's stored response."))
-	m.conflicts, errs[2] = m.meter.Int64Counter("atomicphase.conflicts", metric.WithUnit("{run}"),
+	m.refused, errs[2] = m.meter.Int64Counter("atomicphase.refused", metric.WithUnit("{run}"),
 		metric.WithDescription("Runs refused because another run held the key or the key was on hold."))
 	m.duration, errs[3] = m.meter.Float64Histogram("atomicphase.phase.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of a phase, its foreign call and commit included."))
@@ -131,7 +131,7 @@ func New(cfg *Config) (*Hook, error) {
 	return m, nil
 }
 
-// Run traces a run as an atomicphase.run span and counts it by outcome.
+// WrapRun traces a run as an atomicphase.run span and counts it by outcome.
 func (m *Hook) WrapRun(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
 	attrs := []attribute.KeyValue{AttrWorkflow.String(run.Workflow)}
 	if m.cfg.KeyAttributes {
@@ -170,13 +170,13 @@ func (m *Hook) WrapRun(ctx context.Context, run *phase.RunInfo, next func(contex
 		case phase.OutcomeReplayed:
 			m.replays.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow)))
 		case phase.OutcomeInFlight, phase.OutcomeOnHold:
-			m.conflicts.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow), outcome))
+			m.refused.Add(ctx, 1, metric.WithAttributes(AttrWorkflow.String(run.Workflow), outcome))
 		}
 	}
 	return out, err
 }
 
-// Phase traces a phase as an atomicphase.phase span and records its
+// WrapPhase traces a phase as an atomicphase.phase span and records its
 // duration.
 func (m *Hook) WrapPhase(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	attrs := []attribute.KeyValue{AttrWorkflow.String(p.Workflow), AttrPhase.String(p.Phase)}
@@ -195,7 +195,7 @@ func (m *Hook) WrapPhase(ctx context.Context, p *phase.PhaseInfo, next func(cont
 	return err
 }
 
-// Call traces a foreign call as an atomicphase.call span (a reconcile
+// WrapCall traces a foreign call as an atomicphase.call span (a reconcile
 // function as an atomicphase.reconcile span) carrying its downstream key.
 func (m *Hook) WrapCall(ctx context.Context, p *phase.PhaseInfo, next func(context.Context) error) error {
 	name := SpanCall
@@ -214,14 +214,14 @@ func (m *Hook) WrapCall(ctx context.Context, p *phase.PhaseInfo, next func(conte
 	return err
 }
 
-// Pass traces a completer pass as an atomicphase.completer.pass span; the
+// WrapPass traces a completer pass as an atomicphase.completer.pass span; the
 // runs it resumes are its children.
 func (m *Hook) WrapPass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
 	ctx, span := m.tracer.Start(ctx, SpanPass)
 	defer span.End()
 	res, err := next(ctx)
 	span.SetAttributes(AttrClaimed.Int(res.Claimed), AttrCompleted.Int(res.Completed),
-		AttrFailed.Int(res.Failed), AttrBuried.Int(res.Buried))
+		AttrFailed.Int(res.Failed), AttrDead.Int(res.Dead))
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -269,14 +269,14 @@ func errorType(err error) string {
 }
 
 // ObserveKeys registers the atomicphase.keys gauge: how many of c's keys
-// are in each keyrow.State (finished, in_flight, waiting, stuck, unknown,
+// are in each keyrow.Status (finished, in_flight, waiting, stuck, unknown,
 // dead), read with c.Counts at most once per Config.CountsInterval. The
 // counts are the database's, not the process's: register the gauge in one
 // process per database, once. Call Unregister on the result when c is
 // stopped.
 func (m *Hook) ObserveKeys(c *phase.Client) (metric.Registration, error) {
 	gauge, err := m.meter.Int64ObservableGauge("atomicphase.keys", metric.WithUnit("{key}"),
-		metric.WithDescription("Idempotency keys by state; stuck keys are idle past the completer's MinIdle."))
+		metric.WithDescription("Idempotency keys by state; stuck keys are idle past the completer's StuckAfter."))
 	if err != nil {
 		return nil, fmt.Errorf("otelphase: %w", err)
 	}
@@ -287,10 +287,10 @@ func (m *Hook) ObserveKeys(c *phase.Client) (metric.Registration, error) {
 			return err
 		}
 		for _, s := range []struct {
-			state keyrow.State
+			state keyrow.Status
 			n     int
-		}{{keyrow.StateFinished, n.Finished}, {keyrow.StateInFlight, n.InFlight}, {keyrow.StateWaiting, n.Waiting},
-			{keyrow.StateStuck, n.Stuck}, {keyrow.StateUnknown, n.Unknown}, {keyrow.StateDead, n.Dead}} {
+		}{{keyrow.StatusFinished, n.Finished}, {keyrow.StatusInFlight, n.InFlight}, {keyrow.StatusWaiting, n.Waiting},
+			{keyrow.StatusStuck, n.Stuck}, {keyrow.StatusUnknown, n.Unknown}, {keyrow.StatusDead, n.Dead}} {
 			o.ObserveInt64(gauge, int64(s.n), metric.WithAttributes(AttrState.String(string(s.state))))
 		}
 		return nil

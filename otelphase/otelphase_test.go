@@ -67,32 +67,32 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 	}
 	e.mw = mw
 	e.w, err = phase.NewWorkflow("orders",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string]) (phase.Result, error) {
 			_, span := e.tracer.Start(ctx, "app.insert")
 			defer span.End()
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Input[order, string]) (string, error) {
+			func(ctx context.Context, in *phase.Input[order, string]) (string, error) {
 				_, span := e.tracer.Start(ctx, "provider.charge")
 				defer span.End()
-				e.downstream.Store(run.DownstreamKey())
+				e.downstream.Store(in.DownstreamKey())
 				if e.block != nil {
 					e.entered <- struct{}{}
 					<-e.block
 				}
 				return "ch_1", nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string], id string) (phase.Result, error) {
-				run.State = id
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string], id string) (phase.Result, error) {
+				in.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string]) (phase.Result, error) {
 			if e.failDone.Load() {
 				return phase.Result{}, errors.New("receipt printer on fire")
 			}
-			return phase.JSON(http.StatusCreated, run.State), nil
+			return phase.JSON(http.StatusCreated, in.State), nil
 		}),
 	)
 	if err != nil {
@@ -101,7 +101,7 @@ func setup(t *testing.T, cfg otelphase.Config) *env {
 	e.c, err = phase.NewClient(pgtest.Pool(t), &phase.Config{
 		Logger:    quiet,
 		Hooks:     []phase.Hook{mw},
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1},
 	}, e.w)
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func TestMetricsCountRunsByOutcomeReplaysConflictsAndPhaseDurations(t *testing.T
 		"atomicphase.completer=false,atomicphase.outcome=error,atomicphase.workflow=orders,error.type=failed": 1,
 	})
 	assertSums(t, rm, "atomicphase.replays", map[string]int64{"atomicphase.workflow=orders": 2})
-	assertSums(t, rm, "atomicphase.conflicts", map[string]int64{"atomicphase.outcome=in_flight,atomicphase.workflow=orders": 1})
+	assertSums(t, rm, "atomicphase.refused", map[string]int64{"atomicphase.outcome=in_flight,atomicphase.workflow=orders": 1})
 	assertHistogramCounts(t, rm, "atomicphase.phase.duration", map[string]uint64{
 		"atomicphase.phase=created,atomicphase.workflow=orders":                3,
 		"atomicphase.phase=charged,atomicphase.workflow=orders":                3,

@@ -98,7 +98,7 @@ func TestAcceptedRequestAnswers202AndFinishesInTheBackground(t *testing.T) {
 func TestAcceptedRunThatCrashesIsResumed(t *testing.T) {
 	t.Parallel()
 	e, h, status := acceptEnv(t, func(cfg *phase.Config) {
-		cfg.LockTTL = time.Second
+		cfg.LeaseTTL = time.Second
 		cfg.Hooks = append(cfg.Hooks, phase.CrashAt(phase.Point{Phase: "charged", Stage: phase.AfterCall}))
 	})
 	body := `{"item":"book","amount":500}`

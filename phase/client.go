@@ -39,14 +39,14 @@ const (
 
 // Config configures a Client. Zero values mean the documented default.
 type Config struct {
-	// LockTTL is the lease length: how long a run may go without renewing
+	// LeaseTTL is the lease length: how long a run may go without renewing
 	// its lease before another run may take the key over. The run, the
 	// completer and every process must agree on it, so it is set here once.
 	// Every phase commit renews it, and a foreign call renews it every third
 	// of it while it runs (and before it starts, unless the commit before it
 	// was just sent). Defaults to
 	// lockttl.DefaultTTL; at least lockttl.MinTTL.
-	LockTTL time.Duration
+	LeaseTTL time.Duration
 	// CallTimeout bounds each foreign call. A call that exceeds it has an
 	// unknown outcome: a Repeatable phase is repeated with the same
 	// downstream key by the next run, any other is held for reconciliation.
@@ -91,12 +91,12 @@ func (c Config) withDefaults() (Config, error) {
 			return c, fmt.Errorf("phase: Config.%s %v is negative; use -1 to disable it", name, d)
 		}
 	}
-	if c.LockTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 || c.MaxPhaseRetries < -1 {
-		return c, errors.New("phase: Config.LockTTL, RetryBackoff, WaitForInFlight and MaxPhaseRetries must not be negative")
+	if c.LeaseTTL < 0 || c.RetryBackoff < 0 || c.WaitForInFlight < 0 || c.MaxPhaseRetries < -1 {
+		return c, errors.New("phase: Config.LeaseTTL, RetryBackoff, WaitForInFlight and MaxPhaseRetries must not be negative")
 	}
-	c.LockTTL = cmp.Or(c.LockTTL, lockttl.DefaultTTL)
-	if err := lockttl.Check(c.LockTTL); err != nil {
-		return c, fmt.Errorf("phase: Config.LockTTL: %w", err)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, lockttl.DefaultTTL)
+	if err := lockttl.Check(c.LeaseTTL); err != nil {
+		return c, fmt.Errorf("phase: Config.LeaseTTL: %w", err)
 	}
 	c.CallTimeout = cmp.Or(c.CallTimeout, DefaultCallTimeout)
 	c.RunTimeout = cmp.Or(c.RunTimeout, DefaultRunTimeout)
@@ -288,7 +288,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 		names[i], defs[i] = k.workflow, k.definition
 	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
-	cl.completer = recovery.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LockTTL, c.Logger)
+	cl.completer = recovery.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LeaseTTL, c.Logger)
 	if len(cl.hooks.passes) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
@@ -437,7 +437,7 @@ func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, ho
 // Complete runs completer passes until one finds nothing due, and returns
 // what they did: the way to finish due keys now, in a test or a one-off
 // job, whether or not Start runs the completer, and also after Stop (a
-// final drain). Keys are due under the completer's MinIdle and backoff.
+// final drain). Keys are due under the completer's StuckAfter and backoff.
 func (c *Client) Complete(ctx context.Context) (recovery.PassResult, error) {
 	if err := c.ready(ctx); err != nil {
 		return recovery.PassResult{}, err
@@ -463,18 +463,18 @@ func (c *Client) Inspect(ctx context.Context, tenant, key string) (*keyrow.Row, 
 // state idle longest first, finished keys and all keys newest first. Pass
 // the page's Next as f.After for the next page; each page reads about as
 // many index entries as it returns, however many keys the table holds. A
-// zero StuckAfter means the completer's MinIdle.
+// zero StuckAfter means the completer's StuckAfter.
 func (c *Client) List(ctx context.Context, f keyrow.ListFilter) (keyrow.Page, error) {
 	return store.List(ctx, c.pool, c.filter(f))
 }
 
-// Counts returns how many keys are in each keyrow.State, counting a key as
-// stuck once it has been idle for the completer's MinIdle. The unfinished
+// Counts returns how many keys are in each keyrow.Status, counting a key as
+// stuck once it has been idle for the completer's StuckAfter. The unfinished
 // states are counted exactly; the finished keys of a table over 32 MiB
 // are estimated from its statistics (Counts.FinishedEstimated), so that
 // counting never reads every key.
 func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
-	return store.Count(ctx, c.pool, c.cfg.Completer.MinIdle)
+	return store.Count(ctx, c.pool, c.cfg.Completer.StuckAfter)
 }
 
 // Definitions returns how many unfinished keys each workflow definition has,

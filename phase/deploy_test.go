@@ -107,35 +107,35 @@ func (s *shop) workflow(t *testing.T, d checkoutDef) *phase.Workflow[checkoutReq
 		chargeName = "charged"
 	}
 	phases := []phase.Phase[checkoutReq, checkoutState]{
-		phase.Local("reserved", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+		phase.Local("reserved", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
 	}
 	if d.fraudCheck {
-		phases = append(phases, phase.Local("fraud_checked", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+		phases = append(phases, phase.Local("fraud_checked", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
 			s.checks.Add(1)
-			r.State.Checked = true
+			in.State.Checked = true
 			return phase.Next(), nil
 		}))
 	}
 	charge := phase.Foreign(chargeName,
-		func(ctx context.Context, r *run) (string, error) { return s.charges.call(r.DownstreamKey()), nil },
-		func(ctx context.Context, tx pgx.Tx, r *run, id string) (phase.Result, error) {
-			r.State.Charge = id
+		func(ctx context.Context, in *run) (string, error) { return s.charges.call(in.DownstreamKey()), nil },
+		func(ctx context.Context, tx pgx.Tx, in *run, id string) (phase.Result, error) {
+			in.State.Charge = id
 			return phase.Next(), nil
 		}).Repeatable()
 	if d.formerly != "" {
 		charge = charge.Formerly(d.formerly)
 	}
-	record := func(ctx context.Context, tx pgx.Tx, r *run, id string) (phase.Result, error) {
-		r.State.Receipt = id
+	record := func(ctx context.Context, tx pgx.Tx, in *run, id string) (phase.Result, error) {
+		in.State.Receipt = id
 		return phase.Next(), nil
 	}
 	receipt := phase.Foreign("receipt_sent",
-		func(ctx context.Context, r *run) (string, error) { return s.receipts.call(r.DownstreamKey()), nil }, record)
+		func(ctx context.Context, in *run) (string, error) { return s.receipts.call(in.DownstreamKey()), nil }, record)
 	if d.reconciled {
-		receipt = phase.Reconciled(receipt, func(ctx context.Context, r *run) (string, phase.Resolution, error) {
-			if id, ok := s.receipts.lookup(r.DownstreamKey()); ok {
+		receipt = phase.Reconciled(receipt, func(ctx context.Context, in *run) (string, phase.Verdict, error) {
+			if id, ok := s.receipts.lookup(in.DownstreamKey()); ok {
 				return id, phase.Happened, nil
 			}
 			return "", phase.NotHappened, nil
@@ -146,8 +146,8 @@ func (s *shop) workflow(t *testing.T, d checkoutDef) *phase.Workflow[checkoutReq
 		phases = append(phases, receipt)
 	}
 	phases = append(phases,
-		phase.Local("responded", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
-			return phase.JSON(http.StatusCreated, map[string]any{"charge": r.State.Charge, "receipt": r.State.Receipt, "checked": r.State.Checked}), nil
+		phase.Local("responded", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, map[string]any{"charge": in.State.Charge, "receipt": in.State.Receipt, "checked": in.State.Checked}), nil
 		}))
 	w, err := phase.NewWorkflow(name, phases...)
 	if err != nil {
@@ -160,7 +160,7 @@ func (s *shop) workflow(t *testing.T, d checkoutDef) *phase.Workflow[checkoutReq
 func process(t *testing.T, db *pgxpool.Pool, workflows ...phase.Registered) *phase.Client {
 	t.Helper()
 	c, err := phase.NewClient(db, &phase.Config{Logger: quiet,
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1, MaxAttempts: 2}}, workflows...)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1, MaxAttempts: 2}}, workflows...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func TestAKeyAtAPointTheNewDefinitionLacksIsNotBuried(t *testing.T) {
 	}
 	for range 3 {
 		res, err := c3.Complete(context.Background())
-		if err != nil || res.Failed != 0 || res.Buried != 0 {
+		if err != nil || res.Failed != 0 || res.Dead != 0 {
 			t.Fatalf("completer: %+v %v, want the key handed back, not failed or buried", res, err)
 		}
 	}
@@ -524,21 +524,21 @@ func TestARequestTypeThatGainsAFieldKeepsEveryKey(t *testing.T) {
 	}
 	type run2 = phase.Input[checkoutReq2, checkoutState]
 	v2, err := phase.NewWorkflow("checkout",
-		phase.Local("reserved", func(ctx context.Context, tx pgx.Tx, r *run2) (phase.Result, error) { return phase.Next(), nil }),
+		phase.Local("reserved", func(ctx context.Context, tx pgx.Tx, in *run2) (phase.Result, error) { return phase.Next(), nil }),
 		phase.Foreign("charged",
-			func(ctx context.Context, r *run2) (string, error) { return s.charges.call(r.DownstreamKey()), nil },
-			func(ctx context.Context, tx pgx.Tx, r *run2, id string) (phase.Result, error) {
-				r.State.Charge = id
+			func(ctx context.Context, in *run2) (string, error) { return s.charges.call(in.DownstreamKey()), nil },
+			func(ctx context.Context, tx pgx.Tx, in *run2, id string) (phase.Result, error) {
+				in.State.Charge = id
 				return phase.Next(), nil
 			}).Repeatable(),
 		phase.Foreign("receipt_sent",
-			func(ctx context.Context, r *run2) (string, error) { return s.receipts.call(r.DownstreamKey()), nil },
-			func(ctx context.Context, tx pgx.Tx, r *run2, id string) (phase.Result, error) {
-				r.State.Receipt = id
+			func(ctx context.Context, in *run2) (string, error) { return s.receipts.call(in.DownstreamKey()), nil },
+			func(ctx context.Context, tx pgx.Tx, in *run2, id string) (phase.Result, error) {
+				in.State.Receipt = id
 				return phase.Next(), nil
 			}),
-		phase.Local("responded", func(ctx context.Context, tx pgx.Tx, r *run2) (phase.Result, error) {
-			return phase.JSON(http.StatusCreated, map[string]any{"charge": r.State.Charge}), nil
+		phase.Local("responded", func(ctx context.Context, tx pgx.Tx, in *run2) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, map[string]any{"charge": in.State.Charge}), nil
 		}))
 	if err != nil {
 		t.Fatal(err)
@@ -669,13 +669,13 @@ func TestACallThatFailedForSureIsSentAgain(t *testing.T) {
 	type run = phase.Input[checkoutReq, checkoutState]
 	w, err := phase.NewWorkflow("notify",
 		phase.Foreign("sent",
-			func(ctx context.Context, r *run) (int32, error) {
+			func(ctx context.Context, in *run) (int32, error) {
 				if refused {
 					return 0, errors.New("mail server refused the message")
 				}
 				return sent.Add(1), nil
 			},
-			func(ctx context.Context, tx pgx.Tx, r *run, n int32) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, in *run, n int32) (phase.Result, error) {
 				return phase.JSON(200, n), nil
 			}))
 	if err != nil {

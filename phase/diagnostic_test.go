@@ -32,8 +32,8 @@ func wantFailedAndFree(t *testing.T, c *phase.Client, key string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if row.LockExpiresAt != nil || row.ResponseStatus != nil {
-		t.Fatalf("after the failed run: lease until %v, stored status %v; want the lease free and nothing stored", row.LockExpiresAt, row.ResponseStatus)
+	if row.LeaseExpiresAt != nil || row.ResponseStatus != nil {
+		t.Fatalf("after the failed run: lease until %v, stored status %v; want the lease free and nothing stored", row.LeaseExpiresAt, row.ResponseStatus)
 	}
 	if !strings.Contains(row.LastError, outsideTextStored) {
 		t.Fatalf("last error %q, want it to hold %q", row.LastError, outsideTextStored)
@@ -71,7 +71,7 @@ func TestErrorTextWithNULAndInvalidUTF8FreesTheKey(t *testing.T) {
 		var fail atomic.Bool
 		fail.Store(true)
 		runs := 0
-		w, err := phase.NewWorkflow("noted", phase.Local("noted", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
+		w, err := phase.NewWorkflow("noted", phase.Local("noted", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			runs++
 			if fail.Load() {
 				return phase.Result{}, errors.New(outsideText)
@@ -122,9 +122,9 @@ func TestLeaseIsFreedWhenItsErrorCannotBeStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if row.LockExpiresAt != nil || row.LastError != "" || row.RecoveryPoint != "order_created" {
+	if row.LeaseExpiresAt != nil || row.LastError != "" || row.RecoveryPoint != "order_created" {
 		t.Fatalf("after the failed run: lease until %v, last error %q, at %s; want the lease free, no error, after order_created",
-			row.LockExpiresAt, row.LastError, row.RecoveryPoint)
+			row.LeaseExpiresAt, row.LastError, row.RecoveryPoint)
 	}
 	e.pay.fail = nil
 	if rec := post(h, "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusCreated {

@@ -136,7 +136,7 @@
 // whose lease an operator freed with Client.Unlock less than a third of a
 // TTL after its last commit: Unlock is for holders known to be dead. Both
 // calls carry the same downstream key, so a provider that honours
-// idempotency keys acts once; with one that does not, keep LockTTL well
+// idempotency keys acts once; with one that does not, keep LeaseTTL well
 // above the longest pause a process can suffer, and prefer providers that
 // honour keys.
 //

@@ -53,24 +53,24 @@ func sendPayout(ctx context.Context, destination string, amount int, idempotency
 // with an external payout.
 func transfers() *phase.Workflow[Transfer, TransferState] {
 	w, err := phase.NewWorkflow("transfers",
-		phase.Local("transfer_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Transfer, TransferState]) (phase.Result, error) {
-			if run.Req.Amount <= 0 {
+		phase.Local("transfer_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Transfer, TransferState]) (phase.Result, error) {
+			if in.Req.Amount <= 0 {
 				return phase.JSON(http.StatusUnprocessableEntity, map[string]string{"error": "amount must be positive"}), nil
 			}
-			err := tx.QueryRow(ctx, `INSERT INTO transfers (amount) VALUES ($1) RETURNING id`, run.Req.Amount).Scan(&run.State.TransferID)
+			err := tx.QueryRow(ctx, `INSERT INTO transfers (amount) VALUES ($1) RETURNING id`, in.Req.Amount).Scan(&in.State.TransferID)
 			return phase.Next(), err
 		}),
 		phase.Foreign("payout_sent",
-			func(ctx context.Context, run *phase.Input[Transfer, TransferState]) (string, error) {
-				return sendPayout(ctx, run.Req.Payout, run.Req.Amount, run.DownstreamKey())
+			func(ctx context.Context, in *phase.Input[Transfer, TransferState]) (string, error) {
+				return sendPayout(ctx, in.Req.Payout, in.Req.Amount, in.DownstreamKey())
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[Transfer, TransferState], payoutID string) (phase.Result, error) {
-				run.State.PayoutID = payoutID
-				_, err := tx.Exec(ctx, `UPDATE transfers SET payout = $2 WHERE id = $1`, run.State.TransferID, payoutID)
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[Transfer, TransferState], payoutID string) (phase.Result, error) {
+				in.State.PayoutID = payoutID
+				_, err := tx.Exec(ctx, `UPDATE transfers SET payout = $2 WHERE id = $1`, in.State.TransferID, payoutID)
 				return phase.Next(), err
-			}).Repeatable().When(func(run *phase.Input[Transfer, TransferState]) bool { return run.Req.Payout != "" }),
-		phase.Local("settled", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Transfer, TransferState]) (phase.Result, error) {
-			return phase.JSON(http.StatusCreated, run.State), nil
+			}).Repeatable().When(func(in *phase.Input[Transfer, TransferState]) bool { return in.Req.Payout != "" }),
+		phase.Local("settled", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Transfer, TransferState]) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, in.State), nil
 		}),
 	)
 	if err != nil {
@@ -176,7 +176,7 @@ func ExampleNewClient() {
 	// One client per process: it runs the workflows, and Start runs the
 	// completer and the reaper. Every field has a documented default.
 	client, err := phase.NewClient(pool, &phase.Config{
-		LockTTL:     30 * time.Second,
+		LeaseTTL:    30 * time.Second,
 		CallTimeout: 10 * time.Second,
 		Completer:   recovery.CompleterConfig{Interval: time.Second},
 		Reaper:      recovery.ReaperConfig{Retention: 48 * time.Hour},

@@ -70,28 +70,28 @@ func TestPanicInUserCodeFreesTheKeyAndLeavesNothingRunning(t *testing.T) {
 			}
 			type run = phase.Input[order, orderState]
 			w, err := phase.NewWorkflow("orders",
-				phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+				phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
 					err := tx.QueryRow(ctx, `INSERT INTO orders (ikey, item, amount) VALUES ($1, $2, $3) RETURNING id`,
-						r.Key, r.Req.Item, r.Req.Amount).Scan(&r.State.OrderID)
+						in.Key, in.Req.Item, in.Req.Amount).Scan(&in.State.OrderID)
 					boom("local")
 					return phase.Next(), err
 				}),
 				phase.Foreign("charged",
-					func(ctx context.Context, r *run) (string, error) {
-						id, err := e.pay.Charge(ctx, r.DownstreamKey(), r.State.OrderID, r.Req.Amount)
+					func(ctx context.Context, in *run) (string, error) {
+						id, err := e.pay.Charge(ctx, in.DownstreamKey(), in.State.OrderID, in.Req.Amount)
 						boom("call")
 						return id, err
 					},
-					func(ctx context.Context, tx pgx.Tx, r *run, id string) (phase.Result, error) {
+					func(ctx context.Context, tx pgx.Tx, in *run, id string) (phase.Result, error) {
 						boom("record")
-						r.State.ChargeID = id
-						return phase.JSON(http.StatusCreated, r.State), nil
-					}).Repeatable().When(func(r *run) bool { boom("when"); return true }),
+						in.State.ChargeID = id
+						return phase.JSON(http.StatusCreated, in.State), nil
+					}).Repeatable().When(func(in *run) bool { boom("when"); return true }),
 			)
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := phase.NewClient(e.db, &phase.Config{Logger: quiet, LockTTL: time.Hour}, w)
+			c, err := phase.NewClient(e.db, &phase.Config{Logger: quiet, LeaseTTL: time.Hour}, w)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,14 +133,14 @@ func TestPanicInReconcileLeavesTheKeyForTheNextPass(t *testing.T) {
 	var panics atomic.Bool
 	panics.Store(true)
 	type run = phase.Input[order, struct{}]
-	record := func(ctx context.Context, tx pgx.Tx, r *run, id string) (phase.Result, error) {
+	record := func(ctx context.Context, tx pgx.Tx, in *run, id string) (phase.Result, error) {
 		return phase.JSON(200, id), nil
 	}
 	p := phase.Reconciled(phase.Foreign("sent",
-		func(ctx context.Context, r *run) (string, error) {
+		func(ctx context.Context, in *run) (string, error) {
 			return "", phase.MaybeHappened(errors.New("connection dropped"))
 		}, record),
-		func(ctx context.Context, r *run) (string, phase.Resolution, error) {
+		func(ctx context.Context, in *run) (string, phase.Verdict, error) {
 			if panics.Swap(false) {
 				panic("reconcile bug")
 			}
@@ -150,7 +150,7 @@ func TestPanicInReconcileLeavesTheKeyForTheNextPass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestHungForeignCallIsCutAtItsLimitAndRepeatedWithTheSameKey(t *testing.T) {
 	t.Parallel()
 	var hang atomic.Bool
 	hang.Store(true)
-	e := setup(t, func(c *phase.Config) { c.CallTimeout = 200 * time.Millisecond; c.LockTTL = time.Hour })
+	e := setup(t, func(c *phase.Config) { c.CallTimeout = 200 * time.Millisecond; c.LeaseTTL = time.Hour })
 	e.pay.fail = func(string) error {
 		if hang.Load() {
 			return errHang
@@ -207,11 +207,11 @@ func TestHungUnrepeatableCallIsHeldForReconciliation(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	w, err := phase.NewWorkflow("notify", phase.Foreign("sent",
-		func(ctx context.Context, r *phase.Input[order, struct{}]) (string, error) {
+		func(ctx context.Context, in *phase.Input[order, struct{}]) (string, error) {
 			<-ctx.Done() // a provider that never answers
 			return "", ctx.Err()
 		},
-		func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}], id string) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], id string) (phase.Result, error) {
 			return phase.JSON(200, id), nil
 		}))
 	if err != nil {
@@ -235,7 +235,7 @@ func TestCompleterPassIsBoundedPerKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	var calls atomic.Int32
-	w, err := phase.NewWorkflow("stall", phase.Local("stalled", func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("stall", phase.Local("stalled", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 		calls.Add(1)
 		// A phase stuck on a lock held elsewhere, or a slow query.
 		_, err := tx.Exec(ctx, `SELECT pg_sleep(60)`)
@@ -246,7 +246,7 @@ func TestCompleterPassIsBoundedPerKey(t *testing.T) {
 	}
 	// Long enough that taking the lease fits in it on a loaded machine.
 	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, RunTimeout: 2 * time.Second,
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: time.Hour}}, w)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: time.Hour}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,20 +276,20 @@ func TestPausedHolderDoesNotSendItsCallAfterATakeover(t *testing.T) {
 	db := pgtest.Pool(t)
 	var calls atomic.Int32
 	w, err := phase.NewWorkflow("payout",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}]) (phase.Result, error) {
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
 		phase.Foreign("paid",
-			func(ctx context.Context, r *phase.Input[order, struct{}]) (int32, error) {
+			func(ctx context.Context, in *phase.Input[order, struct{}]) (int32, error) {
 				return calls.Add(1), nil // a provider that ignores idempotency keys
 			},
-			func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}], n int32) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], n int32) (phase.Result, error) {
 				return phase.JSON(200, n), nil
 			}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, LockTTL: time.Second}, w)
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, LeaseTTL: time.Second}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +400,7 @@ func TestTakenOverHolderThatMeetsTheNewHoldersRowsIsToldItLostTheKey(t *testing.
 func TestClientRetryingThroughAnOutageIsNeverBuried(t *testing.T) {
 	t.Parallel()
 	e := setup(t, func(c *phase.Config) {
-		c.Completer = recovery.CompleterConfig{MaxAttempts: 3, MinIdle: time.Minute, Backoff: -1}
+		c.Completer = recovery.CompleterConfig{MaxAttempts: 3, StuckAfter: time.Minute, Backoff: -1}
 	})
 	e.pay.fail = func(string) error { return errBeforeCharge }
 	h := e.handler(t)
@@ -408,7 +408,7 @@ func TestClientRetryingThroughAnOutageIsNeverBuried(t *testing.T) {
 		if rec := post(h, "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusInternalServerError {
 			t.Fatalf("retry %d during the outage: %d %s", i, rec.Code, rec.Body.String())
 		}
-		if res, err := e.c.Complete(context.Background()); err != nil || res.Buried != 0 {
+		if res, err := e.c.Complete(context.Background()); err != nil || res.Dead != 0 {
 			t.Fatalf("completer pass after retry %d: %+v %v; want nothing buried", i, res, err)
 		}
 	}
@@ -653,8 +653,8 @@ func TestCompleterLeasesWithTheClientsTTL(t *testing.T) {
 	hold := make(chan struct{})
 	held := make(chan struct{}, 1)
 	e := setup(t, func(c *phase.Config) {
-		c.LockTTL = 7 * time.Second
-		c.Completer = recovery.CompleterConfig{MinIdle: -1}
+		c.LeaseTTL = 7 * time.Second
+		c.Completer = recovery.CompleterConfig{StuckAfter: -1}
 	})
 	e.pay.fail = func(string) error { return errBeforeCharge }
 	if rec := post(e.handler(t), "k1", `{"item":"lamp","amount":300}`); rec.Code != http.StatusInternalServerError {

@@ -312,7 +312,7 @@ func (p *callLog) call(in *phase.Input[genReq, genState]) string {
 }
 
 // reconcile answers whether the call of in's downstream key was sent.
-func (p *callLog) reconcile(in *phase.Input[genReq, genState]) (string, phase.Resolution) {
+func (p *callLog) reconcile(in *phase.Input[genReq, genState]) (string, phase.Verdict) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.asked[in.ID] = append(p.asked[in.ID], providerCall{in.DownstreamKey(), in.Attempt, in.Resumed})
@@ -420,7 +420,7 @@ func runGenerated(t *testing.T, g *generated, db *pgxpool.Pool) {
 	}
 	op := &operator{providers: providers, holds: map[uuid.UUID]map[string]int{}}
 	cfg := &phase.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError})),
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}
 	if g.hasUnresolved() {
 		cfg.Hooks = append(cfg.Hooks, op)
 	}
@@ -499,7 +499,7 @@ func (g *generated) build(i int, providers map[string]*callLog) phase.Phase[genR
 		case repeatable:
 			p = p.Repeatable()
 		case reconciled:
-			p = phase.Reconciled(p, func(_ context.Context, in *input) (string, phase.Resolution, error) {
+			p = phase.Reconciled(p, func(_ context.Context, in *input) (string, phase.Verdict, error) {
 				out, res := prov.reconcile(in)
 				return out, res, nil
 			}, record)

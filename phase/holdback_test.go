@@ -60,14 +60,14 @@ func newChain(t *testing.T, cfg *phase.Config) *chain {
 	ch := &chain{db: db, counter: counter, runs: map[string]*atomic.Int32{}, events: &phasetest.Events{}}
 	insert := func(name string, res phase.Result) phase.LocalFunc[order, struct{}] {
 		ch.runs[name] = &atomic.Int32{}
-		return func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
+		return func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			ch.runs[name].Add(1)
 			if name == "second" && ch.before != nil {
-				if err := ch.before(ctx, run.Key); err != nil {
+				if err := ch.before(ctx, in.Key); err != nil {
 					return phase.Result{}, err
 				}
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO chained VALUES ($1)`, name+"/"+run.Key)
+			_, err := tx.Exec(ctx, `INSERT INTO chained VALUES ($1)`, name+"/"+in.Key)
 			return res, err
 		}
 	}
@@ -326,7 +326,7 @@ func TestAPhaseAtAnotherIsolationLevelBeginsATransactionOfItsOwn(t *testing.T) {
 	db, counter := pgtest.CountingPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	levels := map[string]string{}
 	level := func(name string, res phase.Result) phase.LocalFunc[order, struct{}] {
-		return func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
+		return func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			var l string
 			err := tx.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&l)
 			levels[name] = l

@@ -112,27 +112,27 @@ func setupSteps(t *testing.T) *stepsEnv {
 	t.Helper()
 	e := &stepsEnv{outer: &recorder{name: "a"}, inner: &recorder{name: "b"}}
 	w, err := phase.NewWorkflow("steps",
-		phase.Local("first", func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string]) (phase.Result, error) {
+		phase.Local("first", func(ctx context.Context, tx pgx.Tx, in *phase.Input[int, string]) (phase.Result, error) {
 			e.saw(ctx, "first")
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Input[int, string]) (string, error) {
-				e.saw(ctx, "call "+run.DownstreamKey())
+			func(ctx context.Context, in *phase.Input[int, string]) (string, error) {
+				e.saw(ctx, "call "+in.DownstreamKey())
 				return "ch_1", nil
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[int, string], id string) (phase.Result, error) {
 				e.saw(ctx, "record")
-				run.State = id
+				in.State = id
 				return phase.Next(), nil
 			}),
-		phase.Local("final", func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string]) (phase.Result, error) {
+		phase.Local("final", func(ctx context.Context, tx pgx.Tx, in *phase.Input[int, string]) (phase.Result, error) {
 			e.saw(ctx, "final")
 			if e.failFinal.Load() {
 				return phase.Result{}, errors.New("final phase failed")
 			}
-			return phase.JSON(http.StatusCreated, run.State), nil
+			return phase.JSON(http.StatusCreated, in.State), nil
 		}),
 	)
 	if err != nil {
@@ -142,7 +142,7 @@ func setupSteps(t *testing.T) *stepsEnv {
 	e.c, err = phase.NewClient(pgtest.Pool(t), &phase.Config{
 		Logger:    quiet,
 		Hooks:     []phase.Hook{e.outer, e.inner},
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1},
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1},
 	}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -259,24 +259,24 @@ func TestHooksWrapTheReconcileOfAnUnknownCall(t *testing.T) {
 	var reconciledIn string
 	w, err := phase.NewWorkflow("payouts", phase.Reconciled(
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Input[int, string]) (string, error) {
+			func(ctx context.Context, in *phase.Input[int, string]) (string, error) {
 				return "", phase.MaybeHappened(errors.New("provider timed out"))
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[int, string], id string) (phase.Result, error) {
 				return phase.JSON(http.StatusOK, id), nil
 			}),
-		func(ctx context.Context, run *phase.Input[int, string]) (string, phase.Resolution, error) {
+		func(ctx context.Context, in *phase.Input[int, string]) (string, phase.Verdict, error) {
 			reconciledIn = pathOf(ctx)
 			return "po_1", phase.Happened, nil
 		},
-		func(ctx context.Context, tx pgx.Tx, run *phase.Input[int, string], id string) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, in *phase.Input[int, string], id string) (phase.Result, error) {
 			return phase.JSON(http.StatusOK, id), nil
 		}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: quiet, Hooks: []phase.Hook{m},
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

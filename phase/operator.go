@@ -36,11 +36,11 @@ type Overview struct {
 }
 
 // CountsByWorkflow returns the keys of each workflow by state, a key
-// counting as stuck once idle for the completer's MinIdle. Like Counts, it
+// counting as stuck once idle for the completer's StuckAfter. Like Counts, it
 // counts the unfinished keys exactly, from the partial indexes that hold
 // them, and the finished keys of a large table from its statistics.
 func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts, error) {
-	return store.CountByWorkflow(ctx, c.pool, c.cfg.Completer.MinIdle)
+	return store.CountByWorkflow(ctx, c.pool, c.cfg.Completer.StuckAfter)
 }
 
 // Overview returns the counts of every workflow, the age of the oldest
@@ -292,7 +292,7 @@ func (c *Client) runNow(ctx context.Context, tenant, key string) error {
 		return ErrStopped
 	}
 	defer c.inflight.Done()
-	row, err := store.ClaimKey(ctx, c.pool, tenant, key, c.cfg.LockTTL)
+	row, err := store.ClaimKey(ctx, c.pool, tenant, key, c.cfg.LeaseTTL)
 	if err != nil || row == nil {
 		return err
 	}
@@ -320,7 +320,7 @@ func (c *Client) Bulk(ctx context.Context, action string, f keyrow.ListFilter, c
 // filter applies the client's defaults to f.
 func (c *Client) filter(f keyrow.ListFilter) keyrow.ListFilter {
 	if f.StuckAfter == 0 {
-		f.StuckAfter = c.cfg.Completer.MinIdle
+		f.StuckAfter = c.cfg.Completer.StuckAfter
 	}
 	return f
 }

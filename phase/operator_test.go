@@ -33,9 +33,9 @@ type notifier struct {
 	asked atomic.Int32 // calls of the reconcile function
 }
 
-func (n *notifier) send(ctx context.Context, r *phase.Input[order, struct{}]) (message, error) {
+func (n *notifier) send(ctx context.Context, in *phase.Input[order, struct{}]) (message, error) {
 	n.mu.Lock()
-	n.keys = append(n.keys, r.DownstreamKey())
+	n.keys = append(n.keys, in.DownstreamKey())
 	n.mu.Unlock()
 	if n.lose.Load() {
 		return message{}, phase.MaybeHappened(errors.New("connection dropped after the request was sent"))
@@ -54,12 +54,12 @@ func (n *notifier) calls() []string {
 // tell (Pending), as when the provider offers no lookup.
 func notifyWorkflow(t *testing.T, n *notifier, reconcile bool) *phase.Workflow[order, struct{}] {
 	t.Helper()
-	record := func(ctx context.Context, tx pgx.Tx, r *phase.Input[order, struct{}], m message) (phase.Result, error) {
+	record := func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], m message) (phase.Result, error) {
 		return phase.JSON(200, m), nil
 	}
 	p := phase.Foreign("sent", n.send, record)
 	if reconcile {
-		p = phase.Reconciled(p, func(ctx context.Context, r *phase.Input[order, struct{}]) (message, phase.Resolution, error) {
+		p = phase.Reconciled(p, func(ctx context.Context, in *phase.Input[order, struct{}]) (message, phase.Verdict, error) {
 			n.asked.Add(1)
 			return message{}, phase.Pending, nil
 		}, record)
@@ -80,7 +80,7 @@ func unknownKey(t *testing.T, n *notifier, reconcile bool) (*phase.Client, *pgxp
 	// A key the completer failed on waits an hour; a resolution resets
 	// that, so each pass below takes the key at most once.
 	c, err := phase.NewClient(db, &phase.Config{Logger: quiet,
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: time.Hour, MaxBackoff: time.Hour}}, w)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: time.Hour, MaxBackoff: time.Hour}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

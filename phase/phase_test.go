@@ -45,7 +45,7 @@ func TestCrashesAndPairedFaultsAtEveryPointConvergeToOneChargePerKey(t *testing.
 // phases.
 func crashMatrix(t *testing.T, db *pgxpool.Pool, express bool) {
 	e := setupPool(t, db, func(c *phase.Config) {
-		c.Completer = recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
+		c.Completer = recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}
 	})
 	cfg := phasetest.Config[order, orderState]{
 		Client:        e.c,
@@ -320,11 +320,11 @@ func TestUnknownOutcomeOfUnrepeatableCallParksTheKey(t *testing.T) {
 	calls := 0
 	w, err := phase.NewWorkflow("notify",
 		phase.Foreign("sent",
-			func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
+			func(ctx context.Context, in *phase.Input[order, struct{}]) (string, error) {
 				calls++
 				return "", phase.MaybeHappened(errors.New("SMTP connection dropped after DATA"))
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 				return phase.JSON(200, "sent"), nil
 			}))
 	if err != nil {
@@ -356,12 +356,12 @@ func TestLostLeaseStopsTheRunWithoutCommitting(t *testing.T) {
 	}
 	w, err := phase.NewWorkflow("steal",
 		phase.Foreign("called",
-			func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
+			func(ctx context.Context, in *phase.Input[order, struct{}]) (string, error) {
 				// Another run takes the key over while this call is out.
-				_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE id = $1`, run.ID)
+				_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE id = $1`, in.ID)
 				return "done", err
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 				_, err := tx.Exec(ctx, `INSERT INTO notes VALUES ('recorded')`)
 				return phase.JSON(200, "ok"), err
 			}))
@@ -392,14 +392,14 @@ func TestSerializationFailureIsRetriedBounded(t *testing.T) {
 	attempts := 0
 	failures := 2
 	w, err := phase.NewWorkflow("flaky",
-		phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{ Tries int }]) (phase.Result, error) {
+		phase.Local("done", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{ Tries int }]) (phase.Result, error) {
 			attempts++
-			run.State.Tries++
+			in.State.Tries++
 			if attempts <= failures {
 				_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$`)
 				return phase.Result{}, err
 			}
-			return phase.JSON(200, run.State.Tries), nil
+			return phase.JSON(200, in.State.Tries), nil
 		}).Isolation(pgx.Serializable))
 	if err != nil {
 		t.Fatal(err)
@@ -458,7 +458,7 @@ func TestWorkflowDeclarationErrors(t *testing.T) {
 		{"empty name", []phase.Phase[order, struct{}]{phase.Local("", noop)}},
 		{"repeatable local", []phase.Phase[order, struct{}]{phase.Local("a", noop).Repeatable()}},
 		{"reconciled local", []phase.Phase[order, struct{}]{phase.Reconciled(phase.Local("a", noop),
-			func(context.Context, *phase.Input[order, struct{}]) (int, phase.Resolution, error) {
+			func(context.Context, *phase.Input[order, struct{}]) (int, phase.Verdict, error) {
 				return 0, phase.Happened, nil
 			},
 			func(context.Context, pgx.Tx, *phase.Input[order, struct{}], int) (phase.Result, error) {

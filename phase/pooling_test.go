@@ -228,8 +228,8 @@ func terminatedSessionsUnderTraffic(t *testing.T, db *pgxpool.Pool) {
 	defer cancel()
 	e := setupPool(t, db, func(c *phase.Config) {
 		// Leases a killed session failed to free expire within a second.
-		c.LockTTL = lockttl.MinTTL
-		c.Completer = recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
+		c.LeaseTTL = lockttl.MinTTL
+		c.Completer = recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}
 	})
 	e.pay.delay = 5 * time.Millisecond
 	admin, err := pgx.Connect(ctx, pgtest.Server(t).AdminDSN)

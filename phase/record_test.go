@@ -55,7 +55,7 @@ func TestAForeignCallsRecordIsDurableBeforeTheNextPhaseRuns(t *testing.T) {
 				if kind == "repeatable" {
 					charge = charge.Repeatable()
 				} else {
-					charge = phase.Reconciled(charge, func(ctx context.Context, in *phase.Input[order, struct{}]) (string, phase.Resolution, error) {
+					charge = phase.Reconciled(charge, func(ctx context.Context, in *phase.Input[order, struct{}]) (string, phase.Verdict, error) {
 						mu.Lock()
 						defer mu.Unlock()
 						reconciles++

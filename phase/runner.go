@@ -207,7 +207,7 @@ func (w *Workflow[Req, State]) request(c *Client, tenant, key string, req Req, s
 		}
 	}
 	return store.Request{Tenant: tenant, Key: key, Workflow: w.name, Definition: w.definition,
-		Fingerprint: fp, Params: params, TTL: c.cfg.LockTTL,
+		Fingerprint: fp, Params: params, TTL: c.cfg.LeaseTTL,
 		Retention: cmp.Or(w.store.retention, c.cfg.Reaper.Retention)}, nil
 }
 
@@ -337,7 +337,7 @@ func (w *Workflow[Req, State]) start(ctx context.Context, c *Client, info *RunIn
 			return &Outcome{Kind: OutcomeElsewhere, Definition: row.Definition, RetryAfter: lockttl.RetryAfter(0)}, nil
 		}
 	} else {
-		ev := keyrow.Event{Kind: keyrow.EventAcquired, Workflow: w.name, Tenant: info.Tenant, Key: info.Key, RecoveryPoint: row.RecoveryPoint}
+		ev := keyrow.Event{Kind: keyrow.EventNew, Workflow: w.name, Tenant: info.Tenant, Key: info.Key, RecoveryPoint: row.RecoveryPoint}
 		if k.resumed {
 			ev.Kind = keyrow.EventResumed
 		}
@@ -494,12 +494,12 @@ func (w *Workflow[Req, State]) adopt(ctx context.Context, c *Client, row *store.
 }
 
 // execute runs the phases after row's recovery point while holding its lease.
-func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, run *Input[Req, State], row *store.Row, byCompleter bool) (*keyrow.Response, error) {
-	x := &execution[Req, State]{w: w, c: c, run: run, row: row, byCompleter: byCompleter,
-		lease: store.NewLease(row.Holder(), c.cfg.LockTTL), rp: row.RecoveryPoint}
+func (w *Workflow[Req, State]) execute(ctx context.Context, c *Client, in *Input[Req, State], row *store.Row, byCompleter bool) (*keyrow.Response, error) {
+	x := &execution[Req, State]{w: w, c: c, run: in, row: row, byCompleter: byCompleter,
+		lease: store.NewLease(row.Holder(), c.cfg.LeaseTTL), rp: row.RecoveryPoint}
 	x.lease.Proven(row.TakenAt)
 	if len(row.State) > 0 && !bytes.Equal(row.State, []byte("null")) {
-		if err := json.Unmarshal(row.State, &run.State); err != nil {
+		if err := json.Unmarshal(row.State, &in.State); err != nil {
 			return nil, x.fail(ctx, fmt.Errorf("phase: decode stored state: %w", err))
 		}
 		x.committed = row.State
@@ -682,7 +682,7 @@ func (x *execution[Req, State]) reconcile(ctx context.Context, i int) (*keyrow.R
 	x.run.phase = p.identity()
 	var (
 		rec recordFn[Req, State]
-		res Resolution
+		res Verdict
 	)
 	err = x.c.throughCall(ctx, x.phaseInfo(i, true), func(ctx context.Context) error {
 		return protect("reconcile of phase", p.name, func() (err error) {

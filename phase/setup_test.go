@@ -136,32 +136,32 @@ CREATE TABLE orders (
 func ordersWorkflow(t testing.TB, pay *payments) *phase.Workflow[order, orderState] {
 	t.Helper()
 	w, err := phase.NewWorkflow("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
-			if run.Req.Amount <= 0 {
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			if in.Req.Amount <= 0 {
 				return phase.JSON(http.StatusUnprocessableEntity, map[string]string{"error": "amount must be positive"}), nil
 			}
 			err := tx.QueryRow(ctx, `INSERT INTO orders (ikey, item, amount) VALUES ($1, $2, $3) RETURNING id`,
-				run.Key, run.Req.Item, run.Req.Amount).Scan(&run.State.OrderID)
+				in.Key, in.Req.Item, in.Req.Amount).Scan(&in.State.OrderID)
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Input[order, orderState]) (string, error) {
-				return pay.Charge(ctx, run.DownstreamKey(), run.State.OrderID, run.Req.Amount)
+			func(ctx context.Context, in *phase.Input[order, orderState]) (string, error) {
+				return pay.Charge(ctx, in.DownstreamKey(), in.State.OrderID, in.Req.Amount)
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState], chargeID string) (phase.Result, error) {
-				run.State.ChargeID = chargeID
-				_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, run.State.OrderID, chargeID)
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState], chargeID string) (phase.Result, error) {
+				in.State.ChargeID = chargeID
+				_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, in.State.OrderID, chargeID)
 				return phase.Next(), err
 			}).Repeatable(),
-		phase.Local("packed", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
-			_, err := tx.Exec(ctx, `UPDATE orders SET packed = true WHERE id = $1`, run.State.OrderID)
+		phase.Local("packed", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			_, err := tx.Exec(ctx, `UPDATE orders SET packed = true WHERE id = $1`, in.State.OrderID)
 			return phase.Next(), err
-		}).When(func(run *phase.Input[order, orderState]) bool { return !run.Req.Express }),
-		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, orderState]) (phase.Result, error) {
-			if _, err := tx.Exec(ctx, `UPDATE orders SET receipt = true WHERE id = $1`, run.State.OrderID); err != nil {
+		}).When(func(in *phase.Input[order, orderState]) bool { return !in.Req.Express }),
+		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, orderState]) (phase.Result, error) {
+			if _, err := tx.Exec(ctx, `UPDATE orders SET receipt = true WHERE id = $1`, in.State.OrderID); err != nil {
 				return phase.Result{}, err
 			}
-			return phase.JSON(http.StatusCreated, map[string]any{"message": "order placed", "item": run.Req.Item, "amount": run.Req.Amount}), nil
+			return phase.JSON(http.StatusCreated, map[string]any{"message": "order placed", "item": in.Req.Item, "amount": in.Req.Amount}), nil
 		}),
 	)
 	if err != nil {

@@ -43,7 +43,7 @@ func newAnswering(t *testing.T, db *pgxpool.Pool, name string, store *phase.Stor
 	t.Helper()
 	a := &answering{db: db}
 	w, err := phase.NewWorkflow(name, phase.Local("answered",
-		func(ctx context.Context, tx pgx.Tx, run *phase.Input[signup, struct{}]) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, in *phase.Input[signup, struct{}]) (phase.Result, error) {
 			a.runs.Add(1)
 			return respond(), nil
 		}))
@@ -219,7 +219,7 @@ func TestAdjustReplayChangesOnlyReplays(t *testing.T) {
 func TestStoreResponsesRefusesHeadersThatAreNeverStored(t *testing.T) {
 	t.Parallel()
 	w, err := phase.NewWorkflow("signup", phase.Local("answered",
-		func(ctx context.Context, tx pgx.Tx, run *phase.Input[signup, struct{}]) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, in *phase.Input[signup, struct{}]) (phase.Result, error) {
 			return phase.Next(), nil
 		}))
 	if err != nil {
@@ -360,7 +360,7 @@ func TestAReaperNeverDeletesTheKeysOfAWorkflowKeptLonger(t *testing.T) {
 	// configuration, during a deploy) keeps the key for the 30 days it
 	// recorded.
 	w, err := phase.NewWorkflow("payouts", phase.Local("answered",
-		func(ctx context.Context, tx pgx.Tx, run *phase.Input[signup, struct{}]) (phase.Result, error) {
+		func(ctx context.Context, tx pgx.Tx, in *phase.Input[signup, struct{}]) (phase.Result, error) {
 			return created(), nil
 		}))
 	if err != nil {
@@ -382,7 +382,7 @@ func TestAReaperNeverDeletesTheKeysOfAWorkflowKeptLonger(t *testing.T) {
 	}
 
 	finishedAgo(t, db, "payouts", "31 days")
-	if res, err := payouts.c.Reap(ctx); err != nil || res.Deleted != 1 {
+	if res, err := payouts.c.Reap(ctx); err != nil || res.Reaped != 1 {
 		t.Errorf("Reap after 31 days = %+v, %v; want the payout key deleted", res, err)
 	}
 }
@@ -400,10 +400,10 @@ func TestAReaperLeavesAbandonedKeysOfOtherWorkflowsAlone(t *testing.T) {
 		payouts.w.Definition()); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := orders.c.Reap(ctx); err != nil || res.Expired != 0 {
+	if res, err := orders.c.Reap(ctx); err != nil || res.Abandoned != 0 {
 		t.Fatalf("the orders reaper: %+v, %v; want the payout key left alone", res, err)
 	}
-	if res, err := payouts.c.Reap(ctx); err != nil || res.Expired != 0 {
+	if res, err := payouts.c.Reap(ctx); err != nil || res.Abandoned != 0 {
 		t.Fatalf("the payouts reaper: %+v, %v; want the key kept for its 30 days", res, err)
 	}
 	var finished bool
@@ -419,7 +419,7 @@ func TestARetryAfterItsKeyWasReapedRunsAgain(t *testing.T) {
 	h := a.handler(t)
 	postSignup(h, "k1")
 	finishedAgo(t, a.db, "orders", "25 hours")
-	if res, err := a.c.Reap(ctx); err != nil || res.Deleted != 1 {
+	if res, err := a.c.Reap(ctx); err != nil || res.Reaped != 1 {
 		t.Fatalf("Reap = %+v, %v; want one key deleted", res, err)
 	}
 	retry := postSignup(h, "k1")

@@ -26,16 +26,16 @@ import (
 func effectsWorkflow(t *testing.T, db *pgxpool.Pool, use func(ctx context.Context, tx pgx.Tx, key string) error) (*phase.Client, *phase.Workflow[order, struct{}]) {
 	t.Helper()
 	w, err := phase.NewWorkflow("effects",
-		phase.Local("used", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
-			if err := use(ctx, tx, run.Key); err != nil {
+		phase.Local("used", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
+			if err := use(ctx, tx, in.Key); err != nil {
 				return phase.Result{}, err
 			}
-			if strings.HasPrefix(run.Key, "fail") {
+			if strings.HasPrefix(in.Key, "fail") {
 				return phase.Result{}, errors.New("the phase fails after its statements")
 			}
 			return phase.Next(), nil
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.JSON(201, "ok"), nil
 		}))
 	if err != nil {
@@ -287,9 +287,9 @@ func TestPhaseIsolationLevelIsHonoured(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	level := func(first func(ctx context.Context, tx pgx.Tx) (string, error)) phase.LocalFunc[order, string] {
-		return func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
+		return func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string]) (phase.Result, error) {
 			got, err := first(ctx, tx)
-			run.State += got + ";"
+			in.State += got + ";"
 			return phase.Next(), err
 		}
 	}
@@ -319,8 +319,8 @@ func TestPhaseIsolationLevelIsHonoured(t *testing.T) {
 		phase.Local("serializable", level(queryRow)).Isolation(pgx.Serializable),
 		phase.Local("repeatable_simple", level(simple)).Isolation(pgx.RepeatableRead),
 		phase.Local("serializable_savepoint", level(savepoint)).Isolation(pgx.Serializable),
-		phase.Local("answer", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, string]) (phase.Result, error) {
-			return phase.JSON(200, run.State), nil
+		phase.Local("answer", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, string]) (phase.Result, error) {
+			return phase.JSON(200, in.State), nil
 		}))
 	if err != nil {
 		t.Fatal(err)
@@ -352,19 +352,19 @@ func TestLocalPhaseCostsItsStatementsPlusOneRoundTrip(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `CREATE TABLE counts (k text)`); err != nil {
 		t.Fatal(err)
 	}
-	insert := func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO counts VALUES ($1)`, run.Key)
+	insert := func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO counts VALUES ($1)`, in.Key)
 		return err
 	}
 	w, err := phase.NewWorkflow("count",
-		phase.Local("one", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
-			return phase.Next(), insert(ctx, tx, run)
+		phase.Local("one", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
+			return phase.Next(), insert(ctx, tx, in)
 		}),
-		phase.Local("nothing", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
+		phase.Local("nothing", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
-		phase.Local("two", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
-			return phase.JSON(201, "ok"), insert(ctx, tx, run)
+		phase.Local("two", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
+			return phase.JSON(201, "ok"), insert(ctx, tx, in)
 		}))
 	if err != nil {
 		t.Fatal(err)
@@ -414,15 +414,15 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 	})
 	const ttl = 3 * time.Second // proofs count for a second
 	var stall, slow atomic.Bool
-	call := func(ctx context.Context, run *phase.Input[order, struct{}]) (string, error) {
-		return run.DownstreamKey(), nil
+	call := func(ctx context.Context, in *phase.Input[order, struct{}]) (string, error) {
+		return in.DownstreamKey(), nil
 	}
-	record := func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
+	record := func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 		return phase.Next(), nil
 	}
 	w, err := phase.NewWorkflow("calls",
 		phase.Foreign("first", call, record).Repeatable(),
-		phase.Local("between", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}]) (phase.Result, error) {
+		phase.Local("between", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			if slow.Load() {
 				// The advance extends the lease from the transaction's
@@ -431,7 +431,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 			}
 			return phase.Next(), err
 		}),
-		phase.Foreign("second", call, func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{}], _ string) (phase.Result, error) {
+		phase.Foreign("second", call, func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], _ string) (phase.Result, error) {
 			return phase.JSON(201, "ok"), nil
 		}).Repeatable())
 	if err != nil {
@@ -443,7 +443,7 @@ func TestForeignCallAfterACommitCostsNoRoundTrip(t *testing.T) {
 		}
 		return nil
 	})
-	rn, err := phase.NewClient(db, &phase.Config{LockTTL: ttl, Hooks: []phase.Hook{pause}}, w)
+	rn, err := phase.NewClient(db, &phase.Config{LeaseTTL: ttl, Hooks: []phase.Hook{pause}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,12 +497,12 @@ func TestLostLeaseStopsAPhaseThatSentNothing(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	w, err := phase.NewWorkflow("idle",
-		phase.Local("noted", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{ N int }]) (phase.Result, error) {
-			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE id = $1`, run.ID)
-			run.State.N = 1
+		phase.Local("noted", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{ N int }]) (phase.Result, error) {
+			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE id = $1`, in.ID)
+			in.State.N = 1
 			return phase.Next(), err
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[order, struct{ N int }]) (phase.Result, error) {
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{ N int }]) (phase.Result, error) {
 			return phase.JSON(200, "ok"), nil
 		}))
 	if err != nil {

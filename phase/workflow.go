@@ -285,16 +285,16 @@ type RecordFunc[Req, State, Out any] func(ctx context.Context, tx pgx.Tx, in *In
 // unknown, typically by looking the call up by in.DownstreamKey(). It
 // returns the call's output and Happened when the call happened, or
 // NotHappened when it provably did not and may be made again.
-type ReconcileFunc[Req, State, Out any] func(ctx context.Context, in *Input[Req, State]) (Out, Resolution, error)
+type ReconcileFunc[Req, State, Out any] func(ctx context.Context, in *Input[Req, State]) (Out, Verdict, error)
 
-// Resolution is what a reconciliation concluded.
-type Resolution int
+// Verdict is what a reconciliation concluded.
+type Verdict int
 
-// The resolutions a ReconcileFunc may return.
+// The verdicts a ReconcileFunc may return.
 const (
 	// Pending: still unknown; the key stays on hold and the completer asks
 	// again later.
-	Pending Resolution = iota
+	Pending Verdict = iota
 	// Happened: the call happened; its output is recorded and the run goes
 	// on.
 	Happened
@@ -320,7 +320,7 @@ type Phase[Req, State any] struct {
 type foreignPhase[Req, State any] struct {
 	// call makes the call and returns a function that records its outcome.
 	call      func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], error)
-	reconcile func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], Resolution, error)
+	reconcile func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], Verdict, error)
 	// decode turns an operator's JSON for the call's output into the
 	// record of it (see Client.Resolve).
 	decode     func(output []byte) (recordFn[Req, State], error)
@@ -381,7 +381,7 @@ func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, 
 		return p
 	}
 	f := *p.foreign
-	f.reconcile = func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], Resolution, error) {
+	f.reconcile = func(ctx context.Context, in *Input[Req, State]) (recordFn[Req, State], Verdict, error) {
 		out, res, err := fn(ctx, in)
 		if err != nil || res != Happened {
 			return nil, res, err

@@ -66,17 +66,17 @@ func (c *Completer) RunOnce(ctx context.Context) (PassResult, error) {
 
 func (c *Completer) pass(ctx context.Context) (PassResult, error) {
 	var res PassResult
-	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.MinIdle)
+	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
 	if err != nil {
 		return res, err
 	}
-	res.Buried = buried
+	res.Dead = buried
 	if buried > 0 {
 		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: buried})
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
-		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, MinIdle: c.cfg.MinIdle,
+		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
 	})
 	if err != nil {
@@ -97,7 +97,7 @@ func (c *Completer) pass(ctx context.Context) (PassResult, error) {
 			defer mu.Unlock()
 			switch {
 			case errors.Is(err, ErrHandedBack):
-				res.Left++
+				res.HandedBack++
 			case err != nil:
 				res.Failed++
 			default:
@@ -133,7 +133,7 @@ func (c *Completer) Drain(ctx context.Context) (PassResult, error) {
 		res, err := c.RunOnce(ctx)
 		total = total.Add(res)
 		// Keys handed back would be claimed again at once.
-		if err != nil || res.Claimed == res.Left {
+		if err != nil || res.Claimed == res.HandedBack {
 			return total, err
 		}
 	}

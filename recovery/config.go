@@ -12,10 +12,10 @@ const (
 	DefaultInterval = 5 * time.Second
 	// DefaultBatchSize is how many keys one pass claims.
 	DefaultBatchSize = 100
-	// DefaultMinIdle is how long a key's last run must be past before the
+	// DefaultStuckAfter is how long a key's last run must be past before the
 	// completer takes it, leaving a client time to retry on its own. The
 	// reference implementation waits 60 seconds.
-	DefaultMinIdle = time.Minute
+	DefaultStuckAfter = time.Minute
 	// DefaultBackoff is the pause added after the completer's first failure
 	// on a key, doubling with each further one up to DefaultMaxBackoff.
 	DefaultBackoff    = 30 * time.Second
@@ -40,10 +40,10 @@ type CompleterConfig struct {
 	// Concurrency caps the claimed keys run at once. Defaults to
 	// DefaultConcurrency.
 	Concurrency int
-	// MinIdle is how long a key must be idle before the completer takes it,
-	// and before it can be given up on. Defaults to DefaultMinIdle; -1
+	// StuckAfter is how long a key must be idle before the completer takes it,
+	// and before it can be given up on. Defaults to DefaultStuckAfter; -1
 	// means no wait.
-	MinIdle time.Duration
+	StuckAfter time.Duration
 	// Backoff is added after the completer's first failure on a key and
 	// doubles with each further one, up to MaxBackoff. Defaults to
 	// DefaultBackoff and DefaultMaxBackoff; -1 disables the backoff.
@@ -57,14 +57,14 @@ type CompleterConfig struct {
 // WithDefaults returns c with every zero field set to its default, or an
 // error naming a field whose value is invalid.
 func (c CompleterConfig) WithDefaults() (CompleterConfig, error) {
-	if c.Interval < -1 || c.BatchSize < 0 || c.Concurrency < 0 || c.MinIdle < -1 ||
+	if c.Interval < -1 || c.BatchSize < 0 || c.Concurrency < 0 || c.StuckAfter < -1 ||
 		c.Backoff < -1 || c.MaxBackoff < 0 || c.MaxAttempts < 0 {
 		return c, errors.New("recovery: CompleterConfig values must not be negative (except -1 where documented)")
 	}
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
-	c.MinIdle = max(cmp.Or(c.MinIdle, DefaultMinIdle), 0)
+	c.StuckAfter = max(cmp.Or(c.StuckAfter, DefaultStuckAfter), 0)
 	c.Backoff = max(cmp.Or(c.Backoff, DefaultBackoff), 0)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
@@ -129,24 +129,25 @@ type PassResult struct {
 	Completed int
 	// Failed keys ran and failed again; they keep their recovery point.
 	Failed int
-	// Buried keys moved to the dead hold.
-	Buried int
-	// Left keys were claimed and handed back for someone else to act on:
+	// Dead keys moved to the dead hold: the completer gave up on them.
+	Dead int
+	// HandedBack keys were claimed and handed back for someone else to act on:
 	// a process that runs the definition they started under (they are at
 	// a recovery point the adopting workflow cannot place), or an operator
 	// (a call whose outcome is unknown and that has no reconcile function).
-	Left int
+	HandedBack int
 }
 
 // Add returns the sum of r and o.
 func (r PassResult) Add(o PassResult) PassResult {
-	return PassResult{r.Claimed + o.Claimed, r.Completed + o.Completed, r.Failed + o.Failed, r.Buried + o.Buried, r.Left + o.Left}
+	return PassResult{r.Claimed + o.Claimed, r.Completed + o.Completed, r.Failed + o.Failed, r.Dead + o.Dead, r.HandedBack + o.HandedBack}
 }
 
 // ReapResult counts what a reaper run did.
 type ReapResult struct {
-	// Expired keys were abandoned and got their terminal response.
-	Expired int
-	// Deleted keys were finished and past retention.
-	Deleted int
+	// Abandoned keys were left unfinished past retention and got their
+	// terminal response.
+	Abandoned int
+	// Reaped keys were finished and past retention, and are deleted.
+	Reaped int
 }

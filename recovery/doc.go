@@ -12,7 +12,7 @@
 // foreign call failed. Its key keeps the recovery point of the last
 // committed phase, and a client retry resumes it. When no client comes
 // back, the completer does: it claims unfinished keys whose lease is free or
-// stale and whose last run is older than [CompleterConfig.MinIdle], with FOR
+// stale and whose last run is older than [CompleterConfig.StuckAfter], with FOR
 // NO KEY UPDATE SKIP LOCKED and the same lease a request takes, rebuilds the
 // typed request from the stored params, and runs the remaining phases.
 // Several completers in several processes share the work without a leader.
@@ -23,7 +23,7 @@
 // A key the completer keeps failing is retried with growing backoff, and
 // after [CompleterConfig.MaxAttempts] failures of the completer's own moves
 // to the dead hold for an operator, but only once it is abandoned: a key a
-// client retried within MinIdle is never buried, so a client that keeps
+// client retried within StuckAfter is never buried, so a client that keeps
 // retrying while a provider is down converges once the provider recovers.
 // Each run of the completer is bounded by the client's RunTimeout, so one
 // hung key cannot stall a pass.

@@ -35,18 +35,18 @@ func Example_completer() {
 	defer done()
 	type run = phase.Input[struct{ To string }, struct{}]
 	w, err := phase.NewWorkflow("welcome",
-		phase.Local("account_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+		phase.Local("account_created", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
-		phase.Local("welcomed", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
-			return phase.JSON(201, "welcome, "+r.Req.To), nil
+		phase.Local("welcomed", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
+			return phase.JSON(201, "welcome, "+in.Req.To), nil
 		}))
 	if err != nil {
 		log.Fatal(err)
 	}
 	client, err := phase.NewClient(pool, &phase.Config{
 		// Take keys as soon as they are free, instead of a minute later.
-		Completer: recovery.CompleterConfig{MinIdle: -1},
+		Completer: recovery.CompleterConfig{StuckAfter: -1},
 	}, w)
 	if err != nil {
 		log.Fatal(err)
@@ -54,7 +54,7 @@ func Example_completer() {
 	crash := phase.WithInjector(ctx, phase.CrashAt(phase.Point{Phase: "account_created", Stage: phase.AfterCommit}))
 	_, err = w.Run(crash, client, "acme", "k1", struct{ To string }{"ada"})
 	fmt.Println(err)
-	// The dead process's lease would expire after the client's LockTTL;
+	// The dead process's lease would expire after the client's LeaseTTL;
 	// an operator who knows the process is gone can free it at once.
 	if _, err := client.Unlock(ctx, "acme", "k1"); err != nil {
 		log.Fatal(err)

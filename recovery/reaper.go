@@ -91,14 +91,14 @@ func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
 		n, err := r.batches(ctx, func() (int, error) {
 			return store.Expire(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 		})
-		res.Expired += n
+		res.Abandoned += n
 		if err != nil {
 			return res, err
 		}
 	}
-	if res.Expired > 0 {
-		r.observe(ctx, keyrow.Event{Kind: keyrow.EventExpired, Count: res.Expired})
-		r.log.Warn("abandoned keys closed with a terminal response", "count", res.Expired)
+	if res.Abandoned > 0 {
+		r.observe(ctx, keyrow.Event{Kind: keyrow.EventAbandoned, Count: res.Abandoned})
+		r.log.Warn("abandoned keys closed with a terminal response", "count", res.Abandoned)
 	}
 	scopes, err := r.Scopes(ctx)
 	if err != nil {
@@ -112,7 +112,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
 			}
 			return n, err
 		})
-		res.Deleted += n
+		res.Reaped += n
 		if err != nil {
 			return res, err
 		}
@@ -159,7 +159,7 @@ func (r *Reaper) pause(ctx context.Context, batch time.Duration) error {
 func (r *Reaper) Start(ctx context.Context) error {
 	return r.bg.Start(ctx, "reaper", r.cfg.Interval, func(ctx context.Context) {
 		if res, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			r.log.Error("reaper run failed", "err", err, "deleted", res.Deleted)
+			r.log.Error("reaper run failed", "err", err, "deleted", res.Reaped)
 		}
 	})
 }

@@ -38,12 +38,12 @@ func effectsWorkflow(t testing.TB, db *pgxpool.Pool) *phase.Workflow[job, struct
 		t.Fatal(err)
 	}
 	w, err := phase.NewWorkflow("effects",
-		phase.Local("effect_recorded", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
-			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, run.Key, run.Req.N)
+		phase.Local("effect_recorded", func(ctx context.Context, tx pgx.Tx, in *phase.Input[job, struct{}]) (phase.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, in.Key, in.Req.N)
 			return phase.Next(), err
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
-			return phase.JSON(201, run.Req), nil
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *phase.Input[job, struct{}]) (phase.Result, error) {
+			return phase.JSON(201, in.Req), nil
 		}))
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func effectsWorkflow(t testing.TB, db *pgxpool.Pool) *phase.Workflow[job, struct
 // retries them without backoff; mutate adjusts the config further.
 func client(t testing.TB, db *pgxpool.Pool, mutate func(*phase.Config), ws ...phase.Registered) *phase.Client {
 	t.Helper()
-	cfg := phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}
+	cfg := phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -156,10 +156,10 @@ func TestCompleterLeavesKeysAClientMayStillRetry(t *testing.T) {
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
 	abandon(t, db, w.Name(), "fresh", `{"n":1}`)
-	c := client(t, db, func(c *phase.Config) { c.Completer.MinIdle = time.Hour }, w)
+	c := client(t, db, func(c *phase.Config) { c.Completer.StuckAfter = time.Hour }, w)
 	res, err := c.Complete(ctx)
 	if err != nil || res.Claimed != 0 {
-		t.Fatalf("pass over a key idle for less than MinIdle: %+v %v, want nothing claimed", res, err)
+		t.Fatalf("pass over a key idle for less than StuckAfter: %+v %v, want nothing claimed", res, err)
 	}
 }
 
@@ -206,7 +206,7 @@ func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 		t.Fatalf("events %+v, want none", events)
 	}
 	info, err := c.Inspect(ctx, "acme", "k1")
-	if err != nil || info.Attempts != 1 || info.Hold != "" || info.Failures != 0 || info.LockExpiresAt != nil {
+	if err != nil || info.Attempts != 1 || info.Hold != "" || info.Failures != 0 || info.LeaseExpiresAt != nil {
 		t.Fatalf("key %+v %v; want it untouched: one attempt, not held, not leased", info, err)
 	}
 	counts, err := c.Counts(ctx)
@@ -214,7 +214,7 @@ func TestCompleterLeavesKeysOfWorkflowsItDoesNotKnow(t *testing.T) {
 		t.Fatalf("counts %+v %v; want the key counted as waiting or stuck", counts, err)
 	}
 	// A process that knows the workflow finishes it.
-	next, err := phase.NewWorkflow("next-release-workflow", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[struct{}, struct{}]) (phase.Result, error) {
+	next, err := phase.NewWorkflow("next-release-workflow", phase.Local("done", func(ctx context.Context, tx pgx.Tx, in *phase.Input[struct{}, struct{}]) (phase.Result, error) {
 		return phase.JSON(200, "ok"), nil
 	}))
 	if err != nil {
@@ -229,7 +229,7 @@ func TestRunningAnUnregisteredWorkflowIsAnError(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	w := effectsWorkflow(t, db)
-	other, err := phase.NewWorkflow("other", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
+	other, err := phase.NewWorkflow("other", phase.Local("done", func(ctx context.Context, tx pgx.Tx, in *phase.Input[job, struct{}]) (phase.Result, error) {
 		return phase.JSON(200, "ok"), nil
 	}))
 	if err != nil {
@@ -284,16 +284,16 @@ func (m *mailer) wasSent(key string) bool {
 func mailWorkflow(t testing.TB, m *mailer) *phase.Workflow[job, struct{ Sent bool }] {
 	t.Helper()
 	type run = phase.Input[job, struct{ Sent bool }]
-	record := func(ctx context.Context, tx pgx.Tx, r *run, sent bool) (phase.Result, error) {
-		r.State.Sent = sent
+	record := func(ctx context.Context, tx pgx.Tx, in *run, sent bool) (phase.Result, error) {
+		in.State.Sent = sent
 		return phase.JSON(200, map[string]bool{"sent": sent}), nil
 	}
 	send := phase.Foreign("mailed",
-		func(ctx context.Context, r *run) (bool, error) { return true, m.send(r.DownstreamKey()) },
+		func(ctx context.Context, in *run) (bool, error) { return true, m.send(in.DownstreamKey()) },
 		record)
 	// The mail provider can be asked whether a message with this key went out.
-	send = phase.Reconciled(send, func(ctx context.Context, r *run) (bool, phase.Resolution, error) {
-		if m.wasSent(r.DownstreamKey()) {
+	send = phase.Reconciled(send, func(ctx context.Context, in *run) (bool, phase.Verdict, error) {
+		if m.wasSent(in.DownstreamKey()) {
 			return true, phase.Happened, nil
 		}
 		return false, phase.NotHappened, nil
@@ -359,7 +359,7 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 	db := pgtest.Pool(t)
 	var broken atomic.Bool
 	broken.Store(true)
-	w, err := phase.NewWorkflow("fragile", phase.Local("done", func(ctx context.Context, tx pgx.Tx, run *phase.Input[job, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("fragile", phase.Local("done", func(ctx context.Context, tx pgx.Tx, in *phase.Input[job, struct{}]) (phase.Result, error) {
 		if broken.Load() {
 			return phase.Result{}, errors.New("downstream bug")
 		}
@@ -387,7 +387,7 @@ func TestKeyThatKeepsFailingGoesDeadAndAnOperatorRevivesIt(t *testing.T) {
 		})}
 	}, w)
 	res, err := c.Complete(ctx)
-	if err != nil || res.Failed != 3 || res.Buried != 1 || len(dead) != 1 {
+	if err != nil || res.Failed != 3 || res.Dead != 1 || len(dead) != 1 {
 		t.Fatalf("drain: %+v %v dead events %v; want three failures of the completer's own, then buried", res, err, dead)
 	}
 	out, err := w.Run(ctx, c, "acme", "k1", job{})
@@ -477,10 +477,10 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Deleted += more.Deleted
-	res.Expired += more.Expired
-	if res.Expired != 1 {
-		t.Fatalf("expired %d, want 1 (the dead key)", res.Expired)
+	res.Reaped += more.Reaped
+	res.Abandoned += more.Abandoned
+	if res.Abandoned != 1 {
+		t.Fatalf("expired %d, want 1 (the dead key)", res.Abandoned)
 	}
 	var left []string
 	rows, err := db.Query(ctx, `SELECT idempotency_key FROM idempotency_keys WHERE idempotency_key NOT LIKE 'live-%' ORDER BY 1`)
@@ -504,8 +504,8 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE finished_at < now() - interval '1 day'`).Scan(&oldFinishedLeft); err != nil {
 		t.Fatal(err)
 	}
-	if oldFinishedLeft != 0 || res.Deleted < 50 {
-		t.Fatalf("%d expired keys left, %d deleted; want all 50 old keys gone", oldFinishedLeft, res.Deleted)
+	if oldFinishedLeft != 0 || res.Reaped < 50 {
+		t.Fatalf("%d expired keys left, %d deleted; want all 50 old keys gone", oldFinishedLeft, res.Reaped)
 	}
 	out, err := w.Run(ctx, rn, "acme", "dead", job{N: 3})
 	if err != nil || out.Kind != phase.OutcomeReplayed || out.Response.Status != 500 {
@@ -532,12 +532,12 @@ func TestOneObserverSeesRunsTheCompleterAndTheReaper(t *testing.T) {
 	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET finished_at = now() - interval '2 days'`); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := rn.Reap(ctx); err != nil || res.Deleted != 2 {
+	if res, err := rn.Reap(ctx); err != nil || res.Reaped != 2 {
 		t.Fatalf("reap: %+v %v, want both keys deleted", res, err)
 	}
 	got := metrics.Snapshot()
 	for kind, want := range map[keyrow.EventKind]int64{
-		keyrow.EventAcquired:  1, // the served key
+		keyrow.EventNew:       1, // the served key
 		keyrow.EventResumed:   1, // the completer's run of the abandoned key
 		keyrow.EventFinished:  2,
 		keyrow.EventCompleted: 1,

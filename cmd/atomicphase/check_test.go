@@ -32,13 +32,13 @@ func paymentsServer(t *testing.T, mismatch int) string {
 		t.Fatal(err)
 	}
 	w, err := phase.NewWorkflow("payments",
-		phase.Local("paid", func(ctx context.Context, tx pgx.Tx, run *phase.Input[payment, struct{}]) (phase.Result, error) {
-			if run.Req.Fail {
+		phase.Local("paid", func(ctx context.Context, tx pgx.Tx, in *phase.Input[payment, struct{}]) (phase.Result, error) {
+			if in.Req.Fail {
 				return phase.Result{}, fmt.Errorf("the card network is down")
 			}
 			time.Sleep(100 * time.Millisecond) // the card network's latency
 			var id int64
-			err := tx.QueryRow(ctx, `INSERT INTO check_payments (amount) VALUES ($1) RETURNING id`, run.Req.Amount).Scan(&id)
+			err := tx.QueryRow(ctx, `INSERT INTO check_payments (amount) VALUES ($1) RETURNING id`, in.Req.Amount).Scan(&id)
 			return phase.JSON(http.StatusCreated, map[string]int64{"id": id}), err
 		}))
 	if err != nil {

@@ -44,7 +44,7 @@ shorthands -stuck, -unknown and -dead), only the keys in that state:
              waiting for reconciliation; see 'atomicphase resolve -h'.
   dead       keys the completer gave up on after MaxAttempts failed runs
              of its own; see 'atomicphase retry -h'.
-  in_flight, waiting, finished: see 'atomicphase stats -h'.
+  in_flight, waiting, finished: see 'atomicphase counts -h'.
 
 Keys of the unfinished states are listed idle longest first; finished keys,
 and all keys when no state is given, newest first. A full page ends with the
@@ -83,7 +83,7 @@ note if the key had no lease.`,
 Make a key on hold runnable again, keeping its recovery point, state and
 last error, and give the completer its full MaxAttempts on it again. The
 next request for the key resumes it at once; the completer takes it once it
-has been idle for the completer's MinIdle (a minute by default).
+has been idle for the completer's StuckAfter (a minute by default).
 
 A dead key (the completer gave up on it) can always be retried. Fix what
 made it fail first, or it will end up dead again.
@@ -125,7 +125,7 @@ recorded.
 
 The resolution is recorded on the key. This command does not know the
 application's workflows, so the application's completer acts on it at its
-next pass over the key (within its MinIdle), and decodes -output into the
+next pass over the key (within its StuckAfter), and decodes -output into the
 phase's output type then; if it does not fit, the key stays held as unknown
 with that error. The console mounted in the application checks -output at
 once and runs the key at once. Every resolution is audited.`,
@@ -194,7 +194,7 @@ run would skip until its next pass.`,
 		define: defineReap,
 	},
 	{
-		name: "stats", args: "", nargs: 0,
+		name: "counts", args: "", nargs: 0,
 		summary: "count keys by state",
 		detail: `
 Count the keys by state. Every key is in exactly one, so the counts add up
@@ -287,7 +287,7 @@ func defineList(fs *flag.FlagSet) action {
 		if f.Limit <= 0 {
 			return usagef("-limit must be positive")
 		}
-		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{MinIdle: minIdle(f.StuckAfter)}})
+		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{StuckAfter: minIdle(f.StuckAfter)}})
 		if err != nil {
 			return err
 		}
@@ -379,7 +379,7 @@ func defineRetry(fs *flag.FlagSet) action {
 			}{tenant, key, info.Hold, info.RecoveryPoint})
 		}
 		_, err = fmt.Fprintf(s.stdout, "key %s of tenant %s was %s and is runnable again at recovery point %s:\n"+
-			"the next request resumes it now, the completer once it has been idle for its MinIdle\n",
+			"the next request resumes it now, the completer once it has been idle for its StuckAfter\n",
 			clean(key), clean(tenant), info.Hold, clean(info.RecoveryPoint))
 		return err
 	}
@@ -389,10 +389,11 @@ func defineRetry(fs *flag.FlagSet) action {
 type reapReport struct {
 	DryRun    bool   `json:"dry_run"`
 	Retention string `json:"retention"`
-	// Expired abandoned keys got a terminal response.
-	Expired int `json:"expired"`
-	// Deleted finished keys were past the retention.
-	Deleted int `json:"deleted"`
+	// Abandoned keys, unfinished past the retention, got their terminal
+	// response.
+	Abandoned int `json:"abandoned"`
+	// Reaped finished keys were past the retention, and are deleted.
+	Reaped int `json:"reaped"`
 }
 
 func defineReap(fs *flag.FlagSet) action {
@@ -410,11 +411,11 @@ func defineReap(fs *flag.FlagSet) action {
 		report := reapReport{DryRun: *dryRun, Retention: retention.String()}
 		var runErr error
 		if *dryRun {
-			report.Deleted, report.Expired, runErr = c.ReapCandidates(ctx)
+			report.Reaped, report.Abandoned, runErr = c.ReapCandidates(ctx)
 		} else {
 			var res recovery.ReapResult
 			res, runErr = c.Reap(ctx)
-			report.Expired, report.Deleted = res.Expired, res.Deleted
+			report.Abandoned, report.Reaped = res.Abandoned, res.Reaped
 		}
 		// A run that fails part-way has still changed keys: report them.
 		if s.json {
@@ -426,9 +427,9 @@ func defineReap(fs *flag.FlagSet) action {
 	}
 }
 
-// statsReport is what stats prints under -json: the count of every state
+// countsReport is what counts prints under -json: the count of every state
 // and their total.
-type statsReport struct {
+type countsReport struct {
 	keyrow.Counts
 	Total int `json:"total"`
 	// Definitions counts the unfinished keys of each workflow definition.
@@ -436,12 +437,12 @@ type statsReport struct {
 }
 
 func defineStats(fs *flag.FlagSet) action {
-	stuckAfter := fs.Duration("stuck-after", recovery.DefaultMinIdle, "how long a key must be idle to be stuck")
+	stuckAfter := fs.Duration("stuck-after", recovery.DefaultStuckAfter, "how long a key must be idle to be stuck")
 	return func(ctx context.Context, s *session, _ []string) error {
 		if *stuckAfter < 0 {
 			return usagef("-stuck-after must not be negative")
 		}
-		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{MinIdle: minIdle(*stuckAfter)}})
+		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{StuckAfter: minIdle(*stuckAfter)}})
 		if err != nil {
 			return err
 		}
@@ -454,7 +455,7 @@ func defineStats(fs *flag.FlagSet) action {
 			return err
 		}
 		if s.json {
-			return s.writeJSON(statsReport{Counts: counts, Total: counts.Total(), Definitions: defs})
+			return s.writeJSON(countsReport{Counts: counts, Total: counts.Total(), Definitions: defs})
 		}
 		return printStats(s.stdout, counts, defs, *stuckAfter, time.Now())
 	}
@@ -549,7 +550,7 @@ func defineMigrate(fs *flag.FlagSet) action {
 	}
 }
 
-// minIdle is the completer's MinIdle that makes a key stuck once idle for
+// minIdle is the completer's StuckAfter that makes a key stuck once idle for
 // longer than d. The config reads zero as its default, so no wait is -1.
 func minIdle(d time.Duration) time.Duration {
 	if d == 0 {

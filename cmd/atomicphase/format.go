@@ -48,9 +48,9 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 	row("finished", when(k.FinishedAt, now))
 	switch {
 	case k.LeaseLeft > 0:
-		row("lease", fmt.Sprintf("%s left, taken %s", left(k.LeaseLeft), when(k.LockedAt, now)))
-	case k.LockExpiresAt != nil:
-		row("lease", "expired "+when(k.LockExpiresAt, now))
+		row("lease", fmt.Sprintf("%s left, taken %s", left(k.LeaseLeft), when(k.LeaseTakenAt, now)))
+	case k.LeaseExpiresAt != nil:
+		row("lease", "expired "+when(k.LeaseExpiresAt, now))
 	default:
 		row("lease", "free")
 	}
@@ -79,9 +79,9 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 
 func printList(w io.Writer, page keyrow.Page, f keyrow.ListFilter, now time.Time) error {
 	keys := page.Keys
-	which := string(f.State)
+	which := string(f.Status)
 	if len(keys) == 0 {
-		if f.State == keyrow.StateStuck {
+		if f.Status == keyrow.StatusStuck {
 			_, err := fmt.Fprintf(w, "no stuck keys idle for more than %s\n", f.StuckAfter)
 			return err
 		}
@@ -95,7 +95,7 @@ func printList(w io.Writer, page keyrow.Page, f keyrow.ListFilter, now time.Time
 		switch {
 		case k.LeaseLeft > 0:
 			lease = left(k.LeaseLeft) + " left"
-		case k.LockExpiresAt != nil:
+		case k.LeaseExpiresAt != nil:
 			lease = "expired"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
@@ -139,12 +139,12 @@ func printReap(w io.Writer, r reapReport) error {
 	tw := newTable(w)
 	if r.DryRun {
 		fmt.Fprintf(tw, "dry run with retention %s: nothing was changed\n", r.Retention)
-		fmt.Fprintf(tw, "abandoned keys to close\t%d\n", r.Expired)
-		fmt.Fprintf(tw, "finished keys to delete\t%d\n", r.Deleted)
+		fmt.Fprintf(tw, "abandoned keys to answer\t%d\n", r.Abandoned)
+		fmt.Fprintf(tw, "finished keys to reap\t%d\n", r.Reaped)
 	} else {
 		fmt.Fprintf(tw, "reaped with retention %s\n", r.Retention)
-		fmt.Fprintf(tw, "abandoned keys closed\t%d\n", r.Expired)
-		fmt.Fprintf(tw, "finished keys deleted\t%d\n", r.Deleted)
+		fmt.Fprintf(tw, "abandoned keys answered\t%d\n", r.Abandoned)
+		fmt.Fprintf(tw, "finished keys reaped\t%d\n", r.Reaped)
 	}
 	return tw.Flush()
 }

@@ -213,10 +213,10 @@ func TestUsageErrorsExitTwoWithTheUsageOnStderr(t *testing.T) {
 	}{
 		{nil, "Usage: atomicphase COMMAND"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"stats", "-verbose"}, "flag provided but not defined: -verbose"},
+		{[]string{"counts", "-verbose"}, "flag provided but not defined: -verbose"},
 		{[]string{"inspect", "acme"}, "want TENANT KEY, got 1 argument"},
 		{[]string{"inspect", "acme", "k1", "-json"}, "flag -json must come before the arguments"},
-		{[]string{"stats", "extra"}, "takes no arguments"},
+		{[]string{"counts", "extra"}, "takes no arguments"},
 		{[]string{"list", "-stuck", "-dead"}, "at most one of -state, -stuck, -unknown and -dead"},
 		{[]string{"list", "-state", "dead", "-unknown"}, "at most one of -state, -stuck, -unknown and -dead"},
 		{[]string{"list", "-state", "bogus"}, `unknown state "bogus"`},
@@ -229,7 +229,7 @@ func TestUsageErrorsExitTwoWithTheUsageOnStderr(t *testing.T) {
 		{[]string{"list", "-dead", "-limit", "0"}, "-limit must be positive"},
 		{[]string{"list", "-stuck", "-stuck-after", "soon"}, "invalid value"},
 		{[]string{"reap", "-retention", "0s"}, "-retention and -batch must be positive"},
-		{[]string{"stats", "-stuck-after", "-1m"}, "must not be negative"},
+		{[]string{"counts", "-stuck-after", "-1m"}, "must not be negative"},
 		{[]string{"migrate", "-from", "1"}, "-from applies only to -print"},
 		{[]string{"migrate", "-print", "-status"}, "pass at most one of -status and -print"},
 		{[]string{"migrate", "-print", "-from", "-1"}, "-from must not be negative"},
@@ -264,7 +264,7 @@ func TestHelpDocumentsEveryCommandOnStdout(t *testing.T) {
 
 func TestMissingDatabaseURLExitsTwoAndSaysHowToSetIt(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, "", "stats")
+	r := runCLI(t, "", "counts")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "DATABASE_URL is not set; pass -database-url or set DATABASE_URL") {
 		t.Fatalf("stats without a database = %d:\n%s", r.code, r.stderr)
 	}
@@ -272,7 +272,7 @@ func TestMissingDatabaseURLExitsTwoAndSaysHowToSetIt(t *testing.T) {
 
 func TestUnreachableDatabaseExitsOne(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, unreachable, "stats")
+	r := runCLI(t, unreachable, "counts")
 	if r.code != exitError || !strings.Contains(r.stderr, "connect to the database") {
 		t.Fatalf("stats on an unreachable database = %d:\n%s", r.code, r.stderr)
 	}
@@ -287,7 +287,7 @@ func TestCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	empty := withSearchPath(t, dsn, "unmigrated")
-	for _, args := range [][]string{{"stats"}, {"list", "-stuck"}, {"inspect", "acme", "k1"}, {"reap", "-dry-run"}} {
+	for _, args := range [][]string{{"counts"}, {"list", "-stuck"}, {"inspect", "acme", "k1"}, {"reap", "-dry-run"}} {
 		r := runCLI(t, empty, args...)
 		if r.code != exitError || !strings.Contains(r.stderr, "42P01") ||
 			!strings.Contains(r.stderr, "no atomicphase schema") || !strings.Contains(r.stderr, "atomicphase migrate") {
@@ -308,7 +308,7 @@ func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
 	addr := pgtest.TCPAddr(t)
 	u := url.URL{Scheme: "postgres", User: url.UserPassword(cfg.User, cfg.Password), Host: addr, Path: "/no_such_database",
 		RawQuery: "sslmode=prefer&connect_timeout=10"}
-	r := runCLI(t, u.String(), "stats")
+	r := runCLI(t, u.String(), "counts")
 	first, _, _ := strings.Cut(r.stderr, "\n")
 	if r.code != exitError || !strings.Contains(first, `database "no_such_database" does not exist`) || strings.Contains(first, "TLS") {
 		t.Fatalf("stats on a missing database over TCP = %d, want 1 naming the database first:\n%s", r.code, r.stderr)
@@ -318,8 +318,8 @@ func TestAMissingDatabaseIsReportedByTheServersAnswer(t *testing.T) {
 func TestDatabaseURLFlagOverridesTheEnvironment(t *testing.T) {
 	t.Parallel()
 	dsn, _ := setup(t)
-	ok(t, unreachable, "stats", "-database-url", dsn)
-	if r := runCLI(t, dsn, "stats", "--database-url="+unreachable); r.code != exitError {
+	ok(t, unreachable, "counts", "-database-url", dsn)
+	if r := runCLI(t, dsn, "counts", "--database-url="+unreachable); r.code != exitError {
 		t.Fatalf("stats with an unreachable -database-url = %d, want 1:\n%s", r.code, r.stderr)
 	}
 }
@@ -498,22 +498,22 @@ func TestReapDryRunChangesNothingAndPredictsTheRealRun(t *testing.T) {
 	for _, key := range []string{"dead-old", "runnable-old", "unknown-old", "leased-old"} {
 		age(t, db, "acme", key, "last_run_at = now() - interval '2 days'")
 	}
-	before := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json"))
+	before := decode[keyrow.Counts](t, ok(t, dsn, "counts", "-json"))
 
 	dry := decode[reapReport](t, ok(t, dsn, "reap", "-dry-run", "-json"))
-	if !dry.DryRun || dry.Deleted != 2 || dry.Expired != 2 || dry.Retention != "24h0m0s" {
-		t.Fatalf("reap -dry-run = %+v, want 2 to delete and 2 to close", dry)
+	if !dry.DryRun || dry.Reaped != 2 || dry.Abandoned != 2 || dry.Retention != "24h0m0s" {
+		t.Fatalf("reap -dry-run = %+v, want 2 to reap and 2 to answer", dry)
 	}
 	if text := ok(t, dsn, "reap", "--dry-run"); !strings.Contains(text, "nothing was changed") ||
-		!strings.Contains(text, "finished keys to delete  2") {
+		!strings.Contains(text, "finished keys to reap     2") {
 		t.Fatalf("reap -dry-run text:\n%s", text)
 	}
-	if after := decode[keyrow.Counts](t, ok(t, dsn, "stats", "-json")); after != before {
+	if after := decode[keyrow.Counts](t, ok(t, dsn, "counts", "-json")); after != before {
 		t.Fatalf("dry run changed the counts from %+v to %+v", before, after)
 	}
 
 	real := decode[reapReport](t, ok(t, dsn, "reap", "-json", "-batch", "1"))
-	if real.DryRun || real.Deleted != dry.Deleted || real.Expired != dry.Expired {
+	if real.DryRun || real.Reaped != dry.Reaped || real.Abandoned != dry.Abandoned {
 		t.Fatalf("reap = %+v, dry run predicted %+v", real, dry)
 	}
 	for _, key := range []string{"paid-old", "paid-older"} {
@@ -545,28 +545,28 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	got := decode[statsReport](t, ok(t, dsn, "stats", "-json"))
+	got := decode[countsReport](t, ok(t, dsn, "counts", "-json"))
 	want := keyrow.Counts{Finished: 1, InFlight: 1, Waiting: 1, Stuck: 1, Unknown: 1, Dead: 1}
 	if got.Counts != want || got.Total != rows {
-		t.Fatalf("stats -json = %+v, want %+v and a total of %d", got, want, rows)
+		t.Fatalf("counts -json = %+v, want %+v and a total of %d", got, want, rows)
 	}
 	// The unfinished keys by definition: four stored before definitions
 	// (two of them on hold), one under the next.
 	if d := got.Definitions; len(d) != 2 || d[0].Definition != "" || d[0].Unfinished != 4 || d[0].Held != 2 ||
 		d[1].Definition != "next" || d[1].Unfinished != 1 || d[1].Held != 0 {
-		t.Fatalf("stats -json definitions = %+v", d)
+		t.Fatalf("counts -json definitions = %+v", d)
 	}
 	for _, tc := range []struct {
 		stuckAfter     string
 		waiting, stuck int
 	}{{"5m", 2, 0}, {"0s", 0, 2}} {
-		got := decode[statsReport](t, ok(t, dsn, "stats", "-json", "-stuck-after", tc.stuckAfter))
+		got := decode[countsReport](t, ok(t, dsn, "counts", "-json", "-stuck-after", tc.stuckAfter))
 		if got.Waiting != tc.waiting || got.Stuck != tc.stuck || got.Total != rows {
 			t.Errorf("stats -stuck-after %s = %+v, want %d waiting, %d stuck, %d in all",
 				tc.stuckAfter, got, tc.waiting, tc.stuck, rows)
 		}
 	}
-	text := ok(t, dsn, "stats")
+	text := ok(t, dsn, "counts")
 	for _, want := range []string{"finished   1", "in flight  1", "waiting    1  idle for at most 1m0s",
 		"stuck      1  idle for more than 1m0s", "unknown    1", "dead       1", "total      6",
 		"unfinished keys by workflow definition:", "next        1           0"} {
@@ -708,15 +708,15 @@ func TestStatsListAndUnlockThroughPgBouncer(t *testing.T) {
 
 	// pgx's default query exec mode prepares statements on server sessions,
 	// which the bouncer hands from transaction to transaction.
-	r := runCLI(t, bouncer, "stats")
+	r := runCLI(t, bouncer, "counts")
 	if r.code != exitError || !strings.Contains(r.stderr, "default_query_exec_mode=cache_describe") {
 		t.Fatalf("stats through the bouncer in the default mode = %d, stderr:\n%s\nwant 1 saying which mode to set", r.code, r.stderr)
 	}
 
 	dsn := bouncer + " default_query_exec_mode=cache_describe"
-	got := decode[statsReport](t, ok(t, dsn, "stats", "-json"))
+	got := decode[countsReport](t, ok(t, dsn, "counts", "-json"))
 	if want := (keyrow.Counts{Finished: 1, InFlight: 1, Stuck: 1, Dead: 1}); got.Counts != want {
-		t.Errorf("stats -json = %+v, want %+v", got.Counts, want)
+		t.Errorf("counts -json = %+v, want %+v", got.Counts, want)
 	}
 	for _, tc := range []struct{ flag, key string }{{"-stuck", "stuck"}, {"-dead", "dead"}} {
 		keys := decode[keyrow.Page](t, ok(t, dsn, "list", "-json", tc.flag)).Keys

@@ -33,7 +33,7 @@ func defineFilter(fs *flag.FlagSet) *filterFlags {
 	fs.BoolVar(&f.stuck, "stuck", false, "short for -state stuck")
 	fs.BoolVar(&f.unknown, "unknown", false, "short for -state unknown")
 	fs.BoolVar(&f.dead, "dead", false, "short for -state dead")
-	fs.DurationVar(&f.StuckAfter, "stuck-after", recovery.DefaultMinIdle,
+	fs.DurationVar(&f.StuckAfter, "stuck-after", recovery.DefaultStuckAfter,
 		"how long a key must be idle to be stuck rather than waiting")
 	fs.StringVar(&f.Workflow, "workflow", "", "only keys of this `workflow`")
 	fs.StringVar(&f.Tenant, "tenant", "", "only keys of this `tenant`")
@@ -48,22 +48,22 @@ func (f *filterFlags) check(fs *flag.FlagSet) error {
 	chosen := 0
 	for state, on := range map[string]bool{"stuck": f.stuck, "unknown": f.unknown, "dead": f.dead, f.state: f.state != ""} {
 		if on {
-			f.State = keyrow.State(state)
+			f.Status = keyrow.Status(state)
 			chosen++
 		}
 	}
 	switch {
 	case chosen > 1:
 		return usagef("pass at most one of -state, -stuck, -unknown and -dead")
-	case isSet(fs, "stuck-after") && f.State != keyrow.StateStuck && f.State != keyrow.StateWaiting:
+	case isSet(fs, "stuck-after") && f.Status != keyrow.StatusStuck && f.Status != keyrow.StatusWaiting:
 		return usagef("-stuck-after applies only to the stuck and waiting states")
 	case f.StuckAfter < 0 || f.OlderThan < 0 || f.NewerThan < 0:
 		return usagef("-stuck-after, -older-than and -newer-than must not be negative")
 	}
-	switch f.State {
-	case "", keyrow.StateFinished, keyrow.StateInFlight, keyrow.StateWaiting, keyrow.StateStuck, keyrow.StateUnknown, keyrow.StateDead:
+	switch f.Status {
+	case "", keyrow.StatusFinished, keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow.StatusStuck, keyrow.StatusUnknown, keyrow.StatusDead:
 	default:
-		return usagef("unknown state %q; use finished, in_flight, waiting, stuck, unknown or dead", f.State)
+		return usagef("unknown state %q; use finished, in_flight, waiting, stuck, unknown or dead", f.Status)
 	}
 	return nil
 }
@@ -215,7 +215,7 @@ func defineBulk(fs *flag.FlagSet) action {
 		case f.Limit <= 0 || f.Limit > 1000:
 			return usagef("-limit must be between 1 and 1000")
 		}
-		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{MinIdle: minIdle(f.StuckAfter)}})
+		c, err := s.client(ctx, phase.Config{Completer: recovery.CompleterConfig{StuckAfter: minIdle(f.StuckAfter)}})
 		if err != nil {
 			return err
 		}
@@ -283,10 +283,10 @@ func printAudit(w io.Writer, entries []keyrow.AuditEntry) error {
 // standing summarises an audit snapshot: recovery point, hold, lease.
 func standing(snapshot json.RawMessage) string {
 	var v struct {
-		RecoveryPoint string             `json:"recovery_point"`
-		Hold          *string            `json:"hold"`
-		LockExpiresAt *time.Time         `json:"lock_expires_at"`
-		Resolution    *keyrow.Resolution `json:"resolution"`
+		RecoveryPoint  string             `json:"recovery_point"`
+		Hold           *string            `json:"hold"`
+		LeaseExpiresAt *time.Time         `json:"lock_expires_at"`
+		Resolution     *keyrow.Resolution `json:"resolution"`
 	}
 	if json.Unmarshal(snapshot, &v) != nil {
 		return "?"
@@ -295,7 +295,7 @@ func standing(snapshot json.RawMessage) string {
 	if v.Hold != nil {
 		parts = append(parts, *v.Hold)
 	}
-	if v.LockExpiresAt != nil {
+	if v.LeaseExpiresAt != nil {
 		parts = append(parts, "leased")
 	}
 	if v.Resolution != nil {

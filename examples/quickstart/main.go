@@ -30,17 +30,17 @@ func main() {
 	check(err)
 
 	orders, err := phase.NewWorkflow("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *phase.Input[Order, State]) (phase.Result, error) {
-			err := tx.QueryRow(ctx, `INSERT INTO orders (item) VALUES ($1) RETURNING id`, r.Req.Item).Scan(&r.State.OrderID)
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, State]) (phase.Result, error) {
+			err := tx.QueryRow(ctx, `INSERT INTO orders (item) VALUES ($1) RETURNING id`, in.Req.Item).Scan(&in.State.OrderID)
 			return phase.Next(), err // the row and the recovery point commit together
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, r *phase.Input[Order, State]) (string, error) {
-				return charge(ctx, r.DownstreamKey()) // outside any transaction; the provider deduplicates on the key
+			func(ctx context.Context, in *phase.Input[Order, State]) (string, error) {
+				return charge(ctx, in.DownstreamKey()) // outside any transaction; the provider deduplicates on the key
 			},
-			func(ctx context.Context, tx pgx.Tx, r *phase.Input[Order, State], chargeID string) (phase.Result, error) {
-				_, err := tx.Exec(ctx, `UPDATE orders SET charge = $2 WHERE id = $1`, r.State.OrderID, chargeID)
-				return phase.JSON(http.StatusCreated, map[string]any{"order": r.State.OrderID, "charge": chargeID}), err
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, State], chargeID string) (phase.Result, error) {
+				_, err := tx.Exec(ctx, `UPDATE orders SET charge = $2 WHERE id = $1`, in.State.OrderID, chargeID)
+				return phase.JSON(http.StatusCreated, map[string]any{"order": in.State.OrderID, "charge": chargeID}), err
 			}).Repeatable(), // after a timeout, the retry repeats the call with the same key
 	)
 	check(err)

@@ -82,8 +82,8 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 		Stripe: sc,
 		Client: phase.Config{
 			// A short lease so crashed requests are resumed within the demo.
-			LockTTL: 2 * time.Second,
-			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, MinIdle: time.Second,
+			LeaseTTL: 2 * time.Second,
+			Completer: recovery.CompleterConfig{Interval: 250 * time.Millisecond, StuckAfter: time.Second,
 				Backoff: 250 * time.Millisecond, MaxBackoff: 2 * time.Second},
 			Hooks: append(tel.hooks(), crashes(*crashRate, &crashing), phase.ObserverFunc(m.Observe)),
 		},

@@ -159,8 +159,8 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		Pool:   svc.Pool,
 		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, tel.httpClient()),
 		Client: phase.Config{
-			LockTTL:   *lockTTL,
-			Completer: recovery.CompleterConfig{Interval: *completerInterval, MinIdle: *completerMinIdle},
+			LeaseTTL:  *lockTTL,
+			Completer: recovery.CompleterConfig{Interval: *completerInterval, StuckAfter: *completerMinIdle},
 			Hooks:     tel.hooks(),
 		},
 		WithoutWorker: *noWorker,

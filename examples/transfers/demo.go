@@ -102,11 +102,11 @@ Its database is throwaway unless -database-url or DATABASE_URL names one, which
 		return err
 	}
 	client, err := phase.NewClient(db, &phase.Config{
-		LockTTL: demoLockTTL,
-		Logger:  logger,
-		Hooks:   []phase.Hook{events},
+		LeaseTTL: demoLockTTL,
+		Logger:   logger,
+		Hooks:    []phase.Hook{events},
 		Completer: recovery.CompleterConfig{
-			Interval: 200 * time.Millisecond, MinIdle: 3 * time.Second,
+			Interval: 200 * time.Millisecond, StuckAfter: 3 * time.Second,
 			Backoff: 500 * time.Millisecond, MaxBackoff: 2 * time.Second, MaxAttempts: 100,
 		},
 		// Nothing in the demo is old enough to reap.

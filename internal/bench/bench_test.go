@@ -304,7 +304,7 @@ func BenchmarkCounts(b *testing.B) {
 				{"list-first-page", func() error { _, err := store.List(ctx, env.Pool, keyrow.ListFilter{}); return err }},
 				{"list-page-after-20000-keys", func() error { _, err := store.List(ctx, env.Pool, deep); return err }},
 				{"list-dead", func() error {
-					_, err := store.List(ctx, env.Pool, keyrow.ListFilter{State: keyrow.StateDead})
+					_, err := store.List(ctx, env.Pool, keyrow.ListFilter{Status: keyrow.StatusDead})
 					return err
 				}},
 			} {

@@ -105,7 +105,7 @@ FROM (SELECT 'idempotency_keys'::regclass AS rel, 0 AS ord
 }
 
 // acquireClock times the acquire of library runs from the Observer's
-// EventAcquired, which a run emits right after its acquire statement.
+// EventNew, which a run emits right after its acquire statement.
 // The time includes encoding and fingerprinting the request, a few
 // microseconds.
 type acquireClock struct {
@@ -209,7 +209,7 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 	}()
 	start := time.Now()
 	reaped, reapErr := reaper.Reap(ctx)
-	res.Reap, res.Deleted = time.Since(start), reaped.Deleted
+	res.Reap, res.Deleted = time.Since(start), reaped.Reaped
 	close(stop)
 	if err := <-traffic; err != nil {
 		return res, err

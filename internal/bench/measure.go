@@ -108,7 +108,7 @@ func (e *Env) open(ctx context.Context) error {
 	// The client is never started: the completer and the reaper do not run
 	// beside the requests measured. Nothing logs below Info, as in
 	// production.
-	e.client, err = phase.NewClient(e.Pool, &phase.Config{LockTTL: lockTTL, Hooks: []phase.Hook{phase.ObserverFunc(e.observe)}}, e.workflow, e.rides)
+	e.client, err = phase.NewClient(e.Pool, &phase.Config{LeaseTTL: lockTTL, Hooks: []phase.Hook{phase.ObserverFunc(e.observe)}}, e.workflow, e.rides)
 	if err != nil {
 		return err
 	}
@@ -175,7 +175,7 @@ func (e *Env) Distributed() bool { return e.distributed }
 func (e *Env) ShardCounts() bool { return e.shardCounts }
 
 func (e *Env) observe(_ context.Context, ev keyrow.Event) {
-	if ev.Kind != keyrow.EventAcquired {
+	if ev.Kind != keyrow.EventNew {
 		return
 	}
 	if c := e.clock.Load(); c != nil {

@@ -186,19 +186,19 @@ const phases = 3
 // confirm it, write the audit record and answer 201.
 func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 	return phase.NewWorkflow("orders",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
-			id, err := createOrder(ctx, tx, run.Key, run.Req)
-			run.State.OrderID = id
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
+			id, err := createOrder(ctx, tx, in.Key, in.Req)
+			in.State.OrderID = id
 			return phase.Next(), err
 		}),
-		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
-			return phase.Next(), confirmOrder(ctx, tx, run.State.OrderID)
+		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
+			return phase.Next(), confirmOrder(ctx, tx, in.State.OrderID)
 		}),
-		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
-			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
+			if err := auditOrder(ctx, tx, in.State.OrderID, in.Req); err != nil {
 				return phase.Result{}, err
 			}
-			return phase.JSON(http.StatusCreated, receipt{run.State.OrderID, run.Req.Item, run.Req.Amount}), nil
+			return phase.JSON(http.StatusCreated, receipt{in.State.OrderID, in.Req.Item, in.Req.Amount}), nil
 		}),
 	)
 }
@@ -209,24 +209,24 @@ func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 // answer 201.
 func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
 	return phase.NewWorkflow("rides",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
-			id, err := createOrder(ctx, tx, run.Key, run.Req)
-			run.State.OrderID = id
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
+			id, err := createOrder(ctx, tx, in.Key, in.Req)
+			in.State.OrderID = id
 			return phase.Next(), err
 		}),
 		phase.Foreign("charged",
-			func(ctx context.Context, run *phase.Input[Order, orderState]) (string, error) {
-				return e.chargeOrder(ctx, run.DownstreamKey(), run.State.OrderID)
+			func(ctx context.Context, in *phase.Input[Order, orderState]) (string, error) {
+				return e.chargeOrder(ctx, in.DownstreamKey(), in.State.OrderID)
 			},
-			func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState], chargeID string) (phase.Result, error) {
-				run.State.ChargeID = chargeID
-				return phase.Next(), recordCharge(ctx, tx, run.State.OrderID, chargeID)
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState], chargeID string) (phase.Result, error) {
+				in.State.ChargeID = chargeID
+				return phase.Next(), recordCharge(ctx, tx, in.State.OrderID, chargeID)
 			}).Repeatable(),
-		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, orderState]) (phase.Result, error) {
-			if err := auditOrder(ctx, tx, run.State.OrderID, run.Req); err != nil {
+		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
+			if err := auditOrder(ctx, tx, in.State.OrderID, in.Req); err != nil {
 				return phase.Result{}, err
 			}
-			return phase.JSON(http.StatusCreated, receipt{run.State.OrderID, run.Req.Item, run.Req.Amount}), nil
+			return phase.JSON(http.StatusCreated, receipt{in.State.OrderID, in.Req.Item, in.Req.Amount}), nil
 		}),
 	)
 }

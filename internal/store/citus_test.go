@@ -159,7 +159,7 @@ FROM generate_series(1, $1) AS i`, keys)
 		wg.Go(func() {
 			for {
 				rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 100,
-					MinIdle: time.Minute, TTL: time.Hour, Distributed: true})
+					StuckAfter: time.Minute, TTL: time.Hour, Distributed: true})
 				if err != nil {
 					errs <- err
 					return

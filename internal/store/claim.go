@@ -20,9 +20,9 @@ type ClaimParams struct {
 	Definitions []string
 	// Limit caps how many keys one claim takes.
 	Limit int
-	// MinIdle: a key is due only when its last run is at least this old, so
+	// StuckAfter: a key is due only when its last run is at least this old, so
 	// the completer leaves alone requests whose client is likely to retry.
-	MinIdle time.Duration
+	StuckAfter time.Duration
 	// Backoff is added per earlier failure of the completer on the key,
 	// doubling (capped at MaxBackoff), so a key that keeps failing is
 	// retried less and less often.
@@ -101,7 +101,7 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	var rows []*Row
 	sent := time.Now()
 	err := pgxscan.Select(ctx, q, &rows, claimSQL,
-		p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions))
+		p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions))
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
 	}

@@ -97,7 +97,7 @@ func TestBuryGivesUpOnlyOnIdleKeysTheCompleterFailedEnough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead, err := store.List(ctx, db, keyrow.ListFilter{State: keyrow.StateDead})
+	dead, err := store.List(ctx, db, keyrow.ListFilter{Status: keyrow.StatusDead})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestClaimTakesOnlyDueKeysOfTheGivenWorkflows(t *testing.T) {
 	}
 	claim := func(workflows ...string) []string {
 		t.Helper()
-		rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: workflows, Limit: 10, MinIdle: time.Minute, TTL: ttl})
+		rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: workflows, Limit: 10, StuckAfter: time.Minute, TTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func TestClaimTakesOnlyDueKeysOfTheGivenWorkflows(t *testing.T) {
 	if got, want := claim("test", "payouts"), []string{"runnable", "unknown"}; !slices.Equal(got, want) {
 		t.Fatalf("claim of test keys = %q, want %q", got, want)
 	}
-	if info := inspect(t, db, "acme", "billing-1"); info.LockExpiresAt != nil || info.Attempts != 1 {
+	if info := inspect(t, db, "acme", "billing-1"); info.LeaseExpiresAt != nil || info.Attempts != 1 {
 		t.Fatalf("a billing key was touched by a claim for test: %+v", info)
 	}
 	if got, want := claim("billing"), []string{"billing-1", "billing-2"}; !slices.Equal(got, want) {
@@ -170,9 +170,9 @@ func TestClaimBacksOffPerCompleterFailure(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	fail(t, db, "acme", "k1", 2, true)
-	// Idle a minute for MinIdle, then 30s doubled once for the second
+	// Idle a minute for StuckAfter, then 30s doubled once for the second
 	// failure: due after two minutes.
-	claim := store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10, MinIdle: time.Minute,
+	claim := store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10, StuckAfter: time.Minute,
 		Backoff: 30 * time.Second, MaxBackoff: time.Hour, TTL: ttl}
 	for _, tc := range []struct {
 		idle string
@@ -214,7 +214,7 @@ func TestConcurrentClaimsNeverTakeAKeyTwice(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for {
-				rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 3, MinIdle: time.Minute, TTL: ttl})
+				rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 3, StuckAfter: time.Minute, TTL: ttl})
 				if err != nil {
 					t.Error(err)
 					return
@@ -262,7 +262,7 @@ func TestCountPutsEveryKeyInExactlyOneState(t *testing.T) {
 	}
 	// The completer holds an unknown key while it reconciles it (the
 	// oldest key is claimed first); the key still counts as unknown.
-	rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 1, MinIdle: time.Minute, TTL: ttl})
+	rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 1, StuckAfter: time.Minute, TTL: ttl})
 	if err != nil || len(rows) != 1 || rows[0].Key != "reconciling" {
 		t.Fatalf("claim = %+v, %v; want the reconciling key", rows, err)
 	}

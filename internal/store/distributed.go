@@ -116,7 +116,7 @@ RETURNING ` + claimedColumns
 // rarely propose each other the same keys first, then one single-shard
 // claim per candidate.
 func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
-	rows, err := q.Query(ctx, dueCandidatesSQL, p.Limit, p.MinIdle, p.Backoff, p.MaxBackoff,
+	rows, err := q.Query(ctx, dueCandidatesSQL, p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff,
 		p.Workflows, definitionsFor(p.Workflows, p.Definitions))
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
@@ -137,7 +137,7 @@ func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, er
 	for _, c := range candidates {
 		var got []*Row
 		sent := time.Now()
-		err := pgxscan.Select(ctx, q, &got, claimOneSQL, p.TTL, p.MinIdle, p.Backoff, p.MaxBackoff,
+		err := pgxscan.Select(ctx, q, &got, claimOneSQL, p.TTL, p.StuckAfter, p.Backoff, p.MaxBackoff,
 			uuidArg(uuid.New()), c.tenant, uuidArg(c.id))
 		if err != nil {
 			return claimed, fmt.Errorf("store: claim: %w", err)

@@ -217,7 +217,7 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 		{"unlock", func() error { _, err := store.Unlock(ctx, db, "acme", keys[rnd.IntN(len(keys))], nil); return err }},
 		{"retry", func() error { return store.Retry(ctx, db, "acme", keys[rnd.IntN(len(keys))], nil) }},
 		{"claim", func() error {
-			rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 2, MinIdle: 0, TTL: ttl})
+			rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 2, StuckAfter: 0, TTL: ttl})
 			for _, r := range rows {
 				holders = append(holders, r.Holder())
 			}

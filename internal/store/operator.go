@@ -28,9 +28,9 @@ func (a *args) add(v any) string {
 
 // ordered reports whether a listing of state runs idle longest first, on
 // last_run_at, rather than newest first, on the id.
-func ordered(state keyrow.State) bool {
+func ordered(state keyrow.Status) bool {
 	switch state {
-	case keyrow.StateInFlight, keyrow.StateWaiting, keyrow.StateStuck, keyrow.StateUnknown, keyrow.StateDead:
+	case keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow.StatusStuck, keyrow.StatusUnknown, keyrow.StatusDead:
 		return true
 	}
 	return false
@@ -47,20 +47,20 @@ func filterWhere(f keyrow.ListFilter, a *args) ([]string, error) {
 	}
 	const free = `(lock_expires_at IS NULL OR lock_expires_at <= now())`
 	var w []string
-	switch f.State {
+	switch f.Status {
 	case "":
-	case keyrow.StateFinished:
+	case keyrow.StatusFinished:
 		w = append(w, `finished_at IS NOT NULL`)
-	case keyrow.StateInFlight:
+	case keyrow.StatusInFlight:
 		w = append(w, `finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()`)
-	case keyrow.StateWaiting:
+	case keyrow.StatusWaiting:
 		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at > now() - `+a.add(f.StuckAfter)+`::interval`)
-	case keyrow.StateStuck:
+	case keyrow.StatusStuck:
 		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at <= now() - `+a.add(f.StuckAfter)+`::interval`)
-	case keyrow.StateUnknown, keyrow.StateDead:
-		w = append(w, `hold = '`+string(f.State)+`'`)
+	case keyrow.StatusUnknown, keyrow.StatusDead:
+		w = append(w, `hold = '`+string(f.Status)+`'`)
 	default:
-		return nil, fmt.Errorf("unknown state %q", f.State)
+		return nil, fmt.Errorf("unknown state %q", f.Status)
 	}
 	if f.Workflow != "" {
 		w = append(w, `workflow = `+a.add(f.Workflow))
@@ -96,15 +96,15 @@ func listSQL(f keyrow.ListFilter, limit int) (string, args, error) {
 		return "", nil, err
 	}
 	order := `id DESC`
-	if ordered(f.State) {
+	if ordered(f.Status) {
 		order = `last_run_at, id`
 	}
 	if f.After != "" {
-		at, id, err := parseCursor(f.After, ordered(f.State))
+		at, id, err := parseCursor(f.After, ordered(f.Status))
 		if err != nil {
 			return "", nil, err
 		}
-		if ordered(f.State) {
+		if ordered(f.Status) {
 			// The plain bound is what the index can range-scan on.
 			t, i := a.add(at), a.add(id)
 			w = append(w, `last_run_at >= `+t+` AND (last_run_at, id) > (`+t+`, `+i+`)`)
@@ -166,7 +166,7 @@ func List(ctx context.Context, q Querier, f keyrow.ListFilter) (keyrow.Page, err
 	}
 	if len(page.Keys) > limit {
 		page.Keys = page.Keys[:limit]
-		page.Next = cursor(&page.Keys[limit-1], ordered(f.State))
+		page.Next = cursor(&page.Keys[limit-1], ordered(f.Status))
 	}
 	return page, nil
 }
@@ -450,8 +450,8 @@ FROM changed`
 // compare as jsonb values, so key order and spacing do not matter.
 func seenWhere(seen keyrow.Seen, a *args) ([]string, error) {
 	var lockedAt, resolution any
-	if seen.LockedAt != nil {
-		lockedAt = *seen.LockedAt
+	if seen.LeaseTakenAt != nil {
+		lockedAt = *seen.LeaseTakenAt
 	}
 	if seen.Resolution != nil {
 		enc, err := json.Marshal(seen.Resolution)
@@ -591,11 +591,11 @@ func Unlock(ctx context.Context, q Querier, tenant, key string, seen *keyrow.See
 	x := keyAction{
 		action:     action{name: keyrow.ActionUnlock, set: unlockSet, where: []string{unlockWhere}, detail: seenDetail{seen}},
 		seen:       seen,
-		inState:    func(now *keyrow.Row) bool { return now.LockedAt != nil && now.FinishedAt == nil },
-		notInState: keyrow.ErrNotLocked,
+		inState:    func(now *keyrow.Row) bool { return now.LeaseTakenAt != nil && now.FinishedAt == nil },
+		notInState: keyrow.ErrNoLease,
 	}
 	err := actOnKey(ctx, q, x, tenant, key)
-	if errors.Is(err, keyrow.ErrNotFound) || (errors.Is(err, keyrow.ErrNotLocked) && !errors.Is(err, keyrow.ErrChanged)) {
+	if errors.Is(err, keyrow.ErrNotFound) || (errors.Is(err, keyrow.ErrNoLease) && !errors.Is(err, keyrow.ErrChanged)) {
 		return false, nil
 	}
 	return err == nil, err
@@ -603,7 +603,7 @@ func Unlock(ctx context.Context, q Querier, tenant, key string, seen *keyrow.See
 
 // Retry makes a key on hold runnable again, keeping its recovery point,
 // state and last error: the next client request resumes it at once, and the
-// completer once the key has been idle for its MinIdle. The completer then
+// completer once the key has been idle for its StuckAfter. The completer then
 // allows the key its full MaxAttempts of failures again.
 //
 // Retrying a dead key is always safe. Retrying an unknown key is the

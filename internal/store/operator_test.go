@@ -54,17 +54,17 @@ func TestListPagesThroughEveryKeyOnceWithFilters(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `UPDATE idempotency_keys SET last_run_at = now() - interval '1 hour' WHERE hold = 'dead'`); err != nil {
 		t.Fatal(err)
 	}
-	deadByID := listAll(t, db, keyrow.ListFilter{State: keyrow.StateDead})
+	deadByID := listAll(t, db, keyrow.ListFilter{Status: keyrow.StatusDead})
 
 	for _, tc := range []struct {
 		name   string
 		filter keyrow.ListFilter
 		want   []string
 	}{
-		{"finished, newest first", keyrow.ListFilter{State: keyrow.StateFinished}, []string{"order-3", "order-1", "refund-1", "order-2", "order-1"}},
+		{"finished, newest first", keyrow.ListFilter{Status: keyrow.StatusFinished}, []string{"order-3", "order-1", "refund-1", "order-2", "order-1"}},
 		{"tenant and key prefix", keyrow.ListFilter{Tenant: "acme", KeyPrefix: "order-"}, []string{"order-3", "order-2", "order-1"}},
-		{"older than 3h", keyrow.ListFilter{State: keyrow.StateFinished, OlderThan: 3 * time.Hour}, []string{"refund-1", "order-2", "order-1"}},
-		{"newer than 2h30m", keyrow.ListFilter{State: keyrow.StateFinished, NewerThan: 150 * time.Minute}, []string{"order-3", "order-1"}},
+		{"older than 3h", keyrow.ListFilter{Status: keyrow.StatusFinished, OlderThan: 3 * time.Hour}, []string{"refund-1", "order-2", "order-1"}},
+		{"newer than 2h30m", keyrow.ListFilter{Status: keyrow.StatusFinished, NewerThan: 150 * time.Minute}, []string{"order-3", "order-1"}},
 		{"another workflow", keyrow.ListFilter{Workflow: "other"}, nil},
 		{"all keys", keyrow.ListFilter{}, append([]string{"dead-c", "dead-b", "dead-a"}, "order-3", "order-1", "refund-1", "order-2", "order-1")},
 	} {
@@ -296,11 +296,11 @@ func TestUnlockGivenAnExpiredLeaseLeavesTheLeaseANewRunTookAlone(t *testing.T) {
 	freed, err := store.Unlock(ctx, db, "acme", "k1", &seen)
 	var changed *keyrow.ChangedError
 	if freed || !errors.As(err, &changed) || !strings.Contains(err.Error(), "took the lease again") ||
-		changed.Now.LockedAt == nil || !changed.Now.LockedAt.Equal(*leased.LockedAt) {
+		changed.Now.LeaseTakenAt == nil || !changed.Now.LeaseTakenAt.Equal(*leased.LeaseTakenAt) {
 		t.Fatalf("stale unlock = %v, %v; want refused, naming the new lease", freed, err)
 	}
-	if now := inspect(t, db, "acme", "k1"); now.LeaseLeft == 0 || !now.LockedAt.Equal(*leased.LockedAt) {
-		t.Fatalf("after the stale unlock: lease %v left, taken %v; want the new run's lease kept", now.LeaseLeft, now.LockedAt)
+	if now := inspect(t, db, "acme", "k1"); now.LeaseLeft == 0 || !now.LeaseTakenAt.Equal(*leased.LeaseTakenAt) {
+		t.Fatalf("after the stale unlock: lease %v left, taken %v; want the new run's lease kept", now.LeaseLeft, now.LeaseTakenAt)
 	}
 	if err := store.Advance(ctx, db, run.Holder(), "charged", []byte(`{}`), ttl); err != nil {
 		t.Fatalf("the new run's write after the stale unlock: %v", err)
@@ -345,11 +345,11 @@ func TestRetryDropsAPendingResolutionOnlyWhenSeenNamesIt(t *testing.T) {
 func TestSeenSurvivesItsTextForm(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2025, 3, 1, 12, 0, 0, 123456000, time.UTC)
-	seen := keyrow.Seen{RecoveryPoint: "charged", Hold: keyrow.HoldUnknown, Attempts: 3, LockedAt: &at,
+	seen := keyrow.Seen{RecoveryPoint: "charged", Hold: keyrow.HoldUnknown, Attempts: 3, LeaseTakenAt: &at,
 		Resolution: &keyrow.Resolution{RecoveryPoint: "charged", Happened: true, Output: json.RawMessage(`{"id": "ch_9"}`)}}
 	back, err := keyrow.ParseSeen(seen.String())
 	if err != nil || len(seen.Changes(&keyrow.Row{RecoveryPoint: back.RecoveryPoint, Hold: back.Hold, Attempts: back.Attempts,
-		LockedAt: back.LockedAt, Resolution: back.Resolution})) != 0 {
+		LeaseTakenAt: back.LeaseTakenAt, Resolution: back.Resolution})) != 0 {
 		t.Fatalf("ParseSeen(%s) = %+v, %v; want what was seen", seen, back, err)
 	}
 	for _, bad := range []string{"", "not a token", "e30"} {
@@ -429,7 +429,7 @@ func TestBulkUnlockFreesTheLeasesOfTheSelectedKeys(t *testing.T) {
 	keyIn(t, db, "acme", "leased-1", "leased")
 	keyIn(t, db, "acme", "leased-2", "leased")
 	keyIn(t, db, "acme", "runnable", "runnable")
-	f := keyrow.ListFilter{State: keyrow.StateInFlight, KeyPrefix: "leased-"}
+	f := keyrow.ListFilter{Status: keyrow.StatusInFlight, KeyPrefix: "leased-"}
 
 	if n, err := store.BulkPreview(ctx, db, store.BulkUnlock, f, false); err != nil || n != 2 {
 		t.Fatalf("preview = %d, %v; want 2", n, err)
@@ -438,8 +438,8 @@ func TestBulkUnlockFreesTheLeasesOfTheSelectedKeys(t *testing.T) {
 		t.Fatalf("bulk unlock = %d, %v; want 2", n, err)
 	}
 	for _, key := range []string{"leased-1", "leased-2"} {
-		if info := inspect(t, db, "acme", key); info.LockExpiresAt != nil {
-			t.Errorf("%s still leased until %v", key, info.LockExpiresAt)
+		if info := inspect(t, db, "acme", key); info.LeaseExpiresAt != nil {
+			t.Errorf("%s still leased until %v", key, info.LeaseExpiresAt)
 		}
 	}
 	if _, err := store.BulkAct(ctx, db, store.BulkUnlock, keyrow.ListFilter{After: "x"}, false); err == nil {

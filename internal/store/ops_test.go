@@ -87,9 +87,9 @@ func TestInspectFinishedKeyShowsItsStoredResponse(t *testing.T) {
 	if string(info.Params) != `{"amount": 100}` || string(info.State) != `{"charge": "ch_1"}` {
 		t.Fatalf("params %s, state %s", info.Params, info.State)
 	}
-	if info.FinishedAt == nil || info.LockedAt != nil || info.LockExpiresAt != nil || info.LeaseLeft != 0 {
+	if info.FinishedAt == nil || info.LeaseTakenAt != nil || info.LeaseExpiresAt != nil || info.LeaseLeft != 0 {
 		t.Fatalf("finished %v, locked %v, expires %v, lease left %v: want finished and free",
-			info.FinishedAt, info.LockedAt, info.LockExpiresAt, info.LeaseLeft)
+			info.FinishedAt, info.LeaseTakenAt, info.LeaseExpiresAt, info.LeaseLeft)
 	}
 }
 
@@ -102,8 +102,8 @@ func TestInspectLeasedKeyShowsTheLeaseLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.LeaseLeft <= 0 || info.LeaseLeft > ttl || info.LockedAt == nil || info.LockExpiresAt == nil {
-		t.Fatalf("lease left %v, locked %v: want a live lease of at most %v", info.LeaseLeft, info.LockedAt, ttl)
+	if info.LeaseLeft <= 0 || info.LeaseLeft > ttl || info.LeaseTakenAt == nil || info.LeaseExpiresAt == nil {
+		t.Fatalf("lease left %v, locked %v: want a live lease of at most %v", info.LeaseLeft, info.LeaseTakenAt, ttl)
 	}
 	if info.ResponseStatus != nil || info.ResponseHeader != nil || info.ResponseBody != nil || info.FinishedAt != nil {
 		t.Fatalf("unfinished key has a response: %+v", info)
@@ -146,10 +146,10 @@ func TestListSelectsStuckUnknownAndDeadKeysIdleLongestFirst(t *testing.T) {
 		filter keyrow.ListFilter
 		want   []string
 	}{
-		{"stuck", keyrow.ListFilter{State: keyrow.StateStuck, StuckAfter: time.Minute}, []string{"expired", "stuck-older", "stuck-old"}},
-		{"stuck limited", keyrow.ListFilter{State: keyrow.StateStuck, StuckAfter: time.Minute, Limit: 2}, []string{"expired", "stuck-older"}},
-		{"dead", keyrow.ListFilter{State: keyrow.StateDead}, []string{"dead-older", "dead-old"}},
-		{"unknown", keyrow.ListFilter{State: keyrow.StateUnknown}, []string{"unknown"}},
+		{"stuck", keyrow.ListFilter{Status: keyrow.StatusStuck, StuckAfter: time.Minute}, []string{"expired", "stuck-older", "stuck-old"}},
+		{"stuck limited", keyrow.ListFilter{Status: keyrow.StatusStuck, StuckAfter: time.Minute, Limit: 2}, []string{"expired", "stuck-older"}},
+		{"dead", keyrow.ListFilter{Status: keyrow.StatusDead}, []string{"dead-older", "dead-old"}},
+		{"unknown", keyrow.ListFilter{Status: keyrow.StatusUnknown}, []string{"unknown"}},
 	} {
 		keys, err := store.List(ctx, db, tc.filter)
 		if err != nil {
@@ -170,7 +170,7 @@ func TestListSelectsStuckUnknownAndDeadKeysIdleLongestFirst(t *testing.T) {
 		t.Fatalf("counts = %+v, want %+v: 3 stuck, 2 dead, 1 unknown as listed", counts, want)
 	}
 
-	dead, err := store.List(ctx, db, keyrow.ListFilter{State: keyrow.StateDead})
+	dead, err := store.List(ctx, db, keyrow.ListFilter{Status: keyrow.StatusDead})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,8 +183,8 @@ func TestListOfAnInvalidFilterIsAnError(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	for _, f := range []keyrow.ListFilter{
-		{State: "bogus"}, {State: keyrow.StateDead, Limit: -1}, {State: keyrow.StateStuck, StuckAfter: -time.Second},
-		{OlderThan: -time.Second}, {After: "not-a-cursor"}, {State: keyrow.StateDead, After: "0b3f6a1e-0000-7000-8000-000000000000"},
+		{Status: "bogus"}, {Status: keyrow.StatusDead, Limit: -1}, {Status: keyrow.StatusStuck, StuckAfter: -time.Second},
+		{OlderThan: -time.Second}, {After: "not-a-cursor"}, {Status: keyrow.StatusDead, After: "0b3f6a1e-0000-7000-8000-000000000000"},
 	} {
 		if _, err := store.List(context.Background(), db, f); err == nil {
 			t.Errorf("List(%+v) succeeded, want an error", f)
@@ -239,13 +239,13 @@ func TestListUsesThePartialIndexes(t *testing.T) {
 		filter keyrow.ListFilter
 		index  string
 	}{
-		{keyrow.ListFilter{State: keyrow.StateStuck, StuckAfter: time.Minute}, "idempotency_keys_unfinished"},
-		{keyrow.ListFilter{State: keyrow.StateDead}, "idempotency_keys_held"},
-		{keyrow.ListFilter{State: keyrow.StateUnknown}, "idempotency_keys_held"},
-		{keyrow.ListFilter{State: keyrow.StateDead, After: "1700000000000000_0b3f6a1e-0000-7000-8000-000000000000"}, "idempotency_keys_held"},
-		{keyrow.ListFilter{State: keyrow.StateInFlight}, "idempotency_keys_unfinished"},
+		{keyrow.ListFilter{Status: keyrow.StatusStuck, StuckAfter: time.Minute}, "idempotency_keys_unfinished"},
+		{keyrow.ListFilter{Status: keyrow.StatusDead}, "idempotency_keys_held"},
+		{keyrow.ListFilter{Status: keyrow.StatusUnknown}, "idempotency_keys_held"},
+		{keyrow.ListFilter{Status: keyrow.StatusDead, After: "1700000000000000_0b3f6a1e-0000-7000-8000-000000000000"}, "idempotency_keys_held"},
+		{keyrow.ListFilter{Status: keyrow.StatusInFlight}, "idempotency_keys_unfinished"},
 		{keyrow.ListFilter{}, "idempotency_keys_pkey"},
-		{keyrow.ListFilter{State: keyrow.StateFinished, After: "0b3f6a1e-0000-7000-8000-000000000000"}, "idempotency_keys_pkey"},
+		{keyrow.ListFilter{Status: keyrow.StatusFinished, After: "0b3f6a1e-0000-7000-8000-000000000000"}, "idempotency_keys_pkey"},
 	} {
 		if _, err := store.List(ctx, traced, tc.filter); err != nil {
 			t.Fatal(err)

@@ -13,7 +13,7 @@
 //		}
 //		orders := newOrders(pool)
 //		client, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
-//			Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, orders) // take free keys at once
+//			Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, orders) // take free keys at once
 //		if err != nil {
 //			t.Fatal(err)
 //		}

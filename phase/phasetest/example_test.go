@@ -28,7 +28,7 @@ func TestOrdersConverge(t *testing.T) {
 	}
 	orders := newOrders(pool)
 	client, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, orders) // take free keys at once
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, orders) // take free keys at once
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,14 +59,14 @@ func TestAddingAFraudCheckIsSafeForOrdersInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	fast := recovery.CompleterConfig{MinIdle: -1, Backoff: -1}
+	fast := recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}
 	before := newOrders(pool)
 	old, err := phase.NewClient(pool, &phase.Config{Logger: log, Completer: fast}, before)
 	if err != nil {
 		t.Fatal(err)
 	}
-	after := newOrders(pool, phase.Local("fraud_checked", func(ctx context.Context, tx pgx.Tx, r *phase.Input[Order, OrderState]) (phase.Result, error) {
-		_, err := tx.Exec(ctx, `UPDATE orders SET item = item WHERE id = $1`, r.State.OrderID) // the check reads the order
+	after := newOrders(pool, phase.Local("fraud_checked", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, OrderState]) (phase.Result, error) {
+		_, err := tx.Exec(ctx, `UPDATE orders SET item = item WHERE id = $1`, in.State.OrderID) // the check reads the order
 		return phase.Next(), err
 	}))
 	if err := after.Adopt("orders", before.Definition(), nil); err != nil {
@@ -126,26 +126,26 @@ CREATE TABLE charges (
 func newOrders(pool *pgxpool.Pool, beforeCharge ...phase.Phase[Order, OrderState]) *phase.Workflow[Order, OrderState] {
 	type run = phase.Input[Order, OrderState]
 	phases := []phase.Phase[Order, OrderState]{
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item, amount) VALUES ($1, $2, $3) RETURNING id`,
-				r.ID, r.Req.Item, r.Req.Amount).Scan(&r.State.OrderID)
+				in.ID, in.Req.Item, in.Req.Amount).Scan(&in.State.OrderID)
 			return phase.Next(), err
 		}),
 	}
 	phases = append(phases, beforeCharge...)
 	w, err := phase.NewWorkflow("orders", append(phases,
 		phase.Foreign("charged",
-			func(ctx context.Context, r *run) (string, error) {
-				return charge(ctx, pool, r.DownstreamKey(), r.ID, r.Req.Amount)
+			func(ctx context.Context, in *run) (string, error) {
+				return charge(ctx, pool, in.DownstreamKey(), in.ID, in.Req.Amount)
 			},
-			func(ctx context.Context, tx pgx.Tx, r *run, chargeID string) (phase.Result, error) {
-				r.State.ChargeID = chargeID
-				_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, r.State.OrderID, chargeID)
+			func(ctx context.Context, tx pgx.Tx, in *run, chargeID string) (phase.Result, error) {
+				in.State.ChargeID = chargeID
+				_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, in.State.OrderID, chargeID)
 				return phase.Next(), err
 			}).Repeatable(),
-		phase.Local("confirmed", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+		phase.Local("confirmed", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
 			return phase.JSON(http.StatusCreated, map[string]any{
-				"order_id": r.State.OrderID, "item": r.Req.Item, "amount": r.Req.Amount,
+				"order_id": in.State.OrderID, "item": in.Req.Item, "amount": in.Req.Amount,
 			}), nil
 		}),
 	)...)

@@ -75,7 +75,7 @@ func TestPairMatrixPausesTakersOnlyWhereTheyCanBe(t *testing.T) {
 		return func(ctx context.Context, r *in) (string, error) { return p.call(r.DownstreamKey()), nil }
 	}
 	receipt := phase.Reconciled(phase.Foreign("receipt_sent", send(receipts), step("receipt_sent")),
-		func(ctx context.Context, r *in) (string, phase.Resolution, error) {
+		func(ctx context.Context, r *in) (string, phase.Verdict, error) {
 			if receipts.effects(r.DownstreamKey()) > 0 {
 				return "id-" + r.DownstreamKey(), phase.Happened, nil
 			}
@@ -97,7 +97,7 @@ func TestPairMatrixPausesTakersOnlyWhereTheyCanBe(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := phase.NewClient(pool, &phase.Config{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError})),
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, w)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ const DefaultTenant = "phasetest"
 // Config describes the workflow under test.
 type Config[Req, State any] struct {
 	// Client runs the workflow, which must be registered with it. For
-	// WithCompleter, build it with Completer.MinIdle -1 (and Backoff -1),
+	// WithCompleter, build it with Completer.StuckAfter -1 (and Backoff -1),
 	// so that its completer takes a key as soon as the key's lease is free.
 	Client   *phase.Client
 	Workflow *phase.Workflow[Req, State]
@@ -336,15 +336,15 @@ func (m *matrix[Req, State]) completerTook(ctx context.Context, t *testing.T, ke
 	if res.Claimed > 0 || row.FinishedAt != nil || row.Hold != "" || row.LeaseLeft > 0 {
 		return
 	}
-	stuck, err := m.cfg.Client.List(ctx, keyrow.ListFilter{State: keyrow.StateStuck, Limit: 1000})
+	stuck, err := m.cfg.Client.List(ctx, keyrow.ListFilter{Status: keyrow.StatusStuck, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.ContainsFunc(stuck.Keys, func(r keyrow.Row) bool { return r.ID == row.ID }) {
 		t.Fatalf("the completer did not take key %s although its lease is free, because the key has not been idle "+
-			"for the completer's MinIdle: for WithCompleter, build the client with Config.Completer.MinIdle = -1 "+
+			"for the completer's StuckAfter: for WithCompleter, build the client with Config.Completer.StuckAfter = -1 "+
 			"(and Backoff = -1), so that it takes a key as soon as its lease is free; the default waits %v",
-			key, recovery.DefaultMinIdle)
+			key, recovery.DefaultStuckAfter)
 	}
 	t.Fatalf("the completer did not take key %s although its lease is free and the key is due: "+
 		"another transaction holds a lock on the key's row, which the completer skips", key)

@@ -31,14 +31,14 @@ const notesSchema = `CREATE TABLE notes (id bigint GENERATED ALWAYS AS IDENTITY 
 // bug, since the crash-free answer and a recovered one then differ.
 func notesConfig(t *testing.T, pool *pgxpool.Pool, tellResumed bool, completer recovery.CompleterConfig) phasetest.Config[note, struct{}] {
 	t.Helper()
-	w, err := phase.NewWorkflow("notes", phase.Local("noted", func(ctx context.Context, tx pgx.Tx, r *phase.Input[note, struct{}]) (phase.Result, error) {
+	w, err := phase.NewWorkflow("notes", phase.Local("noted", func(ctx context.Context, tx pgx.Tx, in *phase.Input[note, struct{}]) (phase.Result, error) {
 		var id int64
-		if err := tx.QueryRow(ctx, `INSERT INTO notes (key_id, text) VALUES ($1, $2) RETURNING id`, r.ID, r.Req.Text).Scan(&id); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO notes (key_id, text) VALUES ($1, $2) RETURNING id`, in.ID, in.Req.Text).Scan(&id); err != nil {
 			return phase.Result{}, err
 		}
-		body := map[string]any{"note_id": id, "text": r.Req.Text}
+		body := map[string]any{"note_id": id, "text": in.Req.Text}
 		if tellResumed {
-			body["resumed"] = r.Resumed
+			body["resumed"] = in.Resumed
 		}
 		return phase.JSON(http.StatusCreated, body), nil
 	}))
@@ -76,7 +76,7 @@ func newNotesPool(t *testing.T) *pgxpool.Pool {
 func TestMatricesRunTwiceOnOneDatabase(t *testing.T) {
 	t.Parallel()
 	pool := newNotesPool(t)
-	cfg := notesConfig(t, pool, false, recovery.CompleterConfig{MinIdle: -1, Backoff: -1})
+	cfg := notesConfig(t, pool, false, recovery.CompleterConfig{StuckAfter: -1, Backoff: -1})
 	for _, run := range []string{"first", "second"} {
 		t.Run(run, func(t *testing.T) {
 			phasetest.CrashMatrix(t, cfg)
@@ -109,7 +109,7 @@ func TestMatrixFailuresSayWhatWentWrong(t *testing.T) {
 		// A recovered answer that differs names the field.
 		"the recovered response differs from the crash-free one: body field resumed: crash-free false, recovered true",
 		// WithCompleter on a client whose completer waits for idle keys.
-		"because the key has not been idle for the completer's MinIdle: for WithCompleter, build the client with Config.Completer.MinIdle = -1",
+		"because the key has not been idle for the completer's StuckAfter: for WithCompleter, build the client with Config.Completer.StuckAfter = -1",
 		// A key used twice: replayed, not "without a response".
 		`crash-free run of key "used-twice": the key was already finished: the run replayed its stored response`,
 	} {
@@ -125,7 +125,7 @@ func TestFailingMatrices(t *testing.T) {
 		t.Skip("run by TestMatrixFailuresSayWhatWentWrong")
 	}
 	t.Run("an answer that says it resumed", func(t *testing.T) {
-		cfg := notesConfig(t, newNotesPool(t), true, recovery.CompleterConfig{MinIdle: -1})
+		cfg := notesConfig(t, newNotesPool(t), true, recovery.CompleterConfig{StuckAfter: -1})
 		cfg.WithCompleter = false
 		phasetest.CrashMatrix(t, cfg)
 	})

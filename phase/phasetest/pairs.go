@@ -85,7 +85,7 @@ const waitTimeout = time.Minute
 // the workflow's database to itself while it runs, and real Postgres:
 // testing/synctest cannot tell a run waiting on the database from one that
 // is working. A paused run's time limits keep running; pauses last
-// milliseconds, far inside the default LockTTL and CallTimeout, but a client
+// milliseconds, far inside the default LeaseTTL and CallTimeout, but a client
 // built with limits of a second or two may see a paused run cut short.
 func PairMatrix[Req, State any](t *testing.T, cfg Config[Req, State]) {
 	t.Helper()

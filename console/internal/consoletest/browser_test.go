@@ -197,7 +197,7 @@ func TestTheBrowserCannotActWithoutTheTokenOrAccess(t *testing.T) {
 	if status != 403 {
 		t.Fatalf("POST without the CSRF token = %d, want 403", status)
 	}
-	if row, err := f.Client.Inspect(context.Background(), "acme", "order-in-flight"); err != nil || row.LockExpiresAt == nil {
+	if row, err := f.Client.Inspect(context.Background(), "acme", "order-in-flight"); err != nil || row.LeaseExpiresAt == nil {
 		t.Fatalf("the refused POST freed the lease: %+v, %v", row, err)
 	}
 

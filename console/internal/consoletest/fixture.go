@@ -61,25 +61,25 @@ func New(t testing.TB) *Fixture {
 	t.Helper()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	provider := func(ctx context.Context, run *phase.Input[Order, state]) (Charge, error) {
-		switch run.Req.Item {
+	provider := func(ctx context.Context, in *phase.Input[Order, state]) (Charge, error) {
+		switch in.Req.Item {
 		case "lost":
 			return Charge{}, phase.MaybeHappened(errors.New("the provider timed out after the request was sent"))
 		case "declined":
 			return Charge{}, errors.New("card declined: <b>insufficient funds</b>")
 		}
-		return Charge{ChargeID: "ch_" + run.Key}, nil
+		return Charge{ChargeID: "ch_" + in.Key}, nil
 	}
 	w, err := phase.NewWorkflow("payments",
-		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, state]) (phase.Result, error) {
+		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, state]) (phase.Result, error) {
 			return phase.Next(), nil
 		}),
-		phase.Foreign("charged", provider, func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, state], c Charge) (phase.Result, error) {
-			run.State.ChargeID = c.ChargeID
+		phase.Foreign("charged", provider, func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, state], c Charge) (phase.Result, error) {
+			in.State.ChargeID = c.ChargeID
 			return phase.Next(), nil
 		}),
-		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, run *phase.Input[Order, state]) (phase.Result, error) {
-			return phase.JSON(http.StatusCreated, map[string]any{"charge": run.State.ChargeID, "item": run.Req.Item, "note": run.Req.Note}), nil
+		phase.Local("receipt_sent", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, state]) (phase.Result, error) {
+			return phase.JSON(http.StatusCreated, map[string]any{"charge": in.State.ChargeID, "item": in.Req.Item, "note": in.Req.Note}), nil
 		}),
 	)
 	if err != nil {

@@ -653,8 +653,8 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 	app, err := ride.New(ride.Config{
 		Pool: s.pool, Stripe: sc, Logger: quiet,
 		Client: phase.Config{
-			LockTTL:   lockTTL,
-			Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1, Interval: -1},
+			LeaseTTL:  lockTTL,
+			Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1, Interval: -1},
 			Reaper:    recovery.ReaperConfig{Interval: -1},
 		},
 		WithoutWorker: true,
@@ -671,7 +671,7 @@ func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 		if err != nil {
 			return out, ride.Report{}, err
 		}
-		dead, err := app.Client.List(ctx, keyrow.ListFilter{State: keyrow.StateDead, Limit: 1000})
+		dead, err := app.Client.List(ctx, keyrow.ListFilter{Status: keyrow.StatusDead, Limit: 1000})
 		if err != nil {
 			return out, ride.Report{}, err
 		}

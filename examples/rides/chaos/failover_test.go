@@ -191,7 +191,7 @@ func TestFailoverRetryAfterLostCommitsChargesOnce(t *testing.T) {
 	app, err := ride.New(ride.Config{
 		Pool: pool, Stripe: sc, Logger: quiet, WithoutWorker: true,
 		Client: phase.Config{
-			LockTTL:   time.Second,
+			LeaseTTL:  time.Second,
 			Completer: recovery.CompleterConfig{Interval: -1},
 			Reaper:    recovery.ReaperConfig{Interval: -1},
 			Hooks: []phase.Hook{phase.InjectorFunc(func(_ context.Context, at phase.Point) error {

@@ -110,7 +110,7 @@ func setupWith(t testing.TB, maxConns int32, configure *configurer) *env {
 	sc := ride.NewStripeClient(srv.URL, "sk_test_rides", hc)
 	appCfg := ride.Config{
 		Pool: pool, Stripe: sc, Logger: quiet,
-		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
+		Client: phase.Config{Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}},
 	}
 	if configure.app != nil {
 		configure.app(&appCfg)
@@ -448,7 +448,7 @@ func TestAddingAFraudCheckConvergesForRidesInFlight(t *testing.T) {
 	e := setup(t, 10)
 	upgraded, err := ride.New(ride.Config{
 		Pool: e.pool, Stripe: e.sc, Logger: quiet, FraudCheck: true,
-		Client: phase.Config{Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}},
+		Client: phase.Config{Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -52,16 +52,16 @@ func TestRiverInsertTxAsAPhasesFirstStatementIsTransactional(t *testing.T) {
 	}
 	type run = phase.Input[struct{}, struct{}]
 	w, err := phase.NewWorkflow("queued",
-		phase.Local("job_queued", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
-			if _, err := jobs.InsertTx(ctx, tx, receiptArgs{Key: r.Key}, nil); err != nil {
+		phase.Local("job_queued", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
+			if _, err := jobs.InsertTx(ctx, tx, receiptArgs{Key: in.Key}, nil); err != nil {
 				return phase.Result{}, err
 			}
-			if strings.HasPrefix(r.Key, "fail") {
+			if strings.HasPrefix(in.Key, "fail") {
 				return phase.Result{}, errors.New("the phase fails after its statements")
 			}
 			return phase.Next(), nil
 		}),
-		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, r *run) (phase.Result, error) {
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
 			return phase.JSON(201, "ok"), nil
 		}))
 	if err != nil {

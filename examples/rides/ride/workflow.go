@@ -90,11 +90,11 @@ func newWorkflow(sc *Stripe, jobs *river.Client[pgx.Tx], fraudCheck bool) (*phas
 	}
 	return phase.NewWorkflow(WorkflowName, append(phases,
 		phase.Foreign("charge_created",
-			func(ctx context.Context, run *Run) (charge, error) { return chargeRide(ctx, sc, run) },
+			func(ctx context.Context, in *Run) (charge, error) { return chargeRide(ctx, sc, in) },
 			recordCharge,
 		).Repeatable(),
-		phase.Local("receipt_queued", func(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
-			return queueReceipt(ctx, tx, jobs, run)
+		phase.Local("receipt_queued", func(ctx context.Context, tx pgx.Tx, in *Run) (phase.Result, error) {
+			return queueReceipt(ctx, tx, jobs, in)
 		}),
 	)...)
 }
@@ -106,37 +106,37 @@ const FraudCheckPhase = "fraud_checked"
 // checkFraud stands for a fraud check: it reads the rider's rides and
 // records that the ride was checked, in the phase's transaction.
 //
-// Every statement of a phase names the key's tenant (run.Tenant, the
+// Every statement of a phase names the key's tenant (in.Tenant, the
 // rider's email), so that on Citus it runs on the node that holds the key.
-func checkFraud(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
+func checkFraud(ctx context.Context, tx pgx.Tx, in *Run) (phase.Result, error) {
 	_, err := tx.Exec(ctx, `
 		INSERT INTO audit_records (tenant, action, data, resource_id, resource_type, user_id)
 		SELECT $1, $2, jsonb_build_object('rides_today', count(*)), $3, 'ride', $4
 		FROM rides WHERE tenant = $1 AND user_id = $4 AND created_at > now() - interval '1 day'`,
-		run.Tenant, FraudCheckPhase, run.State.RideID, run.State.UserID)
+		in.Tenant, FraudCheckPhase, in.State.RideID, in.State.UserID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("fraud check: %w", err)
 	}
 	return phase.Next(), nil
 }
 
-func createRide(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) {
-	err := tx.QueryRow(ctx, `SELECT id, stripe_customer_id FROM users WHERE email = $1`, run.Tenant).
-		Scan(&run.State.UserID, &run.State.CustomerID)
+func createRide(ctx context.Context, tx pgx.Tx, in *Run) (phase.Result, error) {
+	err := tx.QueryRow(ctx, `SELECT id, stripe_customer_id FROM users WHERE email = $1`, in.Tenant).
+		Scan(&in.State.UserID, &in.State.CustomerID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("look up user: %w", err)
 	}
-	r := run.Req
+	r := in.Req
 	err = tx.QueryRow(ctx, `
 		INSERT INTO rides (tenant, idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon)
 		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-		run.Tenant, run.ID, run.State.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&run.State.RideID)
+		in.Tenant, in.ID, in.State.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&in.State.RideID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("insert ride: %w", err)
 	}
 	_, err = tx.Exec(ctx, `
 		INSERT INTO audit_records (tenant, action, data, resource_id, resource_type, user_id)
-		VALUES ($1, 'created', $2, $3, 'ride', $4)`, run.Tenant, r, run.State.RideID, run.State.UserID)
+		VALUES ($1, 'created', $2, $3, 'ride', $4)`, in.Tenant, r, in.State.RideID, in.State.UserID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("insert audit record: %w", err)
 	}
@@ -155,14 +155,14 @@ func createRide(ctx context.Context, tx pgx.Tx, run *Run) (phase.Result, error) 
 // Stripe would refuse the retry with an idempotency_error. Charges are
 // found by the Idempotency-Key they carry in their metadata
 // (ChargeKeyMetadata), and rides by the charge ID they record.
-func chargeRide(ctx context.Context, sc *Stripe, run *Run) (charge, error) {
+func chargeRide(ctx context.Context, sc *Stripe, in *Run) (charge, error) {
 	ch, err := sc.CreateCharge(ctx, ChargeParams{
 		Amount:      Amount,
 		Currency:    "usd",
-		Customer:    run.State.CustomerID,
-		Description: "Ride requested with Idempotency-Key " + run.Key,
-		Metadata:    map[string]string{ChargeKeyMetadata: run.Key},
-	}, run.DownstreamKey())
+		Customer:    in.State.CustomerID,
+		Description: "Ride requested with Idempotency-Key " + in.Key,
+		Metadata:    map[string]string{ChargeKeyMetadata: in.Key},
+	}, in.DownstreamKey())
 	if err == nil {
 		return charge{ID: ch.ID}, nil
 	}
@@ -199,7 +199,7 @@ func definite(err *StripeError) bool {
 	return err.HTTPStatusCode >= 400 && err.HTTPStatusCode < 500
 }
 
-func recordCharge(ctx context.Context, tx pgx.Tx, run *Run, c charge) (phase.Result, error) {
+func recordCharge(ctx context.Context, tx pgx.Tx, in *Run, c charge) (phase.Result, error) {
 	if c.Err != nil {
 		if c.Err.Type == ErrorTypeCard {
 			return phase.JSON(http.StatusPaymentRequired, Failure{Error: "card_declined", Message: c.Err.Msg}), nil
@@ -207,9 +207,9 @@ func recordCharge(ctx context.Context, tx pgx.Tx, run *Run, c charge) (phase.Res
 		return phase.JSON(http.StatusBadGateway, Failure{Error: "payment_failed",
 			Message: "the payment provider refused the charge and no charge was made: " + c.Err.Msg}), nil
 	}
-	run.State.ChargeID = c.ID
+	in.State.ChargeID = c.ID
 	if _, err := tx.Exec(ctx, `UPDATE rides SET stripe_charge_id = $3 WHERE tenant = $1 AND id = $2`,
-		run.Tenant, run.State.RideID, c.ID); err != nil {
+		in.Tenant, in.State.RideID, c.ID); err != nil {
 		return phase.Result{}, fmt.Errorf("record charge: %w", err)
 	}
 	return phase.Next(), nil
@@ -217,13 +217,13 @@ func recordCharge(ctx context.Context, tx pgx.Tx, run *Run, c charge) (phase.Res
 
 // queueReceipt enqueues the receipt job in the phase's own transaction, so
 // the job exists if and only if the ride's response is stored.
-func queueReceipt(ctx context.Context, tx pgx.Tx, jobs *river.Client[pgx.Tx], run *Run) (phase.Result, error) {
-	_, err := jobs.InsertTx(ctx, tx, ReceiptArgs{RideID: run.State.RideID, Email: run.Tenant, Amount: Amount}, nil)
+func queueReceipt(ctx context.Context, tx pgx.Tx, jobs *river.Client[pgx.Tx], in *Run) (phase.Result, error) {
+	_, err := jobs.InsertTx(ctx, tx, ReceiptArgs{RideID: in.State.RideID, Email: in.Tenant, Amount: Amount}, nil)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("enqueue receipt: %w", err)
 	}
 	return phase.JSON(http.StatusCreated, Created{
 		Message: "Payment accepted. Your pilot is on their way!",
-		RideID:  run.State.RideID,
+		RideID:  in.State.RideID,
 	}), nil
 }

@@ -518,9 +518,9 @@ func TestAddingALimitCheckConvergesForTransfersInFlight(t *testing.T) {
 	from := e.open(t, "alice", "EUR", 1_000_000)
 	const amount = 100
 	checked, err := ledger.TransfersWith(e.payouts,
-		phase.Local("limits_checked", func(ctx context.Context, tx pgx.Tx, run *phase.Input[ledger.Transfer, ledger.State]) (phase.Result, error) {
+		phase.Local("limits_checked", func(ctx context.Context, tx pgx.Tx, in *phase.Input[ledger.Transfer, ledger.State]) (phase.Result, error) {
 			var held int64
-			err := tx.QueryRow(ctx, `SELECT held FROM ledger_accounts WHERE id = $1`, run.Req.FromAccount).Scan(&held)
+			err := tx.QueryRow(ctx, `SELECT held FROM ledger_accounts WHERE id = $1`, in.Req.FromAccount).Scan(&held)
 			return phase.Next(), err
 		}))
 	if err != nil {
@@ -530,7 +530,7 @@ func TestAddingALimitCheckConvergesForTransfersInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	upgraded, err := phase.NewClient(e.db, &phase.Config{Logger: quiet,
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, checked)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, checked)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func setup(t testing.TB, crashRate float64) *env {
 	e.client, err = phase.NewClient(db, &phase.Config{
 		Logger:    quiet,
 		Hooks:     []phase.Hook{e.events},
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1, MaxAttempts: 1000, Interval: 10 * time.Millisecond},
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1, MaxAttempts: 1000, Interval: 10 * time.Millisecond},
 		Reaper:    recovery.ReaperConfig{Interval: -1},
 	}, e.wf)
 	if err != nil {

@@ -99,7 +99,7 @@ func transfers(payouts *payoutprovider.Client, afterHold ...phase.Phase[Transfer
 		phase.Foreign(PhasePayoutSent, sendPayout(payouts), recordPayout).
 			Repeatable().
 			Isolation(isolation).
-			When(func(run *transferRun) bool { return run.Req.External() }),
+			When(func(in *transferRun) bool { return in.Req.External() }),
 		phase.Local(PhaseSettled, settle).Isolation(isolation),
 	)...)
 }
@@ -109,14 +109,14 @@ type transferRun = phase.Input[Transfer, State]
 // holdFunds checks the transfer against the accounts, under their locks, and
 // moves the amount from the source's balance into its hold. A transfer the
 // ledger refuses ends here with a stored answer, and nothing moves.
-func holdFunds(ctx context.Context, tx pgx.Tx, run *transferRun) (phase.Result, error) {
-	req := run.Req
+func holdFunds(ctx context.Context, tx pgx.Tx, in *transferRun) (phase.Result, error) {
+	req := in.Req
 	accounts, err := lockAccounts(ctx, tx, req.accounts()...)
 	if err != nil {
 		return phase.Result{}, err
 	}
 	from, ok := accounts[req.FromAccount]
-	if !ok || from.Owner != run.Tenant {
+	if !ok || from.Owner != in.Tenant {
 		// Someone else's account is reported as missing, so that account
 		// ids cannot be probed.
 		return refuse(Problem{Type: ProblemUnknownAccount, Status: http.StatusNotFound, Field: "from_account",
@@ -137,12 +137,12 @@ func holdFunds(ctx context.Context, tx pgx.Tx, run *transferRun) (phase.Result, 
 		return refuse(Problem{Type: ProblemInsufficientFunds, Status: http.StatusUnprocessableEntity, Field: "amount",
 			Detail: fmt.Sprintf("account %d has %d %s available; the transfer needs %d", from.ID, from.Balance, req.Currency, req.Amount)}), nil
 	}
-	err = tx.QueryRow(ctx, insertTransferSQL, run.Tenant, run.Key, run.ID, req.FromAccount, nullIfZero(req.ToAccount),
-		nullIfEmpty(req.PayoutDestination), req.Amount, req.Currency).Scan(&run.State.TransferID)
+	err = tx.QueryRow(ctx, insertTransferSQL, in.Tenant, in.Key, in.ID, req.FromAccount, nullIfZero(req.ToAccount),
+		nullIfEmpty(req.PayoutDestination), req.Amount, req.Currency).Scan(&in.State.TransferID)
 	if err != nil {
 		return phase.Result{}, fmt.Errorf("insert transfer: %w", err)
 	}
-	return phase.Next(), move(ctx, tx, &run.State.TransferID, req.Amount,
+	return phase.Next(), move(ctx, tx, &in.State.TransferID, req.Amount,
 		leg{req.FromAccount, bucketBalance}, leg{req.FromAccount, bucketHeld})
 }
 
@@ -156,12 +156,12 @@ RETURNING id`
 // often the call is repeated. An answer that never came is an unknown
 // outcome; the phase is repeatable, so the next run repeats the call.
 func sendPayout(payouts *payoutprovider.Client) phase.CallFunc[Transfer, State, payoutprovider.Payout] {
-	return func(ctx context.Context, run *transferRun) (payoutprovider.Payout, error) {
-		p, err := payouts.CreatePayout(ctx, run.DownstreamKey(), payoutprovider.PayoutParams{
-			Amount:      run.Req.Amount,
-			Currency:    run.Req.Currency,
-			Destination: run.Req.PayoutDestination,
-			Reference:   strconv.FormatInt(run.State.TransferID, 10),
+	return func(ctx context.Context, in *transferRun) (payoutprovider.Payout, error) {
+		p, err := payouts.CreatePayout(ctx, in.DownstreamKey(), payoutprovider.PayoutParams{
+			Amount:      in.Req.Amount,
+			Currency:    in.Req.Currency,
+			Destination: in.Req.PayoutDestination,
+			Reference:   strconv.FormatInt(in.State.TransferID, 10),
 		})
 		if errors.Is(err, payoutprovider.ErrOutcomeUnknown) {
 			return p, phase.MaybeHappened(err)
@@ -173,30 +173,30 @@ func sendPayout(payouts *payoutprovider.Client) phase.CallFunc[Transfer, State, 
 // recordPayout records the payout. A payout the destination refused moved
 // no money, so the hold goes back to the balance and the transfer ends with
 // a stored refusal.
-func recordPayout(ctx context.Context, tx pgx.Tx, run *transferRun, p payoutprovider.Payout) (phase.Result, error) {
-	run.State.PayoutID = p.ID
-	id := run.State.TransferID
+func recordPayout(ctx context.Context, tx pgx.Tx, in *transferRun, p payoutprovider.Payout) (phase.Result, error) {
+	in.State.PayoutID = p.ID
+	id := in.State.TransferID
 	if p.Status == payoutprovider.StatusPaid {
 		return phase.Next(), setStatus(ctx, tx, id, "payout_sent", p.ID)
 	}
-	if _, err := lockAccounts(ctx, tx, run.Req.FromAccount); err != nil {
+	if _, err := lockAccounts(ctx, tx, in.Req.FromAccount); err != nil {
 		return phase.Result{}, err
 	}
-	if err := move(ctx, tx, &id, run.Req.Amount, leg{run.Req.FromAccount, bucketHeld}, leg{run.Req.FromAccount, bucketBalance}); err != nil {
+	if err := move(ctx, tx, &id, in.Req.Amount, leg{in.Req.FromAccount, bucketHeld}, leg{in.Req.FromAccount, bucketBalance}); err != nil {
 		return phase.Result{}, err
 	}
 	if err := setStatus(ctx, tx, id, "payout_failed", p.ID); err != nil {
 		return phase.Result{}, err
 	}
 	return refuse(Problem{Type: ProblemPayoutFailed, Status: http.StatusUnprocessableEntity, Field: "payout_destination", TransferID: id,
-		Detail: fmt.Sprintf("the payout provider refused payout %s (%s); the money is back in account %d", p.ID, p.FailureCode, run.Req.FromAccount)}), nil
+		Detail: fmt.Sprintf("the payout provider refused payout %s (%s); the money is back in account %d", p.ID, p.FailureCode, in.Req.FromAccount)}), nil
 }
 
 // settle moves the held amount to its destination (the receiving account,
 // or the source's paid-out bucket once the provider has paid) and answers
 // 201 with the receipt.
-func settle(ctx context.Context, tx pgx.Tx, run *transferRun) (phase.Result, error) {
-	req, id := run.Req, run.State.TransferID
+func settle(ctx context.Context, tx pgx.Tx, in *transferRun) (phase.Result, error) {
+	req, id := in.Req, in.State.TransferID
 	if _, err := lockAccounts(ctx, tx, req.accounts()...); err != nil {
 		return phase.Result{}, err
 	}
@@ -218,7 +218,7 @@ func settle(ctx context.Context, tx pgx.Tx, run *transferRun) (phase.Result, err
 		Amount:            req.Amount,
 		Currency:          req.Currency,
 		PayoutDestination: req.PayoutDestination,
-		PayoutID:          run.State.PayoutID,
+		PayoutID:          in.State.PayoutID,
 	}), nil
 }
 
