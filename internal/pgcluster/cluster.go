@@ -86,6 +86,19 @@ func Start(ctx context.Context, settings ...string) (*Cluster, error) {
 	return start(ctx, (*Cluster).init, settings)
 }
 
+// StartFrom starts a cluster as [Start] does, from the initdb and postgres
+// in binDir instead of those Start would find, and without consulting
+// EnvBinDir: for a program that brings its own server binaries, such as
+// ones it downloaded. An error wrapping [ErrNoBinaries] means binDir lacks
+// them.
+func StartFrom(ctx context.Context, binDir string, settings ...string) (*Cluster, error) {
+	bins, err := binariesAt(binDir)
+	if err != nil {
+		return nil, err
+	}
+	return startWith(ctx, bins, (*Cluster).init, settings)
+}
+
 // start makes a cluster directory, fills its data directory with create,
 // and starts the server with settings, removing the directory if any step
 // fails.
@@ -94,6 +107,11 @@ func start(ctx context.Context, create func(*Cluster, context.Context) error, se
 	if err != nil {
 		return nil, err
 	}
+	return startWith(ctx, bins, create, settings)
+}
+
+// startWith is start with the server binaries bins.
+func startWith(ctx context.Context, bins binaries, create func(*Cluster, context.Context) error, settings []string) (*Cluster, error) {
 	cred, err := clusterCredential()
 	if err != nil {
 		return nil, err
@@ -299,9 +317,9 @@ const EnvBinDir = "ATOMICPHASE_POSTGRES_BINDIR"
 // to without putting them on PATH.
 func findBinaries() (binaries, error) {
 	if dir := os.Getenv(EnvBinDir); dir != "" {
-		b := binariesIn(dir)
-		if !isExecutable(b.initdb) || !isExecutable(b.postgres) {
-			return binaries{}, fmt.Errorf("pgcluster: %w: initdb and postgres not found in %s, which %s names", ErrNoBinaries, dir, EnvBinDir)
+		b, err := binariesAt(dir)
+		if err != nil {
+			return binaries{}, fmt.Errorf("%w, which %s names", err, EnvBinDir)
 		}
 		return b, nil
 	}
@@ -329,6 +347,16 @@ func findBinaries() (binaries, error) {
 
 func binariesIn(dir string) binaries {
 	return binaries{initdb: filepath.Join(dir, "initdb"), postgres: filepath.Join(dir, "postgres")}
+}
+
+// binariesAt returns the binaries in dir, or an error wrapping
+// ErrNoBinaries when they are not both there.
+func binariesAt(dir string) (binaries, error) {
+	b := binariesIn(dir)
+	if !isExecutable(b.initdb) || !isExecutable(b.postgres) {
+		return binaries{}, fmt.Errorf("pgcluster: %w: initdb and postgres not found in %s", ErrNoBinaries, dir)
+	}
+	return b, nil
 }
 
 // majorVersion returns the major version in a path such as

@@ -3,6 +3,7 @@ package pgcluster
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -130,12 +131,49 @@ func TestBinDirIsTheOnlyPlaceLooked(t *testing.T) {
 // TestBinDirChoosesTheBinaries checks that a cluster runs the initdb and
 // postgres of the directory EnvBinDir names.
 func TestBinDirChoosesTheBinaries(t *testing.T) {
+	dir := linkedBinaries(t)
+	t.Setenv(EnvBinDir, dir)
+	c := startCluster(t)
+	if want := filepath.Join(dir, "postgres"); c.bins.postgres != want {
+		t.Errorf("cluster runs %s, want %s", c.bins.postgres, want)
+	}
+	pingCluster(t, c)
+}
+
+// TestStartFromRunsTheGivenBinariesWhateverBinDirSays checks that StartFrom
+// runs the binaries of the directory it is given, even when EnvBinDir names
+// another, and that a directory without them fails it with ErrNoBinaries.
+func TestStartFromRunsTheGivenBinariesWhateverBinDirSays(t *testing.T) {
+	dir := linkedBinaries(t)
+	t.Setenv(EnvBinDir, t.TempDir())
+	c, err := StartFrom(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	if want := filepath.Join(dir, "postgres"); c.bins.postgres != want {
+		t.Errorf("cluster runs %s, want %s", c.bins.postgres, want)
+	}
+	pingCluster(t, c)
+
+	empty := t.TempDir()
+	if c, err := StartFrom(context.Background(), empty); !errors.Is(err, ErrNoBinaries) {
+		if err == nil {
+			c.Stop()
+		}
+		t.Errorf("StartFrom(%s) = %v, want ErrNoBinaries", empty, err)
+	}
+}
+
+// linkedBinaries returns a directory of links to the initdb and postgres
+// that Start finds, readable by the postgres OS user that the server runs
+// as under root.
+func linkedBinaries(t *testing.T) string {
+	t.Helper()
 	found, err := findBinaries()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A directory of links to them, readable by the postgres OS user that
-	// the server runs as under root.
 	dir, err := os.MkdirTemp("", "pgcluster-bindir-test")
 	if err != nil {
 		t.Fatal(err)
@@ -153,11 +191,12 @@ func TestBinDirChoosesTheBinaries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Setenv(EnvBinDir, dir)
-	c := startCluster(t)
-	if want := filepath.Join(dir, "postgres"); c.bins.postgres != want {
-		t.Errorf("cluster runs %s, want %s", c.bins.postgres, want)
-	}
+	return dir
+}
+
+// pingCluster connects to c's postgres database and pings it.
+func pingCluster(t *testing.T, c *Cluster) {
+	t.Helper()
 	conn, err := pgx.Connect(context.Background(), c.DSN("postgres"))
 	if err != nil {
 		t.Fatal(err)

@@ -15,8 +15,9 @@
 // pg_config --bindir, or under /usr/lib/postgresql/*/bin or
 // /usr/pgsql-*/bin, newest major version first; or, when the environment
 // variable ATOMICPHASE_POSTGRES_BINDIR ([EnvBinDir]) names a directory, only
-// there. Running as root, it runs them
-// as the OS user postgres, because both refuse to run as root.
+// there. [StartFrom] runs those of a directory the caller names, such as
+// binaries a program downloaded. Running as root, either runs them as the
+// OS user postgres, because both refuse to run as root.
 //
 // A [Cluster] listens only on a Unix socket in its own temporary directory,
 // trusts every local connection as the superuser postgres, and runs with

