@@ -16,7 +16,7 @@ import (
 func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 	t.Parallel()
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./caller", "./console").CombinedOutput()
+	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./caller", "./console", "./consume").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
