@@ -8,8 +8,9 @@
 // finished, redeliver it later, drop it, or leave it as a killed consumer
 // would.
 //
-// The package depends on nothing but the library; the River recipe is
-// its example, and module natsphase applies it to JetStream.
+// The package depends on nothing but the library. examples/payouts is the
+// recipe for River jobs, and module natsphase applies it to JetStream; see
+// docs/consumers.md.
 package consume
 
 import (

@@ -1,4 +1,4 @@
-package consume_test
+package payouts_test
 
 import (
 	"context"
