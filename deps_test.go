@@ -10,12 +10,13 @@ import (
 
 // TestCorePackagesImportNeitherTestToolingNorIntegrations keeps what
 // otelphase, phasetest, the test harness and the examples pull in
-// (OpenTelemetry, testcontainers, goleak, River, stripe-go) out of the
+// (OpenTelemetry, testcontainers, goleak, River, stripe-go), and what the
+// transport modules pull in (gRPC, protobuf, Connect, NATS), out of the
 // packages a program imports to run workflows.
 func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 	t.Parallel()
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./caller", "./console").CombinedOutput()
+	out, err := exec.Command(goTool, "list", "-deps", ".", "./phase", "./recovery", "./keyrow", "./lockttl", "./caller", "./console", "./consume").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
@@ -30,7 +31,11 @@ func TestCorePackagesImportNeitherTestToolingNorIntegrations(t *testing.T) {
 		for _, banned := range []string{"go.opentelemetry.io/", "github.com/atomicphase/atomicphase/otelphase",
 			"github.com/testcontainers/", "github.com/chromedp/", "github.com/riverqueue/", "github.com/stripe/", "go.uber.org/goleak",
 			"github.com/atomicphase/atomicphase/internal/pgtest", "github.com/atomicphase/atomicphase/internal/pgcluster",
-			"github.com/atomicphase/atomicphase/phase/phasetest"} {
+			"github.com/atomicphase/atomicphase/phase/phasetest",
+			// The transports live in modules of their own.
+			"google.golang.org/grpc", "google.golang.org/protobuf", "google.golang.org/genproto/", "connectrpc.com/",
+			"github.com/nats-io/", "github.com/atomicphase/atomicphase/protophase", "github.com/atomicphase/atomicphase/grpcphase",
+			"github.com/atomicphase/atomicphase/connectphase", "github.com/atomicphase/atomicphase/natsphase"} {
 			if strings.HasPrefix(p, banned) {
 				t.Errorf("a core package depends on %s", p)
 			}
