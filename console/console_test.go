@@ -320,3 +320,18 @@ func TestASecondResolutionFromAnOlderPageIsRefusedWith409(t *testing.T) {
 		t.Fatalf("refused entry's detail %s: want the not-happened resolution it was given", entries[0].Detail)
 	}
 }
+
+func TestAnOversizedFormIsRefusedWith413AndSaysSo(t *testing.T) {
+	t.Parallel()
+	f := consoletest.New(t)
+	alice := open(t, f.Handler(t, false), "alice")
+	form := url.Values{"csrf": {alice.csrf("acme", "order-in-flight")}, "tenant": {"acme"}, "key": {"order-in-flight"},
+		"confirm": {"yes"}, "seen": {alice.seen("acme", "order-in-flight")}, "output": {strings.Repeat("x", 2<<20)}}
+	code, body := alice.post("/console/unlock", form)
+	if code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "larger than the console accepts") || strings.Contains(body, "security token") {
+		t.Fatalf("a 2 MiB form = %d:\n%s\nwant 413 saying the form is too large", code, body)
+	}
+	if row, err := f.Client.Inspect(context.Background(), "acme", "order-in-flight"); err != nil || row.LockExpiresAt == nil {
+		t.Fatalf("the refused form freed the lease: %+v, %v", row, err)
+	}
+}

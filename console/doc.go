@@ -35,5 +35,8 @@
 // place it appears in (request bodies, keys and tenants are written by
 // clients), under a Content-Security-Policy that allows only the console's
 // own script and style files: no inline script, no framing, forms posting
-// only to the console. Config.ReadOnly removes every action.
+// only to the console. Text that clients wrote is isolated in <bdi>, with
+// the characters that are invisible or reorder text written out (U+202E
+// as \u202E), so that no name can pass for another. A form over 1 MiB is
+// answered 413. Config.ReadOnly removes every action.
 package console

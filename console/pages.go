@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -24,6 +25,7 @@ var states = []keyrow.State{keyrow.StateInFlight, keyrow.StateWaiting, keyrow.St
 	keyrow.StateUnknown, keyrow.StateDead, keyrow.StateFinished}
 
 var funcs = template.FuncMap{
+	"shown":  shown,
 	"ago":    ago,
 	"dur":    round,
 	"pretty": pretty,
@@ -50,6 +52,55 @@ func ago(t any) string {
 		at = *v
 	}
 	return round(time.Since(at)) + " ago (" + at.UTC().Format("2006-01-02 15:04:05 UTC") + ")"
+}
+
+// shown renders text a client or a person wrote (a tenant, a key, a
+// stored body, an error) for reading: isolated in a <bdi>, so that
+// right-to-left text in it cannot reorder the page around it, and with
+// every character that is invisible or changes the direction of what
+// follows (U+202E, zero-width spaces, control characters) written out as
+// \u202E in a marked span, so that "acme\u202Egpj.exe" cannot pass for
+// another name. Tabs and line feeds stay, for the bodies shown in <pre>.
+func shown(s string) template.HTML {
+	var b strings.Builder
+	b.WriteString("<bdi>")
+	start := 0
+	for i, r := range s {
+		if !hidden(r) {
+			continue
+		}
+		b.WriteString(template.HTMLEscapeString(s[start:i]))
+		fmt.Fprintf(&b, `<span class="ctl">\u%04X</span>`, r)
+		start = i + utf8.RuneLen(r)
+	}
+	b.WriteString(template.HTMLEscapeString(s[start:]))
+	b.WriteString("</bdi>")
+	return template.HTML(b.String())
+}
+
+// written is s as shown writes it, for plain text such as a page's title.
+func written(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if hidden(r) {
+			fmt.Fprintf(&b, `\u%04X`, r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// hidden reports whether r shows as nothing, or changes the direction of
+// the text after it, rather than as a glyph of its own.
+func hidden(r rune) bool {
+	switch {
+	case r == '\t' || r == '\n':
+		return false
+	case unicode.IsControl(r), unicode.Is(unicode.Cf, r), unicode.Is(unicode.Zl, r), unicode.Is(unicode.Zp, r):
+		return true
+	}
+	return false
 }
 
 func round(d time.Duration) string {
@@ -278,7 +329,7 @@ func (c *console) showKey(w http.ResponseWriter, r *http.Request, rq *request, t
 			}
 		}
 	}
-	c.render(w, r, rq, code, "key", "Key "+key, kd, errMsg)
+	c.render(w, r, rq, code, "key", "Key "+written(key), kd, errMsg)
 }
 
 // confirmed reports whether the form's confirmation box was ticked.

@@ -4,76 +4,25 @@ import (
 	"context"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/atomicphase/atomicphase/console/internal/consoletest"
+	browserpkg "github.com/atomicphase/atomicphase/internal/browser"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// browser starts headless Chromium on a fresh profile, or skips the test
-// when it is not installed (unless ATOMICPHASE_TEST_REQUIRE names
-// chromium, as CI's does).
-func browser(t *testing.T) context.Context {
-	t.Helper()
-	path := ""
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			path = p
-			break
-		}
-	}
-	if path == "" {
-		if strings.Contains(os.Getenv("ATOMICPHASE_TEST_REQUIRE"), "chromium") {
-			t.Fatal("chromium is not installed and ATOMICPHASE_TEST_REQUIRE requires it (Debian: apt-get install chromium)")
-		}
-		t.Skip("chromium is not installed (Debian: apt-get install chromium)")
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1100, 760))
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(func() {
-		cancel()
-		cancelAlloc()
-	})
-	// The first call starts the browser, which lives as long as its
-	// context: no timeout on that one.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
-	t.Cleanup(cancelTimeout)
-	return ctx
-}
+// browser starts headless Chromium at a laptop's width.
+func browser(t *testing.T) context.Context { return browserpkg.Start(t, 1280, 800) }
 
-// screenshot saves the page as name.png in $ATOMICPHASE_CONSOLE_SCREENSHOTS
-// when it names a directory (docs/img for the docs), and does nothing
-// otherwise.
-func screenshot(name string) chromedp.Action[chromedp.Void] {
-	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		dir := os.Getenv("ATOMICPHASE_CONSOLE_SCREENSHOTS")
-		if dir == "" {
-			return nil
-		}
-		png, err := chromedp.CaptureScreenshot()(ctx, t)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
-	})
-}
+// screenshot saves the page as name.png when asked to (see
+// browserpkg.Screenshot).
+func screenshot(name string) chromedp.Action[chromedp.Void] { return browserpkg.Screenshot(name) }
 
 // run runs the steps and fails the test on an error.
 func run(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
@@ -118,6 +67,12 @@ func setup(t *testing.T) (*consoletest.Fixture, *httptest.Server, context.Contex
 	srv := httptest.NewServer(f.Handler(t, false))
 	t.Cleanup(srv.Close)
 	return f, srv, browser(t)
+}
+
+// signIn signs the browser in to the fixture's console as user.
+func signIn(t *testing.T, ctx context.Context, srv *httptest.Server, user string) {
+	t.Helper()
+	run(t, ctx, "sign in as "+user, chromedp.Navigate(srv.URL+"/as?user="+user), chromedp.WaitVisible(css(`main h1`)))
 }
 
 func TestOperatorFindsAnUnknownOutcomeAndResolvesIt(t *testing.T) {
@@ -286,5 +241,37 @@ func TestAResolutionFromAPageThatMissedAnotherIsRefused(t *testing.T) {
 	row, err := f.Client.Inspect(context.Background(), "acme", f.UnknownKey)
 	if err != nil || !strings.Contains(string(row.ResponseBody), "ch_first") {
 		t.Fatalf("stored key: %+v, %v; want finished with the first resolution", row, err)
+	}
+}
+
+// A right-to-left override in a tenant would show "acme\u202Egpj.exe" as
+// "acmeexe.jpg": the pages write the control out and isolate the text.
+func TestADirectionOverrideInATenantShowsAsWritten(t *testing.T) {
+	t.Parallel()
+	_, srv, ctx := setup(t)
+	signIn(t, ctx, srv, "alice")
+	run(t, ctx, "key list", chromedp.Navigate(srv.URL+"/console/keys?"+url.Values{"tenant": {consoletest.HostileBidiTenant}}.Encode()),
+		chromedp.WaitVisible(css(`table.keys`)))
+	const want = `acme\u202Egpj.exe`
+	for _, page := range []string{"list", "key"} {
+		if page == "key" {
+			run(t, ctx, "key page",
+				chromedp.Click(css(`a[href*="order-bidi"]`)),
+				chromedp.WaitVisible(css(`dl.facts`)),
+				screenshot("console-bidi"))
+		}
+		shown := get(t, ctx, chromedp.Evaluate[string](`document.querySelector("main").innerText`))
+		if strings.ContainsRune(shown, '\u202E') || !strings.Contains(shown, want) {
+			t.Errorf("the %s page shows the tenant as %q; want %q written out, and no override obeyed", page, shown, want)
+		}
+		isolated := get(t, ctx, chromedp.Evaluate[bool](`[...document.querySelectorAll("main .ctl")].every(el =>
+			getComputedStyle(el.closest("bdi")).unicodeBidi === "isolate")`))
+		controls := get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("main .ctl").length`))
+		if !isolated || controls == 0 {
+			t.Errorf("the %s page marks %d controls, isolated %v", page, controls, isolated)
+		}
+	}
+	if body := text(t, ctx, "main"); !strings.Contains(body, `\u202Eevil`) {
+		t.Errorf("the stored request's override is not written out:\n%s", body)
 	}
 }
