@@ -143,7 +143,7 @@ func New(cfg Config) (http.Handler, error) {
 	cfg.CSRFCookie = cmp.Or(cfg.CSRFCookie, DefaultCSRFCookie)
 	c := &console{cfg: cfg, pages: map[string]*template.Template{}}
 	for _, name := range []string{"overview", "keys", "key", "bulk", "audit", "error"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
+		t, err := template.New("layout.html").Funcs(funcs).Funcs(template.FuncMap{"state": cfg.Client.StateOf}).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: %w", err)
 		}
@@ -287,7 +287,7 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, rq *request, stat
 var flashes = map[string]string{
 	"unlocked":   "The lease was freed: the next request or the completer resumes the key now.",
 	"unheld":     "The key had no lease; nothing changed.",
-	"retried":    "The key is runnable again.",
+	"retried":    "The key is off hold and waiting to run again.",
 	"resolved":   "The resolution is recorded.",
 	"bulk":       "The bulk action is done; the audit lists every key it changed.",
 	"bulk-empty": "No key matched any more; nothing changed.",

@@ -190,7 +190,7 @@ func TestAnActionNeedsTheCSRFTokenActAccessAndAWritableConsole(t *testing.T) {
 	if code, _ := alice.post("/console/unlock", fresh); code != http.StatusSeeOther || leased() {
 		t.Fatalf("unlock with the token = %d, leased %v; want 303 and the lease freed", code, leased())
 	}
-	entries, err := f.Client.Audit(ctx, 0, 10)
+	entries, err := f.Client.Audit(ctx, keyrow.AuditFilter{Limit: 10})
 	if err != nil || len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionUnlock {
 		t.Fatalf("audit = %+v, %v; want alice's unlock alone", entries, err)
 	}
@@ -273,7 +273,7 @@ func TestAnUnlockFormFromBeforeANewLeaseIsRefusedAndTheLeaseKept(t *testing.T) {
 	if code != http.StatusConflict || !strings.Contains(body, "took the lease again") || !kept() {
 		t.Fatalf("stale unlock = %d, lease kept %v; want 409 saying a run took the lease, and the lease kept:\n%s", code, kept(), body)
 	}
-	entries, err := f.Client.Audit(ctx, 0, 10)
+	entries, err := f.Client.Audit(ctx, keyrow.AuditFilter{Limit: 10})
 	if err != nil || len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionUnlock || entries[0].Refused == "" {
 		t.Fatalf("audit = %+v, %v; want alice's unlock, refused", entries, err)
 	}
@@ -309,7 +309,7 @@ func TestASecondResolutionFromAnOlderPageIsRefusedWith409(t *testing.T) {
 	if err != nil || row.RecoveryPoint != keyrow.Finished || !strings.Contains(string(row.ResponseBody), "ch_from_dashboard") {
 		t.Fatalf("key = %+v, %v; want finished with the first resolution's charge", row, err)
 	}
-	entries, err := f.Client.Audit(ctx, 0, 10)
+	entries, err := f.Client.Audit(ctx, keyrow.AuditFilter{Limit: 10})
 	if err != nil || len(entries) != 2 || entries[0].Refused == "" || entries[1].Refused != "" {
 		t.Fatalf("audit = %+v, %v; want the resolution, then the refused one", entries, err)
 	}

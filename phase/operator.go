@@ -90,7 +90,7 @@ func (c *Client) Describe(ctx context.Context, tenant, key string) (*KeyDetail, 
 		return nil, err
 	}
 	d := &KeyDetail{Row: *row}
-	if d.Audit, err = store.Audit(ctx, c.pool, store.AuditFilter{Tenant: tenant, Key: key}); err != nil {
+	if d.Audit, err = store.Audit(ctx, c.pool, keyrow.AuditFilter{Tenant: tenant, Key: key}); err != nil {
 		return nil, err
 	}
 	w, ok := c.describer(row)
@@ -325,11 +325,37 @@ func (c *Client) filter(f keyrow.ListFilter) keyrow.ListFilter {
 	return f
 }
 
-// Audit returns the operator actions recorded, newest first: up to limit
-// (keyrow.DefaultListLimit when zero) of those before the entry with id
-// before (all when zero).
-func (c *Client) Audit(ctx context.Context, before int64, limit int) ([]keyrow.AuditEntry, error) {
-	return store.Audit(ctx, c.pool, store.AuditFilter{Before: before, Limit: limit})
+// Audit returns the operator actions f selects, newest first. Each
+// filter reads one index of the audit, a page at a time.
+func (c *Client) Audit(ctx context.Context, f keyrow.AuditFilter) ([]keyrow.AuditEntry, error) {
+	return store.Audit(ctx, c.pool, f)
+}
+
+// StateOf returns the keyrow.State of k as it was read, named as Counts
+// and ListFilter name it: an unfinished key neither held nor leased is
+// waiting until it has been idle for the completer's MinIdle, stuck after.
+func (c *Client) StateOf(k *keyrow.Row) keyrow.State {
+	switch {
+	case k.FinishedAt != nil:
+		return keyrow.StateFinished
+	case k.Hold == keyrow.HoldUnknown:
+		return keyrow.StateUnknown
+	case k.Hold != "":
+		return keyrow.StateDead
+	case k.LeaseLeft > 0:
+		return keyrow.StateInFlight
+	case time.Since(k.LastRunAt) < c.cfg.Completer.MinIdle:
+		return keyrow.StateWaiting
+	}
+	return keyrow.StateStuck
+}
+
+// CountMatching counts the keys f selects (its cursor and limit aside),
+// up to upTo: a count of upTo means "upTo or more", so that counting a
+// broad filter never reads a large table whole. A zero StuckAfter means
+// the completer's MinIdle.
+func (c *Client) CountMatching(ctx context.Context, f keyrow.ListFilter, upTo int) (int, error) {
+	return store.CountMatching(ctx, c.pool, c.filter(f), upTo)
 }
 
 // resolved acts on an operator's resolution, when one was recorded for

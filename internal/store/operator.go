@@ -26,14 +26,20 @@ func (a *args) add(v any) string {
 	return "$" + strconv.Itoa(len(*a))
 }
 
-// ordered reports whether a listing of state runs idle longest first, on
-// last_run_at, rather than newest first, on the id.
-func ordered(state keyrow.State) bool {
+// unfinished reports whether state is one of the unfinished states, whose
+// keys the partial indexes on last_run_at hold.
+func unfinished(state keyrow.State) bool {
 	switch state {
 	case keyrow.StateInFlight, keyrow.StateWaiting, keyrow.StateStuck, keyrow.StateUnknown, keyrow.StateDead:
 		return true
 	}
 	return false
+}
+
+// byIdle reports whether f's listing runs on last_run_at, idle longest
+// first, rather than on the id.
+func byIdle(f keyrow.ListFilter) bool {
+	return f.Sort == keyrow.SortIdle || (f.Sort == "" && unfinished(f.State))
 }
 
 // filterWhere returns the conditions that select f's keys, without its
@@ -95,21 +101,36 @@ func listSQL(f keyrow.ListFilter, limit int) (string, args, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	order := `id DESC`
-	if ordered(f.State) {
+	switch f.Sort {
+	case "", keyrow.SortNewest, keyrow.SortOldest:
+	case keyrow.SortIdle:
+		if !unfinished(f.State) {
+			// Only the partial indexes order keys by last_run_at; on
+			// every key it would be a sort of the whole table.
+			return "", nil, errors.New("sorting by idle time needs an unfinished state")
+		}
+	default:
+		return "", nil, fmt.Errorf("unknown sort %q", f.Sort)
+	}
+	idle := byIdle(f)
+	order, after := `id DESC`, `<`
+	switch {
+	case idle:
 		order = `last_run_at, id`
+	case f.Sort == keyrow.SortOldest:
+		order, after = `id`, `>`
 	}
 	if f.After != "" {
-		at, id, err := parseCursor(f.After, ordered(f.State))
+		at, id, err := parseCursor(f.After, idle)
 		if err != nil {
 			return "", nil, err
 		}
-		if ordered(f.State) {
+		if idle {
 			// The plain bound is what the index can range-scan on.
 			t, i := a.add(at), a.add(id)
 			w = append(w, `last_run_at >= `+t+` AND (last_run_at, id) > (`+t+`, `+i+`)`)
 		} else {
-			w = append(w, `id < `+a.add(id))
+			w = append(w, `id `+after+` `+a.add(id))
 		}
 	}
 	sql := `SELECT ` + keyInfoColumns + `
@@ -166,9 +187,30 @@ func List(ctx context.Context, q Querier, f keyrow.ListFilter) (keyrow.Page, err
 	}
 	if len(page.Keys) > limit {
 		page.Keys = page.Keys[:limit]
-		page.Next = cursor(&page.Keys[limit-1], ordered(f.State))
+		page.Next = cursor(&page.Keys[limit-1], byIdle(f))
 	}
 	return page, nil
+}
+
+// CountMatching counts the keys f selects (its cursor and limit aside),
+// stopping at upTo: a count that reaches it means "upTo or more", so that
+// counting a broad filter never reads a large table whole.
+func CountMatching(ctx context.Context, q Querier, f keyrow.ListFilter, upTo int) (int, error) {
+	var a args
+	w, err := filterWhere(f, &a)
+	if err != nil {
+		return 0, fmt.Errorf("store: count matching: %w", err)
+	}
+	sql := `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys`
+	if len(w) > 0 {
+		sql += ` WHERE ` + strings.Join(w, ` AND `)
+	}
+	sql += ` LIMIT ` + a.add(upTo) + `) AS matching`
+	var n int
+	if err := q.QueryRow(ctx, sql, a...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count matching: %w", err)
+	}
+	return n, nil
 }
 
 // exactCountPages is the table size, in pages, up to which Count counts
@@ -825,22 +867,26 @@ func Fingerprint(ctx context.Context, q Querier, tenant, key string) ([]byte, er
 	return fp, nil
 }
 
-// AuditFilter selects audit entries: those of one key when Tenant and Key
-// are set, before the entry Before when it is positive, at most Limit.
-type AuditFilter struct {
-	Tenant, Key string
-	Before      int64
-	Limit       int
-}
-
 // Audit returns the audit entries f selects, newest first.
-func Audit(ctx context.Context, q Querier, f AuditFilter) ([]keyrow.AuditEntry, error) {
+func Audit(ctx context.Context, q Querier, f keyrow.AuditFilter) ([]keyrow.AuditEntry, error) {
 	var (
 		a args
 		w = []string{"true"}
 	)
-	if f.Tenant != "" || f.Key != "" {
+	// Each condition has an index that ends in the id, so a page walks
+	// one index backwards from Before: atomicphase_audit_key for a key or
+	// a tenant, atomicphase_audit_actor and atomicphase_audit_action.
+	switch {
+	case f.Key != "":
 		w = append(w, `tenant = `+a.add(f.Tenant), `idempotency_key = `+a.add(f.Key))
+	case f.Tenant != "":
+		w = append(w, `tenant = `+a.add(f.Tenant))
+	}
+	if f.Actor != "" {
+		w = append(w, `actor = `+a.add(f.Actor))
+	}
+	if f.Action != "" {
+		w = append(w, `action = `+a.add(f.Action))
 	}
 	if f.Before > 0 {
 		w = append(w, `id < `+a.add(f.Before))

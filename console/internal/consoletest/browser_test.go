@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	browserpkg "github.com/atomicphase/atomicphase/internal/browser"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -273,5 +275,128 @@ func TestADirectionOverrideInATenantShowsAsWritten(t *testing.T) {
 	}
 	if body := text(t, ctx, "main"); !strings.Contains(body, `\u202Eevil`) {
 		t.Errorf("the stored request's override is not written out:\n%s", body)
+	}
+}
+
+// The list as an operator reads it at 3 a.m.: how many, in which order,
+// one line a key, the states named as the overview names them.
+func TestTheListCountsSortsAndKeepsEachKeyOnOneLine(t *testing.T) {
+	t.Parallel()
+	f, srv, ctx := setup(t)
+	long := "phase charged: " + strings.Repeat("the provider answered 503 Service Unavailable and a page of HTML; ", 12)
+	if _, err := f.Pool.Exec(context.Background(), `UPDATE idempotency_keys SET last_error = $1 WHERE idempotency_key = 'order-dead'`, long); err != nil {
+		t.Fatal(err)
+	}
+	signIn(t, ctx, srv, "alice")
+	run(t, ctx, "the acme keys, oldest first",
+		chromedp.Navigate(srv.URL+"/console/keys?tenant=acme&sort=oldest"),
+		chromedp.WaitVisible(css(`table.keys`)),
+		screenshot("console-keys-sorted"))
+	total, rows := text(t, ctx, "p.total"), get(t, ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("table.keys tbody tr")].map(tr => tr.cells[1].innerText)`))
+	if !strings.Contains(total, "8 keys match") || len(rows) != 8 || rows[0] != "order-1" || rows[7] != "order-in-flight" {
+		t.Fatalf("acme's keys oldest first: %q, rows %q; want 8, from order-1 to order-in-flight", total, rows)
+	}
+	states := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table.keys .st")].map(s => s.innerText)`))
+	for _, s := range states {
+		if !slices.Contains([]string{"finished", "in flight", "waiting", "stuck", "unknown", "dead"}, s) {
+			t.Errorf("the list names a state %q, which the filter and the overview do not", s)
+		}
+	}
+	if !slices.Contains(states, "stuck") || !slices.Contains(states, "dead") {
+		t.Errorf("the list's states %q lack the stuck and the dead key", states)
+	}
+	// One line a key, the long error whole in its tooltip.
+	heights := get(t, ctx, chromedp.Evaluate[[]float64](`[...document.querySelectorAll("table.keys tbody tr")].map(tr => tr.getBoundingClientRect().height)`))
+	if slices.Max(heights) > 2*slices.Min(heights) || slices.Max(heights) > 48 {
+		t.Errorf("row heights %v: a long error makes its row tall", heights)
+	}
+	if title := get(t, ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("table.keys td.err")].map(td => td.title).find(t => t.length > 500) || ""`)); title != long {
+		t.Errorf("the long error's tooltip is %q, want the whole error", title)
+	}
+	tips := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table.keys time")].map(el => el.title)`))
+	if len(tips) != 8 || !strings.Contains(tips[0], "UTC") || !strings.Contains(tips[0], "your time:") {
+		t.Errorf("the last-run tooltips are %q; want UTC and the reader's time", tips)
+	}
+	if n := get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("a.clear").length`)); n != 1 {
+		t.Errorf("a filtered list has %d clear-filters links, want 1", n)
+	}
+
+	run(t, ctx, "a filter nothing matches",
+		chromedp.Navigate(srv.URL+"/console/keys?tenant=nobody"),
+		chromedp.WaitVisible(css(`table.keys`)))
+	if total, bulk := text(t, ctx, "p.total"), get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("p.bulk a").length`)); !strings.Contains(total, "0 keys match") || bulk != 0 {
+		t.Errorf("a filter that matches nothing: %q, %d bulk links; want 0 keys and no bulk link", total, bulk)
+	}
+}
+
+// The key page says where it is, whose key it is, and what was stored.
+func TestTheKeyPageHasItsTrailTenantHeadersAndLocalTimes(t *testing.T) {
+	t.Parallel()
+	_, srv, ctx := setup(t)
+	signIn(t, ctx, srv, "alice")
+	run(t, ctx, "a finished key",
+		chromedp.Navigate(srv.URL+"/console/key?tenant=acme&key=order-1"),
+		chromedp.WaitVisible(css(`nav.crumbs`)),
+		screenshot("console-key-finished"))
+	crumbs, heading, page := text(t, ctx, "nav.crumbs"), text(t, ctx, "main h1"), text(t, ctx, "main")
+	if crumbs != "Overview › Keys › payments › tenant acme › order-1" || !strings.Contains(heading, "of tenant acme") {
+		t.Errorf("trail %q, heading %q", crumbs, heading)
+	}
+	if !strings.Contains(page, "Content-Type") || !strings.Contains(page, "application/json") {
+		t.Errorf("the stored response's headers are not shown:\n%s", page)
+	}
+	if n := get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("dl.facts time.at + span.local").length`)); n != 3 {
+		t.Errorf("%d of the created, last run and finished times show the reader's time, want 3", n)
+	}
+	run(t, ctx, "the trail back to the tenant's keys",
+		chromedp.Click(css(`nav.crumbs a[href^="keys?tenant"]`)),
+		chromedp.WaitVisible(css(`table.keys`)))
+	if rows := text(t, ctx, "table.keys tbody"); !strings.Contains(rows, "order-2") || strings.Contains(rows, "globex") {
+		t.Errorf("the trail's tenant link lists:\n%s", rows)
+	}
+	run(t, ctx, "a dead key",
+		chromedp.Navigate(srv.URL+"/console/key?tenant=acme&key=order-dead"),
+		chromedp.WaitVisible(css(`form#retry h3`)))
+}
+
+// The audit shows what an action changed, field by field, and filters by
+// key, actor and action.
+func TestTheAuditShowsEachChangeAndFilters(t *testing.T) {
+	t.Parallel()
+	f, srv, ctx := setup(t)
+	ctx2 := phase.WithActor(context.Background(), "carol")
+	if err := f.Client.Retry(ctx2, "acme", "order-dead"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Client.Unlock(phase.WithActor(context.Background(), "alice"), "acme", "order-in-flight"); err != nil {
+		t.Fatal(err)
+	}
+	signIn(t, ctx, srv, "alice")
+	run(t, ctx, "the audit", chromedp.Navigate(srv.URL+"/console/audit"), chromedp.WaitVisible(css(`table.audit`)),
+		screenshot("console-audit"))
+	changed := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table.audit > tbody > tr")].map(tr =>
+		[...tr.querySelectorAll("td.change > table.diff th")].map(th => th.innerText.trim()).join(","))`))
+	if len(changed) != 2 || !strings.Contains(changed[0], "● lock_expires_at") || !strings.Contains(changed[1], "● hold") {
+		t.Fatalf("the changed fields marked are %q; want the unlock's lease, then the retry's hold", changed)
+	}
+	right := get(t, ctx, chromedp.Evaluate[float64](`Math.max(...[...document.querySelectorAll("table.audit td.given")].map(td => td.getBoundingClientRect().right))`))
+	if right > 1280 {
+		t.Errorf("the given column ends at %.0f px, off a 1280-pixel screen", right)
+	}
+	for query, want := range map[string][]string{
+		"actor=carol":                     {"order-dead"},
+		"action=unlock":                   {"order-in-flight"},
+		"tenant=acme&key=order-dead":      {"order-dead"},
+		"actor=alice&action=retry":        nil,
+		"tenant=globex":                   nil,
+		"tenant=acme&action=retry":        {"order-dead"},
+		"tenant=acme&key=order-in-flight": {"order-in-flight"},
+	} {
+		run(t, ctx, "filter "+query, chromedp.Navigate(srv.URL+"/console/audit?"+query), chromedp.WaitVisible(css(`table.audit`)))
+		got := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table.audit > tbody > tr td.key")].map(td => td.innerText.split(" / ")[1])`))
+		if !slices.Equal(got, want) {
+			t.Errorf("audit?%s lists %q, want %q", query, got, want)
+		}
 	}
 }
