@@ -29,6 +29,7 @@ var funcs = template.FuncMap{
 	"shown":   shown,
 	"ago":     ago,
 	"since":   since,
+	"chart":   chart,
 	"sorts":   func() any { return sorts },
 	"diff":    diff,
 	"written": written,

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -33,6 +34,19 @@ type Overview struct {
 	OldestUnfinished time.Duration
 	// LastHour counts the keys first seen in the last hour.
 	LastHour int
+	// Minutes are the last hour's minutes, oldest first, the current one
+	// last: what happened to the keys in each.
+	Minutes []Minute
+}
+
+// Minute is what happened to the keys in one minute, read through indexes
+// that hold only that hour's rows, however many keys the table holds.
+type Minute struct {
+	At time.Time
+	// Started counts the keys first seen, Finished those that stored
+	// their response, and Held those put on hold for an operator (dead
+	// or unknown, and still so).
+	Started, Finished, Held int
 }
 
 // CountsByWorkflow returns the keys of each workflow by state, a key
@@ -55,7 +69,16 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour}, nil
+	workflows := slices.Collect(maps.Keys(counts))
+	minutes, err := store.Minutes(ctx, c.pool, time.Hour, workflows)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes))}
+	for i, m := range minutes {
+		o.Minutes[i] = Minute(m)
+	}
+	return o, nil
 }
 
 // KeyDetail is everything an operator sees of one key: its row, where it

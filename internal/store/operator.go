@@ -900,3 +900,78 @@ FROM atomicphase_audit WHERE ` + strings.Join(w, " AND ") + ` ORDER BY id DESC L
 	}
 	return entries, nil
 }
+
+// minutesSQL counts, for each minute since $1 ago, the keys first seen,
+// finished, and put on hold for an operator (dead or unknown) in it, each
+// through an index that holds only the rows of the window: the primary
+// key's UUIDv7 range for the keys first seen (as activitySQL), the
+// reaper's index on (workflow, finished_at) for the workflows $2 names,
+// and the held keys' index on (hold, last_run_at), a held key's last run
+// being the one that put it on hold.
+const minutesSQL = `
+WITH since AS (SELECT date_trunc('minute', now()) - $1::interval AS at)
+SELECT 'started', date_trunc('minute', k.created_at), count(*)
+FROM idempotency_keys k, since
+WHERE k.id >= (SELECT (substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-0000-0000-000000000000')::uuid
+               FROM lpad(to_hex((extract(epoch FROM since.at) * 1000)::bigint), 12, '0') AS h)
+  AND k.created_at >= since.at
+GROUP BY 2
+UNION ALL
+SELECT 'finished', date_trunc('minute', k.finished_at), count(*)
+FROM idempotency_keys k, since
+WHERE k.workflow = ANY($2) AND k.finished_at >= since.at
+GROUP BY 2
+UNION ALL
+SELECT 'held', date_trunc('minute', k.last_run_at), count(*)
+FROM idempotency_keys k, since
+WHERE k.hold IS NOT NULL AND k.last_run_at >= since.at
+GROUP BY 2`
+
+// Minute is what happened to the keys in one minute.
+type Minute struct {
+	At                      time.Time
+	Started, Finished, Held int
+}
+
+// Minutes returns, oldest first, one Minute for each minute of the last
+// window (the current minute included), counting the finished keys of
+// workflows only.
+func Minutes(ctx context.Context, q Querier, window time.Duration, workflows []string) ([]Minute, error) {
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT date_trunc('minute', now())`).Scan(&now); err != nil {
+		return nil, fmt.Errorf("store: minutes: %w", err)
+	}
+	n := int(window / time.Minute)
+	out := make([]Minute, n+1)
+	for i := range out {
+		out[i].At = now.Add(time.Duration(i-n) * time.Minute)
+	}
+	rows, err := q.Query(ctx, minutesSQL, window, workflows)
+	if err != nil {
+		return nil, fmt.Errorf("store: minutes: %w", err)
+	}
+	var (
+		series string
+		at     time.Time
+		count  int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&series, &at, &count}, func() error {
+		i := n - int(now.Sub(at)/time.Minute)
+		if i < 0 || i > n {
+			return nil
+		}
+		switch series {
+		case "started":
+			out[i].Started = count
+		case "finished":
+			out[i].Finished = count
+		case "held":
+			out[i].Held = count
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: minutes: %w", err)
+	}
+	return out, nil
+}

@@ -2,17 +2,20 @@ package consoletest_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/atomicphase/atomicphase/console/internal/consoletest"
 	browserpkg "github.com/atomicphase/atomicphase/internal/browser"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 )
@@ -397,6 +400,88 @@ func TestTheAuditShowsEachChangeAndFilters(t *testing.T) {
 		got := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table.audit > tbody > tr td.key")].map(td => td.innerText.split(" / ")[1])`))
 		if !slices.Equal(got, want) {
 			t.Errorf("audit?%s lists %q, want %q", query, got, want)
+		}
+	}
+}
+
+// seedHour spreads 90 keys over the last hour: each first seen in a
+// minute of it, two in three finished a minute later, every ninth held
+// as dead.
+func seedHour(t *testing.T, f *consoletest.Fixture) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 90 {
+		params := []byte(`{"item":"lamp","amount":1}`)
+		fp, err := keyrow.Fingerprint("payments", params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := store.Acquire(ctx, f.Pool, store.Request{Tenant: "seed", Key: fmt.Sprintf("seed-%02d", i), Workflow: "payments",
+			Fingerprint: fp, Params: params, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sql := range []string{
+		`UPDATE idempotency_keys SET created_at = now() - make_interval(mins => (substr(idempotency_key, 6)::int * 7) % 58 + 1),
+		        lock_token = NULL, lock_expires_at = NULL, locked_at = NULL WHERE tenant = 'seed'`,
+		`UPDATE idempotency_keys SET last_run_at = created_at WHERE tenant = 'seed'`,
+		`UPDATE idempotency_keys SET finished_at = created_at + interval '1 minute', recovery_point = 'finished',
+		        response_status = 201, response_body = '{}' WHERE tenant = 'seed' AND substr(idempotency_key, 6)::int % 3 <> 0`,
+		`UPDATE idempotency_keys SET hold = 'dead', last_error = 'provider unavailable'
+		  WHERE tenant = 'seed' AND substr(idempotency_key, 6)::int % 9 = 0`,
+	} {
+		if _, err := f.Pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestTheOverviewDrawsTheLastHourPerMinute(t *testing.T) {
+	t.Parallel()
+	f, srv, ctx := setup(t)
+	seedHour(t, f)
+	signIn(t, ctx, srv, "alice")
+	run(t, ctx, "overview", chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitVisible(css(`svg.chart`)),
+		screenshot("console-overview-chart"))
+	lines := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("svg.chart polyline")].map(p => p.classList[1] + ":" + p.points.length)`))
+	if !slices.Equal(lines, []string{"started:61", "finished:61", "held:61"}) {
+		t.Fatalf("the chart's lines are %q; want started, finished and held, a point a minute", lines)
+	}
+	sum := func(series string) int {
+		return get(t, ctx, chromedp.Evaluate[int](`[...document.querySelectorAll("svg.chart circle.`+series+` title")]
+			.map(el => parseInt(el.textContent.split(": ")[1])).reduce((a, b) => a + b, 0)`))
+	}
+	// The fixture's own keys are first seen now and its finished ones
+	// finish now: five finished, ten started, three held (two unknown,
+	// one dead), besides the seeded hour.
+	if started, finished, held := sum("started"), sum("finished"), sum("held"); started != 90+11 || finished != 60+5 || held != 10+3 {
+		t.Errorf("the chart counts %d started, %d finished, %d held; want 101, 65 and 13", started, finished, held)
+	}
+}
+
+// Every page at a laptop's width and at a phone's: nothing runs off the
+// side of the page (wide tables scroll in their own box).
+func TestEveryPageFitsALaptopAndAPhone(t *testing.T) {
+	t.Parallel()
+	f, srv, ctx := setup(t)
+	seedHour(t, f)
+	if err := f.Client.Retry(phase.WithActor(context.Background(), "carol"), "acme", "order-dead"); err != nil {
+		t.Fatal(err)
+	}
+	signIn(t, ctx, srv, "alice")
+	pages := map[string]string{
+		"overview": "/console/",
+		"keys":     "/console/keys?tenant=acme",
+		"key":      "/console/key?" + url.Values{"tenant": {"acme"}, "key": {f.UnknownKey}}.Encode(),
+		"audit":    "/console/audit",
+	}
+	for _, width := range []int64{1280, 390} {
+		for _, name := range []string{"overview", "keys", "key", "audit"} {
+			run(t, ctx, name, chromedp.EmulateViewport(width, 844), chromedp.Navigate(srv.URL+pages[name]),
+				chromedp.WaitVisible(css(`main h1`)), screenshot(fmt.Sprintf("console-%s-%d", name, width)))
+			if over := get(t, ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); over > int(width) {
+				t.Errorf("the %s page is %d px wide in a %d px window", name, over, width)
+			}
 		}
 	}
 }
