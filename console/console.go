@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
@@ -47,8 +48,9 @@ type AuthorizerFunc func(r *http.Request) (Principal, error)
 // Authorize calls f.
 func (f AuthorizerFunc) Authorize(r *http.Request) (Principal, error) { return f(r) }
 
-// TokenCookie is the cookie Token reads; 'atomicphase console' sets it
-// when an operator signs in with the token.
+// TokenCookie is the cookie Token reads. Browsers send a host's cookies
+// to every port of it: an application that serves two consoles on one host
+// name with Token gives each its own host name.
 const TokenCookie = "atomicphase_console_token"
 
 // Token returns an Authorizer that lets in, as name with Act access, the
@@ -82,17 +84,34 @@ type Config struct {
 	ReadOnly bool
 	// Logger receives the console's errors. Defaults to slog.Default().
 	Logger *slog.Logger
+	// CSRFCookie names the cookie that holds the token every form echoes.
+	// Browsers send a host's cookies to every port of it, so consoles
+	// served on one host name by different ports each need a name of
+	// their own. Defaults to "atomicphase_console_csrf".
+	CSRFCookie string
 }
+
+// DefaultCSRFCookie is the name of Config.CSRFCookie when it is empty.
+const DefaultCSRFCookie = "atomicphase_console_csrf"
+
+// maxForm is the largest form an action accepts.
+const maxForm = 1 << 20
 
 //go:embed templates static
 var files embed.FS
 
-// csrfCookie holds the token that every form echoes.
-const csrfCookie = "atomicphase_console_csrf"
+// SetSecurityHeaders sets the headers that every response of the console
+// carries: a Content-Security-Policy that allows the console's own script
+// and style files and nothing else (no inline script or style, no other
+// origin, no framing, forms posting only to the console), nosniff, no
+// framing, no referrer and no caching. A page served in front of the
+// console, as a sign-in page, sets them too.
+func SetSecurityHeaders(h http.Header) {
+	for k, v := range securityHeaders {
+		h.Set(k, v)
+	}
+}
 
-// securityHeaders are set on every response. The policy allows the
-// console's own script and style files and nothing else: no inline script
-// or style, no other origin, no framing, forms posting only to the console.
 var securityHeaders = map[string]string{
 	"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
 		"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -121,9 +140,10 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.CSRFCookie = cmp.Or(cfg.CSRFCookie, DefaultCSRFCookie)
 	c := &console{cfg: cfg, pages: map[string]*template.Template{}}
 	for _, name := range []string{"overview", "keys", "key", "bulk", "audit", "error"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
+		t, err := template.New("layout.html").Funcs(funcs).Funcs(template.FuncMap{"state": cfg.Client.StatusOf}).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: %w", err)
 		}
@@ -146,9 +166,7 @@ func New(cfg Config) (http.Handler, error) {
 	mux.Handle("POST /bulk", c.actor(c.bulk))
 	protect := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for k, v := range securityHeaders {
-			w.Header().Set(k, v)
-		}
+		SetSecurityHeaders(w.Header())
 		if err := protect.Check(r); err != nil {
 			c.fail(w, r, nil, http.StatusForbidden, "Cross-origin requests are refused.")
 			return
@@ -181,13 +199,13 @@ func (c *console) authorize(w http.ResponseWriter, r *http.Request, need Access)
 		return nil, false
 	}
 	rq := &request{who: who}
-	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) == 43 {
+	if ck, err := r.Cookie(c.cfg.CSRFCookie); err == nil && len(ck.Value) == 43 {
 		rq.csrf = ck.Value
 	} else {
 		var b [32]byte
 		_, _ = rand.Read(b[:])
 		rq.csrf = base64.RawURLEncoding.EncodeToString(b[:])
-		http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: rq.csrf, Path: "/", HttpOnly: true,
+		http.SetCookie(w, &http.Cookie{Name: c.cfg.CSRFCookie, Value: rq.csrf, Path: "/", HttpOnly: true,
 			Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	}
 	return rq, true
@@ -214,9 +232,18 @@ func (c *console) actor(h handler) http.Handler {
 		if !ok {
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+		if err := r.ParseForm(); err != nil {
+			if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+				c.fail(w, r, rq, http.StatusRequestEntityTooLarge, fmt.Sprintf(
+					"The form is larger than the console accepts (%d KiB); nothing changed.", maxForm>>10))
+				return
+			}
+			c.fail(w, r, rq, http.StatusBadRequest, "The form could not be read; nothing changed.")
+			return
+		}
 		form := r.PostFormValue("csrf")
-		ck, err := r.Cookie(csrfCookie)
+		ck, err := r.Cookie(c.cfg.CSRFCookie)
 		if err != nil || form == "" || subtle.ConstantTimeCompare([]byte(form), []byte(ck.Value)) != 1 {
 			c.fail(w, r, rq, http.StatusForbidden, "The form's security token is missing or stale; reload the page and try again.")
 			return
@@ -260,7 +287,7 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, rq *request, stat
 var flashes = map[string]string{
 	"unlocked":   "The lease was freed: the next request or the completer resumes the key now.",
 	"unheld":     "The key had no lease; nothing changed.",
-	"retried":    "The key is runnable again.",
+	"retried":    "The key is off hold and waiting to run again.",
 	"resolved":   "The resolution is recorded.",
 	"bulk":       "The bulk action is done; the audit lists every key it changed.",
 	"bulk-empty": "No key matched any more; nothing changed.",

@@ -190,7 +190,7 @@ func TestAnActionNeedsTheCSRFTokenActAccessAndAWritableConsole(t *testing.T) {
 	if code, _ := alice.post("/console/unlock", fresh); code != http.StatusSeeOther || leased() {
 		t.Fatalf("unlock with the token = %d, leased %v; want 303 and the lease freed", code, leased())
 	}
-	entries, err := f.Client.Audit(ctx, 0, 10)
+	entries, err := f.Client.Audit(ctx, keyrow.AuditFilter{Limit: 10})
 	if err != nil || len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionUnlock {
 		t.Fatalf("audit = %+v, %v; want alice's unlock alone", entries, err)
 	}
@@ -273,7 +273,7 @@ func TestAnUnlockFormFromBeforeANewLeaseIsRefusedAndTheLeaseKept(t *testing.T) {
 	if code != http.StatusConflict || !strings.Contains(body, "took the lease again") || !kept() {
 		t.Fatalf("stale unlock = %d, lease kept %v; want 409 saying a run took the lease, and the lease kept:\n%s", code, kept(), body)
 	}
-	entries, err := f.Client.Audit(ctx, 0, 10)
+	entries, err := f.Client.Audit(ctx, keyrow.AuditFilter{Limit: 10})
 	if err != nil || len(entries) != 1 || entries[0].Actor != "alice" || entries[0].Action != keyrow.ActionUnlock || entries[0].Refused == "" {
 		t.Fatalf("audit = %+v, %v; want alice's unlock, refused", entries, err)
 	}
@@ -309,7 +309,7 @@ func TestASecondResolutionFromAnOlderPageIsRefusedWith409(t *testing.T) {
 	if err != nil || row.RecoveryPoint != keyrow.Finished || !strings.Contains(string(row.ResponseBody), "ch_from_dashboard") {
 		t.Fatalf("key = %+v, %v; want finished with the first resolution's charge", row, err)
 	}
-	entries, err := f.Client.Audit(ctx, 0, 10)
+	entries, err := f.Client.Audit(ctx, keyrow.AuditFilter{Limit: 10})
 	if err != nil || len(entries) != 2 || entries[0].Refused == "" || entries[1].Refused != "" {
 		t.Fatalf("audit = %+v, %v; want the resolution, then the refused one", entries, err)
 	}
@@ -318,5 +318,20 @@ func TestASecondResolutionFromAnOlderPageIsRefusedWith409(t *testing.T) {
 	}
 	if err := json.Unmarshal(entries[0].Detail, &given); err != nil || given.Happened {
 		t.Fatalf("refused entry's detail %s: want the not-happened resolution it was given", entries[0].Detail)
+	}
+}
+
+func TestAnOversizedFormIsRefusedWith413AndSaysSo(t *testing.T) {
+	t.Parallel()
+	f := consoletest.New(t)
+	alice := open(t, f.Handler(t, false), "alice")
+	form := url.Values{"csrf": {alice.csrf("acme", "order-in-flight")}, "tenant": {"acme"}, "key": {"order-in-flight"},
+		"confirm": {"yes"}, "seen": {alice.seen("acme", "order-in-flight")}, "output": {strings.Repeat("x", 2<<20)}}
+	code, body := alice.post("/console/unlock", form)
+	if code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "larger than the console accepts") || strings.Contains(body, "security token") {
+		t.Fatalf("a 2 MiB form = %d:\n%s\nwant 413 saying the form is too large", code, body)
+	}
+	if row, err := f.Client.Inspect(context.Background(), "acme", "order-in-flight"); err != nil || row.LeaseExpiresAt == nil {
+		t.Fatalf("the refused form freed the lease: %+v, %v", row, err)
 	}
 }

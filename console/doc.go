@@ -5,7 +5,8 @@
 // # Pages
 //
 // The overview counts each workflow's keys by state, with the age of the
-// oldest unfinished key and the keys of the last hour; the key list
+// oldest unfinished key and the keys of the last hour, and draws the last
+// hour's keys started, finished and put on hold per minute; the key list
 // filters by state, workflow, tenant, key prefix and age, a page at a time;
 // a key's page shows its request as stored, its state, the workflow's
 // phases (which it passed, the downstream key of each foreign one), its
@@ -35,5 +36,8 @@
 // place it appears in (request bodies, keys and tenants are written by
 // clients), under a Content-Security-Policy that allows only the console's
 // own script and style files: no inline script, no framing, forms posting
-// only to the console. Config.ReadOnly removes every action.
+// only to the console. Text that clients wrote is isolated in <bdi>, with
+// the characters that are invisible or reorder text written out (U+202E
+// as \u202E), so that no name can pass for another. A form over 1 MiB is
+// answered 413. Config.ReadOnly removes every action.
 package console

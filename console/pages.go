@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -24,11 +26,22 @@ var states = []keyrow.Status{keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow
 	keyrow.StatusUnknown, keyrow.StatusDead, keyrow.StatusFinished}
 
 var funcs = template.FuncMap{
-	"ago":    ago,
+	"shown":   shown,
+	"ago":     ago,
+	"since":   since,
+	"chart":   chart,
+	"sorts":   func() any { return sorts },
+	"diff":    diff,
+	"written": written,
+	"tenantQuery": func(tenant string) template.URL {
+		return template.URL(url.Values{"tenant": {tenant}}.Encode())
+	},
+	"auditQuery": func(tenant, key string) template.URL {
+		return template.URL(url.Values{"tenant": {tenant}, "key": {key}}.Encode())
+	},
 	"dur":    round,
 	"pretty": pretty,
 	"body":   body,
-	"status": status,
 	"keyURL": keyURL,
 	"states": func() []keyrow.Status { return states },
 	"label":  func(s keyrow.Status) string { return strings.ReplaceAll(string(s), "_", " ") },
@@ -38,18 +51,89 @@ var funcs = template.FuncMap{
 	},
 }
 
-func ago(t any) string {
-	var at time.Time
+// ago shows when t was, as a duration and in UTC; the script adds the
+// reader's own time beside it. A nil time shows as a dash.
+func ago(t any) template.HTML {
+	at, ok := when(t)
+	if !ok {
+		return "—"
+	}
+	return template.HTML(fmt.Sprintf(`%s ago <time class="at" datetime="%s">%s</time>`,
+		round(time.Since(at)), at.UTC().Format(time.RFC3339), at.UTC().Format(utcLayout)))
+}
+
+// since shows when t was as a duration alone, for the tables: the UTC
+// time, and the reader's own once the script ran, are its tooltip.
+func since(t any) template.HTML {
+	at, ok := when(t)
+	if !ok {
+		return "—"
+	}
+	return template.HTML(fmt.Sprintf(`<time datetime="%s" title="%s">%s ago</time>`,
+		at.UTC().Format(time.RFC3339), at.UTC().Format(utcLayout), round(time.Since(at))))
+}
+
+const utcLayout = "2006-01-02 15:04:05 UTC"
+
+func when(t any) (time.Time, bool) {
 	switch v := t.(type) {
 	case time.Time:
-		at = v
+		return v, true
 	case *time.Time:
-		if v == nil {
-			return "—"
+		if v != nil {
+			return *v, true
 		}
-		at = *v
 	}
-	return round(time.Since(at)) + " ago (" + at.UTC().Format("2006-01-02 15:04:05 UTC") + ")"
+	return time.Time{}, false
+}
+
+// shown renders text a client or a person wrote (a tenant, a key, a
+// stored body, an error) for reading: isolated in a <bdi>, so that
+// right-to-left text in it cannot reorder the page around it, and with
+// every character that is invisible or changes the direction of what
+// follows (U+202E, zero-width spaces, control characters) written out as
+// \u202E in a marked span, so that "acme\u202Egpj.exe" cannot pass for
+// another name. Tabs and line feeds stay, for the bodies shown in <pre>.
+func shown(s string) template.HTML {
+	var b strings.Builder
+	b.WriteString("<bdi>")
+	start := 0
+	for i, r := range s {
+		if !hidden(r) {
+			continue
+		}
+		b.WriteString(template.HTMLEscapeString(s[start:i]))
+		fmt.Fprintf(&b, `<span class="ctl">\u%04X</span>`, r)
+		start = i + utf8.RuneLen(r)
+	}
+	b.WriteString(template.HTMLEscapeString(s[start:]))
+	b.WriteString("</bdi>")
+	return template.HTML(b.String())
+}
+
+// written is s as shown writes it, for plain text such as a page's title.
+func written(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if hidden(r) {
+			fmt.Fprintf(&b, `\u%04X`, r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// hidden reports whether r shows as nothing, or changes the direction of
+// the text after it, rather than as a glyph of its own.
+func hidden(r rune) bool {
+	switch {
+	case r == '\t' || r == '\n':
+		return false
+	case unicode.IsControl(r), unicode.Is(unicode.Cf, r), unicode.Is(unicode.Zl, r), unicode.Is(unicode.Zp, r):
+		return true
+	}
+	return false
 }
 
 func round(d time.Duration) string {
@@ -80,19 +164,6 @@ func body(b []byte) string {
 		return pretty(b)
 	}
 	return fmt.Sprintf("(%d bytes, not text; base64) %s", len(b), base64.StdEncoding.EncodeToString(b))
-}
-
-// status names where a key stands.
-func status(k *keyrow.Row) string {
-	switch {
-	case k.FinishedAt != nil:
-		return "finished"
-	case k.Hold != "":
-		return string(k.Hold)
-	case k.LeaseLeft > 0:
-		return "in flight"
-	}
-	return "runnable"
 }
 
 func count(c keyrow.Counts, s keyrow.Status) int {
@@ -136,6 +207,7 @@ func filterValues(f keyrow.ListFilter) url.Values {
 	if f.NewerThan > 0 {
 		v.Set("newer", f.NewerThan.String())
 	}
+	set("sort", string(f.Sort))
 	set("after", f.After)
 	return v
 }
@@ -147,9 +219,15 @@ func listURL(f keyrow.ListFilter) template.URL {
 // parseFilter reads a key filter from a query or a form.
 func parseFilter(v url.Values) (keyrow.ListFilter, error) {
 	f := keyrow.ListFilter{Status: keyrow.Status(v.Get("state")), Workflow: v.Get("workflow"), Tenant: v.Get("tenant"),
-		KeyPrefix: v.Get("prefix"), After: v.Get("after")}
+		KeyPrefix: v.Get("prefix"), Sort: keyrow.Sort(v.Get("sort")), After: v.Get("after")}
 	if f.Status != "" && !slices.Contains(states, f.Status) {
 		return f, errors.New("unknown state")
+	}
+	if !slices.Contains([]keyrow.Sort{"", keyrow.SortNewest, keyrow.SortOldest, keyrow.SortIdle}, f.Sort) {
+		return f, errors.New("unknown order")
+	}
+	if f.Sort == keyrow.SortIdle && (f.Status == "" || f.Status == keyrow.StatusFinished) {
+		return f, errors.New("idle longest first needs an unfinished state: choose one, or another order")
 	}
 	for name, d := range map[string]*time.Duration{"older": &f.OlderThan, "newer": &f.NewerThan} {
 		if s := v.Get(name); s != "" {
@@ -206,16 +284,36 @@ type keysData struct {
 	Older  string
 	Newer  string
 	Keys   []keyrow.Row
-	Next   template.URL
-	First  template.URL
-	Paged  bool
+	// Total counts the keys the filter selects, up to countLimit.
+	Total     int
+	TotalMore bool
+	Next      template.URL
+	First     template.URL
+	Paged     bool
+	// Filtered is set when any filter is; Clear lists every key.
+	Filtered bool
 	// Bulk links preview the bulk actions on the filter.
 	RetryURL, UnlockURL template.URL
 }
 
+// countLimit is where the key list stops counting: beyond it the list
+// says "more than".
+const countLimit = 10000
+
+// sorts are the orders the key list offers, by the value of its sort
+// parameter.
+var sorts = []struct {
+	Value keyrow.Sort
+	Label string
+}{{"", "default"}, {keyrow.SortNewest, "newest first"},
+	{keyrow.SortOldest, "oldest first"}, {keyrow.SortIdle, "idle longest first"}}
+
 func (c *console) keys(w http.ResponseWriter, r *http.Request, rq *request) {
 	f, err := parseFilter(r.URL.Query())
 	d := keysData{Filter: f, Older: r.URL.Query().Get("older"), Newer: r.URL.Query().Get("newer")}
+	all := f
+	all.After, all.Sort = "", ""
+	d.Filtered = len(filterValues(all)) > 0
 	if err != nil {
 		c.render(w, r, rq, http.StatusBadRequest, "keys", "Keys", d, err.Error())
 		return
@@ -225,10 +323,15 @@ func (c *console) keys(w http.ResponseWriter, r *http.Request, rq *request) {
 		c.storeFailed(w, r, rq, err)
 		return
 	}
+	if d.Total, err = c.cfg.Client.CountMatching(r.Context(), f, countLimit+1); err != nil {
+		c.storeFailed(w, r, rq, err)
+		return
+	}
+	d.Total, d.TotalMore = min(d.Total, countLimit), d.Total > countLimit
 	d.Keys = page.Keys
-	all := f
-	all.After = ""
-	d.First, d.Paged = listURL(all), f.After != ""
+	first := f
+	first.After = ""
+	d.First, d.Paged = listURL(first), f.After != ""
 	if page.Next != "" {
 		next := f
 		next.After = page.Next
@@ -247,7 +350,8 @@ func (c *console) keys(w http.ResponseWriter, r *http.Request, rq *request) {
 
 type keyData struct {
 	*phase.KeyDetail
-	Status string
+	// KeyState is where the key stands; State is its workflow's state.
+	KeyState keyrow.Status
 	// Awaiting is the phase whose outcome an unknown key awaits, when the
 	// workflow is registered.
 	Awaiting string
@@ -267,7 +371,7 @@ func (c *console) showKey(w http.ResponseWriter, r *http.Request, rq *request, t
 		c.storeFailed(w, r, rq, err)
 		return
 	}
-	kd := keyData{KeyDetail: d, Status: status(&d.Row)}
+	kd := keyData{KeyDetail: d, KeyState: c.cfg.Client.StatusOf(&d.Row)}
 	for _, p := range d.Phases {
 		if !p.Passed {
 			if p.Foreign && kd.Awaiting == "" {
@@ -278,7 +382,7 @@ func (c *console) showKey(w http.ResponseWriter, r *http.Request, rq *request, t
 			}
 		}
 	}
-	c.render(w, r, rq, code, "key", "Key "+key, kd, errMsg)
+	c.render(w, r, rq, code, "key", "Key "+written(key)+" of "+written(tenant), kd, errMsg)
 }
 
 // confirmed reports whether the form's confirmation box was ticked.
@@ -472,23 +576,102 @@ func (c *console) bulk(w http.ResponseWriter, r *http.Request, rq *request) {
 }
 
 type auditData struct {
-	Entries []keyrow.AuditEntry
-	Next    template.URL
+	Filter   keyrow.AuditFilter
+	Entries  []keyrow.AuditEntry
+	Next     template.URL
+	Filtered bool
+	Actions  []string
 }
 
 func (c *console) audit(w http.ResponseWriter, r *http.Request, rq *request) {
-	before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
-	const limit = keyrow.DefaultListLimit
-	entries, err := c.cfg.Client.Audit(r.Context(), max(before, 0), limit)
+	q := r.URL.Query()
+	f := keyrow.AuditFilter{Tenant: q.Get("tenant"), Key: q.Get("key"), Actor: q.Get("actor"), Action: q.Get("action"),
+		Limit: keyrow.DefaultListLimit}
+	f.Before, _ = strconv.ParseInt(q.Get("before"), 10, 64)
+	f.Before = max(f.Before, 0)
+	d := auditData{Filter: f, Actions: []string{keyrow.ActionUnlock, keyrow.ActionRetry, keyrow.ActionResolve}}
+	d.Filtered = f.Tenant != "" || f.Key != "" || f.Actor != "" || f.Action != ""
+	if f.Key != "" && f.Tenant == "" {
+		c.render(w, r, rq, http.StatusBadRequest, "audit", "Audit", d, "A key is named within its tenant: give the tenant too.")
+		return
+	}
+	entries, err := c.cfg.Client.Audit(r.Context(), f)
 	if err != nil {
 		c.storeFailed(w, r, rq, err)
 		return
 	}
-	d := auditData{Entries: entries}
-	if len(entries) == limit {
-		d.Next = template.URL("audit?before=" + strconv.FormatInt(entries[limit-1].ID, 10))
+	d.Entries = entries
+	if len(entries) == f.Limit {
+		v := url.Values{}
+		for name, value := range map[string]string{"tenant": f.Tenant, "key": f.Key, "actor": f.Actor, "action": f.Action} {
+			if value != "" {
+				v.Set(name, value)
+			}
+		}
+		v.Set("before", strconv.FormatInt(entries[f.Limit-1].ID, 10))
+		d.Next = template.URL("audit?" + v.Encode())
 	}
 	c.render(w, r, rq, http.StatusOK, "audit", "Audit", d, "")
+}
+
+// change is one field of a key, before and after an action.
+type change struct {
+	Field, Before, After string
+}
+
+// changes are the fields of a key that an audited action saw, before
+// and after it: those it changed, and those it left as they were.
+type changes struct {
+	Changed, Same []change
+}
+
+// diff lines up the fields of an audit entry's before and after by name;
+// a snapshot that is not a JSON object shows as one field.
+func diff(before, after json.RawMessage) changes {
+	var b, a map[string]json.RawMessage
+	if json.Unmarshal(before, &b) != nil || json.Unmarshal(after, &a) != nil {
+		c := change{Field: "key", Before: compact(before), After: compact(after)}
+		if bytes.Equal(before, after) {
+			return changes{Same: []change{c}}
+		}
+		return changes{Changed: []change{c}}
+	}
+	var out changes
+	names := map[string]bool{}
+	for name := range b {
+		names[name] = true
+	}
+	for name := range a {
+		names[name] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(names)) {
+		c := change{Field: name, Before: compact(b[name]), After: compact(a[name])}
+		if c.Before == c.After {
+			out.Same = append(out.Same, c)
+		} else {
+			out.Changed = append(out.Changed, c)
+		}
+	}
+	return out
+}
+
+// compact writes a JSON value on one line; null shows as a dash.
+func compact(v json.RawMessage) string {
+	var b bytes.Buffer
+	if len(v) == 0 {
+		return "—"
+	}
+	if json.Compact(&b, v) != nil {
+		return string(v)
+	}
+	var text string
+	switch {
+	case b.String() == "null":
+		return "—"
+	case json.Unmarshal(b.Bytes(), &text) == nil:
+		return text
+	}
+	return b.String()
 }
 
 // storeFailed logs an error of the store and answers 503: its text may

@@ -66,9 +66,9 @@ func setup(t *testing.T, o options) *env {
 	if e.workflow, err = paytest.Workflow(e.provider); err != nil {
 		t.Fatal(err)
 	}
-	e.client, err = phase.NewClient(pool, &phase.Config{LockTTL: o.lockTTL,
+	e.client, err = phase.NewClient(pool, &phase.Config{LeaseTTL: o.lockTTL,
 		Logger:    quiet(t),
-		Completer: recovery.CompleterConfig{MinIdle: -1, Backoff: -1}}, e.workflow)
+		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, e.workflow)
 	if err != nil {
 		t.Fatal(err)
 	}

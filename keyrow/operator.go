@@ -234,6 +234,22 @@ const (
 	ActionResolve = "resolve"
 )
 
+// AuditFilter selects audit entries; its zero value selects every entry,
+// newest first. Every condition set must hold.
+type AuditFilter struct {
+	// Tenant and Key select the entries of one key; Tenant alone, those
+	// of the tenant's keys.
+	Tenant, Key string
+	// Actor and Action select the entries of one actor and one action
+	// (ActionUnlock, ActionRetry, ActionResolve).
+	Actor, Action string
+	// Before selects the entries older than the entry with this id, the
+	// last of the previous page; zero starts at the newest.
+	Before int64
+	// Limit caps the entries returned. Defaults to DefaultListLimit.
+	Limit int
+}
+
 // AuditEntry is one operator action on one key, as the audit keeps it.
 type AuditEntry struct {
 	ID     int64     `json:"id"`

@@ -223,11 +223,29 @@ type ListFilter struct {
 	// this long ago by the database clock.
 	OlderThan time.Duration
 	NewerThan time.Duration
+	// Sort orders the listing. Defaults to SortIdle for the unfinished
+	// states and SortNewest otherwise.
+	Sort Sort
 	// After is the Next of the previous Page; empty starts at the first.
 	After string
 	// Limit caps the keys returned. Defaults to DefaultListLimit.
 	Limit int
 }
+
+// Sort is the order of a listing.
+type Sort string
+
+// The orders of a listing. Each pages through an index, however many keys
+// the table holds.
+const (
+	// SortNewest lists the keys most recently first seen first.
+	SortNewest Sort = "newest"
+	// SortOldest lists the keys first seen longest ago first.
+	SortOldest Sort = "oldest"
+	// SortIdle lists the keys whose last run is oldest first; it needs
+	// ListFilter.State to name an unfinished state.
+	SortIdle Sort = "idle"
+)
 
 // Page is one page of a listing.
 type Page struct {

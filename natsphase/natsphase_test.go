@@ -114,7 +114,7 @@ func setup(t *testing.T, duplicates time.Duration, crashFirst *phase.Point) *env
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
-	client, err := phase.NewClient(e.pool, &phase.Config{LockTTL: time.Second, Logger: logger}, w)
+	client, err := phase.NewClient(e.pool, &phase.Config{LeaseTTL: time.Second, Logger: logger}, w)
 	if err != nil {
 		t.Fatal(err)
 	}

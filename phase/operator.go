@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -33,6 +34,19 @@ type Overview struct {
 	OldestUnfinished time.Duration
 	// LastHour counts the keys first seen in the last hour.
 	LastHour int
+	// Minutes are the last hour's minutes, oldest first, the current one
+	// last: what happened to the keys in each.
+	Minutes []Minute
+}
+
+// Minute is what happened to the keys in one minute, read through indexes
+// that hold only that hour's rows, however many keys the table holds.
+type Minute struct {
+	At time.Time
+	// Started counts the keys first seen, Finished those that stored
+	// their response, and Held those put on hold for an operator (dead
+	// or unknown, and still so).
+	Started, Finished, Held int
 }
 
 // CountsByWorkflow returns the keys of each workflow by state, a key
@@ -55,7 +69,16 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour}, nil
+	workflows := slices.Collect(maps.Keys(counts))
+	minutes, err := store.Minutes(ctx, c.pool, time.Hour, workflows)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes))}
+	for i, m := range minutes {
+		o.Minutes[i] = Minute(m)
+	}
+	return o, nil
 }
 
 // KeyDetail is everything an operator sees of one key: its row, where it
@@ -90,7 +113,7 @@ func (c *Client) Describe(ctx context.Context, tenant, key string) (*KeyDetail, 
 		return nil, err
 	}
 	d := &KeyDetail{Row: *row}
-	if d.Audit, err = store.Audit(ctx, c.pool, store.AuditFilter{Tenant: tenant, Key: key}); err != nil {
+	if d.Audit, err = store.Audit(ctx, c.pool, keyrow.AuditFilter{Tenant: tenant, Key: key}); err != nil {
 		return nil, err
 	}
 	w, ok := c.describer(row)
@@ -325,11 +348,37 @@ func (c *Client) filter(f keyrow.ListFilter) keyrow.ListFilter {
 	return f
 }
 
-// Audit returns the operator actions recorded, newest first: up to limit
-// (keyrow.DefaultListLimit when zero) of those before the entry with id
-// before (all when zero).
-func (c *Client) Audit(ctx context.Context, before int64, limit int) ([]keyrow.AuditEntry, error) {
-	return store.Audit(ctx, c.pool, store.AuditFilter{Before: before, Limit: limit})
+// Audit returns the operator actions f selects, newest first. Each
+// filter reads one index of the audit, a page at a time.
+func (c *Client) Audit(ctx context.Context, f keyrow.AuditFilter) ([]keyrow.AuditEntry, error) {
+	return store.Audit(ctx, c.pool, f)
+}
+
+// StatusOf returns the keyrow.Status of k as it was read, named as Counts
+// and ListFilter name it: an unfinished key neither held nor leased is
+// waiting until it has been idle for the completer's StuckAfter, stuck after.
+func (c *Client) StatusOf(k *keyrow.Row) keyrow.Status {
+	switch {
+	case k.FinishedAt != nil:
+		return keyrow.StatusFinished
+	case k.Hold == keyrow.HoldUnknown:
+		return keyrow.StatusUnknown
+	case k.Hold != "":
+		return keyrow.StatusDead
+	case k.LeaseLeft > 0:
+		return keyrow.StatusInFlight
+	case time.Since(k.LastRunAt) < c.cfg.Completer.StuckAfter:
+		return keyrow.StatusWaiting
+	}
+	return keyrow.StatusStuck
+}
+
+// CountMatching counts the keys f selects (its cursor and limit aside),
+// up to upTo: a count of upTo means "upTo or more", so that counting a
+// broad filter never reads a large table whole. A zero StuckAfter means
+// the completer's StuckAfter.
+func (c *Client) CountMatching(ctx context.Context, f keyrow.ListFilter, upTo int) (int, error) {
+	return store.CountMatching(ctx, c.pool, c.filter(f), upTo)
 }
 
 // resolved acts on an operator's resolution, when one was recorded for

@@ -251,7 +251,7 @@ func defineAudit(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		entries, err := c.Audit(ctx, *before, *limit)
+		entries, err := c.Audit(ctx, keyrow.AuditFilter{Before: *before, Limit: *limit})
 		if err != nil {
 			return err
 		}

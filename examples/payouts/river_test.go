@@ -118,7 +118,7 @@ func setup(t *testing.T, b *bank) (*pgxpool.Pool, *phase.Client, *phase.Workflow
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(pool, &phase.Config{LockTTL: time.Second,
+	c, err := phase.NewClient(pool, &phase.Config{LeaseTTL: time.Second,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))}, w)
 	if err != nil {
 		t.Fatal(err)

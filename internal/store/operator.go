@@ -26,14 +26,20 @@ func (a *args) add(v any) string {
 	return "$" + strconv.Itoa(len(*a))
 }
 
-// ordered reports whether a listing of state runs idle longest first, on
-// last_run_at, rather than newest first, on the id.
-func ordered(state keyrow.Status) bool {
+// unfinished reports whether state is one of the unfinished states, whose
+// keys the partial indexes on last_run_at hold.
+func unfinished(state keyrow.Status) bool {
 	switch state {
 	case keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow.StatusStuck, keyrow.StatusUnknown, keyrow.StatusDead:
 		return true
 	}
 	return false
+}
+
+// byIdle reports whether f's listing runs on last_run_at, idle longest
+// first, rather than on the id.
+func byIdle(f keyrow.ListFilter) bool {
+	return f.Sort == keyrow.SortIdle || (f.Sort == "" && unfinished(f.Status))
 }
 
 // filterWhere returns the conditions that select f's keys, without its
@@ -95,21 +101,36 @@ func listSQL(f keyrow.ListFilter, limit int) (string, args, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	order := `id DESC`
-	if ordered(f.Status) {
+	switch f.Sort {
+	case "", keyrow.SortNewest, keyrow.SortOldest:
+	case keyrow.SortIdle:
+		if !unfinished(f.Status) {
+			// Only the partial indexes order keys by last_run_at; on
+			// every key it would be a sort of the whole table.
+			return "", nil, errors.New("sorting by idle time needs an unfinished state")
+		}
+	default:
+		return "", nil, fmt.Errorf("unknown sort %q", f.Sort)
+	}
+	idle := byIdle(f)
+	order, after := `id DESC`, `<`
+	switch {
+	case idle:
 		order = `last_run_at, id`
+	case f.Sort == keyrow.SortOldest:
+		order, after = `id`, `>`
 	}
 	if f.After != "" {
-		at, id, err := parseCursor(f.After, ordered(f.Status))
+		at, id, err := parseCursor(f.After, idle)
 		if err != nil {
 			return "", nil, err
 		}
-		if ordered(f.Status) {
+		if idle {
 			// The plain bound is what the index can range-scan on.
 			t, i := a.add(at), a.add(id)
 			w = append(w, `last_run_at >= `+t+` AND (last_run_at, id) > (`+t+`, `+i+`)`)
 		} else {
-			w = append(w, `id < `+a.add(id))
+			w = append(w, `id `+after+` `+a.add(id))
 		}
 	}
 	sql := `SELECT ` + keyInfoColumns + `
@@ -166,9 +187,30 @@ func List(ctx context.Context, q Querier, f keyrow.ListFilter) (keyrow.Page, err
 	}
 	if len(page.Keys) > limit {
 		page.Keys = page.Keys[:limit]
-		page.Next = cursor(&page.Keys[limit-1], ordered(f.Status))
+		page.Next = cursor(&page.Keys[limit-1], byIdle(f))
 	}
 	return page, nil
+}
+
+// CountMatching counts the keys f selects (its cursor and limit aside),
+// stopping at upTo: a count that reaches it means "upTo or more", so that
+// counting a broad filter never reads a large table whole.
+func CountMatching(ctx context.Context, q Querier, f keyrow.ListFilter, upTo int) (int, error) {
+	var a args
+	w, err := filterWhere(f, &a)
+	if err != nil {
+		return 0, fmt.Errorf("store: count matching: %w", err)
+	}
+	sql := `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys`
+	if len(w) > 0 {
+		sql += ` WHERE ` + strings.Join(w, ` AND `)
+	}
+	sql += ` LIMIT ` + a.add(upTo) + `) AS matching`
+	var n int
+	if err := q.QueryRow(ctx, sql, a...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count matching: %w", err)
+	}
+	return n, nil
 }
 
 // exactCountPages is the table size, in pages, up to which Count counts
@@ -825,22 +867,26 @@ func Fingerprint(ctx context.Context, q Querier, tenant, key string) ([]byte, er
 	return fp, nil
 }
 
-// AuditFilter selects audit entries: those of one key when Tenant and Key
-// are set, before the entry Before when it is positive, at most Limit.
-type AuditFilter struct {
-	Tenant, Key string
-	Before      int64
-	Limit       int
-}
-
 // Audit returns the audit entries f selects, newest first.
-func Audit(ctx context.Context, q Querier, f AuditFilter) ([]keyrow.AuditEntry, error) {
+func Audit(ctx context.Context, q Querier, f keyrow.AuditFilter) ([]keyrow.AuditEntry, error) {
 	var (
 		a args
 		w = []string{"true"}
 	)
-	if f.Tenant != "" || f.Key != "" {
+	// Each condition has an index that ends in the id, so a page walks
+	// one index backwards from Before: atomicphase_audit_key for a key or
+	// a tenant, atomicphase_audit_actor and atomicphase_audit_action.
+	switch {
+	case f.Key != "":
 		w = append(w, `tenant = `+a.add(f.Tenant), `idempotency_key = `+a.add(f.Key))
+	case f.Tenant != "":
+		w = append(w, `tenant = `+a.add(f.Tenant))
+	}
+	if f.Actor != "" {
+		w = append(w, `actor = `+a.add(f.Actor))
+	}
+	if f.Action != "" {
+		w = append(w, `action = `+a.add(f.Action))
 	}
 	if f.Before > 0 {
 		w = append(w, `id < `+a.add(f.Before))
@@ -853,4 +899,79 @@ FROM atomicphase_audit WHERE ` + strings.Join(w, " AND ") + ` ORDER BY id DESC L
 		return nil, fmt.Errorf("store: audit: %w", err)
 	}
 	return entries, nil
+}
+
+// minutesSQL counts, for each minute since $1 ago, the keys first seen,
+// finished, and put on hold for an operator (dead or unknown) in it, each
+// through an index that holds only the rows of the window: the primary
+// key's UUIDv7 range for the keys first seen (as activitySQL), the
+// reaper's index on (workflow, finished_at) for the workflows $2 names,
+// and the held keys' index on (hold, last_run_at), a held key's last run
+// being the one that put it on hold.
+const minutesSQL = `
+WITH since AS (SELECT date_trunc('minute', now()) - $1::interval AS at)
+SELECT 'started', date_trunc('minute', k.created_at), count(*)
+FROM idempotency_keys k, since
+WHERE k.id >= (SELECT (substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-0000-0000-000000000000')::uuid
+               FROM lpad(to_hex((extract(epoch FROM since.at) * 1000)::bigint), 12, '0') AS h)
+  AND k.created_at >= since.at
+GROUP BY 2
+UNION ALL
+SELECT 'finished', date_trunc('minute', k.finished_at), count(*)
+FROM idempotency_keys k, since
+WHERE k.workflow = ANY($2) AND k.finished_at >= since.at
+GROUP BY 2
+UNION ALL
+SELECT 'held', date_trunc('minute', k.last_run_at), count(*)
+FROM idempotency_keys k, since
+WHERE k.hold IS NOT NULL AND k.last_run_at >= since.at
+GROUP BY 2`
+
+// Minute is what happened to the keys in one minute.
+type Minute struct {
+	At                      time.Time
+	Started, Finished, Held int
+}
+
+// Minutes returns, oldest first, one Minute for each minute of the last
+// window (the current minute included), counting the finished keys of
+// workflows only.
+func Minutes(ctx context.Context, q Querier, window time.Duration, workflows []string) ([]Minute, error) {
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT date_trunc('minute', now())`).Scan(&now); err != nil {
+		return nil, fmt.Errorf("store: minutes: %w", err)
+	}
+	n := int(window / time.Minute)
+	out := make([]Minute, n+1)
+	for i := range out {
+		out[i].At = now.Add(time.Duration(i-n) * time.Minute)
+	}
+	rows, err := q.Query(ctx, minutesSQL, window, workflows)
+	if err != nil {
+		return nil, fmt.Errorf("store: minutes: %w", err)
+	}
+	var (
+		series string
+		at     time.Time
+		count  int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&series, &at, &count}, func() error {
+		i := n - int(now.Sub(at)/time.Minute)
+		if i < 0 || i > n {
+			return nil
+		}
+		switch series {
+		case "started":
+			out[i].Started = count
+		case "finished":
+			out[i].Finished = count
+		case "held":
+			out[i].Held = count
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: minutes: %w", err)
+	}
+	return out, nil
 }

@@ -80,7 +80,7 @@ func TestListPagesThroughEveryKeyOnceWithFilters(t *testing.T) {
 // audit returns the audit of the tenant's key, newest first.
 func audit(t *testing.T, db store.Querier, tenant, key string) []keyrow.AuditEntry {
 	t.Helper()
-	entries, err := store.Audit(context.Background(), db, store.AuditFilter{Tenant: tenant, Key: key})
+	entries, err := store.Audit(context.Background(), db, keyrow.AuditFilter{Tenant: tenant, Key: key})
 	if err != nil {
 		t.Fatal(err)
 	}

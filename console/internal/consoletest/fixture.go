@@ -25,6 +25,9 @@ const (
 	HostileKey    = `"><img src=x onerror="window.pwned='key'">`
 	HostileURLKey = `javascript:window.pwned='url'`
 	HostileNote   = `</pre><script>window.pwned="body"</script><a href="javascript:window.pwned='link'">x</a>`
+	// HostileBidiTenant reads "acmeexe.jpg" where a right-to-left
+	// override is obeyed.
+	HostileBidiTenant = "acme\u202Egpj.exe"
 )
 
 // Order is the fixture workflow's request.
@@ -56,7 +59,7 @@ type Fixture struct {
 
 // New returns a database with keys of the "payments" workflow in every
 // state (two finished, one in flight, one waiting, one stuck, one held as
-// unknown, one dead) and three with hostile tenants, keys and bodies.
+// unknown, one dead) and four with hostile tenants, keys and bodies.
 func New(t testing.TB) *Fixture {
 	t.Helper()
 	ctx := context.Background()
@@ -101,6 +104,7 @@ func New(t testing.TB) *Fixture {
 		{HostileTenant, "order-h1", Order{Item: "lamp", Amount: 1, Note: HostileNote}},
 		{"acme", HostileKey, Order{Item: "lamp", Amount: 2, Note: HostileNote}},
 		{"acme", HostileURLKey, Order{Item: "lost", Amount: 3, Note: HostileNote}},
+		{HostileBidiTenant, "order-bidi", Order{Item: "lamp", Amount: 4, Note: "\u202Eevil"}},
 	}
 	for _, r := range runs {
 		// Failures are the point for some of them.

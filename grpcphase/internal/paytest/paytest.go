@@ -125,7 +125,7 @@ func Workflow(p Provider) (*phase.Workflow[protophase.Request[*structpb.Struct],
 			func(ctx context.Context, in *In) (string, error) {
 				return p.Charge(ctx, in.DownstreamKey(), amountOf(in))
 			}, record),
-		func(ctx context.Context, in *In) (string, phase.Resolution, error) {
+		func(ctx context.Context, in *In) (string, phase.Verdict, error) {
 			id, found, err := p.Lookup(ctx, in.DownstreamKey())
 			switch {
 			case err != nil:

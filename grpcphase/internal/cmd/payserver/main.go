@@ -40,7 +40,7 @@ func run() error {
 		return err
 	}
 	// A short lease, so that a retry takes over a killed server's key soon.
-	c, err := phase.NewClient(pool, &phase.Config{LockTTL: time.Second,
+	c, err := phase.NewClient(pool, &phase.Config{LeaseTTL: time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, w)
 	if err != nil {
 		return err
