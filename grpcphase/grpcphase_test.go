@@ -250,7 +250,7 @@ func TestHundredIdenticalCallsRunOnce(t *testing.T) {
 // charge row, one provider call.
 func TestACrashBehindTheInterceptorIsResumedByTheClientsRetry(t *testing.T) {
 	t.Parallel()
-	e := setup(t, options{lockTTL: time.Second})
+	e := setup(t, options{leaseTTL: time.Second})
 	ctx := context.Background()
 	var rec phase.Recorder
 	req := protophase.Request[*structpb.Struct]{Method: paytest.Charge, Message: paytest.Request(500, "")}

@@ -44,7 +44,7 @@ type env struct {
 }
 
 type options struct {
-	lockTTL time.Duration
+	leaseTTL time.Duration
 	key     func(*structpb.Struct) string
 	pool    *pgxpool.Pool
 }
@@ -66,7 +66,7 @@ func setup(t *testing.T, o options) *env {
 	if e.workflow, err = paytest.Workflow(e.provider); err != nil {
 		t.Fatal(err)
 	}
-	e.client, err = phase.NewClient(pool, &phase.Config{LeaseTTL: o.lockTTL,
+	e.client, err = phase.NewClient(pool, &phase.Config{LeaseTTL: o.leaseTTL,
 		Logger:    quiet(t),
 		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1}}, e.workflow)
 	if err != nil {

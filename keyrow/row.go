@@ -51,7 +51,7 @@ var (
 	// ErrNotFound is returned when the tenant has no key by that name.
 	ErrNotFound = errors.New("keyrow: key not found")
 	// ErrNotHeld is returned when retrying a key that is not on hold: it is
-	// runnable, in flight or finished, so there is nothing to retry.
+	// waiting, stuck, in flight or finished, so there is nothing to retry.
 	ErrNotHeld = errors.New("keyrow: key is not on hold")
 	// ErrInvalidTenant is returned for an empty tenant, one longer than
 	// MaxTenantLength characters, or one that is not valid UTF-8 or holds a
@@ -107,11 +107,11 @@ const (
 	StatusFinished Status = "finished"
 	// StatusInFlight keys are unfinished and held by a live lease.
 	StatusInFlight Status = "in_flight"
-	// StatusWaiting keys are unfinished, runnable and unleased, and were
+	// StatusWaiting keys are unfinished, not on hold and unleased, and were
 	// touched recently: a client is expected to retry them, or the
 	// completer to take them once they have been idle long enough.
 	StatusWaiting Status = "waiting"
-	// StatusStuck keys are unfinished, runnable and unleased, and have been
+	// StatusStuck keys are unfinished, not on hold and unleased, and have been
 	// idle longer than the completer's idle threshold: its backlog.
 	StatusStuck Status = "stuck"
 	// StatusUnknown keys await reconciliation of a foreign call.
@@ -174,6 +174,25 @@ type Row struct {
 	// Resolution is an operator's resolution of an unknown outcome that no
 	// run has acted on yet; nil otherwise.
 	Resolution *Resolution `json:"resolution,omitempty"`
+}
+
+// Status returns the key's status as it was read, at now: an unfinished key
+// neither held nor leased is waiting until it has been idle for stuckAfter,
+// and stuck after that.
+func (r *Row) Status(stuckAfter time.Duration, now time.Time) Status {
+	switch {
+	case r.FinishedAt != nil:
+		return StatusFinished
+	case r.Hold == HoldUnknown:
+		return StatusUnknown
+	case r.Hold != "":
+		return StatusDead
+	case r.LeaseLeft > 0:
+		return StatusInFlight
+	case now.Sub(r.LastRunAt) < stuckAfter:
+		return StatusWaiting
+	}
+	return StatusStuck
 }
 
 // Counts is how many keys are in each Status.

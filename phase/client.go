@@ -508,7 +508,7 @@ func (c *Client) Unlock(ctx context.Context, tenant, key string, seen ...keyrow.
 	return store.Unlock(ctx, c.pool, tenant, key, s)
 }
 
-// Retry makes a key on hold runnable again, keeping its recovery point and
+// Retry takes a key off hold, to run again, keeping its recovery point and
 // state, and gives the completer its full MaxAttempts on it again.
 // Retrying a dead key is always safe. Retrying an unknown key is the
 // operator's word that the uncertain foreign call did not happen, or may

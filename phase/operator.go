@@ -29,7 +29,7 @@ type Overview struct {
 	// Workflows counts each workflow's keys by state (see
 	// Client.CountsByWorkflow).
 	Workflows map[string]keyrow.Counts
-	// OldestUnfinished is how long ago the oldest runnable unfinished key
+	// OldestUnfinished is how long ago the oldest unfinished key not on hold
 	// (in flight, waiting or stuck) was first seen; zero when there is none.
 	OldestUnfinished time.Duration
 	// LastHour counts the keys first seen in the last hour.
@@ -58,7 +58,7 @@ func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts
 }
 
 // Overview returns the counts of every workflow, the age of the oldest
-// runnable unfinished key and the keys of the last hour. None of it reads
+// unfinished key not on hold and the keys of the last hour. None of it reads
 // the finished keys of a large table.
 func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	counts, err := c.CountsByWorkflow(ctx)
@@ -358,19 +358,7 @@ func (c *Client) Audit(ctx context.Context, f keyrow.AuditFilter) ([]keyrow.Audi
 // and ListFilter name it: an unfinished key neither held nor leased is
 // waiting until it has been idle for the completer's StuckAfter, stuck after.
 func (c *Client) StatusOf(k *keyrow.Row) keyrow.Status {
-	switch {
-	case k.FinishedAt != nil:
-		return keyrow.StatusFinished
-	case k.Hold == keyrow.HoldUnknown:
-		return keyrow.StatusUnknown
-	case k.Hold != "":
-		return keyrow.StatusDead
-	case k.LeaseLeft > 0:
-		return keyrow.StatusInFlight
-	case time.Since(k.LastRunAt) < c.cfg.Completer.StuckAfter:
-		return keyrow.StatusWaiting
-	}
-	return keyrow.StatusStuck
+	return k.Status(c.cfg.Completer.StuckAfter, time.Now())
 }
 
 // CountMatching counts the keys f selects (its cursor and limit aside),

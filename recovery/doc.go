@@ -23,7 +23,7 @@
 // A key the completer keeps failing is retried with growing backoff, and
 // after [CompleterConfig.MaxAttempts] failures of the completer's own moves
 // to the dead hold for an operator, but only once it is abandoned: a key a
-// client retried within StuckAfter is never buried, so a client that keeps
+// client retried within StuckAfter is never marked dead, so a client that keeps
 // retrying while a provider is down converges once the provider recovers.
 // Each run of the completer is bounded by the client's RunTimeout, so one
 // hung key cannot stall a pass.

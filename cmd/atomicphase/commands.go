@@ -37,7 +37,7 @@ Exits with status 3 if the tenant has no such key.`,
 List the keys the flags select, a page at a time. With -state (or its
 shorthands -stuck, -unknown and -dead), only the keys in that state:
 
-  stuck      unfinished, runnable keys with no live lease and idle for longer
+  stuck      unfinished keys, not on hold, with no live lease and idle for longer
              than -stuck-after: the completer's backlog. A few are normal; a
              growing list means no completer runs, or it keeps failing.
   unknown    keys whose last foreign call may or may not have happened,
@@ -78,9 +78,9 @@ note if the key had no lease.`,
 	},
 	{
 		name: "retry", args: "TENANT KEY", nargs: 2,
-		summary: "make a dead or unknown key runnable again",
+		summary: "take a dead or unknown key off hold, to run again",
 		detail: `
-Make a key on hold runnable again, keeping its recovery point, state and
+Take a key off hold, to run again, keeping its recovery point, state and
 last error, and give the completer its full MaxAttempts on it again. The
 next request for the key resumes it at once; the completer takes it once it
 has been idle for the completer's StuckAfter (a minute by default).
@@ -176,7 +176,7 @@ authentication, for those.`,
 		summary: "close abandoned keys and delete expired ones",
 		detail: `
 Run the reaper once, as the application's phase.Client does. It first
-gives abandoned keys (dead, or runnable and idle for the whole retention,
+gives abandoned keys (dead, or off hold and idle for the whole retention,
 with no live lease) a terminal 500 "request abandoned" response, then
 deletes, batch after batch, the finished keys whose response is older than
 the retention. Keys it closes are deleted a retention later. Keys in flight
@@ -202,7 +202,7 @@ to the total:
 
   finished   the response is stored
   in flight  unfinished and held by a live lease
-  waiting    unfinished, runnable, with no live lease and idle for at most
+  waiting    unfinished, not on hold, with no live lease and idle for at most
              -stuck-after: a client is expected to retry it, or the
              completer to take it once it has been idle long enough
   stuck      like waiting, but idle for longer than -stuck-after: the
@@ -378,8 +378,8 @@ func defineRetry(fs *flag.FlagSet) action {
 				RecoveryPoint string      `json:"recovery_point"`
 			}{tenant, key, info.Hold, info.RecoveryPoint})
 		}
-		_, err = fmt.Fprintf(s.stdout, "key %s of tenant %s was %s and is runnable again at recovery point %s:\n"+
-			"the next request resumes it now, the completer once it has been idle for its StuckAfter\n",
+		_, err = fmt.Fprintf(s.stdout, "key %s of tenant %s was %s and is off hold, waiting at recovery point %s:\n"+
+			"the next request resumes it now, the completer once it has been idle for its stuck-after\n",
 			clean(key), clean(tenant), info.Hold, clean(info.RecoveryPoint))
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // Widths past which text output shortens a value; -json never does.
@@ -226,18 +227,9 @@ func printMigrations(w io.Writer, ms []atomicphase.Migration) error {
 	return nil
 }
 
-// status names the state of a key in the words the commands use.
+// status names the status of a key as Counts and the list filter do.
 func status(k *keyrow.Row) string {
-	switch {
-	case k.Hold != "":
-		return string(k.Hold)
-	case k.RecoveryPoint == keyrow.Finished:
-		return "finished"
-	case k.LeaseLeft > 0:
-		return "in flight"
-	default:
-		return "runnable"
-	}
+	return string(k.Status(recovery.DefaultStuckAfter, time.Now()))
 }
 
 // clean makes s safe to print in a table: tenants, keys and errors come

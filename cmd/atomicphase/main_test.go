@@ -466,7 +466,7 @@ func TestRetryOfAnUnknownKeyNeedsConfirmation(t *testing.T) {
 	}
 
 	out := ok(t, dsn, "retry", "-confirm-unknown", "acme", "order-1")
-	if !strings.Contains(out, "was unknown and is runnable again") {
+	if !strings.Contains(out, "was unknown and is off hold, waiting") {
 		t.Fatalf("retry -confirm-unknown output:\n%s", out)
 	}
 	if out, _ := acquire(t, db, "acme", "order-1"); out != store.Resumed {

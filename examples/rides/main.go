@@ -117,11 +117,11 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 	svc := exampleprog.ServiceFlags(fs, "127.0.0.1:8080")
 	stripeURL := fs.String("stripe-url", "", "Stripe API base `URL`, required: the fake Stripe's (rides fakestripe), stripe-mock's,\nor https://api.stripe.com with -stripe-key")
 	stripeKey := exampleprog.SecretString(fs, "stripe-key", "STRIPE_API_KEY", "sk_test_rides", "Stripe secret `key` (default $STRIPE_API_KEY, or sk_test_rides when it is empty)")
-	lockTTL := fs.Duration("lock-ttl", 0, "idempotency key lease (default 90s)")
+	leaseTTL := fs.Duration("lease-ttl", 0, "idempotency key lease (default 90s)")
 	crashRate := fs.Float64("crash-rate", 0, "probability of a simulated crash at each fault point (for chaos testing)")
 	noCompleter := fs.Bool("no-completer", false, "do not run the completer")
 	completerInterval := fs.Duration("completer-interval", 0, "how often the completer looks for unfinished keys (default 5s)")
-	completerMinIdle := fs.Duration("completer-min-idle", 0, "how long a key must sit idle before the completer takes it (default 1m)")
+	completerStuckAfter := fs.Duration("completer-stuck-after", 0, "how long a key must sit idle before the completer takes it (default 1m)")
 	noReaper := fs.Bool("no-reaper", false, "do not run the reaper")
 	noWorker := fs.Bool("no-worker", false, "do not run the River receipt worker")
 	accept := fs.Bool("accept", false, "answer 202 Accepted once the ride is created, with its status at GET /rides/status/{key},\nand charge in the background")
@@ -159,8 +159,8 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) (err error) 
 		Pool:   svc.Pool,
 		Stripe: ride.NewStripeClient(*stripeURL, *stripeKey, tel.httpClient()),
 		Client: phase.Config{
-			LeaseTTL:  *lockTTL,
-			Completer: recovery.CompleterConfig{Interval: *completerInterval, StuckAfter: *completerMinIdle},
+			LeaseTTL:  *leaseTTL,
+			Completer: recovery.CompleterConfig{Interval: *completerInterval, StuckAfter: *completerStuckAfter},
 			Hooks:     tel.hooks(),
 		},
 		WithoutWorker: *noWorker,

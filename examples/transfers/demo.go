@@ -32,7 +32,7 @@ import (
 // expires, by its client's retry or by the completer; the short lease keeps
 // the demo short.
 const (
-	demoLockTTL = 2 * time.Second
+	demoLeaseTTL = 2 * time.Second
 	// demoCrashRate is the probability that a request crashes at each
 	// fault point it passes (about a dozen for an external transfer).
 	demoCrashRate = 0.02
@@ -102,7 +102,7 @@ Its database is throwaway unless -database-url or DATABASE_URL names one, which
 		return err
 	}
 	client, err := phase.NewClient(db, &phase.Config{
-		LeaseTTL: demoLockTTL,
+		LeaseTTL: demoLeaseTTL,
 		Logger:   logger,
 		Hooks:    []phase.Hook{events},
 		Completer: recovery.CompleterConfig{
@@ -137,7 +137,7 @@ Its database is throwaway unless -database-url or DATABASE_URL names one, which
 		return err
 	}
 	fmt.Fprintf(stdout, "%d clients for %v; crashes at %.0f%% of fault points, lease %v; payout provider failing %.0f%% before paying and dropping %.0f%% of answers after paying\n",
-		*concurrency, *duration, 100*demoCrashRate, demoLockTTL, 100*demoFaults.FailBeforeRate, 100*demoFaults.TimeoutAfterRate)
+		*concurrency, *duration, 100*demoCrashRate, demoLeaseTTL, 100*demoFaults.FailBeforeRate, 100*demoFaults.TimeoutAfterRate)
 	fmt.Fprintf(stdout, "accounts: %s\n\n", describe(accounts))
 
 	t := &traffic{api: apiURL, http: oneConnPerRequest, accounts: accounts, prefix: "demo-" + strings.ToLower(rand.Text()[:8]),

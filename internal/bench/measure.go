@@ -33,9 +33,9 @@ const MaxConns = 32
 // benchmarks compare.
 var Concurrencies = []int{1, 8, 32}
 
-// lockTTL is the lease of every library run, and of the acquires the
+// leaseTTL is the lease of every library run, and of the acquires the
 // benchmarks send alone: the default.
-const lockTTL = lockttl.DefaultTTL
+const leaseTTL = lockttl.DefaultTTL
 
 // Env is a database with the library's schema, the workflow's tables and
 // the baseline's, and a pool whose statements are counted.
@@ -108,7 +108,7 @@ func (e *Env) open(ctx context.Context) error {
 	// The client is never started: the completer and the reaper do not run
 	// beside the requests measured. Nothing logs below Info, as in
 	// production.
-	e.client, err = phase.NewClient(e.Pool, &phase.Config{LeaseTTL: lockTTL, Hooks: []phase.Hook{phase.ObserverFunc(e.observe)}}, e.workflow, e.rides)
+	e.client, err = phase.NewClient(e.Pool, &phase.Config{LeaseTTL: leaseTTL, Hooks: []phase.Hook{phase.ObserverFunc(e.observe)}}, e.workflow, e.rides)
 	if err != nil {
 		return err
 	}
@@ -402,7 +402,7 @@ func (e *Env) keyRequest(key string, ttl time.Duration) (store.Request, error) {
 }
 
 func (e *Env) acquire(ctx context.Context, key string, want store.Outcome) error {
-	req, err := e.keyRequest(key, lockTTL)
+	req, err := e.keyRequest(key, leaseTTL)
 	if err != nil {
 		return err
 	}

@@ -44,9 +44,9 @@ const soakEnv = "ATOMICPHASE_CHAOS_SOAK"
 const (
 	// apiProcesses is how many `rides serve` processes share the database.
 	apiProcesses = 3
-	// lockTTL is the API's lease, short so that the runs of killed
+	// leaseTTL is the API's lease, short so that the runs of killed
 	// processes are taken over within the test.
-	lockTTL = 2 * time.Second
+	leaseTTL = 2 * time.Second
 	// stripeKey is the API key the API processes and the checks use.
 	stripeKey = "sk_test_chaos"
 	// settleTimeout bounds the wait for the completer to finish every key.
@@ -421,7 +421,7 @@ func setup(t *testing.T, sc scenario) *system {
 		addr := freeAddr(t)
 		args := []string{"serve", "-addr", addr,
 			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey,
-			"-lock-ttl", lockTTL.String(), "-completer-interval", "500ms", "-completer-min-idle", "1s"}
+			"-lease-ttl", leaseTTL.String(), "-completer-interval", "500ms", "-completer-stuck-after", "1s"}
 		if sc.accept {
 			args = append(args, "-accept")
 		}
@@ -646,14 +646,14 @@ type settled struct {
 // settle runs a completer with no idle time and no backoff until every key
 // is finished and none is locked, retrying dead keys as an operator would,
 // and returns what it did with the final report. Leases of killed runs
-// expire within lockTTL, so a couple of passes usually suffice.
+// expire within leaseTTL, so a couple of passes usually suffice.
 func (s *system) settle(ctx context.Context) (settled, ride.Report, error) {
 	var out settled
 	sc := s.stripeClient()
 	app, err := ride.New(ride.Config{
 		Pool: s.pool, Stripe: sc, Logger: quiet,
 		Client: phase.Config{
-			LeaseTTL:  lockTTL,
+			LeaseTTL:  leaseTTL,
 			Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: -1, Interval: -1},
 			Reaper:    recovery.ReaperConfig{Interval: -1},
 		},
