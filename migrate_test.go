@@ -495,6 +495,7 @@ func ExampleMigrations() {
 	// 007_scrub_replayed_headers
 	// 008_record_retention
 	// 009_audit_refusals
+	// 010_status_history
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {

@@ -153,6 +153,34 @@ COMMENT ON COLUMN atomicphase_audit.refused IS
 CREATE INDEX IF NOT EXISTS atomicphase_audit_key
     ON atomicphase_audit (tenant, idempotency_key, id);
 
+-- The audit page's filters by actor and by action, newest first.
+CREATE INDEX IF NOT EXISTS atomicphase_audit_actor
+    ON atomicphase_audit (actor, id);
+CREATE INDEX IF NOT EXISTS atomicphase_audit_action
+    ON atomicphase_audit (action, id);
+
+-- The unfinished keys of each workflow by status, a row set a minute,
+-- recorded by the completer for the console's chart and deleted by the
+-- reaper after a day. See migrations/010_status_history.up.sql.
+CREATE TABLE IF NOT EXISTS atomicphase_status_history (
+    minute   timestamptz NOT NULL,
+    workflow text        NOT NULL,
+    status   text        NOT NULL,
+    keys     integer     NOT NULL,
+    PRIMARY KEY (minute, workflow, status)
+);
+
+COMMENT ON TABLE atomicphase_status_history IS
+    'The unfinished keys of each workflow by status, one row set a minute, recorded by the first completer pass of the minute; the reaper deletes rows older than a day.';
+COMMENT ON COLUMN atomicphase_status_history.minute IS
+    'The minute counted, by the database clock.';
+COMMENT ON COLUMN atomicphase_status_history.workflow IS
+    'The workflow whose keys were counted.';
+COMMENT ON COLUMN atomicphase_status_history.status IS
+    'The status counted: in_flight, waiting, stuck, unknown or dead (keyrow.Status).';
+COMMENT ON COLUMN atomicphase_status_history.keys IS
+    'How many of the workflow''s keys were in the status at that minute.';
+
 -- Raised by fenced statements when the caller's lease token no longer matches,
 -- so that a pipelined COMMIT after the statement turns into a rollback.
 CREATE OR REPLACE FUNCTION atomicphase_lease_lost() RETURNS void

@@ -26,13 +26,14 @@ var states = []keyrow.Status{keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow
 	keyrow.StatusUnknown, keyrow.StatusDead, keyrow.StatusFinished}
 
 var funcs = template.FuncMap{
-	"shown":   shown,
-	"ago":     ago,
-	"since":   since,
-	"chart":   chart,
-	"sorts":   func() any { return sorts },
-	"diff":    diff,
-	"written": written,
+	"shown":        shown,
+	"ago":          ago,
+	"since":        since,
+	"chart":        chart,
+	"statusCharts": statusCharts,
+	"sorts":        func() any { return sorts },
+	"diff":         diff,
+	"written":      written,
 	"tenantQuery": func(tenant string) template.URL {
 		return template.URL(url.Values{"tenant": {tenant}}.Encode())
 	},
@@ -44,7 +45,7 @@ var funcs = template.FuncMap{
 	"body":   body,
 	"keyURL": keyURL,
 	"states": func() []keyrow.Status { return states },
-	"label":  func(s keyrow.Status) string { return strings.ReplaceAll(string(s), "_", " ") },
+	"label":  label,
 	"count":  count,
 	"listURL": func(state keyrow.Status, workflow string) template.URL {
 		return listURL(keyrow.ListFilter{Status: state, Workflow: workflow})
@@ -183,6 +184,9 @@ func count(c keyrow.Counts, s keyrow.Status) int {
 	}
 	return 0
 }
+
+// label is a status as the pages write it: "in flight".
+func label(s keyrow.Status) string { return strings.ReplaceAll(string(s), "_", " ") }
 
 // keyURL is the relative address of a key's page. Its parts are
 // percent-encoded, so it is safe as a template.URL whatever the key holds.

@@ -37,6 +37,9 @@ type Overview struct {
 	// Minutes are the last hour's minutes, oldest first, the current one
 	// last: what happened to the keys in each.
 	Minutes []Minute
+	// History is the last hour's unfinished keys of each workflow by
+	// status, as the completers recorded them (see Client.History).
+	History []StatusMinute
 }
 
 // Minute is what happened to the keys in one minute, read through indexes
@@ -58,8 +61,9 @@ func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts
 }
 
 // Overview returns the counts of every workflow, the age of the oldest
-// unfinished key not on hold and the keys of the last hour. None of it reads
-// the finished keys of a large table.
+// unfinished key not on hold, the keys of the last hour and the status
+// history of the last hour. None of it reads the finished keys of a large
+// table.
 func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	counts, err := c.CountsByWorkflow(ctx)
 	if err != nil {
@@ -74,7 +78,11 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes))}
+	history, err := c.History(ctx, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)), History: history}
 	for i, m := range minutes {
 		o.Minutes[i] = Minute(m)
 	}

@@ -36,6 +36,7 @@ type Completer struct {
 	ttl                    time.Duration
 	log                    *slog.Logger
 	bg                     background
+	history                history
 	// Around, when set, wraps every pass (the client's pass wrappers).
 	Around func(ctx context.Context, pass func(context.Context) (PassResult, error)) (PassResult, error)
 	// Observe, when set, receives the completer's events (the client's
@@ -75,6 +76,7 @@ func (c *Completer) pass(ctx context.Context) (PassResult, error) {
 		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: buried})
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
+	c.recordHistory(ctx)
 	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),

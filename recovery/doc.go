@@ -47,6 +47,16 @@
 // effects, and one retention later the reaper deletes it like any finished
 // key. Keys in flight or awaiting reconciliation are never touched.
 //
+// # Status history
+//
+// The first completer pass of each minute also records the unfinished keys
+// of each workflow by status in the atomicphase_status_history table, for
+// the console's chart: one INSERT ... SELECT that counts them from the
+// partial indexes of the unfinished keys (never a finished key) and keeps
+// the row set of the minute that another process wrote first. The reaper
+// deletes the rows older than a day, one DELETE a run. On a key table
+// distributed with Citus nothing is recorded.
+//
 // # Metrics
 //
 // The completer's and reaper's events (completed, completer_failed, dead,

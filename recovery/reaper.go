@@ -15,6 +15,7 @@ import (
 
 // Reaper deletes finished keys once their retention is over, in small
 // batches, and closes abandoned keys first so that they can be deleted too.
+// It also deletes the status history older than a day.
 // A phase.Client builds one from Config.Reaper and runs it.
 // It judges only the keys of the workflows it was given, each with its own
 // retention, and never deletes a key before the retention the key recorded.
@@ -100,6 +101,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
 		r.observe(ctx, keyrow.Event{Kind: keyrow.EventAbandoned, Count: res.Abandoned})
 		r.log.Warn("abandoned keys closed with a terminal response", "count", res.Abandoned)
 	}
+	r.trimHistory(ctx)
 	scopes, err := r.Scopes(ctx)
 	if err != nil {
 		return res, err
