@@ -48,13 +48,18 @@ func Example_reaper() {
 	if _, err := client.Unlock(ctx, "acme", "abandoned"); err != nil { // its process is gone
 		log.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond)
-
-	res, err := client.Reap(ctx) // what Start runs every Interval
-	if err != nil {
-		log.Fatal(err)
+	// Start runs the reaper every Interval; here it runs twice, a moment
+	// apart, past the retention of every key.
+	var reaped, abandoned int
+	for range 2 {
+		time.Sleep(10 * time.Millisecond)
+		res, err := client.Reap(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		reaped, abandoned = reaped+res.Reaped, abandoned+res.Abandoned
 	}
-	fmt.Println("reaped:", res.Reaped, "abandoned:", res.Abandoned)
+	fmt.Println("reaped:", reaped, "abandoned:", abandoned)
 	counts, err := client.Counts(ctx)
 	if err != nil {
 		log.Fatal(err)
