@@ -30,8 +30,8 @@ const (
 	// DefaultMaxPhaseRetries is how many times a phase is run again after a
 	// serialization failure or deadlock before the run fails.
 	DefaultMaxPhaseRetries = 5
-	// DefaultRetryBackoff is the first pause before such a retry; it doubles,
-	// with jitter, on each further one.
+	// DefaultRetryBackoff is the first pause before such a retry. It
+	// doubles, with jitter, on each further one.
 	DefaultRetryBackoff = 5 * time.Millisecond
 	// DefaultDownstreamKeyPrefix starts every downstream idempotency key.
 	DefaultDownstreamKeyPrefix = "atomicphase"
@@ -42,23 +42,28 @@ type Config struct {
 	// LeaseTTL is the lease length: how long a run may go without renewing
 	// its lease before another run may take the key over. The run, the
 	// completer and every process must agree on it, so it is set here once.
-	// Every phase commit renews it, and a foreign call renews it every third
-	// of it while it runs (and before it starts, unless the commit before it
-	// was just sent). Defaults to
-	// lockttl.DefaultTTL; at least lockttl.MinTTL.
+	//
+	// Every phase commit renews the lease. A foreign call renews it every
+	// third of it while it runs, and before it starts unless the commit
+	// before it was just sent.
+	//
+	// Must be at least lockttl.MinTTL. Defaults to lockttl.DefaultTTL.
 	LeaseTTL time.Duration
 	// CallTimeout bounds each foreign call. A call that exceeds it has an
-	// unknown outcome: a Repeatable phase is repeated with the same
-	// downstream key by the next run, any other is held for reconciliation.
-	// Defaults to DefaultCallTimeout; -1 disables the limit.
+	// unknown outcome. The next run repeats a Repeatable phase's call with
+	// the same downstream key. Any other phase is held for reconciliation.
+	//
+	// Defaults to DefaultCallTimeout. -1 disables the limit.
 	CallTimeout time.Duration
 	// RunTimeout bounds one run of a key, the completer's included. A run
-	// that exceeds it stops, keeps its committed phases and frees the key,
-	// so a retry or the completer resumes it. Defaults to DefaultRunTimeout;
-	// -1 disables the limit.
+	// that exceeds it stops, keeps its committed phases and frees the key.
+	// A retry or the completer then resumes it.
+	//
+	// Defaults to DefaultRunTimeout. -1 disables the limit.
 	RunTimeout time.Duration
 	// MaxPhaseRetries bounds the re-runs of a phase after a serialization
-	// failure or deadlock. Defaults to DefaultMaxPhaseRetries; -1 means none.
+	// failure or deadlock. Defaults to DefaultMaxPhaseRetries. -1 means
+	// none.
 	MaxPhaseRetries int
 	// RetryBackoff is the first pause before such a re-run. Defaults to
 	// DefaultRetryBackoff.
@@ -73,13 +78,19 @@ type Config struct {
 	DownstreamKeyPrefix string
 	// Logger receives the client's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hooks observe, wrap and fault the client's work: each receives what
-	// the interfaces it implements say (see Hook). Wrappers apply in
-	// order, the first outermost. Defaults to none.
+	// Hooks observe, wrap and fault the client's work. Each receives what
+	// the interfaces it implements say (see [Hook]). Wrappers apply in
+	// order, the first outermost:
+	//
+	//	Hooks: []phase.Hook{otelHook, phase.ObserverFunc(count)}
+	//
+	// Defaults to none.
 	Hooks []Hook
-	// Completer configures the completer that Start runs.
+	// Completer configures the completer that Start runs. Its zero value
+	// means recovery's defaults.
 	Completer recovery.CompleterConfig
-	// Reaper configures the reaper that Start runs.
+	// Reaper configures the reaper that Start runs. Its zero value means
+	// recovery's defaults.
 	Reaper recovery.ReaperConfig
 }
 
@@ -212,14 +223,17 @@ var ErrNotRegistered = errors.New("phase: workflow is not registered with the cl
 // handler answers it with 503 and Retry-After.
 var ErrStopped = errors.New("phase: client is stopping")
 
-// Client runs workflows under idempotency keys and owns the services that
+// Client runs workflows under idempotency keys. It owns the services that
 // finish and clean up keys without a client: the completer and the reaper.
-// One Client serves every request of a process; it is safe for concurrent
+// One Client serves every request of a process. It is safe for concurrent
 // use.
 //
-// A process that only serves sets Config.Completer.Interval and
-// Config.Reaper.Interval to -1 (or never calls Start); a process that only
-// completes registers its workflows and calls Start without serving.
+// A process may do only one of the two jobs:
+//
+//   - A process that only serves sets Config.Completer.Interval and
+//     Config.Reaper.Interval to -1, or never calls Start.
+//   - A process that only completes registers its workflows and calls
+//     Start without serving.
 type Client struct {
 	cfg   Config
 	hooks hooks
@@ -435,9 +449,9 @@ func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, ho
 }
 
 // Complete runs completer passes until one finds nothing due, and returns
-// what they did: the way to finish due keys now, in a test or a one-off
-// job, whether or not Start runs the completer, and also after Stop (a
-// final drain). Keys are due under the completer's StuckAfter and backoff.
+// what they did. It finishes due keys now, in a test or a one-off job,
+// whether or not Start runs the completer. It also works after Stop, as a
+// final drain. Keys are due under the completer's StuckAfter and backoff.
 func (c *Client) Complete(ctx context.Context) (recovery.PassResult, error) {
 	if err := c.ready(ctx); err != nil {
 		return recovery.PassResult{}, err
@@ -484,22 +498,30 @@ func (c *Client) Definitions(ctx context.Context) ([]keyrow.DefinitionCount, err
 	return store.CountDefinitions(ctx, c.pool)
 }
 
-// Unlock frees the lease on an unfinished key whoever holds it, keeping its
-// recovery point, so the next request or the completer resumes it at once.
-// It is the operator's escape hatch for a key whose holder is known to be
-// dead: a holder that is still running is fenced out and stops at its next
-// write, but a foreign call it is already making goes on, and so does one
-// it starts within a third of the TTL (at most a second) of its last commit
-// (see # Fencing).
+// Unlock frees the lease on an unfinished key, whoever holds it. The key
+// keeps its recovery point, so the next request or the completer resumes
+// it at once. It reports whether a lease was freed.
 //
-// Given what the operator saw of the key (Row.Seen, at most one), it frees
-// the lease only while the key is as seen, above all while its lease is
-// the one seen: a lease a new run took since is left alone, and the error
-// is a *keyrow.ChangedError (errors.Is keyrow.ErrChanged) holding the key
-// as it is now. Given nothing, it frees whatever lease the key has, as a
-// test or a script that knows its holder is gone does. It reports whether
-// a lease was freed, and audits the change, or the refusal, under the
-// actor of ctx (see WithActor).
+// Unlock is the operator's escape hatch for a key whose holder is known to
+// be dead. A holder that is still running is fenced out and stops at its
+// next write. But a foreign call it is already making goes on, and so does
+// one it starts within a third of the TTL (at most a second) of its last
+// commit (see # Fencing).
+//
+// Pass what the operator saw of the key (at most one [keyrow.Seen]):
+//
+//	row, err := client.Inspect(ctx, tenant, key)
+//	freed, err := client.Unlock(ctx, tenant, key, row.Seen())
+//
+// Unlock then frees the lease only while the key is as seen, above all
+// while its lease is the one seen. A lease a new run took since is left
+// alone, and the error is a *keyrow.ChangedError (errors.Is
+// keyrow.ErrChanged) holding the key as it is now. Given nothing, Unlock
+// frees whatever lease the key has, as a test or a script that knows its
+// holder is gone does.
+//
+// The change, or the refusal, is audited under the actor of ctx (see
+// [WithActor]).
 func (c *Client) Unlock(ctx context.Context, tenant, key string, seen ...keyrow.Seen) (bool, error) {
 	s, err := oneSeen(seen)
 	if err != nil {
@@ -508,21 +530,25 @@ func (c *Client) Unlock(ctx context.Context, tenant, key string, seen ...keyrow.
 	return store.Unlock(ctx, c.pool, tenant, key, s)
 }
 
-// Retry takes a key off hold, to run again, keeping its recovery point and
-// state, and gives the completer its full MaxAttempts on it again.
-// Retrying a dead key is always safe. Retrying an unknown key is the
-// operator's word that the uncertain foreign call did not happen, or may
-// happen twice: the resumed run repeats it instead of reconciling it.
-// Resolve is the way to say what became of an unknown outcome.
+// Retry takes a key off hold, to run again. The key keeps its recovery
+// point and state, and the completer gets its full MaxAttempts on it again.
 //
-// Given what the operator saw of the key (Row.Seen, at most one), it
-// retries the key only while it is as seen, and drops a pending
-// resolution only when seen names it. Given nothing, it retries the key
-// only while no resolution is pending on it. Otherwise nothing changes and
-// the error is a *keyrow.ChangedError (errors.Is keyrow.ErrChanged) holding
-// the key as it is now. It returns keyrow.ErrNotFound or keyrow.ErrNotHeld
-// when there is nothing to retry, and audits the change, or the refusal,
-// under the actor of ctx (see WithActor).
+//   - Retrying a dead key is always safe.
+//   - Retrying an unknown key is the operator's word that the uncertain
+//     foreign call did not happen, or may happen twice. The resumed run
+//     repeats the call instead of reconciling it. [Client.Resolve] is the
+//     way to say what became of an unknown outcome.
+//
+// Pass what the operator saw of the key (at most one [keyrow.Seen], from
+// [keyrow.Row.Seen]). Retry then applies only while the key is as seen,
+// and drops a pending resolution only when seen names it. Given nothing,
+// it applies only while no resolution is pending on the key. Otherwise
+// nothing changes, and the error is a *keyrow.ChangedError (errors.Is
+// keyrow.ErrChanged) holding the key as it is now.
+//
+// It returns keyrow.ErrNotFound or keyrow.ErrNotHeld when there is nothing
+// to retry. The change, or the refusal, is audited under the actor of ctx
+// (see [WithActor]).
 func (c *Client) Retry(ctx context.Context, tenant, key string, seen ...keyrow.Seen) error {
 	s, err := oneSeen(seen)
 	if err != nil {

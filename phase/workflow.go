@@ -18,22 +18,23 @@ import (
 )
 
 // Workflow is a named, ordered list of phases over a request type and a
-// state type. The declared order defines the recovery points: after a phase
-// commits, the key's recovery point is that phase's identity (its name,
-// unless declared with Formerly), and a resumed run starts at the phase
-// after it.
+// state type. The declared order defines the recovery points. After a
+// phase commits, the key's recovery point is that phase's identity: its
+// name, unless declared with [Phase.Formerly]. A resumed run starts at the
+// phase after it.
 //
-// Req and State are stored as JSON (the request when the key is first
-// seen, the state with every phase), so both must survive a round trip
-// through encoding/json: the completer rebuilds them from what is stored.
+// Req and State are stored as JSON: the request when the key is first
+// seen, the state with every phase. Both must survive a round trip through
+// encoding/json, because the completer rebuilds them from what is stored.
 //
 // # Definitions
 //
-// A key records the definition it started under (see Definition), and only
-// a process that registered that definition, or a workflow that adopts it
-// (see Adopt), runs it again: a deploy that adds, removes or reorders phases
-// never resumes a key with a phase list it did not start with, unless its
-// author said how. See docs/changing-a-workflow.md.
+// A key records the definition it started under (see [Workflow.Definition]).
+// Only a process that registered that definition, or a workflow that
+// adopts it (see [Workflow.Adopt]), runs it again. So a deploy that adds,
+// removes or reorders phases never resumes a key with a phase list it did
+// not start with, unless its author said how. See
+// docs/changing-a-workflow.md.
 type Workflow[Req, State any] struct {
 	name   string
 	phases []Phase[Req, State]
@@ -51,9 +52,9 @@ type adoption struct {
 	moves                map[string]string
 }
 
-// NewWorkflow declares a workflow. Names must be unique, non-empty and not one of the
-// reserved recovery points (keyrow.Started, keyrow.Finished); at least one
-// phase is required.
+// NewWorkflow declares a workflow. Names must be unique, non-empty and not
+// one of the reserved recovery points (keyrow.Started, keyrow.Finished).
+// At least one phase is required.
 func NewWorkflow[Req, State any](name string, phases ...Phase[Req, State]) (*Workflow[Req, State], error) {
 	if err := keyrow.CheckName(name); err != nil {
 		return nil, fmt.Errorf("phase: workflow name %w", err)
@@ -114,30 +115,38 @@ func definitionOf[Req, State any](phases []Phase[Req, State]) string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-// Definition returns the identity of w's definition: a hash of its phase
-// identities in order, each with its kind (local or foreign), whether it is
-// Repeatable, Reconciled or conditional (When). Every key records the
-// definition it started under; a process resumes a key only under that
-// definition, or under a workflow that adopts it (see Adopt). Renaming a
-// phase with Formerly, or changing the code inside a phase, keeps the
-// definition; adding, removing or reordering phases, or changing one of
-// those choices, makes a new one.
+// Definition returns the identity of w's definition. It is a hash of the
+// phase identities in order, each with its kind (local or foreign) and
+// whether it is Repeatable, Reconciled or conditional (When).
+//
+// Every key records the definition it started under. A process resumes a
+// key only under that definition, or under a workflow that adopts it (see
+// [Workflow.Adopt]).
+//
+//   - Renaming a phase with Formerly, or changing the code inside a phase,
+//     keeps the definition.
+//   - Adding, removing or reordering phases, or changing one of those
+//     choices, makes a new one.
 func (w *Workflow[Req, State]) Definition() string { return w.definition }
 
 // Adopt declares that w resumes the unfinished keys that started under
-// definition of workflow (w's own name, or the name w had before a rename),
-// so they need not drain on the old code. moves maps each recovery point of
-// that definition that w does not have (a phase removed or renamed without
-// Formerly) to the recovery point of w to resume from, keyrow.Started
-// included; points not in moves resume from the phase of w with the same
-// identity. A key whose recovery point w cannot place is left untouched, and
-// its client is answered that a process running its definition must finish
-// it.
+// definition of workflow, so they need not drain on the old code. workflow
+// is w's own name, or the name w had before a rename. Call Adopt before
+// NewClient:
+//
+//	err := after.Adopt("orders", before.Definition(), nil)
+//
+// moves maps each recovery point of that definition that w does not have
+// (a phase removed, or renamed without Formerly) to the recovery point of w
+// to resume from, keyrow.Started included. Points not in moves resume from
+// the phase of w with the same identity. A key whose recovery point w
+// cannot place is left untouched. Its client is answered that a process
+// running its definition must finish it.
 //
 // Adopting a definition says that running the rest of w after the old
-// definition's committed phases is what the author wants: for a phase added
-// before a key's point, that the key skips it; for one added after, that the
-// key runs it. Call Adopt before NewClient.
+// definition's committed phases is what the author wants. A phase added
+// before a key's point is skipped by that key. A phase added after it is
+// run.
 func (w *Workflow[Req, State]) Adopt(workflow, definition string, moves map[string]string) error {
 	if err := keyrow.CheckName(workflow); err != nil {
 		return fmt.Errorf("phase: Adopt: workflow name %w", err)
@@ -169,10 +178,11 @@ func (w *Workflow[Req, State]) Phases() []string {
 }
 
 // ErrDefinitionElsewhere is returned for a key that is unfinished under a
-// definition of its workflow that this process neither runs nor adopts,
-// or at a recovery point the adopting workflow cannot place. Nothing was
-// run and the key is untouched: a process that runs its definition finishes
-// it. The HTTP handler answers 503 with Retry-After.
+// definition of its workflow that this process neither runs nor adopts. It
+// is also returned for a key at a recovery point the adopting workflow
+// cannot place. Nothing was run and the key is untouched. A process that
+// runs its definition finishes it. The HTTP handler answers 503 with
+// Retry-After.
 var ErrDefinitionElsewhere = errors.New("phase: the key started under a workflow definition this process does not run")
 
 // next returns the index of the first phase to run after recovery point rp.
@@ -249,10 +259,10 @@ type Result struct {
 func Next() Result { return Result{} }
 
 // Respond ends the workflow with a terminal response, whatever its status.
-// The caller that ran the request gets it whole; the key stores its status
-// and body, byte for byte, with the headers that describe the resource (see
-// Workflow.StoreResponses), in the phase's commit, and every retry of the
-// key gets that back.
+// The caller that ran the request gets it whole. The key stores its status
+// and body, byte for byte, in the phase's commit, with the headers that
+// describe the resource (see [Workflow.StoreResponses]). Every retry of
+// the key gets that back.
 func Respond(status int, header http.Header, body []byte) Result {
 	if body == nil {
 		body = []byte{}
@@ -336,18 +346,22 @@ func Local[Req, State any](name string, fn LocalFunc[Req, State]) Phase[Req, Sta
 }
 
 // Foreign declares a phase with exactly one foreign call. call runs outside
-// any open transaction, with the lease renewed while it runs; record then
-// commits its outcome and advances in one short transaction.
+// any open transaction, with the lease renewed while it runs. record then
+// commits its outcome and advances, in one short transaction.
 //
 // When the run stops between the call and the commit (a crash, an outage,
-// a lost lease), whether the call happened is unknown. A Repeatable phase is
-// then called again with the same downstream key. Any other phase is never
-// called again blindly: before its call, the run records on the key that
-// the call may be under way (one statement that also renews the lease), and
-// the next run that finds that record reconciles the call with the phase's
-// reconcile function (see Reconciled), or, without one, puts the key on
-// hold for an operator. A call that returns an error other than an unknown
-// outcome is taken to have not happened, and the next run calls again.
+// a lost lease), whether the call happened is unknown:
+//
+//   - A Repeatable phase is called again with the same downstream key.
+//   - Any other phase is never called again blindly. Before its call, the
+//     run records on the key that the call may be under way (one statement
+//     that also renews the lease). The next run that finds that record
+//     reconciles the call with the phase's reconcile function (see
+//     [Reconciled]). Without one, it puts the key on hold for an operator.
+//
+// A call that returns an error other than an unknown outcome (see
+// [MaybeHappened]) is taken to have not happened, and the next run calls
+// again.
 func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
 	bind := func(out Out) recordFn[Req, State] {
 		return func(ctx context.Context, tx pgx.Tx, in *Input[Req, State]) (Result, error) {
@@ -397,8 +411,8 @@ func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, 
 // Repeatable declares that p's foreign call is safe to repeat when its
 // outcome is unknown, because the provider honours the downstream
 // idempotency key (as Stripe does). An unknown outcome then leaves the key
-// resumable, and the next run repeats the call, instead of holding the key
-// for reconciliation.
+// resumable. The next run repeats the call instead of holding the key for
+// reconciliation.
 func (p Phase[Req, State]) Repeatable() Phase[Req, State] {
 	if p.foreign == nil {
 		p.err = errors.New("only a foreign phase can be repeatable")
@@ -429,12 +443,15 @@ func (p Phase[Req, State]) Isolation(level pgx.TxIsoLevel) Phase[Req, State] {
 // Name returns the phase's name.
 func (p Phase[Req, State]) Name() string { return p.name }
 
-// Formerly declares that p was renamed from name: p keeps name as its
-// identity, which is its recovery point and the end of its downstream keys.
-// Keys in flight at the old name resume at p, the workflow's definition is
-// unchanged, and a foreign call that may already have been made under the
-// old name is repeated, or reconciled, with the same downstream key. Chain
-// renames by keeping the first name.
+// Formerly declares that p was renamed from name. p keeps name as its
+// identity, which is its recovery point and the end of its downstream keys:
+//
+//	phase.Local("welcome_sent", sendWelcome).Formerly("mailed")
+//
+// Keys in flight at the old name resume at p, and the workflow's
+// definition is unchanged. A foreign call that may already have been made
+// under the old name is repeated, or reconciled, with the same downstream
+// key. Chain renames by keeping the first name.
 func (p Phase[Req, State]) Formerly(name string) Phase[Req, State] {
 	p.id = name
 	return p

@@ -30,9 +30,9 @@ const (
 // CompleterConfig configures the completer of a phase.Client. Zero values
 // mean the default.
 type CompleterConfig struct {
-	// Interval between passes. Defaults to DefaultInterval; -1 disables the
-	// completer in Start, for a process that only serves (the client's
-	// Complete still runs a pass on demand).
+	// Interval between passes. -1 disables the completer in Start, for a
+	// process that only serves. The client's Complete still runs a pass on
+	// demand. Defaults to DefaultInterval.
 	Interval time.Duration
 	// BatchSize caps the keys claimed per pass. Defaults to
 	// DefaultBatchSize.
@@ -40,13 +40,13 @@ type CompleterConfig struct {
 	// Concurrency caps the claimed keys run at once. Defaults to
 	// DefaultConcurrency.
 	Concurrency int
-	// StuckAfter is how long a key must be idle before the completer takes it,
-	// and before it can be given up on. Defaults to DefaultStuckAfter; -1
-	// means no wait.
+	// StuckAfter is how long a key must be idle before the completer takes
+	// it, and before it can be given up on. -1 means no wait. Defaults to
+	// DefaultStuckAfter.
 	StuckAfter time.Duration
-	// Backoff is added after the completer's first failure on a key and
-	// doubles with each further one, up to MaxBackoff. Defaults to
-	// DefaultBackoff and DefaultMaxBackoff; -1 disables the backoff.
+	// Backoff is added after the completer's first failure on a key. It
+	// doubles with each further one, up to MaxBackoff. -1 disables the
+	// backoff. Defaults to DefaultBackoff and DefaultMaxBackoff.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 	// MaxAttempts is how many times the completer fails an abandoned key
@@ -73,10 +73,10 @@ func (c CompleterConfig) WithDefaults() (CompleterConfig, error) {
 
 // Defaults for ReaperConfig's zero values.
 const (
-	// DefaultRetention is how long a finished key is kept and replayed;
+	// DefaultRetention is how long a finished key is kept and replayed.
 	// Stripe keeps keys at least 24 hours.
 	DefaultRetention = 24 * time.Hour
-	// DefaultReapBatch is how many keys one delete removes; small batches
+	// DefaultReapBatch is how many keys one delete removes. Small batches
 	// keep each transaction and its locks short while traffic runs.
 	DefaultReapBatch = 1000
 	// DefaultReapInterval is how often the reaper runs.
@@ -91,20 +91,20 @@ const (
 type ReaperConfig struct {
 	// Retention is how long a finished key is kept and replayed, for the
 	// workflows that set none of their own (phase.StoreConfig.Retention).
-	// The reaper judges only the keys of the client's workflows, and never
+	// The reaper judges only the keys of the client's workflows. It never
 	// deletes a key before the retention recorded on it when it was
 	// created. Defaults to DefaultRetention.
 	Retention time.Duration
 	// BatchSize is how many keys one delete removes. Defaults to
 	// DefaultReapBatch.
 	BatchSize int
-	// Interval between runs. Defaults to DefaultReapInterval; -1 disables
-	// the reaper in Start (the client's Reap still runs it on demand).
+	// Interval between runs. -1 disables the reaper in Start. The client's
+	// Reap still runs it on demand. Defaults to DefaultReapInterval.
 	Interval time.Duration
-	// Pause between two batches of one run: this long, or as long as the
-	// batch before it took when that was longer, so that deleting takes at
-	// most half the reaper's time however slow load makes its batches.
-	// Defaults to DefaultReapPause; -1 means none.
+	// Pause between two batches of one run. The pause is this long, or as
+	// long as the batch before it took when that was longer. So deleting
+	// takes at most half the reaper's time, however slow load makes its
+	// batches. -1 means none. Defaults to DefaultReapPause.
 	Pause time.Duration
 }
 
@@ -127,14 +127,17 @@ type PassResult struct {
 	Claimed int
 	// Completed keys ran to their stored response.
 	Completed int
-	// Failed keys ran and failed again; they keep their recovery point.
+	// Failed keys ran and failed again. They keep their recovery point.
 	Failed int
 	// Dead keys moved to the dead hold: the completer gave up on them.
 	Dead int
-	// HandedBack keys were claimed and handed back for someone else to act on:
-	// a process that runs the definition they started under (they are at
-	// a recovery point the adopting workflow cannot place), or an operator
-	// (a call whose outcome is unknown and that has no reconcile function).
+	// HandedBack keys were claimed and handed back for someone else to act
+	// on:
+	//
+	//   - a process that runs the definition they started under, for keys at
+	//     a recovery point the adopting workflow cannot place
+	//   - an operator, for a call whose outcome is unknown and that has no
+	//     reconcile function
 	HandedBack int
 }
 
