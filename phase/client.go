@@ -204,14 +204,6 @@ func reapScopes(routes map[defKey]route, retention time.Duration) []recovery.Sco
 	return scopes
 }
 
-// ErrNotRegistered is returned when running or serving a workflow that was
-// not given to NewClient: the completer could not finish its keys.
-var ErrNotRegistered = errors.New("phase: workflow is not registered with the client")
-
-// ErrStopped is returned for a run started after Client.Stop began; the HTTP
-// handler answers it with 503 and Retry-After.
-var ErrStopped = errors.New("phase: client is stopping")
-
 // Client runs workflows under idempotency keys and owns the services that
 // finish and clean up keys without a client: the completer and the reaper.
 // One Client serves every request of a process; it is safe for concurrent

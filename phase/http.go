@@ -26,22 +26,6 @@ const DefaultMaxBodyBytes = 1 << 20
 // Stripe does.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// RequestError is an error a Tenant or Decode function returns to answer the
-// client with a specific status and a message a client developer can act on.
-// Field names the offending request field, when there is one.
-type RequestError struct {
-	Status int
-	Detail string
-	Field  string
-}
-
-func (e *RequestError) Error() string {
-	if e.Field != "" {
-		return e.Field + ": " + e.Detail
-	}
-	return e.Detail
-}
-
 // Invalid returns a 422 RequestError for a request field that failed
 // validation.
 func Invalid(field, detail string) *RequestError {

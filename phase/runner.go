@@ -20,43 +20,6 @@ import (
 	"github.com/atomicphase/atomicphase/lockttl"
 )
 
-// ErrUnavailable is returned when the key store cannot be reached or was
-// lost during the run. Nothing of the interrupted phase was committed and no
-// response was stored: retrying with the same key is safe, and resumes after
-// the last committed phase. The HTTP handler answers 503 with Retry-After.
-var ErrUnavailable = errors.New("phase: idempotency key store unavailable")
-
-// ErrRunTimeout is returned when a run exceeded Config.RunTimeout. Its
-// committed phases are kept and its lease freed; a retry resumes it. The
-// HTTP handler answers 503 with Retry-After.
-var ErrRunTimeout = errors.New("phase: run exceeded its time limit")
-
-// ErrNoResponse is returned when a workflow ran out of phases without any
-// phase responding: a bug in the workflow, reported instead of committed.
-var ErrNoResponse = errors.New("phase: workflow ended without a response")
-
-// ErrInvalidRequest is returned, wrapped with the reason, for a request that
-// can never be stored: its JSON holds a NUL character (\u0000), which
-// Postgres's jsonb cannot hold. The HTTP handler answers 400.
-var ErrInvalidRequest = errors.New("phase: request cannot be stored")
-
-// PanicError is the error of a run in which user code (a phase, a foreign
-// call, a record, reconcile, When, Decode or Tenant function) panicked. The
-// runner recovers the panic and ends the run like any other failure:
-// nothing of the phase is committed, the lease is freed and the key stays
-// resumable. The panic is logged with its stack, and the HTTP handler
-// answers 500.
-type PanicError struct {
-	// Where names the user function that panicked, such as "phase charge".
-	Where string
-	// Value is what was passed to panic.
-	Value any
-	// Stack is the panicking goroutine's stack.
-	Stack []byte
-}
-
-func (e *PanicError) Error() string { return fmt.Sprintf("phase: panic in %s: %v", e.Where, e.Value) }
-
 // protect calls f and turns a panic in it into a *PanicError whose Where is
 // what, followed by the phase's name when there is one. (The name is joined
 // only on a panic, so that a run allocates nothing for it.)
