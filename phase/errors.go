@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime/debug"
 	"strings"
 
 	"github.com/jackc/pgerrcode"
@@ -48,6 +49,22 @@ type PanicError struct {
 }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("phase: panic in %s: %v", e.Where, e.Value) }
+
+// protect calls f and turns a panic in it into a *PanicError whose Where is
+// what, followed by the phase's name when there is one. (The name is joined
+// only on a panic, so that a run allocates nothing for it.)
+func protect(what, phase string, f func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			where := what
+			if phase != "" {
+				where += " " + phase
+			}
+			err = &PanicError{Where: where, Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return f()
+}
 
 // ErrNotRegistered is returned when running or serving a workflow that was
 // not given to NewClient: the completer could not finish its keys.
