@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/internal/maintenance"
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/lockttl"
@@ -203,25 +204,17 @@ func routesOf(workflows []Registered) (map[defKey]route, error) {
 // it runs, under their own names and those they adopt keys from, each kept
 // for its workflow's retention (the longest, when several registered
 // workflows run keys of one name).
-func reapScopes(routes map[defKey]route, retention time.Duration) []recovery.Scope {
+func reapScopes(routes map[defKey]route, retention time.Duration) []maintenance.Scope {
 	keep := make(map[string]time.Duration)
 	for k, rt := range routes {
 		keep[k.workflow] = max(keep[k.workflow], cmp.Or(rt.w.retention(), retention))
 	}
-	scopes := make([]recovery.Scope, 0, len(keep))
+	scopes := make([]maintenance.Scope, 0, len(keep))
 	for _, name := range slices.Sorted(maps.Keys(keep)) {
-		scopes = append(scopes, recovery.Scope{Workflow: name, Retention: keep[name]})
+		scopes = append(scopes, maintenance.Scope{Workflow: name, Retention: keep[name]})
 	}
 	return scopes
 }
-
-// ErrNotRegistered is returned when running or serving a workflow that was
-// not given to NewClient: the completer could not finish its keys.
-var ErrNotRegistered = errors.New("phase: workflow is not registered with the client")
-
-// ErrStopped is returned for a run started after Client.Stop began; the HTTP
-// handler answers it with 503 and Retry-After.
-var ErrStopped = errors.New("phase: client is stopping")
 
 // Client runs workflows under idempotency keys. It owns the services that
 // finish and clean up keys without a client: the completer and the reaper.
@@ -241,8 +234,8 @@ type Client struct {
 	// poolConfig is a copy of the pool's configuration, made once.
 	poolConfig *pgxpool.Config
 	routes     map[defKey]route
-	completer  *recovery.Completer
-	reaper     *recovery.Reaper
+	completer  *maintenance.Completer
+	reaper     *maintenance.Reaper
 
 	mu       sync.Mutex
 	stopping bool
@@ -302,11 +295,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 		names[i], defs[i] = k.workflow, k.definition
 	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
-	cl.completer = recovery.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LeaseTTL, c.Logger)
+	cl.completer = maintenance.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LeaseTTL, c.Logger)
 	if len(cl.hooks.passes) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
-	cl.reaper = recovery.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	cl.reaper = maintenance.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
 	if len(cl.hooks.observers) > 0 {
 		cl.completer.Observe, cl.reaper.Observe = cl.observe, cl.observe
 	}

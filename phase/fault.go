@@ -2,7 +2,6 @@ package phase
 
 import (
 	"context"
-	"errors"
 	"sync"
 )
 
@@ -46,11 +45,6 @@ type Point struct {
 }
 
 func (p Point) String() string { return p.Phase + "/" + string(p.Stage) }
-
-// ErrCrash is returned by an Injector to crash the run at a point exactly as
-// a killed process would: the open transaction rolls back, the lease is not
-// freed, nothing is answered. The key resumes once its lease expires.
-var ErrCrash = errors.New("phase: injected crash")
 
 // Injector is a Hook that decides, at each fault point of a run, whether
 // to fail there. Returning ErrCrash (or an error wrapping it) crashes the

@@ -26,22 +26,6 @@ const DefaultMaxBodyBytes = 1 << 20
 // Stripe does.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// RequestError is an error a Tenant or Decode function returns to answer the
-// client with a specific status and a message a client developer can act on.
-// Field names the offending request field, when there is one.
-type RequestError struct {
-	Status int
-	Detail string
-	Field  string
-}
-
-func (e *RequestError) Error() string {
-	if e.Field != "" {
-		return e.Field + ": " + e.Detail
-	}
-	return e.Detail
-}
-
 // Invalid returns a 422 RequestError for a request field that failed
 // validation.
 func Invalid(field, detail string) *RequestError {
@@ -181,45 +165,16 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 			fmt.Sprintf("this endpoint accepts POST, not %s", r.Method), 0)
 		return
 	}
-	values := r.Header.Values(keyrow.HeaderName)
-	if len(values) > 1 {
-		WriteProblem(rw, http.StatusBadRequest, ProblemInvalidKey, "Invalid Idempotency-Key",
-			"the request has more than one Idempotency-Key header; send exactly one key", 0)
-		return
-	}
-	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
-	if err != nil {
-		code := ProblemInvalidKey
-		if errors.Is(err, keyrow.ErrKeyMissing) {
-			code = ProblemMissingKey
-		}
-		WriteProblem(rw, http.StatusBadRequest, code, "Invalid Idempotency-Key", err.Error(), 0)
+	key, ok := keyOf(rw, r)
+	if !ok {
 		return
 	}
 	tenant, ok := tenantOf(rw, r, h.cfg.Tenant, h.c.cfg.Logger, h.w.name)
 	if !ok {
 		return
 	}
-	// The body is read whole first, so that the fingerprint covers what the
-	// client sent, not what Decode made of it: a deploy that changes Req
-	// must not turn a retry into a mismatch.
-	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes))
-	if err != nil {
-		h.writeBodyError(rw, err)
-		return
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	var req Req
-	if err := protect("Decode", "", func() (err error) {
-		req, err = h.cfg.Decode(r)
-		return err
-	}); err != nil {
-		h.writeBodyError(rw, err)
-		return
-	}
-	fp, err := fingerprintSent(r, body)
-	if err != nil {
-		WriteProblem(rw, http.StatusBadRequest, "invalid-request", "Bad Request", requestErrorDetail(err), 0)
+	req, fp, ok := h.decode(rw, r)
+	if !ok {
 		return
 	}
 	// Once the key is taken, the run goes on if the client hangs up: its
@@ -233,20 +188,63 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		writeError(rw, err)
 		return
 	}
+	h.writeOutcome(rw, r, tenant, key, out)
+}
+
+// keyOf returns the request's idempotency key, or answers 400 when it has
+// none, more than one, or an invalid one.
+func keyOf(rw http.ResponseWriter, r *http.Request) (string, bool) {
+	values := r.Header.Values(keyrow.HeaderName)
+	if len(values) > 1 {
+		WriteProblem(rw, http.StatusBadRequest, ProblemInvalidKey, "Invalid Idempotency-Key",
+			"the request has more than one Idempotency-Key header; send exactly one key", 0)
+		return "", false
+	}
+	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
+	if err != nil {
+		code := ProblemInvalidKey
+		if errors.Is(err, keyrow.ErrKeyMissing) {
+			code = ProblemMissingKey
+		}
+		WriteProblem(rw, http.StatusBadRequest, code, "Invalid Idempotency-Key", err.Error(), 0)
+		return "", false
+	}
+	return key, true
+}
+
+// decode reads the request's body, decodes it with Decode and takes the
+// fingerprint of the request as sent, or answers the error.
+func (h *handler[Req, State]) decode(rw http.ResponseWriter, r *http.Request) (req Req, fp [32]byte, ok bool) {
+	// The body is read whole first, so that the fingerprint covers what the
+	// client sent, not what Decode made of it: a deploy that changes Req
+	// must not turn a retry into a mismatch.
+	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		h.writeBodyError(rw, err)
+		return req, fp, false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err := protect("Decode", "", func() (err error) {
+		req, err = h.cfg.Decode(r)
+		return err
+	}); err != nil {
+		h.writeBodyError(rw, err)
+		return req, fp, false
+	}
+	fp, err = fingerprintSent(r, body)
+	if err != nil {
+		WriteProblem(rw, http.StatusBadRequest, "invalid-request", "Bad Request", requestErrorDetail(err), 0)
+		return req, fp, false
+	}
+	return req, fp, true
+}
+
+// writeOutcome answers what the run of the key found: the response it
+// stored or replays, or why it ran nothing.
+func (h *handler[Req, State]) writeOutcome(rw http.ResponseWriter, r *http.Request, tenant, key string, out *Outcome) {
 	switch out.Kind {
 	case OutcomeReplayed:
-		if h.cfg.AdjustReplay != nil {
-			resp := *out.Response
-			resp.Header = out.Response.Header.Clone()
-			if err := protect("AdjustReplay", "", func() error { h.cfg.AdjustReplay(r, &resp); return nil }); err != nil {
-				h.c.cfg.Logger.Error("panic in user code; the stored response was not sent", "workflow", h.w.name, "key", key, "err", err)
-				WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
-					"this request was already processed, but its stored response could not be sent because of a server bug; retry with the same Idempotency-Key to get it", 0)
-				return
-			}
-			out.Response = &resp
-		}
-		writeStored(rw, out.Response, true)
+		h.writeReplay(rw, r, key, out)
 	case OutcomeNew, OutcomeResumed:
 		writeStored(rw, out.Response, false)
 	case OutcomeInFlight:
@@ -265,6 +263,23 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 		WriteProblem(rw, h.cfg.MismatchStatus, ProblemKeyReused, "Idempotency-Key reused",
 			"this Idempotency-Key was already used with a different request; use a new key for a new request", 0)
 	}
+}
+
+// writeReplay sends the key's stored response again, through AdjustReplay
+// when it is set, on a copy so that the stored response is not changed.
+func (h *handler[Req, State]) writeReplay(rw http.ResponseWriter, r *http.Request, key string, out *Outcome) {
+	if h.cfg.AdjustReplay != nil {
+		resp := *out.Response
+		resp.Header = out.Response.Header.Clone()
+		if err := protect("AdjustReplay", "", func() error { h.cfg.AdjustReplay(r, &resp); return nil }); err != nil {
+			h.c.cfg.Logger.Error("panic in user code; the stored response was not sent", "workflow", h.w.name, "key", key, "err", err)
+			WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
+				"this request was already processed, but its stored response could not be sent because of a server bug; retry with the same Idempotency-Key to get it", 0)
+			return
+		}
+		out.Response = &resp
+	}
+	writeStored(rw, out.Response, true)
 }
 
 // writeBodyError answers an error of reading or decoding the body.

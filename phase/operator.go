@@ -242,11 +242,6 @@ func decodeOutput[Out any](data json.RawMessage) (Out, error) {
 	return out, nil
 }
 
-// ErrInvalidResolution wraps the reason a resolution was refused before
-// anything was recorded: its output does not decode into the phase's
-// output type, or no foreign phase awaits an outcome at its recovery point.
-var ErrInvalidResolution = errors.New("phase: invalid resolution")
-
 // Resolve records an operator's resolution of the key's unknown outcome
 // and, when the key's workflow is registered with the client, runs the key
 // at once: a call that Happened is recorded with r.Output by the phase's

@@ -12,31 +12,6 @@ import (
 	"github.com/atomicphase/atomicphase/internal/store"
 )
 
-// ErrTransactionPooler is returned, wrapped, by Client.Check (and so by
-// Start, Complete, Reap and the first Run) when the pool reaches Postgres
-// through a transaction pooler, such as PgBouncer with
-// pool_mode = transaction, in a query exec mode that needs each connection
-// to keep its server session. A transaction pooler runs each transaction on
-// whichever server session is free, so:
-//
-//   - cache_statement, pgx's default, fails unless the pooler prepares a
-//     connection's named statements again on every session that runs them
-//     (PgBouncer 1.21 and later with max_prepared_statements > 0, the
-//     default since 1.24); before that, a statement prepared in one
-//     transaction is missing, or another one, in the next;
-//   - describe_exec sends each statement in two round trips, which the
-//     pooler may hand to two sessions: the second may run another client's
-//     statement.
-//
-// Set default_query_exec_mode=cache_describe in the database URL (or
-// pgxpool.Config.ConnConfig.DefaultQueryExecMode to
-// pgx.QueryExecModeCacheDescribe), which prepares nothing a session keeps.
-//
-// It also wraps the errors of statements that met a missing or duplicate
-// prepared statement at run time, in case Check did not catch the pooler.
-var ErrTransactionPooler = errors.New("phase: the pool's connections are pooled by transaction (such as PgBouncer with pool_mode = transaction), " +
-	"which cannot run statements that pgx prepares on server sessions; set default_query_exec_mode=cache_describe in the database URL")
-
 // checkPool refuses, without touching the database, pool settings under
 // which pgx cannot run the client's statements at all.
 func checkPool(cfg *pgx.ConnConfig) error {

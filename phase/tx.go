@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/atomicphase/atomicphase/internal/store"
 )
 
 // phaseTx is the transaction a local phase runs in: a pgx.Tx whose BEGIN is
@@ -68,45 +66,6 @@ type phaseTx struct {
 	lastQueries  [2]pgx.QueuedQuery
 }
 
-// priorCommit is the commit of a phase held back to travel with the next
-// phase's first statement: its fenced write and COMMIT, queued in front of
-// the next phase's BEGIN. In one batch the server runs the write, then
-// COMMIT, then BEGIN and the next phase's statements, and skips everything
-// after the first error: when the fence finds the lease lost, or the commit
-// fails, nothing of either phase is committed and the next phase's
-// statements never run.
-type priorCommit struct {
-	write store.Write
-	// chain is set when the next phase's transaction may begin with
-	// COMMIT AND CHAIN, which commits this one and begins the next with the
-	// same characteristics in one statement: the two phases run at the
-	// same isolation level, and the key table is on a single Postgres (a
-	// Citus coordinator's transactions keep COMMIT and BEGIN apart, the
-	// form its tests cover).
-	chain bool
-	// done is told once the commit succeeded; an error from it (an
-	// injected fault) ends the phase that carried the commit.
-	done interface {
-		priorCommitted(ctx context.Context) error
-	}
-}
-
-// commitAndChain commits a transaction and begins the next with the same
-// isolation level and access mode (PostgreSQL 12 and later).
-const commitAndChain = "COMMIT AND CHAIN"
-
-// priorCommitError is the error a phase's statement meets when the commit
-// of the phase before it, which travelled with that statement, failed:
-// neither phase committed anything, and the runner takes the failure as
-// the earlier phase's.
-type priorCommitError struct{ err error }
-
-func (e *priorCommitError) Error() string {
-	return "phase: the commit of the phase before failed: " + e.err.Error()
-}
-
-func (e *priorCommitError) Unwrap() error { return e.err }
-
 // firstBatch returns the transaction's first batch: the prior commit, if
 // any, then with begin BEGIN, then queries. BEGIN is queued by
 // Batch.BeginTx, so that the batch's results carry the transaction;
@@ -153,42 +112,6 @@ func (t *phaseTx) firstBatch(begin bool, queries ...*pgx.QueuedQuery) *pgx.Batch
 func (t *phaseTx) firstQuery(sql string, args []any) *pgx.QueuedQuery {
 	t.firstQueries[2] = pgx.QueuedQuery{SQL: sql, Arguments: args}
 	return &t.firstQueries[2]
-}
-
-// settlePrior reads the results of the prior commit queued at the front of
-// br, its write and its COMMIT (or COMMIT AND CHAIN), and forgets it. It
-// returns a *priorCommitError when the commit failed, or the error of the
-// prior's done.
-func (t *phaseTx) settlePrior(br pgx.BatchResults) error {
-	p := t.prior
-	if p == nil {
-		return nil
-	}
-	t.prior = nil
-	_, err := br.Exec()
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err != nil {
-		t.priorErr = &priorCommitError{store.AsLeaseLost(err)}
-	} else {
-		t.priorErr = p.done.priorCommitted(t.ctx)
-	}
-	return t.priorErr
-}
-
-// flushPrior sends the prior commit on its own, if it is still unsent.
-func (t *phaseTx) flushPrior(ctx context.Context) error {
-	if t.prior == nil {
-		return nil
-	}
-	br := t.conn.SendBatch(ctx, t.firstBatch(false))
-	err := t.settlePrior(br)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = &priorCommitError{store.AsLeaseLost(cerr)}
-		t.priorErr = err
-	}
-	return err
 }
 
 var _ pgx.Tx = (*phaseTx)(nil)
@@ -439,34 +362,6 @@ func (t *phaseTx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	return t.tx.Rollback(ctx)
-}
-
-// commit ends the phase with w, the fenced write that advances or finishes
-// the key: pipelined with COMMIT when the phase sent statements, or sent on
-// its own, as a transaction of its own, when it sent none (after the prior
-// commit, if any, in a round trip of its own). Either way it is one round
-// trip.
-func (t *phaseTx) commit(ctx context.Context, w store.Write) error {
-	if t.tx == nil {
-		if err := t.open(); err != nil {
-			return err
-		}
-		t.ended = true
-		// The prior commit goes alone first: in one batch with w, w would
-		// commit before the prior's done learnt of the prior commit, and
-		// a fault injected after that commit could not stop w.
-		if err := t.flushPrior(ctx); err != nil {
-			return err
-		}
-		return w.Exec(ctx, t.conn)
-	}
-	if t.err != nil {
-		return t.err
-	}
-	t.lastQueries = [2]pgx.QueuedQuery{w.QueuedQuery(), {SQL: "COMMIT"}}
-	t.lastQueued = [2]*pgx.QueuedQuery{&t.lastQueries[0], &t.lastQueries[1]}
-	t.last = pgx.Batch{QueuedQueries: t.lastQueued[:]}
-	return store.AsLeaseLost(t.tx.SendBatch(ctx, &t.last).Close())
 }
 
 // firstRows are the rows of a query sent in one batch with BEGIN: closing

@@ -177,14 +177,6 @@ func (w *Workflow[Req, State]) Phases() []string {
 	return names
 }
 
-// ErrDefinitionElsewhere is returned for a key that is unfinished under a
-// definition of its workflow that this process neither runs nor adopts. It
-// is also returned for a key at a recovery point the adopting workflow
-// cannot place. Nothing was run and the key is untouched. A process that
-// runs its definition finishes it. The HTTP handler answers 503 with
-// Retry-After.
-var ErrDefinitionElsewhere = errors.New("phase: the key started under a workflow definition this process does not run")
-
 // next returns the index of the first phase to run after recovery point rp.
 func (w *Workflow[Req, State]) next(rp string) (int, error) {
 	if rp == keyrow.Started {
@@ -464,11 +456,6 @@ func (p *Phase[Req, State]) identity() string {
 	}
 	return p.name
 }
-
-// ErrOutcomeUnknown marks a foreign call that may or may not have taken
-// effect (for example, a timeout after the request was sent). Wrap it with
-// MaybeHappened.
-var ErrOutcomeUnknown = errors.New("phase: outcome of the foreign call is unknown")
 
 // MaybeHappened wraps err, returned by a foreign call, to say the call may
 // have taken effect. A Repeatable phase is then retried with the same

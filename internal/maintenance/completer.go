@@ -1,4 +1,4 @@
-package recovery
+package maintenance
 
 import (
 	"context"
@@ -11,12 +11,8 @@ import (
 
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/recovery"
 )
-
-// ErrHandedBack is wrapped by a Resumer's error for a key it handed back
-// for someone else to act on (a process that runs its definition, an
-// operator): the completer cannot do more with it now.
-var ErrHandedBack = errors.New("recovery: key handed back for another process")
 
 // Resumer continues a claimed key with its workflow, within the client's
 // run limits. It must free or keep the key's lease as any run does. The
@@ -25,10 +21,10 @@ var ErrHandedBack = errors.New("recovery: key handed back for another process")
 type Resumer func(ctx context.Context, row *store.Row) error
 
 // Completer finishes keys that no client is waiting for. A phase.Client
-// builds one from Config.Completer and runs it; see the package
+// builds one from Config.Completer and runs it; see package recovery's
 // documentation for what a pass does.
 type Completer struct {
-	cfg     CompleterConfig
+	cfg     recovery.CompleterConfig
 	pool    *pgxpool.Pool
 	resumer Resumer
 	// workflows and definitions, pairwise, are the definitions it resumes.
@@ -38,7 +34,7 @@ type Completer struct {
 	bg                     background
 	history                history
 	// Around, when set, wraps every pass (the client's pass wrappers).
-	Around func(ctx context.Context, pass func(context.Context) (PassResult, error)) (PassResult, error)
+	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
 	// Observe, when set, receives the completer's events (the client's
 	// observers).
 	Observe func(ctx context.Context, ev keyrow.Event)
@@ -52,21 +48,21 @@ func distributed(f func() bool) bool { return f != nil && f() }
 // NewCompleter returns a completer for the keys of the workflow definitions
 // given pairwise by workflows and definitions, run by r, with leases of
 // ttl. cfg must have its defaults applied. phase.NewClient calls it.
-func NewCompleter(cfg CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
+func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
 	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
 // to BatchSize due keys, and resumes them.
-func (c *Completer) RunOnce(ctx context.Context) (PassResult, error) {
+func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
 	if c.Around != nil {
 		return c.Around(ctx, c.pass)
 	}
 	return c.pass(ctx)
 }
 
-func (c *Completer) pass(ctx context.Context) (PassResult, error) {
-	var res PassResult
+func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
+	var res recovery.PassResult
 	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
 	if err != nil {
 		return res, err
@@ -98,7 +94,7 @@ func (c *Completer) pass(ctx context.Context) (PassResult, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case errors.Is(err, ErrHandedBack):
+			case errors.Is(err, recovery.ErrHandedBack):
 				res.HandedBack++
 			case err != nil:
 				res.Failed++
@@ -117,7 +113,7 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 	if err != nil {
 		ev.Kind, ev.Err = keyrow.EventCompleterFailed, err
 	}
-	if errors.Is(err, ErrHandedBack) {
+	if errors.Is(err, recovery.ErrHandedBack) {
 		return err
 	}
 	c.observe(ctx, ev)
@@ -129,8 +125,8 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) error {
 }
 
 // Drain runs passes until one finds nothing to claim, and returns the sum.
-func (c *Completer) Drain(ctx context.Context) (PassResult, error) {
-	var total PassResult
+func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
+	var total recovery.PassResult
 	for {
 		res, err := c.RunOnce(ctx)
 		total = total.Add(res)

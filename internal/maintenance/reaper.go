@@ -1,4 +1,4 @@
-package recovery
+package maintenance
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // Reaper deletes finished keys once their retention is over, in small
@@ -20,7 +21,7 @@ import (
 // It judges only the keys of the workflows it was given, each with its own
 // retention, and never deletes a key before the retention the key recorded.
 type Reaper struct {
-	cfg    ReaperConfig
+	cfg    recovery.ReaperConfig
 	pool   *pgxpool.Pool
 	log    *slog.Logger
 	bg     background
@@ -43,7 +44,7 @@ type Scope struct {
 // once; cfg must have its defaults applied. phase.NewClient calls it. With no scopes it judges the
 // keys of every workflow, with cfg.Retention: that is the reaper of a
 // process that runs no workflow, such as the atomicphase command.
-func NewReaper(cfg ReaperConfig, pool *pgxpool.Pool, log *slog.Logger, scopes []Scope) *Reaper {
+func NewReaper(cfg recovery.ReaperConfig, pool *pgxpool.Pool, log *slog.Logger, scopes []Scope) *Reaper {
 	return &Reaper{cfg: cfg, pool: pool, log: log, scopes: scopes}
 }
 
@@ -82,8 +83,8 @@ func (r *Reaper) Candidates(ctx context.Context) (finished, abandoned int, err e
 
 // RunOnce closes abandoned keys and deletes expired ones, batch after
 // batch with a pause between batches, until none is left or ctx ends.
-func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
-	var res ReapResult
+func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
+	var res recovery.ReapResult
 	expire := r.scopes
 	if len(expire) == 0 {
 		expire = []Scope{{Retention: r.cfg.Retention}}
