@@ -1,4 +1,4 @@
-package recovery
+package maintenance
 
 import (
 	"context"
