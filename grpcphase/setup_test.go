@@ -45,8 +45,8 @@ type env struct {
 
 type options struct {
 	leaseTTL time.Duration
-	key     func(*structpb.Struct) string
-	pool    *pgxpool.Pool
+	key      func(*structpb.Struct) string
+	pool     *pgxpool.Pool
 }
 
 // setup starts a payments server on its own database. A call whose
