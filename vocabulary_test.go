@@ -90,6 +90,14 @@ func TestEveryNameIsSpelledTheSameEverywhere(t *testing.T) {
 	}
 
 	statuses := valueSet(constValues(t, "keyrow", "Status"))
+	var listed []string
+	for _, s := range keyrow.Statuses() {
+		listed = append(listed, string(s))
+	}
+	slices.Sort(listed)
+	if !slices.Equal(listed, statuses) {
+		t.Errorf("keyrow.Statuses() lists %v; the Status constants are %v", listed, statuses)
+	}
 	raw, err := json.Marshal(keyrow.Counts{})
 	if err != nil {
 		t.Fatal(err)

@@ -22,8 +22,7 @@ import (
 )
 
 // states in the order the pages show them.
-var states = []keyrow.Status{keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow.StatusStuck,
-	keyrow.StatusUnknown, keyrow.StatusDead, keyrow.StatusFinished}
+var states = keyrow.Statuses()
 
 var funcs = template.FuncMap{
 	"shown":        shown,
@@ -167,23 +166,7 @@ func body(b []byte) string {
 	return fmt.Sprintf("(%d bytes, not text; base64) %s", len(b), base64.StdEncoding.EncodeToString(b))
 }
 
-func count(c keyrow.Counts, s keyrow.Status) int {
-	switch s {
-	case keyrow.StatusFinished:
-		return c.Finished
-	case keyrow.StatusInFlight:
-		return c.InFlight
-	case keyrow.StatusWaiting:
-		return c.Waiting
-	case keyrow.StatusStuck:
-		return c.Stuck
-	case keyrow.StatusUnknown:
-		return c.Unknown
-	case keyrow.StatusDead:
-		return c.Dead
-	}
-	return 0
-}
+func count(c keyrow.Counts, s keyrow.Status) int { return c.Of(s) }
 
 // label is a status as the pages write it: "in flight".
 func label(s keyrow.Status) string { return strings.ReplaceAll(string(s), "_", " ") }

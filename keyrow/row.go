@@ -195,6 +195,12 @@ func (r *Row) Status(stuckAfter time.Duration, now time.Time) Status {
 	return StatusStuck
 }
 
+// Statuses returns every Status, the unfinished ones first, in the order a
+// key moves through them, then StatusFinished.
+func Statuses() []Status {
+	return []Status{StatusInFlight, StatusWaiting, StatusStuck, StatusUnknown, StatusDead, StatusFinished}
+}
+
 // Counts is how many keys are in each Status.
 type Counts struct {
 	// Finished is exact on small tables; on large ones it is estimated
@@ -207,6 +213,41 @@ type Counts struct {
 	Stuck             int  `json:"stuck"`
 	Unknown           int  `json:"unknown"`
 	Dead              int  `json:"dead"`
+}
+
+// Of returns how many keys of status s were counted; zero for a string that
+// names no Status.
+func (c Counts) Of(s Status) int {
+	if n := c.of(s); n != nil {
+		return *n
+	}
+	return 0
+}
+
+// Set records n keys of status s; it does nothing for a string that names
+// no Status.
+func (c *Counts) Set(s Status, n int) {
+	if p := c.of(s); p != nil {
+		*p = n
+	}
+}
+
+func (c *Counts) of(s Status) *int {
+	switch s {
+	case StatusFinished:
+		return &c.Finished
+	case StatusInFlight:
+		return &c.InFlight
+	case StatusWaiting:
+		return &c.Waiting
+	case StatusStuck:
+		return &c.Stuck
+	case StatusUnknown:
+		return &c.Unknown
+	case StatusDead:
+		return &c.Dead
+	}
+	return nil
 }
 
 // Total is the number of keys counted.

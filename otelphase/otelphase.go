@@ -286,12 +286,8 @@ func (m *Hook) ObserveKeys(c *phase.Client) (metric.Registration, error) {
 		if err != nil {
 			return err
 		}
-		for _, s := range []struct {
-			state keyrow.Status
-			n     int
-		}{{keyrow.StatusFinished, n.Finished}, {keyrow.StatusInFlight, n.InFlight}, {keyrow.StatusWaiting, n.Waiting},
-			{keyrow.StatusStuck, n.Stuck}, {keyrow.StatusUnknown, n.Unknown}, {keyrow.StatusDead, n.Dead}} {
-			o.ObserveInt64(gauge, int64(s.n), metric.WithAttributes(AttrState.String(string(s.state))))
+		for _, s := range keyrow.Statuses() {
+			o.ObserveInt64(gauge, int64(n.Of(s)), metric.WithAttributes(AttrState.String(string(s))))
 		}
 		return nil
 	}, gauge)

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,9 +61,7 @@ func (f *filterFlags) check(fs *flag.FlagSet) error {
 	case f.StuckAfter < 0 || f.OlderThan < 0 || f.NewerThan < 0:
 		return usagef("-stuck-after, -older-than and -newer-than must not be negative")
 	}
-	switch f.Status {
-	case "", keyrow.StatusFinished, keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow.StatusStuck, keyrow.StatusUnknown, keyrow.StatusDead:
-	default:
+	if f.Status != "" && !slices.Contains(keyrow.Statuses(), f.Status) {
 		return usagef("unknown state %q; use finished, in_flight, waiting, stuck, unknown or dead", f.Status)
 	}
 	return nil

@@ -95,19 +95,7 @@ func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinu
 		if n := len(out); n == 0 || !out[n-1].At.Equal(at) || out[n-1].Workflow != workflow {
 			out = append(out, StatusMinute{At: at, Workflow: workflow})
 		}
-		c := &out[len(out)-1].Counts
-		switch status {
-		case keyrow.StatusInFlight:
-			c.InFlight = keys
-		case keyrow.StatusWaiting:
-			c.Waiting = keys
-		case keyrow.StatusStuck:
-			c.Stuck = keys
-		case keyrow.StatusUnknown:
-			c.Unknown = keys
-		case keyrow.StatusDead:
-			c.Dead = keys
-		}
+		out[len(out)-1].Counts.Set(status, keys)
 		return nil
 	})
 	if err != nil {

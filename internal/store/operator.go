@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,11 +30,7 @@ func (a *args) add(v any) string {
 // unfinished reports whether state is one of the unfinished states, whose
 // keys the partial indexes on last_run_at hold.
 func unfinished(state keyrow.Status) bool {
-	switch state {
-	case keyrow.StatusInFlight, keyrow.StatusWaiting, keyrow.StatusStuck, keyrow.StatusUnknown, keyrow.StatusDead:
-		return true
-	}
-	return false
+	return state != keyrow.StatusFinished && slices.Contains(keyrow.Statuses(), state)
 }
 
 // byIdle reports whether f's listing runs on last_run_at, idle longest
