@@ -84,8 +84,9 @@
 //
 // On a Citus coordinator, Open distributes the library's key table
 // (atomicphase.Distribute) and the workload's and the baseline's tables by
-// tenant, co-located. Every statement of either side names the tenant, so
-// each runs on one shard; with citus.enable_stat_counters on, Results count
+// tenant, co-located. The keys of both sides are spread over 64 tenants by
+// a hash of the key, so every worker holds some of them. Every statement of
+// either side names the tenant, so each runs on one shard; with citus.enable_stat_counters on, Results count
 // the statements Citus ran on one shard and on several. benchtable -configs
 // citus starts such a cluster.
 package bench

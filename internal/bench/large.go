@@ -26,7 +26,8 @@ import (
 // same pages, with UUIDv7 ids of their time as this release gives them.
 // Keys are UUID-shaped but derived from their number, so loadedKey can name
 // any of them without reading the table, and they arrive in random index
-// order like real clients' keys.
+// order like real clients' keys; their tenants are $1 followed by their
+// number modulo $12 (see loadedTenant).
 const loadSQL = `
 INSERT INTO idempotency_keys
     (id, created_at, last_run_at, finished_at, tenant, idempotency_key, workflow,
@@ -34,7 +35,7 @@ INSERT INTO idempotency_keys
      response_status, response_headers, response_body, attempts)
 SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7' || substr(md5(i::text), 1, 3)
         || '8' || substr(md5(i::text), 4, 15))::uuid,
-       t - interval '2 milliseconds', t, t, $1, md5('loaded-' || i)::uuid::text, $2,
+       t - interval '2 milliseconds', t, t, $1 || (i % $12), md5('loaded-' || i)::uuid::text, $2,
        $3, $4, 'finished', jsonb_build_object('order_id', i),
        201, '{"Content-Type": ["application/json"]}',
        convert_to(json_build_object('order_id', i, 'item', $8::text, 'amount', $9::int)::text || E'\n', 'UTF8'), 1
@@ -45,6 +46,13 @@ FROM (SELECT i, now() - $5::interval - ($11 - i) * (interval '24 hours' / ($11 -
 func loadedKey(i int) string {
 	return uuid.UUID(md5.Sum([]byte("loaded-" + strconv.Itoa(i)))).String()
 }
+
+// loadedTenantPrefix and loadedTenant name the tenant of the i-th row
+// LoadFinished inserted: the rows are dealt out over the benchmark's
+// tenants in turn.
+const loadedTenantPrefix = "tenant-"
+
+func loadedTenant(i int) string { return loadedTenantPrefix + strconv.Itoa(i%tenants) }
 
 // Empty deletes every key and every row the workflows wrote.
 func (e *Env) Empty(ctx context.Context) error {
@@ -59,7 +67,7 @@ func (e *Env) Empty(ctx context.Context) error {
 // age and age + 24 hours ago, then vacuums and analyzes the table so that it
 // looks like one in steady state rather than one just bulk-loaded.
 func (e *Env) LoadFinished(ctx context.Context, n int, age time.Duration) error {
-	req, err := e.keyRequest("", time.Hour)
+	req, err := e.keyRequest("", "", time.Hour)
 	if err != nil {
 		return err
 	}
@@ -68,8 +76,8 @@ func (e *Env) LoadFinished(ctx context.Context, n int, age time.Duration) error 
 	const chunk = 1_000_000
 	for from := 0; from < n; from += chunk {
 		to := min(from+chunk, n)
-		_, err = e.Pool.Exec(ctx, loadSQL, tenant, req.Workflow, req.Fingerprint[:], req.Params, age,
-			e.loaded+from+1, e.loaded+to, order.Item, order.Amount, e.loaded+1, e.loaded+n)
+		_, err = e.Pool.Exec(ctx, loadSQL, loadedTenantPrefix, req.Workflow, req.Fingerprint[:], req.Params, age,
+			e.loaded+from+1, e.loaded+to, order.Item, order.Amount, e.loaded+1, e.loaded+n, tenants)
 		if err != nil {
 			return fmt.Errorf("bench: load keys: %w", err)
 		}

@@ -334,14 +334,16 @@ func (e *Env) sender(ctx context.Context, k Kind, clients int) (func(ctx context
 		}, nil
 	case AcquireNew:
 		return func(ctx context.Context, _ int) error {
-			return e.acquire(ctx, uuid.NewString(), store.New)
+			key := uuid.NewString()
+			return e.acquire(ctx, tenantOf(key), key, store.New)
 		}, nil
 	case AcquireFinished:
 		if e.loaded == 0 {
 			return nil, fmt.Errorf("no keys loaded; call LoadFinished first")
 		}
 		return func(ctx context.Context, _ int) error {
-			return e.acquire(ctx, loadedKey(1+rand.IntN(e.loaded)), store.Replay)
+			i := 1 + rand.IntN(e.loaded)
+			return e.acquire(ctx, loadedTenant(i), loadedKey(i), store.Replay)
 		}, nil
 	}
 	return nil, fmt.Errorf("unknown kind %v", k)
@@ -353,7 +355,7 @@ func (e *Env) holdOrFinish(ctx context.Context, key string, finish bool) error {
 	if finish {
 		return e.runLibrary(ctx, e.workflow, key, phase.OutcomeNew)
 	}
-	req, err := e.keyRequest(key, time.Hour)
+	req, err := e.keyRequest(tenantOf(key), key, time.Hour)
 	if err != nil {
 		return err
 	}
@@ -371,7 +373,7 @@ func (e *Env) holdOrFinishBaseline(ctx context.Context, key string, finish bool)
 	if err != nil {
 		return err
 	}
-	_, err = e.Pool.Exec(ctx, baselineAcquireSQL, tenant, key, params)
+	_, err = e.Pool.Exec(ctx, baselineAcquireSQL, tenantOf(key), key, params)
 	return err
 }
 
@@ -387,8 +389,8 @@ func (e *Env) expectBaseline(ctx context.Context, key string, want int, rides bo
 }
 
 // keyRequest is the store.Request a library run of the benchmark's order
-// under key makes.
-func (e *Env) keyRequest(key string, ttl time.Duration) (store.Request, error) {
+// under tenant's key makes.
+func (e *Env) keyRequest(tenant, key string, ttl time.Duration) (store.Request, error) {
 	params, err := json.Marshal(order)
 	if err != nil {
 		return store.Request{}, err
@@ -401,8 +403,8 @@ func (e *Env) keyRequest(key string, ttl time.Duration) (store.Request, error) {
 		Fingerprint: fp, Params: params, TTL: ttl, Distributed: e.distributed}, nil
 }
 
-func (e *Env) acquire(ctx context.Context, key string, want store.Outcome) error {
-	req, err := e.keyRequest(key, leaseTTL)
+func (e *Env) acquire(ctx context.Context, tenant, key string, want store.Outcome) error {
+	req, err := e.keyRequest(tenant, key, leaseTTL)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -36,8 +37,18 @@ type receipt struct {
 	Amount  int    `json:"amount"`
 }
 
-// tenant owns every key the benchmarks send.
-const tenant = "tenant-1"
+// tenants is how many tenants the benchmark's keys are spread over, so
+// that on Citus every worker holds some of them, as a service's accounts
+// would be spread.
+const tenants = 64
+
+// tenantOf returns the tenant that owns key: one of tenants, chosen by a
+// hash of the key, the same for the library and the baseline.
+func tenantOf(key string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return "tenant-" + strconv.Itoa(int(h.Sum32()%tenants))
+}
 
 // order is the request every benchmark sends, so replays and conflicts
 // match the stored fingerprint.
@@ -110,19 +121,19 @@ SELECT create_distributed_table('baseline_keys', 'tenant', colocate_with => 'ide
 // the baseline run exactly these, so the two differ only in how they keep
 // the key row.
 
-func createOrder(ctx context.Context, tx pgx.Tx, key string, req Order) (int64, error) {
+func createOrder(ctx context.Context, tx pgx.Tx, tenant, key string, req Order) (int64, error) {
 	var id int64
 	err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, ikey, item, amount) VALUES ($1, $2, $3, $4) RETURNING id`,
 		tenant, key, req.Item, req.Amount).Scan(&id)
 	return id, err
 }
 
-func confirmOrder(ctx context.Context, tx pgx.Tx, id int64) error {
+func confirmOrder(ctx context.Context, tx pgx.Tx, tenant string, id int64) error {
 	_, err := tx.Exec(ctx, `UPDATE orders SET status = 'confirmed', confirmed_at = now() WHERE tenant = $1 AND id = $2`, tenant, id)
 	return err
 }
 
-func auditOrder(ctx context.Context, tx pgx.Tx, id int64, req Order) error {
+func auditOrder(ctx context.Context, tx pgx.Tx, tenant string, id int64, req Order) error {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return err
@@ -160,7 +171,7 @@ func (e *Env) chargeOrder(ctx context.Context, key string, id int64) (string, er
 	return c.ID, nil
 }
 
-func recordCharge(ctx context.Context, tx pgx.Tx, id int64, chargeID string) error {
+func recordCharge(ctx context.Context, tx pgx.Tx, tenant string, id int64, chargeID string) error {
 	_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $3 WHERE tenant = $1 AND id = $2`, tenant, id, chargeID)
 	return err
 }
@@ -187,15 +198,15 @@ const phases = 3
 func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 	return phase.NewWorkflow("orders",
 		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
-			id, err := createOrder(ctx, tx, in.Key, in.Req)
+			id, err := createOrder(ctx, tx, in.Tenant, in.Key, in.Req)
 			in.State.OrderID = id
 			return phase.Next(), err
 		}),
 		phase.Local("order_confirmed", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
-			return phase.Next(), confirmOrder(ctx, tx, in.State.OrderID)
+			return phase.Next(), confirmOrder(ctx, tx, in.Tenant, in.State.OrderID)
 		}),
 		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
-			if err := auditOrder(ctx, tx, in.State.OrderID, in.Req); err != nil {
+			if err := auditOrder(ctx, tx, in.Tenant, in.State.OrderID, in.Req); err != nil {
 				return phase.Result{}, err
 			}
 			return phase.JSON(http.StatusCreated, receipt{in.State.OrderID, in.Req.Item, in.Req.Amount}), nil
@@ -210,7 +221,7 @@ func newWorkflow() (*phase.Workflow[Order, orderState], error) {
 func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
 	return phase.NewWorkflow("rides",
 		phase.Local("order_created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
-			id, err := createOrder(ctx, tx, in.Key, in.Req)
+			id, err := createOrder(ctx, tx, in.Tenant, in.Key, in.Req)
 			in.State.OrderID = id
 			return phase.Next(), err
 		}),
@@ -220,10 +231,10 @@ func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
 			},
 			func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState], chargeID string) (phase.Result, error) {
 				in.State.ChargeID = chargeID
-				return phase.Next(), recordCharge(ctx, tx, in.State.OrderID, chargeID)
+				return phase.Next(), recordCharge(ctx, tx, in.Tenant, in.State.OrderID, chargeID)
 			}).Repeatable(),
 		phase.Local("audited", func(ctx context.Context, tx pgx.Tx, in *phase.Input[Order, orderState]) (phase.Result, error) {
-			if err := auditOrder(ctx, tx, in.State.OrderID, in.Req); err != nil {
+			if err := auditOrder(ctx, tx, in.Tenant, in.State.OrderID, in.Req); err != nil {
 				return phase.Result{}, err
 			}
 			return phase.JSON(http.StatusCreated, receipt{in.State.OrderID, in.Req.Item, in.Req.Amount}), nil
@@ -234,7 +245,7 @@ func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
 // runLibrary sends one request through the library and checks that it
 // ended as want.
 func (e *Env) runLibrary(ctx context.Context, w *phase.Workflow[Order, orderState], key string, want phase.OutcomeKind) error {
-	out, err := w.Run(ctx, e.client, tenant, key, order)
+	out, err := w.Run(ctx, e.client, tenantOf(key), key, order)
 	if err != nil {
 		return err
 	}
@@ -314,7 +325,7 @@ func baselineKeySQL(sql string) keyStatement {
 
 // baselineKey returns the statement s and its arguments (the row's id
 // first) for the server at hand.
-func (e *Env) baselineKey(s keyStatement, args ...any) (string, []any) {
+func (e *Env) baselineKey(s keyStatement, tenant string, args ...any) (string, []any) {
 	if e.distributed {
 		return s.distributed, append(args, tenant)
 	}
@@ -329,6 +340,7 @@ func (e *Env) runBaseline(ctx context.Context, key string, rides bool) (int, err
 	if err != nil {
 		return 0, err
 	}
+	tenant := tenantOf(key)
 	var (
 		id    int64
 		point string
@@ -358,7 +370,7 @@ func (e *Env) runBaseline(ctx context.Context, key string, rides bool) (int, err
 	status, err := e.baselinePhases(ctx, id, key, point, rides)
 	if err != nil {
 		// As the reference does: free the key at once for the next retry.
-		sql, args := e.baselineKey(baselineUnlockSQL, id)
+		sql, args := e.baselineKey(baselineUnlockSQL, tenant, id)
 		_, _ = e.Pool.Exec(context.WithoutCancel(ctx), sql, args...)
 		return 0, err
 	}
@@ -370,14 +382,15 @@ func (e *Env) runBaseline(ctx context.Context, key string, rides bool) (int, err
 // the charge inside its transaction, as the reference does, with the
 // reference's downstream key (its prefix and the key row's id).
 func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, rides bool) (int, error) {
+	tenant := tenantOf(key)
 	var orderID int64
 	for {
 		switch point {
 		case keyrow.Started:
 			err := e.baselinePhase(ctx, func(tx pgx.Tx) (err error) {
-				orderID, err = createOrder(ctx, tx, key, order)
+				orderID, err = createOrder(ctx, tx, tenant, key, order)
 				return err
-			}, baselineAdvanceSQL, id, "order_created")
+			}, baselineAdvanceSQL, tenant, id, "order_created")
 			if err != nil {
 				return 0, err
 			}
@@ -390,14 +403,14 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 			}
 			err := e.baselinePhase(ctx, func(tx pgx.Tx) error {
 				if !rides {
-					return confirmOrder(ctx, tx, orderID)
+					return confirmOrder(ctx, tx, tenant, orderID)
 				}
 				chargeID, err := e.chargeOrder(ctx, "rocket-rides-atomic-"+strconv.FormatInt(id, 10), orderID)
 				if err != nil {
 					return err
 				}
-				return recordCharge(ctx, tx, orderID, chargeID)
-			}, baselineAdvanceSQL, id, "order_confirmed")
+				return recordCharge(ctx, tx, tenant, orderID, chargeID)
+			}, baselineAdvanceSQL, tenant, id, "order_confirmed")
 			if err != nil {
 				return 0, err
 			}
@@ -413,8 +426,8 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 				return 0, err
 			}
 			err = e.baselinePhase(ctx, func(tx pgx.Tx) error {
-				return auditOrder(ctx, tx, orderID, order)
-			}, baselineFinishSQL, id, http.StatusCreated, append(body, '\n'))
+				return auditOrder(ctx, tx, tenant, orderID, order)
+			}, baselineFinishSQL, tenant, id, http.StatusCreated, append(body, '\n'))
 			if err != nil {
 				return 0, err
 			}
@@ -427,7 +440,7 @@ func (e *Env) baselinePhases(ctx context.Context, id int64, key, point string, r
 
 // baselinePhase is the reference's atomic_phase: BEGIN, the phase's
 // statements, the key update, COMMIT, each its own round trip.
-func (e *Env) baselinePhase(ctx context.Context, work func(pgx.Tx) error, key keyStatement, args ...any) error {
+func (e *Env) baselinePhase(ctx context.Context, work func(pgx.Tx) error, key keyStatement, tenant string, args ...any) error {
 	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -436,7 +449,7 @@ func (e *Env) baselinePhase(ctx context.Context, work func(pgx.Tx) error, key ke
 	if err := work(tx); err != nil {
 		return err
 	}
-	keySQL, args := e.baselineKey(key, args...)
+	keySQL, args := e.baselineKey(key, tenant, args...)
 	if _, err := tx.Exec(ctx, keySQL, args...); err != nil {
 		return err
 	}

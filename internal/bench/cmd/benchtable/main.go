@@ -628,13 +628,19 @@ func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writ
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+// nodeCostClients are the client counts at which nodeCosts measures.
+var nodeCostClients = []int{1, 8}
+
 // nodeCosts prints what each node of a Citus cluster spent on the
-// three-phase request of the library and of the baseline at one client,
-// alternating for rounds rounds of d: the CPU time of its processes, and the
-// planning and execution time and the count of its statements by
-// pg_stat_statements (on the coordinator, execution includes waiting for
-// the workers; on a worker, statements include the BEGIN, the distributed
-// transaction id and the COMMIT that Citus sends for each transaction).
+// three-phase request of the library and of the baseline at each of
+// nodeCostClients, alternating for rounds rounds of d: the CPU time of its
+// processes, and the planning and execution time and the count of its
+// statements by pg_stat_statements (on the coordinator, execution includes
+// waiting for the workers; on a worker, statements include the BEGIN, the
+// distributed transaction id and the COMMIT that Citus sends for each
+// transaction), with the requests a second the cluster served, so that
+// each node's share of the work, and what one node could serve alone, can
+// be read off.
 func nodeCosts(ctx context.Context, env *bench.Env, nodes []node, rounds int, d time.Duration, w, progress io.Writer) error {
 	conns := make([]*pgx.Conn, len(nodes))
 	for i, n := range nodes {
@@ -645,10 +651,25 @@ func nodeCosts(ctx context.Context, env *bench.Env, nodes []node, rounds int, d 
 		defer conn.Close(context.WithoutCancel(ctx))
 		conns[i] = conn
 	}
+	fmt.Fprintln(w, "Where the time goes, by node: three-phase request (CPU time of the node's processes; pg_stat_statements of every statement the node ran, BEGIN and COMMIT included):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| request | clients | req/s | node | CPU µs/req | planning µs/req | execution µs/req | statements/req |")
+	fmt.Fprintln(w, "|---|---:|---:|---|---:|---:|---:|---:|")
+	for _, clients := range nodeCostClients {
+		if err := nodeCostsAt(ctx, env, nodes, conns, clients, rounds, d, w, progress); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// nodeCostsAt prints nodeCosts's rows for clients clients.
+func nodeCostsAt(ctx context.Context, env *bench.Env, nodes []node, conns []*pgx.Conn, clients, rounds int, d time.Duration, w, progress io.Writer) error {
 	kinds := [2]bench.Kind{bench.LibraryRun, bench.BaselineRun}
 	var loads [2]*bench.Load
 	for i, k := range kinds {
-		l, err := env.Prepare(ctx, k, 1)
+		l, err := env.Prepare(ctx, k, clients)
 		if err != nil {
 			return err
 		}
@@ -661,6 +682,7 @@ func nodeCosts(ctx context.Context, env *bench.Env, nodes []node, rounds int, d 
 	var (
 		costs    [2][]cost
 		requests [2]int
+		elapsed  [2]time.Duration
 	)
 	for i := range costs {
 		costs[i] = make([]cost, len(nodes))
@@ -668,7 +690,7 @@ func nodeCosts(ctx context.Context, env *bench.Env, nodes []node, rounds int, d 
 	for r := range rounds {
 		for j := range 2 {
 			i := j ^ r%2
-			fmt.Fprintf(progress, "%s, clients=1, by node: round %d/%d\n", kinds[i], r+1, rounds)
+			fmt.Fprintf(progress, "%s, clients=%d, by node: round %d/%d\n", kinds[i], clients, r+1, rounds)
 			before := make([]time.Duration, len(nodes))
 			for n, c := range conns {
 				if _, err := c.Exec(ctx, `SELECT public.pg_stat_statements_reset()`); err != nil {
@@ -681,6 +703,7 @@ func nodeCosts(ctx context.Context, env *bench.Env, nodes []node, rounds int, d 
 				return err
 			}
 			requests[i] += res.Requests()
+			elapsed[i] += res.Elapsed
 			for n, c := range conns {
 				costs[i][n].cpu += serverCPU(nodes[n].postmaster) - before[n]
 				var plan, exec float64
@@ -698,17 +721,13 @@ WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%citus_stat_coun
 			}
 		}
 	}
-	fmt.Fprintln(w, "Where the time goes, by node: three-phase request, 1 client (CPU time of the node's processes; pg_stat_statements of every statement the node ran, BEGIN and COMMIT included):")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| request | node | CPU µs/req | planning µs/req | execution µs/req | statements/req |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
 	for i, k := range kinds {
 		per := func(d time.Duration) float64 { return us(d) / float64(max(requests[i], 1)) }
+		rate := float64(requests[i]) / max(elapsed[i].Seconds(), 1e-9)
 		for n, c := range costs[i] {
-			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.2f |\n", k, nodes[n].name, per(c.cpu), per(c.plan), per(c.exec),
+			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %.0f | %.0f | %.0f | %.2f |\n", k, clients, rate, nodes[n].name, per(c.cpu), per(c.plan), per(c.exec),
 				float64(c.calls)/float64(max(requests[i], 1)))
 		}
 	}
-	fmt.Fprintln(w)
 	return nil
 }
