@@ -211,8 +211,17 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	// Only an open, healthy transaction is held back: one the phase ended
 	// on its own, or in which a statement failed, fails its commit now.
-	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' && x.holdsBack(i, next) {
-		x.heldBack = priorCommit{write: w, done: x,
+	open := tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T'
+	if res.response == nil && open && x.holdsBack(i, next) {
+		// A write that cannot travel with COMMIT (on Citus) goes now, in
+		// the phase's transaction, and only COMMIT is held back.
+		written := !w.Pipelined()
+		if written {
+			if err := w.Exec(ctx, tx.tx); err != nil {
+				return Result{}, x.commitFailed(p, err)
+			}
+		}
+		x.heldBack = priorCommit{write: w, written: written, done: x,
 			chain: !x.lease.Distributed && x.w.phases[next].isolation == p.isolation}
 		x.heldBegan, x.heldStarted, x.heldState = began, x.started, state
 		x.held, x.priorAt, x.priorRec, x.next = conn, i, rec, next
@@ -220,13 +229,10 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return res, nil
 	}
 	if err := tx.commit(ctx, w); err != nil {
-		if errors.Is(err, keyrow.ErrLeaseLost) {
-			x.lease.MarkLost()
-		}
-		if errors.Is(err, keyrow.ErrLeaseLost) || asPriorCommit(err) != nil || tx.priorErr != nil {
+		if asPriorCommit(err) != nil || tx.priorErr != nil {
 			return Result{}, err
 		}
-		return Result{}, fmt.Errorf("phase %s: commit: %w", p.name, err)
+		return Result{}, x.commitFailed(p, err)
 	}
 	if res.response == nil {
 		x.next = next
@@ -237,6 +243,16 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// commitFailed returns the error of phase p's commit, err, having marked
+// the lease lost when the fence found it so.
+func (x *execution[Req, State]) commitFailed(p *Phase[Req, State], err error) error {
+	if errors.Is(err, keyrow.ErrLeaseLost) {
+		x.lease.MarkLost()
+		return err
+	}
+	return fmt.Errorf("phase %s: commit: %w", p.name, err)
 }
 
 // priorCommitted is committedAt for the phase whose commit was held back
@@ -352,6 +368,10 @@ func (x *execution[Req, State]) restoreState() {
 // statements never run.
 type priorCommit struct {
 	write store.Write
+	// written is set when write was sent, and matched, in the phase's
+	// transaction already, as a write that is not Pipelined must be: only
+	// COMMIT is left to send.
+	written bool
 	// chain is set when the next phase's transaction may begin with
 	// COMMIT AND CHAIN, which commits this one and begins the next with the
 	// same characteristics in one statement: the two phases run at the
@@ -392,7 +412,10 @@ func (t *phaseTx) settlePrior(br pgx.BatchResults) error {
 		return nil
 	}
 	t.prior = nil
-	_, err := br.Exec()
+	var err error
+	if !p.written {
+		_, err = br.Exec()
+	}
 	if err == nil {
 		_, err = br.Exec()
 	}
@@ -439,6 +462,12 @@ func (t *phaseTx) commit(ctx context.Context, w store.Write) error {
 	}
 	if t.err != nil {
 		return t.err
+	}
+	if !w.Pipelined() {
+		if err := w.Exec(ctx, t.tx); err != nil {
+			return err
+		}
+		return t.tx.Commit(ctx)
 	}
 	t.lastQueries = [2]pgx.QueuedQuery{w.QueuedQuery(), {SQL: "COMMIT"}}
 	t.lastQueued = [2]*pgx.QueuedQuery{&t.lastQueries[0], &t.lastQueries[1]}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
@@ -28,53 +29,109 @@ import (
 // propose keys, and the write that takes or changes each key checks again
 // by the coordinator's.
 
-// takeable is the condition under which the distributed acquire takes an
-// existing row: the one takeOverSQL's ON CONFLICT checks, with the
-// statement's clock read from excluded.locked_at, because Citus refuses
-// now() in ON CONFLICT.
-const takeable = `(k.finished_at IS NULL AND k.hold IS NULL
-          AND k.request_fingerprint = excluded.request_fingerprint
-          AND k.workflow = excluded.workflow
-          AND k.definition = excluded.definition
-          AND (k.lock_expires_at IS NULL OR k.lock_expires_at <= excluded.locked_at))`
+// On a distributed key table Acquire sends only statements on the key
+// table alone with the tenant as a parameter, which Citus plans on its fast
+// path and, once prepared, does not plan again: the CTEs of acquireSQL and
+// takeOverSQL it would plan in full on every call. A new key costs one
+// statement, the insert, as the hand-written upsert does; a replay, a
+// conflict, a mismatch or a key on hold costs the insert and a read, and
+// writes nothing; a key that may be resumed costs a third, the takeover.
+// One statement could serve every outcome only by writing the existing row
+// (an upsert returns an existing row only when it updates it), which a
+// replay or a conflict would then wait for behind a running phase's
+// transaction.
 
-// acquireDistributedSQL is acquireSQL and takeOverSQL in one, for a
-// distributed key table, in the one form Citus sends to a single shard: an
-// INSERT ... VALUES whose ON CONFLICT clause uses no function. ON CONFLICT
-// DO UPDATE ... WHERE would return nothing for a key it did not take, so the
-// update instead always happens and leaves the row as it was unless the key
-// is takeable; RETURNING then reports the row either way, and whether the
-// caller's token ($7) is now the row's. A replay or a conflict therefore
-// writes a row version (HOT: no indexed column changes) where acquireSQL
-// only reads, and waits for a phase transaction holding the row's lock. The
-// takeover sets the same columns as takeOverSQL's.
-//
-// Citus refuses now() in RETURNING too, so a key held by another run
-// reports the lease's expiry (column 9), and Acquire turns it into the
-// time left by the caller's clock: that time is only a hint of when to
-// retry, never a decision.
-var acquireDistributedSQL = `
-INSERT INTO idempotency_keys AS k
+// acquireDistributedSQL inserts a new key with the caller's lease (as
+// acquireSQL does), and returns nothing when the key exists. Its columns
+// are acquireSQL's, with the lease's expiry in column 9 (see
+// foundDistributedSQL).
+const acquireDistributedSQL = `
+INSERT INTO idempotency_keys
     (id, tenant, idempotency_key, workflow, definition, request_fingerprint, request_params,
      locked_at, lock_expires_at, lock_token, attempts, retain_for)
 VALUES ($8, $1, $2, $3, $9, $4, $5, now(), now() + $6::interval, $7, 1, $10::interval)
-ON CONFLICT (tenant, idempotency_key) DO UPDATE
-    SET locked_at = ` + ifTakeable("excluded.locked_at", "k.locked_at") + `,
-        lock_expires_at = ` + ifTakeable("excluded.lock_expires_at", "k.lock_expires_at") + `,
-        lock_token = ` + ifTakeable("excluded.lock_token", "k.lock_token") + `,
-        last_run_at = ` + ifTakeable("excluded.locked_at", "k.last_run_at") + `,
-        attempts = ` + ifTakeable("k.attempts + 1", "k.attempts") + `
-RETURNING k.id, k.workflow, k.definition, k.recovery_point,
-       CASE WHEN k.lock_token = $7 THEN k.phase_state END, k.hold, k.attempts,
-       CASE WHEN k.lock_token = $7 THEN k.lock_token END,
-       CASE WHEN k.lock_token = $7 THEN NULL ELSE k.lock_expires_at END,
-       k.xmax = 0, coalesce(k.lock_token = $7, false), k.request_fingerprint = $4,
-       k.response_status, k.response_headers, k.response_body, k.last_error,
-       CASE WHEN k.lock_token = $7 THEN k.call_pending END,
-       CASE WHEN k.lock_token = $7 AND k.xmax <> 0 THEN k.request_params END`
+ON CONFLICT (tenant, idempotency_key) DO NOTHING
+RETURNING id, workflow, definition, recovery_point, phase_state, hold, attempts, lock_token,
+       NULL::timestamptz, true, true, true,
+       NULL::int, NULL::jsonb, NULL::bytea, last_error, call_pending, NULL::jsonb`
 
-func ifTakeable(then, otherwise string) string {
-	return "CASE WHEN " + strings.TrimSpace(takeable) + " THEN " + then + " ELSE " + otherwise + " END"
+// foundDistributedSQL reads an existing key, as acquireSQL's found branch
+// does. Citus refuses now() in a write's RETURNING and would run it on the
+// worker's clock in a read, so column 9 is the lease's expiry, which
+// Acquire turns into the time left by the caller's clock: that time only
+// decides whether to try the takeover, which judges the lease again by the
+// coordinator's clock, and hints when to retry.
+const foundDistributedSQL = `
+SELECT id, workflow, definition, recovery_point, NULL::jsonb, hold, attempts, NULL::uuid,
+       lock_expires_at, false, false, request_fingerprint = $3,
+       response_status, response_headers, response_body, last_error, NULL::text, NULL::jsonb
+FROM idempotency_keys
+WHERE tenant = $1 AND idempotency_key = $2`
+
+// takeOverDistributedSQL takes over the lease of an existing key under the
+// conditions of takeOverSQL's ON CONFLICT, judged under the row's lock on
+// its newest version (READ COMMITTED re-checks them after a wait), so that
+// of two takeovers, or a takeover and a phase commit that renewed the
+// lease, only one wins. It returns nothing when the key cannot be taken, or
+// is gone. Its columns are acquireSQL's, with the stored request last.
+const takeOverDistributedSQL = `
+UPDATE idempotency_keys
+SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = $6,
+    last_run_at = now(), attempts = attempts + 1
+WHERE tenant = $1 AND idempotency_key = $2
+  AND finished_at IS NULL AND hold IS NULL
+  AND request_fingerprint = $4 AND workflow = $3 AND definition = $7
+  AND (lock_expires_at IS NULL OR lock_expires_at <= now())
+RETURNING id, workflow, definition, recovery_point, phase_state, hold, attempts, lock_token,
+       NULL::timestamptz, false, true, true,
+       NULL::int, NULL::jsonb, NULL::bytea, last_error, call_pending, request_params`
+
+// acquireDistributed is Acquire on a distributed key table (see
+// acquireDistributedSQL), with the new key's token and id. A key deleted
+// between two of its statements, or taken by another run between the read
+// and the takeover, sends it back to the insert, at most twice: it then
+// reports what it read last.
+func acquireDistributed(ctx context.Context, q Querier, req Request, retention *time.Duration, token, id uuid.UUID) (Outcome, *Row, error) {
+	var (
+		row     *Row
+		outcome Outcome
+	)
+	for try := 0; ; try++ {
+		sent := time.Now()
+		var err error
+		row, outcome, err = scanAcquire(q.QueryRow(ctx, acquireDistributedSQL,
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, intervalArg(req.TTL), uuidArg(token), uuidArg(id),
+			req.Definition, retention), req)
+		if err == nil {
+			row.TakenAt = sent
+			row.Params = req.Params
+			return outcome, row, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, nil, fmt.Errorf("store: acquire: %w", err)
+		}
+		row, outcome, err = scanAcquire(q.QueryRow(ctx, foundDistributedSQL, req.Tenant, req.Key, req.Fingerprint[:]), req)
+		if errors.Is(err, pgx.ErrNoRows) && try < 2 {
+			continue
+		}
+		if err != nil {
+			return 0, nil, fmt.Errorf("store: acquire: %w", err)
+		}
+		if outcome != Held || row.LeaseLeft > 0 || try == 2 {
+			return outcome, row, nil
+		}
+		sent = time.Now()
+		taken, takenOutcome, err := scanAcquire(q.QueryRow(ctx, takeOverDistributedSQL,
+			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], intervalArg(req.TTL), uuidArg(token), req.Definition), req)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return 0, nil, fmt.Errorf("store: acquire: %w", err)
+		}
+		taken.TakenAt = sent
+		return takenOutcome, taken, nil
+	}
 }
 
 // leaseLeftAt is the time a lease that expires at expires has left at now,

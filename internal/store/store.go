@@ -282,8 +282,8 @@ WHERE NOT EXISTS (SELECT FROM taken)`
 // Row.LockToken is its fencing token. Either is taken by one statement: a
 // new key, a replay, a conflict, a mismatch or a key on hold costs one
 // (acquireSQL), and a key that may be resumed a second, the takeover
-// (takeOverSQL). On a distributed key table every case costs one
-// (acquireDistributedSQL).
+// (takeOverSQL). On a distributed key table a new key costs one statement
+// and the other cases two or three (see acquireDistributed).
 //
 // Lease expiry is judged by the database clock, never the caller's. The
 // tenant, key and workflow name are checked before anything is sent: the
@@ -318,10 +318,15 @@ func Acquire(ctx context.Context, q Querier, req Request) (Outcome, *Row, error)
 	if err != nil {
 		return 0, nil, fmt.Errorf("store: acquire: %w", err)
 	}
-	sql := acquireSQL
 	if req.Distributed {
-		sql = acquireDistributedSQL
+		outcome, row, err := acquireDistributed(ctx, q, req, retention, token, id)
+		if err != nil {
+			return 0, nil, err
+		}
+		row.Tenant, row.Key, row.Fingerprint, row.Distributed = req.Tenant, req.Key, req.Fingerprint[:], true
+		return outcome, row, nil
 	}
+	sql := acquireSQL
 	for raced := false; ; {
 		sent := time.Now()
 		row, outcome, err := scanAcquire(q.QueryRow(ctx, sql,
@@ -451,6 +456,20 @@ func fenced(modify string) string {
 	return "WITH fenced AS (" + modify + ") SELECT atomicphase_lease_lost() WHERE NOT EXISTS (SELECT FROM fenced)"
 }
 
+// fencedByID returns the two forms of a holder's fenced write, modify, a
+// statement for byID. On a single Postgres it is fenced: it raises when it
+// matches no row, so it may be pipelined with COMMIT. On Citus it is the
+// plain UPDATE, which the caller must see match its row before it sends
+// COMMIT (see Write.Pipelined): Citus plans a statement on one table with
+// the distribution column as a parameter on its fast path, and keeps the
+// plan of a prepared one, but plans the fenced form's CTE in full on every
+// call, which costs more than the round trip the check takes.
+func fencedByID(modify string, n int) keySQL {
+	s := byID(modify, n)
+	s.plain = fenced(s.plain)
+	return s
+}
+
 // keySQL is a statement about the one key row a holder names by its id, in
 // the two forms the key table needs.
 //
@@ -510,47 +529,47 @@ func keyArgs(distributed bool, args []any) []any {
 // (the one it matched), and the recovery point it sets is a phase name,
 // never keyrow.Finished (checked by AdvanceArgs).
 
-var advanceSQL = byID(fenced(`
+var advanceSQL = fencedByID(`
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
     lock_expires_at = now() + $5::interval
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`), 6)
+RETURNING 1`, 6)
 
 // finishSQL stores the response, marks the key finished and frees the lease.
 // It sets the recovery point, the finish time and the response status (never
 // NULL: checked by finishArgs) together, and clears the token and its expiry
 // together.
-var finishSQL = byID(fenced(`
+var finishSQL = fencedByID(`
 UPDATE idempotency_keys
 SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0, call_pending = NULL
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`), 7)
+RETURNING 1`, 7)
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
 // resumes after the last committed phase. A non-empty hold parks the key.
 // $5 is 1 when the run that failed was the completer's, so that only the
 // completer's own failures count towards giving up on a key. $6 clears the
 // pending call, when the run learnt that it did not happen.
-var releaseSQL = byID(fenced(`
+var releaseSQL = fencedByID(`
 UPDATE idempotency_keys
 SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
     last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int,
     call_pending = CASE WHEN $6 THEN NULL ELSE call_pending END
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`), 7)
+RETURNING 1`, 7)
 
 // adoptSQL moves a key the caller holds to the definition of the workflow
 // that adopted it, at the recovery point it resumes from. It is fenced like
 // every other write of a holder.
-var adoptSQL = byID(fenced(`
+var adoptSQL = fencedByID(`
 UPDATE idempotency_keys
 SET definition = $3, recovery_point = $4
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`), 5)
+RETURNING 1`, 5)
 
 // Adopt records that the key the holder identified by token holds now runs
 // under definition, from recovery point point. It returns
@@ -560,8 +579,8 @@ func Adopt(ctx context.Context, q Querier, h Holder, definition, point string) e
 	if err := keyrow.CheckName(point); err != nil || point == keyrow.Finished {
 		return fmt.Errorf("store: adopt: invalid recovery point %q", point)
 	}
-	return execFenced(ctx, q, adoptSQL.form(h.Distributed),
-		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), definition, point, h.Tenant}))
+	return holderWrite(adoptSQL, h.Distributed,
+		[]any{uuidArg(h.ID), uuidArg(h.Token), definition, point, h.Tenant}).Exec(ctx, q)
 }
 
 // markCallSQL records, before a foreign call that is not safe to repeat,
@@ -603,21 +622,44 @@ WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $4
 RETURNING 1`
 
 // Write is one fenced write of a holder, ready to be sent on its own (Exec)
-// or queued in a batch, where it is pipelined with COMMIT (Queue). When the
-// holder's token no longer matches it raises an error that AsLeaseLost maps
-// to keyrow.ErrLeaseLost, and changes nothing.
+// or, when it is Pipelined, queued in a batch with COMMIT (QueuedQuery).
+// When the holder's token no longer matches it changes nothing, and Exec
+// returns keyrow.ErrLeaseLost.
 type Write struct {
 	sql  string
 	args []any
+	// confirmed is set for the form that reports a lost lease by matching
+	// no row, rather than by raising (see fencedByID).
+	confirmed bool
 }
 
-// Exec sends w on its own.
-func (w Write) Exec(ctx context.Context, q Querier) error { return execFenced(ctx, q, w.sql, w.args) }
+// holderWrite is the Write of s, a fencedByID statement, in the form for a
+// key table distributed or not, with args, whose last is the tenant.
+func holderWrite(s keySQL, distributed bool, args []any) Write {
+	return Write{sql: s.form(distributed), args: keyArgs(distributed, args), confirmed: distributed}
+}
 
-// Queue adds w to a batch.
-func (w Write) Queue(b *pgx.Batch) { b.Queue(w.sql, w.args...) }
+// Pipelined reports whether w raises when the lease is lost, so that it
+// may travel with COMMIT in one batch: the error aborts the transaction
+// and the COMMIT persists nothing. A Write that is not (on a distributed
+// key table) must be sent with Exec, inside the transaction, and COMMIT
+// only after Exec returned nil.
+func (w Write) Pipelined() bool { return !w.confirmed }
 
-// QueuedQuery returns w as a query to put in a batch.
+// Exec sends w and returns keyrow.ErrLeaseLost when it found the lease
+// lost.
+func (w Write) Exec(ctx context.Context, q Querier) error {
+	tag, err := q.Exec(ctx, w.sql, w.args...)
+	if err != nil {
+		return AsLeaseLost(err)
+	}
+	if w.confirmed && tag.RowsAffected() == 0 {
+		return keyrow.ErrLeaseLost
+	}
+	return nil
+}
+
+// QueuedQuery returns w as a query to put in a batch; w must be Pipelined.
 func (w Write) QueuedQuery() pgx.QueuedQuery { return pgx.QueuedQuery{SQL: w.sql, Arguments: w.args} }
 
 // AdvanceWrite is the write that commits the recovery point and state of the
@@ -639,7 +681,7 @@ func advanceWrite(distributed bool, id, token, tenant any, point string, state [
 	if ttl <= 0 {
 		return Write{}, errors.New("store: advance: lease TTL must be positive")
 	}
-	return Write{advanceSQL.form(distributed), keyArgs(distributed, []any{id, token, point, jsonOrNull(state), ttlArg, tenant})}, nil
+	return holderWrite(advanceSQL, distributed, []any{id, token, point, jsonOrNull(state), ttlArg, tenant}), nil
 }
 
 // Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
@@ -671,7 +713,7 @@ func finishWrite(distributed bool, id, token, tenant any, state []byte, resp key
 	if body == nil {
 		body = []byte{}
 	}
-	return Write{finishSQL.form(distributed), keyArgs(distributed, []any{id, token, jsonOrNull(state), resp.Status, headers, body, tenant})}, nil
+	return holderWrite(finishSQL, distributed, []any{id, token, jsonOrNull(state), resp.Status, headers, body, tenant}), nil
 }
 
 // Finish sends FinishWrite on its own. It returns ErrLeaseLost, and changes
@@ -727,8 +769,8 @@ func Release(ctx context.Context, q Querier, h Holder, lastErr string, hold keyr
 	if byCompleter {
 		failed = 1
 	}
-	return execFenced(ctx, q, releaseSQL.form(h.Distributed),
-		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), storableText(lastErr), string(hold), failed, callFailed, h.Tenant}))
+	return holderWrite(releaseSQL, h.Distributed,
+		[]any{uuidArg(h.ID), uuidArg(h.Token), storableText(lastErr), string(hold), failed, callFailed, h.Tenant}).Exec(ctx, q)
 }
 
 // releaseTimeout bounds ReleaseDetached.
@@ -777,11 +819,6 @@ func renew(ctx context.Context, q Querier, h Holder, ttl time.Duration, phase st
 		return 0, fmt.Errorf("store: renew: %w", err)
 	}
 	return ttl, nil
-}
-
-func execFenced(ctx context.Context, q Querier, sql string, args []any) error {
-	_, err := q.Exec(ctx, sql, args...)
-	return AsLeaseLost(err)
 }
 
 // AsLeaseLost maps the error a fenced statement raises when its token no

@@ -180,8 +180,9 @@ func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	q := w.QueuedQuery()
 	b := &pgx.Batch{}
-	w.Queue(b)
+	b.Queue(q.SQL, q.Arguments...)
 	b.Queue("COMMIT")
 	if err := store.AsLeaseLost(tx.SendBatch(ctx, b).Close()); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("pipelined advance = %v, want ErrLeaseLost", err)
