@@ -163,3 +163,14 @@ func TestRebuildMakesFailedPrimaryAStandbyOfTheNewOne(t *testing.T) {
 		t.Error("the multi-host DSN reached a standby")
 	}
 }
+
+// TestSetSynchronousRefusesAsynchronousCommits checks that a cluster whose
+// commits wait for no standby, as Start's do, is not made synchronous in
+// name only.
+func TestSetSynchronousRefusesAsynchronousCommits(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	if err := c.SetSynchronous(t.Context(), true); err == nil {
+		t.Error("SetSynchronous accepted a cluster with synchronous_commit=off")
+	}
+}
