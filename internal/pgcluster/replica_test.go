@@ -70,16 +70,22 @@ func rowIDs(t *testing.T, dsn string) []int {
 // inRecovery reports whether the server dsn reaches is a standby.
 func inRecovery(t *testing.T, dsn string) bool {
 	t.Helper()
+	return queryOne[bool](t, dsn, "SELECT pg_is_in_recovery()")
+}
+
+// queryOne returns the one value sql returns on dsn.
+func queryOne[T any](t *testing.T, dsn, sql string, args ...any) T {
+	t.Helper()
 	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var standby bool
-	if err := conn.QueryRow(t.Context(), "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
-		t.Fatal(err)
+	var v T
+	if err := conn.QueryRow(t.Context(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
-	return standby
+	return v
 }
 
 func TestFailoverToSynchronousStandbyKeepsEveryCommit(t *testing.T) {
