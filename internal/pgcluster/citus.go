@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -73,6 +74,36 @@ func StartCitus(ctx context.Context, workers int, settings ...string) (*Citus, e
 		}
 	}
 	return c, nil
+}
+
+// ReplaceWorker points the coordinator at new in place of the worker old
+// (citus_update_node), as an operator does once a failed worker's standby
+// is promoted: the shards old held are from then on reached on new, which
+// takes old's place among c.Workers, its node ID and its group (so that
+// Citus's recovery of prepared transactions looks for old's on new).
+// Queries under way on old's shards finish first, those that failed when
+// old died among them. old is no longer c's to stop: Stop it, or Rebuild
+// it as a standby of new.
+func (c *Citus) ReplaceWorker(ctx context.Context, old, new *Cluster) error {
+	i := slices.Index(c.Workers, old)
+	if i < 0 {
+		return errors.New("pgcluster: replace of a cluster that is not a worker")
+	}
+	conn, err := pgx.Connect(ctx, c.Coordinator.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	tag, err := conn.Exec(ctx, `SELECT citus_update_node(nodeid, $1, $2) FROM pg_dist_node
+		WHERE nodename = $3 AND nodeport = $2`, new.dir, clusterPort, old.dir)
+	if err != nil {
+		return fmt.Errorf("pgcluster: citus_update_node: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("pgcluster: %d nodes at %s in pg_dist_node, want 1", tag.RowsAffected(), old.dir)
+	}
+	c.Workers[i] = new
+	return nil
 }
 
 // Stop stops every node.

@@ -48,6 +48,13 @@
 // failover. [Cluster.Detach] cuts a standby off its primary, for tests that
 // need a failover to lose commits for certain.
 //
+// A standby runs with its primary's settings, so any cluster can have one,
+// a worker of [StartCitus] included (the standby loads citus as the worker
+// does). A worker's failover is its Kill, its standby's Promote, and
+// [Citus.ReplaceWorker], which points the coordinator at the promoted
+// standby (citus_update_node). Commits wait for a standby only on a
+// cluster started with synchronous_commit=on, as StartPrimary's are.
+//
 //	primary, _ := pgcluster.StartPrimary(ctx)
 //	standby, _ := pgcluster.StartStandby(ctx, primary)
 //	dsn := pgcluster.MultiHostDSN("postgres", primary, standby)

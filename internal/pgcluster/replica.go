@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -49,9 +50,12 @@ func StartPrimary(ctx context.Context) (*Cluster, error) {
 // StartStandby starts a new cluster as a streaming standby of primary: a
 // base backup of primary, taken through a replication slot of its own on
 // primary, and started in hot standby, so it accepts read-only sessions. It
-// returns once the standby streams from primary. Promote makes it a primary.
+// runs with primary's settings, so that once promoted it serves as primary
+// did (a standby of a [Citus] worker loads the citus extension), and with
+// those of replication. It returns once the standby streams from primary.
+// Promote makes it a primary.
 func StartStandby(ctx context.Context, primary *Cluster) (*Cluster, error) {
-	c, err := start(ctx, func(c *Cluster, ctx context.Context) error { return c.baseBackup(ctx, primary) }, replicationSettings)
+	c, err := start(ctx, func(c *Cluster, ctx context.Context) error { return c.baseBackup(ctx, primary) }, primary.standbySettings())
 	if err != nil {
 		return nil, err
 	}
@@ -63,8 +67,9 @@ func StartStandby(ctx context.Context, primary *Cluster) (*Cluster, error) {
 
 // Rebuild makes the cluster, whose server must not be running (see Kill),
 // a new streaming standby of primary in the same directory, so it keeps
-// its DSN: its data is replaced by a base backup of primary. This is how a
-// failed primary rejoins as the standby of the one that replaced it.
+// its DSN: its data is replaced by a base backup of primary, and its
+// settings by primary's, as StartStandby sets them. This is how a failed
+// primary rejoins as the standby of the one that replaced it.
 func (c *Cluster) Rebuild(ctx context.Context, primary *Cluster) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -79,7 +84,7 @@ func (c *Cluster) Rebuild(ctx context.Context, primary *Cluster) error {
 	if err := os.RemoveAll(c.dataDir()); err != nil {
 		return fmt.Errorf("pgcluster: %w", err)
 	}
-	c.settings = replicationSettings
+	c.settings = primary.standbySettings()
 	if err := c.baseBackup(ctx, primary); err != nil {
 		return err
 	}
@@ -87,6 +92,21 @@ func (c *Cluster) Rebuild(ctx context.Context, primary *Cluster) error {
 		return err
 	}
 	return c.waitStreaming(ctx)
+}
+
+// standbySettings returns the settings of a standby of the cluster: its
+// own, with replicationSettings in place of any it sets again. Settings are
+// command-line arguments of the postmaster, which a base backup does not
+// copy: without the citus extension loaded, for one, a standby of a Citus
+// node does not start, its max_prepared_transactions below the primary's.
+func (c *Cluster) standbySettings() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	replaced := func(s string) bool {
+		name, _, _ := strings.Cut(s, "=")
+		return slices.ContainsFunc(replicationSettings, func(r string) bool { return strings.HasPrefix(r, name+"=") })
+	}
+	return append(slices.DeleteFunc(slices.Clone(c.settings), replaced), replicationSettings...)
 }
 
 // baseBackup fills the empty data directory with a base backup of
@@ -199,7 +219,9 @@ func (c *Cluster) poll(ctx context.Context, what, query string, args ...any) err
 // SetSynchronous makes every commit on the cluster, a primary, wait until
 // a standby has flushed it (synchronous_standby_names = '*'), or stops
 // waiting. Turning it on returns once a standby is synchronous; until one
-// is, commits would hang.
+// is, commits would hang. It refuses a cluster whose commits wait for no
+// standby whatever it sets, such as one of [Start], which runs with
+// synchronous_commit=off unless told otherwise.
 func (c *Cluster) SetSynchronous(ctx context.Context, on bool) error {
 	names := "''"
 	if on {
@@ -210,6 +232,15 @@ func (c *Cluster) SetSynchronous(ctx context.Context, on bool) error {
 		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer conn.Close(ctx)
+	if on {
+		var commit string
+		if err := conn.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&commit); err != nil {
+			return fmt.Errorf("pgcluster: %w", err)
+		}
+		if commit == "off" || commit == "local" {
+			return fmt.Errorf("pgcluster: with synchronous_commit=%s commits wait for no standby; start the cluster with synchronous_commit=on", commit)
+		}
+	}
 	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+names); err != nil {
 		return fmt.Errorf("pgcluster: %w", err)
 	}

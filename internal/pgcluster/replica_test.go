@@ -70,16 +70,22 @@ func rowIDs(t *testing.T, dsn string) []int {
 // inRecovery reports whether the server dsn reaches is a standby.
 func inRecovery(t *testing.T, dsn string) bool {
 	t.Helper()
+	return queryOne[bool](t, dsn, "SELECT pg_is_in_recovery()")
+}
+
+// queryOne returns the one value sql returns on dsn.
+func queryOne[T any](t *testing.T, dsn, sql string, args ...any) T {
+	t.Helper()
 	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var standby bool
-	if err := conn.QueryRow(t.Context(), "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
-		t.Fatal(err)
+	var v T
+	if err := conn.QueryRow(t.Context(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
-	return standby
+	return v
 }
 
 func TestFailoverToSynchronousStandbyKeepsEveryCommit(t *testing.T) {
@@ -161,5 +167,16 @@ func TestRebuildMakesFailedPrimaryAStandbyOfTheNewOne(t *testing.T) {
 	}
 	if inRecovery(t, dsn) {
 		t.Error("the multi-host DSN reached a standby")
+	}
+}
+
+// TestSetSynchronousRefusesAsynchronousCommits checks that a cluster whose
+// commits wait for no standby, as Start's do, is not made synchronous in
+// name only.
+func TestSetSynchronousRefusesAsynchronousCommits(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	if err := c.SetSynchronous(t.Context(), true); err == nil {
+		t.Error("SetSynchronous accepted a cluster with synchronous_commit=off")
 	}
 }

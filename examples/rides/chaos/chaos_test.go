@@ -115,7 +115,8 @@ func TestChaosPostgresRestart(t *testing.T) {
 // terminating sessions, which every test without replication does.
 type scenario struct {
 	// traffic is how long riders start new rides while the chaos runs;
-	// soakEnv, or failoverSoakEnv with replication, replaces it.
+	// soakEnv, or failoverSoakEnv with replication and without Citus
+	// (whose worker fails over once), replaces it.
 	traffic time.Duration
 	// restartPostgres restarts the cluster halfway through the traffic, or
 	// once a minute when the traffic lasts longer than two minutes.
@@ -131,7 +132,8 @@ type scenario struct {
 	// replication puts the rides database on a primary with a streaming
 	// standby and fails over during the traffic (see failOvers). The API
 	// processes are then neither killed nor cut off: the failover is the
-	// fault under test, and they must live through it.
+	// fault under test, and they must live through it. With citus, the
+	// worker killed has the standby, and fails over to it.
 	replication replication
 	// citus puts the rides database on a Citus cluster of its own, two API
 	// processes on its coordinator, and kills a worker node mid-charge (see
@@ -158,7 +160,7 @@ type timings struct {
 
 func runChaos(t *testing.T, sc scenario) {
 	env := soakEnv
-	if sc.replication != noReplication {
+	if sc.replication != noReplication && !sc.citus {
 		env = failoverSoakEnv
 	}
 	if v := os.Getenv(env); v != "" {
@@ -190,7 +192,7 @@ func runChaos(t *testing.T, sc scenario) {
 	switch {
 	case sc.citus:
 		riders = s.citus.riders
-		wg.Go(func() { s.killWorker(chaosCtx, out) })
+		wg.Go(func() { s.killWorker(chaosCtx, out, fo) })
 	case sc.replication == noReplication:
 		wg.Go(func() { s.killAPIs(chaosCtx, &counts) })
 		wg.Go(func() { s.terminateSessions(chaosCtx, &counts) })
@@ -239,6 +241,11 @@ func runChaos(t *testing.T, sc scenario) {
 			t.Fatal(err)
 		}
 	}
+	if out.failover {
+		if err := s.preparedOnStandby(ctx, &out.left); err != nil {
+			t.Fatal(err)
+		}
+	}
 	times.settle = time.Since(began) - times.setup - times.traffic
 
 	var crashes int
@@ -262,7 +269,7 @@ func runChaos(t *testing.T, sc scenario) {
 		{"keys answered two final responses", int(st.Inconsistent) - fo.explained(), 0},
 	}
 	if sc.replication != noReplication {
-		checks = append(checks, fo.checks(sc.replication)...)
+		checks = append(checks, fo.checks(sc)...)
 	}
 	if sc.rolling {
 		checks = append(checks, s.deployChecks(ctx)...)
@@ -342,7 +349,7 @@ func setup(t *testing.T, sc scenario) *system {
 		// The fake Stripe plays another company's system, on a server of
 		// its own.
 		stripeDSN = stripeDatabase(t)
-		s.citus = startCitusRides(t)
+		s.citus = startCitusRides(t, sc.replication)
 		dsn = s.citus.dsn
 	case sc.replication != noReplication:
 		// The fake Stripe plays another company's system: its memory of

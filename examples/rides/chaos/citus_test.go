@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
@@ -36,6 +37,17 @@ func TestChaosCitusWorkerKilledMidCharge(t *testing.T) {
 	runChaos(t, scenario{traffic: 30 * time.Second, citus: true})
 }
 
+// TestChaosCitusWorkerFailover is TestChaosCitusWorkerKilledMidCharge with a
+// synchronous streaming standby of the worker that is killed, which is not
+// started again: its standby is promoted and the coordinator pointed at it
+// (citus_update_node), as an operator does. Besides the invariants of the
+// kill, no acknowledged ride may be lost, and no prepared transaction may
+// be left on the promoted standby.
+func TestChaosCitusWorkerFailover(t *testing.T) {
+	t.Parallel()
+	runChaos(t, scenario{traffic: 30 * time.Second, citus: true, replication: synchronous})
+}
+
 const (
 	// citusAPIProcesses is how many `rides serve -citus` processes share
 	// the coordinator.
@@ -44,7 +56,8 @@ const (
 	// when the worker dies, and fails none: every failed answer a rider
 	// gets is the outage's.
 	citusFaultPlan = `{"delay_ms": 50}`
-	// workerDownFor is how long the killed worker stays down.
+	// workerDownFor is how long the killed worker stays down before it is
+	// started again or fails over.
 	workerDownFor = 5 * time.Second
 	// killAfter is how long the riders ride before the worker may be killed.
 	killAfter = 5 * time.Second
@@ -63,12 +76,17 @@ type citusRides struct {
 	// (riders[0] among them), survivors the others.
 	riders, victims, survivors []string
 	victim                     *pgcluster.Cluster
+	// standby is the victim's streaming standby, or nil: with one,
+	// killWorker fails the victim over to it instead of starting it again.
+	standby *pgcluster.Cluster
 }
 
 // startCitusRides starts the cluster, distributes and seeds the rides
 // database on it with riders on both workers, and stops the cluster when t
-// ends. Without the citus extension t is skipped.
-func startCitusRides(t *testing.T) *citusRides {
+// ends. With replication the worker that holds the busiest rider's keys
+// gets a streaming standby, to which its commits are synchronous or not.
+// Without the citus extension t is skipped.
+func startCitusRides(t *testing.T, rep replication) *citusRides {
 	t.Helper()
 	if err := pgcluster.CitusInstalled(); err != nil {
 		testenv.SkipWithout(t, "citus", err)
@@ -138,6 +156,16 @@ func startCitusRides(t *testing.T) *citusRides {
 	if len(cr.survivors) == 0 {
 		t.Fatalf("every rider's keys are on one worker: %v", cr.riders)
 	}
+	if rep != noReplication {
+		// Once failed over, the victim is no longer one of the cluster's
+		// workers, which the cluster's Stop stops.
+		t.Cleanup(func() {
+			if err := cr.victim.Stop(); err != nil {
+				t.Error(err)
+			}
+		})
+		cr.standby = startStandby(t, cr.victim, rep == synchronous)
+	}
 	return cr
 }
 
@@ -145,13 +173,24 @@ func startCitusRides(t *testing.T) *citusRides {
 // were answered.
 type workerOutage struct {
 	ran bool
+	// failover is set when the worker failed over to its standby rather
+	// than being started again.
+	failover bool
 	// inFlight is how many of the victims' keys were held past
 	// ride_created (their charge under way) when the worker was killed.
 	inFlight int
-	// down is from the kill to the restarted worker accepting
-	// connections; restart is how long starting it again took.
-	down, restart time.Duration
-	// victimBack is from the restarted worker accepting connections to
+	// down is from the kill to the victims' shards being reachable again:
+	// the restarted worker accepting connections, or the coordinator
+	// pointed at the promoted standby. restart is how long starting the
+	// worker again took; promote and update how long promoting the standby
+	// and citus_update_node took.
+	down, restart, promote, update time.Duration
+	// prepared is how many prepared transactions the promoted standby
+	// held, left by two-phase commits the kill cut short; recovered how
+	// many of them recover_prepared_transactions then finished, and left
+	// how many were still there once the riders were done.
+	prepared, recovered, left int
+	// victimBack is from the victims' shards being reachable again to
 	// the first 201 of a probe for a victim sent after it; zero if none
 	// came within recoverTimeout.
 	victimBack time.Duration
@@ -175,9 +214,10 @@ type probe struct {
 }
 
 // killWorker waits until a charge of a victim's key is in flight, kills the
-// victims' worker, starts it again after workerDownFor, and probes both
-// workers' riders from before the kill until the victims are served again.
-func (s *system) killWorker(ctx context.Context, out *workerOutage) {
+// victims' worker, after workerDownFor starts it again or fails it over to
+// its standby (recording the failover in fo), and probes both workers'
+// riders from before the kill until the victims are served again.
+func (s *system) killWorker(ctx context.Context, out *workerOutage, fo *failovers) {
 	cr := s.citus
 	out.ran = true
 	if !sleep(ctx, killAfter) {
@@ -211,21 +251,76 @@ func (s *system) killWorker(ctx context.Context, out *workerOutage) {
 	apiDone.Go(func() { out.restartAPI(ctx, s) })
 	sleep(ctx, workerDownFor)
 	apiDone.Wait()
-	restarting := time.Now()
-	if err := cr.victim.Restart(ctx); err != nil {
-		s.t.Error(err)
-		return
+	var rec failover
+	if cr.standby == nil {
+		restarting := time.Now()
+		if err := cr.victim.Restart(ctx); err != nil {
+			s.t.Error(err)
+			return
+		}
+		out.restart = time.Since(restarting)
+		out.down = time.Since(killed)
+	} else {
+		var err error
+		if rec, err = s.failOverWorker(ctx, out, fo, killed); err != nil {
+			s.t.Error(err)
+			return
+		}
+		defer func() { fo.record(rec) }()
 	}
-	back := time.Now()
-	out.restart, out.down = back.Sub(restarting), back.Sub(killed)
-	deadline := back.Add(recoverTimeout)
+	deadline := killed.Add(out.down + recoverTimeout)
 	for time.Now().Before(deadline) && sleep(ctx, 20*time.Millisecond) {
-		if d := out.firstVictim201(back.Sub(killed)); d > 0 {
+		if d := out.firstVictim201(out.down); d > 0 {
 			out.victimBack = d
+			rec.firstRide = out.down + d
 			sleep(ctx, time.Second) // a few probes more, to show the answers after
 			return
 		}
 	}
+}
+
+// failOverWorker does what an operator does when a worker with a standby
+// fails: it promotes the killed victim's standby, points the coordinator
+// at it, and has Citus finish the two-phase commits the kill cut short.
+// It counts in the failover it returns the acknowledged rides the standby
+// lacks.
+func (s *system) failOverWorker(ctx context.Context, out *workerOutage, fo *failovers, killed time.Time) (failover, error) {
+	cr := s.citus
+	out.failover = true
+	var rec failover
+	promoting := time.Now()
+	if err := cr.standby.Promote(ctx); err != nil {
+		return rec, err
+	}
+	promoted := time.Now()
+	out.promote, rec.promoted = promoted.Sub(promoting), promoted.Sub(killed)
+	if err := s.preparedOnStandby(ctx, &out.prepared); err != nil {
+		return rec, err
+	}
+	updating := time.Now()
+	if err := cr.cluster.ReplaceWorker(ctx, cr.victim, cr.standby); err != nil {
+		return rec, err
+	}
+	out.update = time.Since(updating)
+	out.down = time.Since(killed)
+	// A prepared transaction holds its rows' locks until it is committed
+	// or rolled back; Citus's maintenance daemon would recover it only
+	// within citus.recover_2pc_interval, a minute by default.
+	if err := s.pool.QueryRow(ctx, "SELECT recover_prepared_transactions()").Scan(&out.recovered); err != nil {
+		return rec, err
+	}
+	return rec, fo.countLost(ctx, cr.dsn, &rec)
+}
+
+// preparedOnStandby counts the prepared transactions on the victim's
+// standby.
+func (s *system) preparedOnStandby(ctx context.Context, n *int) error {
+	conn, err := pgx.Connect(ctx, s.citus.standby.DSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_xacts").Scan(n)
 }
 
 // restartAPI kills the second API process, as a deploy or a crash would
@@ -350,6 +445,14 @@ func (o *workerOutage) answers(victim bool, from, to time.Duration) (string, int
 	return fmt.Sprintf("%s (slowest %v)", strings.Join(parts, ", "), slowest.Round(time.Millisecond)), created
 }
 
+// back names how the killed worker's shards came back.
+func (o *workerOutage) back() string {
+	if o.failover {
+		return "its failover"
+	}
+	return "its restart"
+}
+
 // checks are the invariants of the outage.
 func (o *workerOutage) checks() []check {
 	_, survivorsServed := o.answers(false, 0, o.down)
@@ -357,12 +460,16 @@ func (o *workerOutage) checks() []check {
 	if o.apiServed {
 		served = 1
 	}
-	return []check{
-		{"killed worker's riders served again within " + recoverTimeout.String() + " of its restart", min(int(o.victimBack), 1), 1},
+	out := []check{
+		{"killed worker's riders served again within " + recoverTimeout.String() + " of " + o.back(), min(int(o.victimBack), 1), 1},
 		{"other worker's riders served while it was down", min(survivorsServed, 1), 1},
 		{"API starts that exited while the worker was down", o.apiFailedStarts, 0},
 		{"API restarted while the worker was down serving", served, 1},
 	}
+	if o.failover {
+		out = append(out, check{"prepared transactions left on the promoted standby", o.left, 0})
+	}
+	return out
 }
 
 // summary adds the outage's rows to a test's summary.
@@ -370,15 +477,25 @@ func (o *workerOutage) summary(row func(name string, v any)) {
 	if !o.ran {
 		return
 	}
+	round := func(d time.Duration) time.Duration { return d.Round(10 * time.Millisecond) }
 	row("worker killed with its riders' charges in flight", o.inFlight)
-	row("worker down (kill to accepting connections)", o.down.Round(10*time.Millisecond))
-	row("  of which its restart", o.restart.Round(10*time.Millisecond))
+	if o.failover {
+		row("worker down (kill to the coordinator reaching its promoted standby)", round(o.down))
+		row("  of which its standby's promotion", round(o.promote))
+		row("  of which citus_update_node", round(o.update))
+		row("prepared transactions on the promoted standby", o.prepared)
+		row("  finished by recover_prepared_transactions", o.recovered)
+		row("  left once the riders were done", o.left)
+	} else {
+		row("worker down (kill to accepting connections)", round(o.down))
+		row("  of which its restart", round(o.restart))
+	}
 	victims, _ := o.answers(true, 0, o.down)
 	survivors, _ := o.answers(false, 0, o.down)
 	row("probes for its riders while it was down", victims)
 	row("probes for the other worker's riders meanwhile", survivors)
 	after, _ := o.answers(true, o.down, o.down+recoverTimeout)
-	row("probes for its riders after its restart", after)
-	row("first 201 for its riders after its restart", o.victimBack.Round(10*time.Millisecond))
-	row("API process restarted while it was down: listening after", o.apiRestart.Round(10*time.Millisecond))
+	row("probes for its riders after "+o.back(), after)
+	row("first 201 for its riders after "+o.back(), round(o.victimBack))
+	row("API process restarted while it was down: listening after", round(o.apiRestart))
 }

@@ -111,6 +111,18 @@
 // within 20 seconds of its restart; the summary gives the answers each got
 // and the time to the first ride served after the restart.
 //
+// TestChaosCitusWorkerFailover does the same with a streaming standby of
+// that worker, to which its commits are synchronous, and does not start
+// the killed worker again: five seconds after the kill the standby is
+// promoted (pg_ctl promote), the coordinator pointed at it
+// (citus_update_node), and Citus's recovery of two-phase commits run
+// (recover_prepared_transactions), as docs/citus.md tells an operator to.
+// Besides the invariants above, no ride answered 201 may be missing on the
+// promoted standby, as in the failover tests, and no prepared transaction
+// may be left on it once the riders are done; the summary gives the times
+// from the kill to the promotion and to the first ride served for the
+// killed worker's riders.
+//
 // # Callers
 //
 // TestCallersUnderFaults puts the clients of package caller to the same
@@ -134,8 +146,9 @@
 // (the failover tests) 15 seconds, run in parallel, and the package takes
 // one to two minutes.
 // ATOMICPHASE_CHAOS_SOAK sets a longer traffic duration for the tests
-// without replication, and ATOMICPHASE_FAILOVER_SOAK for the failover
-// tests, which then fail over every 30 seconds:
+// without replication and for the Citus tests, and
+// ATOMICPHASE_FAILOVER_SOAK for the failover tests on one Postgres, which
+// then fail over every 30 seconds:
 //
 //	ATOMICPHASE_CHAOS_SOAK=10m go test -race -timeout 30m -v ./examples/rides/chaos
 //	ATOMICPHASE_FAILOVER_SOAK=5m go test -race -timeout 30m -v -run Failover ./examples/rides/chaos
