@@ -144,6 +144,11 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 // restores the state, and runs the earlier phase again or ends the run as
 // that phase's failure. So a local phase must keep its effects inside its
 // transaction, as it always had to; its Go code may run more than once.
+//
+// On a key table distributed with Citus the fenced write is a plain UPDATE
+// (see store.Write.Pipelined): it is sent on its own, and COMMIT follows
+// once it matched the key's row, a round trip more, and no commit is held
+// back.
 func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body LocalFunc[Req, State], rec recordFn[Req, State]) (res Result, err error) {
 	p := &x.w.phases[i]
 	// A commit held back from the phase before is this phase's to send, on
@@ -211,18 +216,15 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	// Only an open, healthy transaction is held back: one the phase ended
 	// on its own, or in which a statement failed, fails its commit now.
-	open := tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T'
-	if res.response == nil && open && x.holdsBack(i, next) {
-		// A write that cannot travel with COMMIT (on Citus) goes now, in
-		// the phase's transaction, and only COMMIT is held back.
-		written := !w.Pipelined()
-		if written {
-			if err := w.Exec(ctx, tx.tx); err != nil {
-				return Result{}, x.commitFailed(p, err)
-			}
-		}
-		x.heldBack = priorCommit{write: w, written: written, done: x,
-			chain: !x.lease.Distributed && x.w.phases[next].isolation == p.isolation}
+	//
+	// A write that cannot travel with COMMIT (on Citus) is never held
+	// back: sent before the next phase's Go code ran, it would keep the
+	// key's row locked all through that code, and a takeover of a run
+	// stalled there would wait for it.
+	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' &&
+		w.Pipelined() && x.holdsBack(i, next) {
+		x.heldBack = priorCommit{write: w, done: x,
+			chain: x.w.phases[next].isolation == p.isolation}
 		x.heldBegan, x.heldStarted, x.heldState = began, x.started, state
 		x.held, x.priorAt, x.priorRec, x.next = conn, i, rec, next
 		kept = true
@@ -368,16 +370,11 @@ func (x *execution[Req, State]) restoreState() {
 // statements never run.
 type priorCommit struct {
 	write store.Write
-	// written is set when write was sent, and matched, in the phase's
-	// transaction already, as a write that is not Pipelined must be: only
-	// COMMIT is left to send.
-	written bool
 	// chain is set when the next phase's transaction may begin with
 	// COMMIT AND CHAIN, which commits this one and begins the next with the
 	// same characteristics in one statement: the two phases run at the
-	// same isolation level, and the key table is on a single Postgres (a
-	// Citus coordinator's transactions keep COMMIT and BEGIN apart, the
-	// form its tests cover).
+	// same isolation level. (Only a Pipelined write is held back, so the
+	// key table is on a single Postgres.)
 	chain bool
 	// done is told once the commit succeeded; an error from it (an
 	// injected fault) ends the phase that carried the commit.
@@ -412,10 +409,7 @@ func (t *phaseTx) settlePrior(br pgx.BatchResults) error {
 		return nil
 	}
 	t.prior = nil
-	var err error
-	if !p.written {
-		_, err = br.Exec()
-	}
+	_, err := br.Exec()
 	if err == nil {
 		_, err = br.Exec()
 	}

@@ -90,11 +90,8 @@ func (t *phaseTx) firstBatch(begin bool, queries ...*pgx.QueuedQuery) *pgx.Batch
 		if len(rest) > 0 {
 			beginQuery = rest[0]
 		}
-		b.QueuedQueries = t.firstQueued[:0]
-		if !t.prior.written {
-			t.firstQueries[0] = t.prior.write.QueuedQuery()
-			b.QueuedQueries = append(b.QueuedQueries, &t.firstQueries[0])
-		}
+		t.firstQueries[0] = t.prior.write.QueuedQuery()
+		b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0])
 		switch {
 		case beginQuery != nil && t.prior.chain:
 			beginQuery.SQL = commitAndChain

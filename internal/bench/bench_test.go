@@ -341,20 +341,23 @@ func TestCitusEveryStatementOfEitherSideRunsOnOneShard(t *testing.T) {
 		t.Fatalf("Open on a Citus coordinator: distributed %v, counting shards %v; want both", env.Distributed(), env.ShardCounts())
 	}
 	ctx := context.Background()
-	// A request's statements on distributed tables: the statements the cost
-	// model counts, BEGIN and COMMIT aside.
+	// A request's statements on distributed tables (BEGIN and COMMIT
+	// aside), and its statements and round trips in all. On Citus the
+	// library's fenced write is sent on its own and COMMIT after it (no
+	// commit is held back), and a replay or a 409 reads the key after the
+	// insert found it.
 	for _, tc := range []struct {
-		kind   Kind
-		shards int
+		kind                      Kind
+		shards, statements, trips int
 	}{
-		{LibraryRun, 1 + phases*(userStatements+1)},
-		{BaselineRun, 1 + phases*(userStatements+1)},
-		{LibraryRides, 1 + phases*(userStatements+1)},
-		{BaselineRides, 1 + phases*(userStatements+1)},
-		{LibraryReplay, 1},
-		{BaselineReplay, 2},
-		{LibraryConflict, 1},
-		{BaselineConflict, 2},
+		{LibraryRun, 1 + phases*(userStatements+1), 1 + phases*(userStatements+3), 1 + phases*(userStatements+2)},
+		{BaselineRun, 1 + phases*(userStatements+1), 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
+		{LibraryRides, 1 + phases*(userStatements+1), 1 + phases*(userStatements+3), 1 + phases*(userStatements+2)},
+		{BaselineRides, 1 + phases*(userStatements+1), 1 + phases*(1+userStatements+2), 1 + phases*(1+userStatements+2)},
+		{LibraryReplay, 2, 2, 2},
+		{BaselineReplay, 2, 2, 2},
+		{LibraryConflict, 2, 2, 2},
+		{BaselineConflict, 2, 2, 2},
 	} {
 		load, err := env.Prepare(ctx, tc.kind, 2)
 		if err != nil {
@@ -367,6 +370,10 @@ func TestCitusEveryStatementOfEitherSideRunsOnOneShard(t *testing.T) {
 		if want := int64(tc.shards * res.Requests()); res.SingleShard != want || res.MultiShard != 0 {
 			t.Errorf("%v: %d requests ran %d statements on one shard and %d on several; want %d and none",
 				tc.kind, res.Requests(), res.SingleShard, res.MultiShard, want)
+		}
+		if res.StatementsPerRequest() != float64(tc.statements) || res.RoundTripsPerRequest() != float64(tc.trips) {
+			t.Errorf("%v: %.2f statements and %.2f round trips a request; want %d and %d",
+				tc.kind, res.StatementsPerRequest(), res.RoundTripsPerRequest(), tc.statements, tc.trips)
 		}
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
@@ -24,6 +27,8 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 	ttl := 30 * time.Second
 	statements := map[string][]any{
 		"acquire":       {"acme", "k1", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil},
+		"read the key":  {"acme", "k1", []byte{0}},
+		"take over":     {"acme", "k1", "test", []byte{0}, ttl, token, ""},
 		"advance":       {id, token, "charged", []byte("{}"), ttl, "acme"},
 		"finish":        {id, token, []byte("{}"), 201, []byte(nil), []byte{}, "acme"},
 		"release":       {id, token, "", "", 0, false, "acme"},
@@ -35,7 +40,7 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 		"claim key":     {"acme", "k1", ttl, token},
 	}
 	sqls := map[string]string{
-		"acquire": acquireDistributedSQL, "advance": advanceSQL.distributed, "finish": finishSQL.distributed,
+		"acquire": acquireDistributedSQL, "read the key": foundDistributedSQL, "take over": takeOverDistributedSQL, "advance": advanceSQL.distributed, "finish": finishSQL.distributed,
 		"release": releaseSQL.distributed, "adopt": adoptSQL.distributed, "mark call": markCallSQL.distributed,
 		"renew": renewDistributedSQL, "claim one": claimOneSQL, "take decision": takeResolutionSQL.distributed,
 		"claim key": claimKeySQL,
@@ -71,6 +76,100 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 		}
 		if strings.Contains(text, "Distributed Subplan") {
 			t.Errorf("%s needs a subplan (more than one round trip to the nodes):\n%s", name, text)
+		}
+	}
+}
+
+// TestCitusHoldersStatementsArePlannedOnTheFastPathOnce: every statement of
+// a request's path on a distributed key table (the acquire's three, and
+// each write of a holder) is one Citus plans on its fast path, and whose
+// plan, once prepared, it keeps: ten executions of each are planned at most
+// six times (PostgreSQL's five custom plans and one generic), where the
+// fenced CTE was planned in full on every call.
+func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var notices []string
+	cfg := db.Config().ConnConfig.Copy()
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		notices = append(notices, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// A held key, so that each write matches its row, as a holder's does.
+	_, row, err := Acquire(ctx, db, Request{Tenant: "acme", Key: "k1", Workflow: "test", Params: []byte("{}"),
+		TTL: 30 * time.Second, Distributed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, token := uuidArg(row.ID), uuidArg(row.LockToken)
+	ttl := intervalArg(30 * time.Second)
+	statements := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"acquire", acquireDistributedSQL, []any{"acme", "k1", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil}},
+		{"read the key", foundDistributedSQL, []any{"acme", "k1", []byte{0}}},
+		{"take over", takeOverDistributedSQL, []any{"acme", "k1", "test", []byte{0}, ttl, token, ""}},
+		{"advance", advanceSQL.distributed, []any{id, token, "charged", []byte("{}"), ttl, "acme"}},
+		{"finish", finishSQL.distributed, []any{id, token, []byte("{}"), 201, []byte(nil), []byte{}, "acme"}},
+		{"release", releaseSQL.distributed, []any{id, token, "", "", 0, false, "acme"}},
+		{"adopt", adoptSQL.distributed, []any{id, token, "d2", "charged", "acme"}},
+		{"mark call", markCallSQL.distributed, []any{id, token, ttl, "charge", "acme"}},
+		{"renew", renewDistributedSQL, []any{id, token, ttl, "acme"}},
+	}
+	const runs = 10
+	for _, s := range statements {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL client_min_messages = debug2`); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		notices = nil
+		mu.Unlock()
+		for range runs {
+			rows, err := tx.Query(ctx, s.sql, s.args...)
+			if err == nil {
+				rows.Close()
+				err = rows.Err()
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", s.name, err)
+			}
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		fast, planned := 0, 0
+		for _, n := range notices {
+			if strings.Contains(n, "fast-path router query") {
+				fast++
+			}
+			if strings.Contains(n, "planning") || strings.Contains(n, "router plan") {
+				planned++
+			}
+		}
+		got := strings.Join(notices, "\n")
+		mu.Unlock()
+		// Citus plans every INSERT ... VALUES as a router query on its
+		// own path, which says so in other words.
+		if fast == 0 && !strings.HasPrefix(strings.TrimSpace(s.sql), "INSERT") {
+			t.Errorf("%s is not planned on Citus's fast path:\n%s", s.name, got)
+		}
+		if planned > 6 {
+			t.Errorf("%s was planned %d times in %d executions, want at most 6:\n%s", s.name, planned, runs, got)
 		}
 	}
 }

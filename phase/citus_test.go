@@ -1,0 +1,86 @@
+package phase_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+)
+
+// TestCitusLostLeaseKeepsNothingOfThePhase: on Citus a holder's fenced
+// write is a plain UPDATE, and the runner sends COMMIT only once it matched
+// the key's row. A phase whose key was taken over, or deleted, while its Go
+// code ran keeps nothing of its transaction, whether it advances or
+// finishes; a fence that raised only on a row it could read would have
+// committed the phase of a key that is gone.
+func TestCitusLostLeaseKeepsNothingOfThePhase(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `CREATE TABLE notes (tenant text NOT NULL, key text NOT NULL);
+SELECT create_distributed_table('notes', 'tenant', colocate_with => 'idempotency_keys')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steal := `UPDATE idempotency_keys SET lock_token = $3 WHERE tenant = $1 AND id = $2`
+	remove := `DELETE FROM idempotency_keys WHERE tenant = $1 AND id = $2`
+	for _, tc := range []struct {
+		name, lose string
+		finish     bool
+	}{
+		{"advance after a takeover", steal, false},
+		{"finish after a takeover", steal, true},
+		{"advance of a deleted key", remove, false},
+		{"finish of a deleted key", remove, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := uuid.NewString()
+			local := func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
+				if _, err := tx.Exec(ctx, `INSERT INTO notes VALUES ($1, $2)`, in.Tenant, in.Key); err != nil {
+					return phase.Result{}, err
+				}
+				args := []any{in.Tenant, in.ID}
+				if tc.lose == steal {
+					args = append(args, uuid.New())
+				}
+				if _, err := db.Exec(ctx, tc.lose, args...); err != nil {
+					return phase.Result{}, err
+				}
+				if tc.finish {
+					return phase.JSON(201, "done"), nil
+				}
+				return phase.Next(), nil
+			}
+			phases := []phase.Phase[order, struct{}]{phase.Local("noted", local)}
+			if !tc.finish {
+				phases = append(phases, phase.Local("answered", func(context.Context, pgx.Tx, *phase.Input[order, struct{}]) (phase.Result, error) {
+					return phase.JSON(201, "done"), nil
+				}))
+			}
+			w, err := phase.NewWorkflow("fenced", phases...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := phase.NewClient(db, nil, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Run(ctx, c, "acme", key, order{}); !errors.Is(err, keyrow.ErrLeaseLost) {
+				t.Fatalf("run = %v, want ErrLeaseLost", err)
+			}
+			var notes int
+			if err := db.QueryRow(ctx, `SELECT count(*) FROM notes WHERE tenant = 'acme' AND key = $1`, key).Scan(&notes); err != nil {
+				t.Fatal(err)
+			}
+			if notes != 0 {
+				t.Fatalf("%d notes of the phase committed after its lease was lost, want 0", notes)
+			}
+		})
+	}
+}
