@@ -15,6 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // On a key table distributed with Citus (atomicphase.Distribute), every
@@ -42,18 +44,22 @@ import (
 // transaction.
 
 // acquireDistributedSQL inserts a new key with the caller's lease (as
-// acquireSQL does), and returns nothing when the key exists. Its columns
-// are acquireSQL's, with the lease's expiry in column 9 (see
-// foundDistributedSQL).
+// acquireSQL does), and inserts nothing when the key exists. It returns no
+// column: every column of a new key's row is the caller's own or its
+// default, so its command tag says all (see newRow).
 const acquireDistributedSQL = `
 INSERT INTO idempotency_keys
     (id, tenant, idempotency_key, workflow, definition, request_fingerprint, request_params,
      locked_at, lock_expires_at, lock_token, attempts, retain_for)
 VALUES ($8, $1, $2, $3, $9, $4, $5, now(), now() + $6::interval, $7, 1, $10::interval)
-ON CONFLICT (tenant, idempotency_key) DO NOTHING
-RETURNING id, workflow, definition, recovery_point, phase_state, hold, attempts, lock_token,
-       NULL::timestamptz, true, true, true,
-       NULL::int, NULL::jsonb, NULL::bytea, last_error, call_pending, NULL::jsonb`
+ON CONFLICT (tenant, idempotency_key) DO NOTHING`
+
+// newRow is the row acquireDistributedSQL inserted for req, with id and
+// the caller's token: what acquireSQL returns for a new key.
+func newRow(req Request, id, token uuid.UUID) *Row {
+	return &Row{ID: id, Workflow: req.Workflow, Definition: req.Definition, RecoveryPoint: keyrow.Started,
+		State: []byte("null"), Attempts: 1, LockToken: token, Params: req.Params}
+}
 
 // foundDistributedSQL reads an existing key, as acquireSQL's found branch
 // does. Citus refuses now() in a write's RETURNING and would run it on the
@@ -98,17 +104,16 @@ func acquireDistributed(ctx context.Context, q Querier, req Request, retention *
 	)
 	for try := 0; ; try++ {
 		sent := time.Now()
-		var err error
-		row, outcome, err = scanAcquire(q.QueryRow(ctx, acquireDistributedSQL,
+		tag, err := q.Exec(ctx, acquireDistributedSQL,
 			req.Tenant, req.Key, req.Workflow, req.Fingerprint[:], req.Params, intervalArg(req.TTL), uuidArg(token), uuidArg(id),
-			req.Definition, retention), req)
-		if err == nil {
-			row.TakenAt = sent
-			row.Params = req.Params
-			return outcome, row, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+			req.Definition, retention)
+		if err != nil {
 			return 0, nil, fmt.Errorf("store: acquire: %w", err)
+		}
+		if tag.RowsAffected() == 1 {
+			row = newRow(req, id, token)
+			row.TakenAt = sent
+			return New, row, nil
 		}
 		row, outcome, err = scanAcquire(q.QueryRow(ctx, foundDistributedSQL, req.Tenant, req.Key, req.Fingerprint[:]), req)
 		if errors.Is(err, pgx.ErrNoRows) && try < 2 {

@@ -464,9 +464,13 @@ func fenced(modify string) string {
 // the distribution column as a parameter on its fast path, and keeps the
 // plan of a prepared one, but plans the fenced form's CTE in full on every
 // call, which costs more than the round trip the check takes.
+//
+// The Citus form returns no row: its command tag tells whether it matched,
+// and a row would be one more result for the coordinator to relay.
 func fencedByID(modify string, n int) keySQL {
 	s := byID(modify, n)
 	s.plain = fenced(s.plain)
+	s.distributed = strings.TrimSuffix(s.distributed, "\nRETURNING 1")
 	return s
 }
 
