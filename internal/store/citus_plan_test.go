@@ -26,23 +26,24 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 	id, token := uuidArg(uuid.New()), uuidArg(uuid.New())
 	ttl := 30 * time.Second
 	statements := map[string][]any{
-		"acquire":       {"acme", "k1", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil},
-		"read the key":  {"acme", "k1", []byte{0}},
-		"take over":     {"acme", "k1", "test", []byte{0}, ttl, token, ""},
-		"advance":       {id, token, "charged", []byte("{}"), ttl, "acme"},
-		"finish":        {id, token, []byte("{}"), 201, []byte(nil), []byte{}, "acme"},
-		"release":       {id, token, "", "", 0, false, "acme"},
-		"adopt":         {id, token, "d2", "charged", "acme"},
-		"mark call":     {id, token, ttl, "charge", "acme"},
-		"renew":         {id, token, ttl, "acme"},
-		"claim one":     {ttl, time.Minute, time.Second, time.Minute, token, "acme", id},
-		"take decision": {id, token, "acme"},
-		"claim key":     {"acme", "k1", ttl, token},
+		"acquire":        {"acme", "k1", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil},
+		"read the key":   {"acme", "k1", []byte{0}},
+		"take over":      {"acme", "k1", "test", []byte{0}, ttl, token, ""},
+		"advance":        {id, token, "charged", []byte("{}"), ttl, "acme"},
+		"finish":         {id, token, []byte("{}"), 201, []byte(nil), []byte{}, "acme"},
+		"release":        {id, token, "", "", 0, false, "acme"},
+		"adopt":          {id, token, "d2", "charged", "acme"},
+		"mark call":      {id, token, ttl, "charge", "acme"},
+		"renew":          {id, token, ttl, "acme"},
+		"claim one":      {ttl, time.Minute, time.Second, time.Minute, token, "acme", id},
+		"read decision":  {id, token, "acme"},
+		"clear decision": {id, token, []byte(`{}`), "acme"},
+		"claim key":      {"acme", "k1", ttl, token},
 	}
 	sqls := map[string]string{
 		"acquire": acquireDistributedSQL, "read the key": foundDistributedSQL, "take over": takeOverDistributedSQL, "advance": advanceSQL.distributed, "finish": finishSQL.distributed,
 		"release": releaseSQL.distributed, "adopt": adoptSQL.distributed, "mark call": markCallSQL.distributed,
-		"renew": renewDistributedSQL, "claim one": claimOneSQL, "take decision": takeResolutionSQL.distributed,
+		"renew": renewDistributedSQL, "claim one": claimOneSQL, "read decision": readResolutionDistributedSQL, "clear decision": clearResolutionDistributedSQL,
 		"claim key": claimKeySQL,
 	}
 	tasks := regexp.MustCompile(`Task Count: (\d+)`)

@@ -793,24 +793,26 @@ func BulkAct(ctx context.Context, q Querier, b Bulk, f keyrow.ListFilter, confir
 // takeResolutionSQL clears the key's resolution and returns it, for the
 // holder identified by the token; no row when there is none or the lease is
 // no longer the holder's.
-var takeResolutionSQL = byID(`
+const takeResolutionSQL = `
 WITH taken AS (
     SELECT id, resolution FROM idempotency_keys
-    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL{tenant}
+    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL
     FOR NO KEY UPDATE
 )
 UPDATE idempotency_keys k SET resolution = NULL
 FROM taken
-WHERE k.id = taken.id AND k.lock_token = $2{tenant}
-RETURNING taken.resolution`, 3)
+WHERE k.id = taken.id AND k.lock_token = $2
+RETURNING taken.resolution`
 
 // TakeResolution returns the operator's resolution recorded on the key the
 // caller holds, and clears it, so it is acted on once; nil when there is
 // none.
 func TakeResolution(ctx context.Context, q Querier, h Holder) (*keyrow.Resolution, error) {
+	if h.Distributed {
+		return takeResolutionDistributed(ctx, q, h)
+	}
 	var r keyrow.Resolution
-	err := q.QueryRow(ctx, takeResolutionSQL.form(h.Distributed),
-		keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), h.Tenant})...).Scan(&r)
+	err := q.QueryRow(ctx, takeResolutionSQL, uuidArg(h.ID), uuidArg(h.Token)).Scan(&r)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -818,6 +820,47 @@ func TakeResolution(ctx context.Context, q Querier, h Holder) (*keyrow.Resolutio
 		return nil, fmt.Errorf("store: take resolution: %w", err)
 	}
 	return &r, nil
+}
+
+// On a distributed key table Citus refuses takeResolutionSQL's row lock
+// in a CTE, so the resolution is read, then cleared only if it is still
+// the one read (compare-and-set on the holder's row): of two runs, or a run
+// and an operator replacing the resolution, one clears what it read, and
+// a resolution is acted on once. Both statements are on Citus's fast path.
+const (
+	readResolutionDistributedSQL = `
+SELECT resolution FROM idempotency_keys
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution IS NOT NULL AND tenant = $3`
+	clearResolutionDistributedSQL = `
+UPDATE idempotency_keys SET resolution = NULL
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND resolution = $3::jsonb AND tenant = $4`
+)
+
+// takeResolutionDistributed is TakeResolution on a distributed key table.
+func takeResolutionDistributed(ctx context.Context, q Querier, h Holder) (*keyrow.Resolution, error) {
+	for {
+		var raw []byte
+		err := q.QueryRow(ctx, readResolutionDistributedSQL, uuidArg(h.ID), uuidArg(h.Token), h.Tenant).Scan(&raw)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("store: take resolution: %w", err)
+		}
+		tag, err := q.Exec(ctx, clearResolutionDistributedSQL, uuidArg(h.ID), uuidArg(h.Token), raw, h.Tenant)
+		if err != nil {
+			return nil, fmt.Errorf("store: take resolution: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			// Replaced or taken since the read: read again.
+			continue
+		}
+		var r keyrow.Resolution
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return nil, fmt.Errorf("store: take resolution: %w", err)
+		}
+		return &r, nil
+	}
 }
 
 // claimKeySQL takes the lease on one unfinished key, runnable or held as

@@ -50,7 +50,7 @@ func TestAHoldersStatementsFindTheRowByItsIDOnANewTable(t *testing.T) {
 		{"adopt", adoptSQL.plain, keyArgs(false, []any{id, token, "d2", "charged", h.Tenant})},
 		{"mark call", markCallSQL.plain, keyArgs(false, []any{id, token, ttl, "charge", h.Tenant})},
 		{"renew", renewSQL, []any{id, token, ttl}},
-		{"take resolution", takeResolutionSQL.plain, keyArgs(false, []any{id, token, h.Tenant})},
+		{"take resolution", takeResolutionSQL, []any{id, token}},
 	}
 	check := func(state string) {
 		t.Helper()

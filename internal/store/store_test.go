@@ -180,6 +180,19 @@ func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !w.Pipelined() {
+		// On Citus the runner sends the write alone and COMMIT only once
+		// it matched: here it does not.
+		if err := w.Exec(ctx, tx); !errors.Is(err, keyrow.ErrLeaseLost) {
+			t.Fatalf("advance = %v, want ErrLeaseLost", err)
+		}
+		tx.Rollback(ctx)
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("effects after lost lease = %d (%v), want 0", n, err)
+		}
+		return
+	}
 	q := w.QueuedQuery()
 	b := &pgx.Batch{}
 	b.Queue(q.SQL, q.Arguments...)
@@ -279,8 +292,14 @@ func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 		if out != want {
 			t.Fatalf("%s: outcome %v, want %v", name, out, want)
 		}
-		if counter.Statements() != 1 || counter.RoundTrips() != 1 {
-			t.Fatalf("%s: %d statements, %d round trips, want 1 and 1: %q", name, counter.Statements(), counter.RoundTrips(), counter.SQL())
+		// On Citus an existing key is read after the insert found it
+		// (see acquireDistributed): two statements, neither a write.
+		n := 1
+		if req.Distributed && want != store.New {
+			n = 2
+		}
+		if counter.Statements() != n || counter.RoundTrips() != n {
+			t.Fatalf("%s: %d statements, %d round trips, want %d and %d: %q", name, counter.Statements(), counter.RoundTrips(), n, n, counter.SQL())
 		}
 		return row
 	}
