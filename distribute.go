@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/internal/pgschema"
 )
 
 // ErrNoCitus is wrapped by the error of [Distribute] on a database where
@@ -17,7 +19,8 @@ var ErrNoCitus = errors.New("the citus extension is not installed in this databa
 // Citus coordinator: it re-keys the key table and the operator audit by
 // tenant and distributes both by tenant, co-located. Teams that apply SQL
 // with their own tools run it once, after every migration and in one
-// transaction.
+// transaction; for tables in a schema of their own ([Migrator.Schema]),
+// with that schema first on the search_path (SET LOCAL search_path).
 //
 // The primary key of idempotency_keys becomes (tenant, id), because Citus
 // requires every unique constraint to include the distribution column; id
@@ -47,7 +50,13 @@ SELECT create_distributed_table('atomicphase_audit', 'tenant', colocate_with => 
 // finds out by itself, on its first run, that the key table is distributed,
 // and then sends the statements written for Citus.
 func Distribute(ctx context.Context, db Beginner) error {
-	if err := Migrate(ctx, db); err != nil {
+	return Migrator{}.Distribute(ctx, db)
+}
+
+// Distribute is [Distribute] in m's schema: it migrates it (see
+// [Migrator.Migrate]), then distributes its key table and audit.
+func (m Migrator) Distribute(ctx context.Context, db Beginner) error {
+	if err := m.Migrate(ctx, db); err != nil {
 		return err
 	}
 	tx, err := beginReadCommitted(ctx, db)
@@ -66,15 +75,15 @@ func Distribute(ctx context.Context, db Beginner) error {
 		return fmt.Errorf("atomicphase: distribute: %w", ErrNoCitus)
 	}
 	var done bool
-	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-        WHERE logicalrelid = to_regclass('idempotency_keys'))`).Scan(&done)
+	err = tx.QueryRow(ctx, pgschema.Qualify(m.Schema, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+        WHERE logicalrelid = to_regclass('idempotency_keys'))`)).Scan(&done)
 	if err != nil || done {
 		return err
 	}
-	if err := refusingReferences(ctx, tx); err != nil {
+	if err := refusingReferences(ctx, tx, m.Schema); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, DistributeSQL); err != nil {
+	if _, err := tx.Exec(ctx, pgschema.Qualify(m.Schema, DistributeSQL)); err != nil {
 		return fmt.Errorf("atomicphase: distribute: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -86,10 +95,10 @@ func Distribute(ctx context.Context, db Beginner) error {
 // refusingReferences fails when a table refers to idempotency_keys by its
 // id alone: the constraint cannot survive the new primary key, and Citus
 // could not keep it across shards.
-func refusingReferences(ctx context.Context, tx pgx.Tx) error {
-	rows, err := tx.Query(ctx, `
+func refusingReferences(ctx context.Context, tx pgx.Tx, schema string) error {
+	rows, err := tx.Query(ctx, pgschema.Qualify(schema, `
 SELECT conrelid::regclass::text || ' (' || conname || ')' FROM pg_catalog.pg_constraint
-WHERE confrelid = to_regclass('idempotency_keys') AND contype = 'f' ORDER BY 1`)
+WHERE confrelid = to_regclass('idempotency_keys') AND contype = 'f' ORDER BY 1`))
 	if err != nil {
 		return fmt.Errorf("atomicphase: distribute: %w", err)
 	}

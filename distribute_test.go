@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -122,5 +123,51 @@ func TestDistributeRefusesWhatItCannotKeep(t *testing.T) {
 	}
 	if d, err := store.IsDistributed(ctx, db); err != nil || d {
 		t.Fatalf("after the refusal distributed = %v, %v; want nothing changed", d, err)
+	}
+}
+
+// TestMigratorDistributesTheTablesOfItsSchema: on Citus, a Migrator with a
+// schema migrates and distributes the tables of that schema, which the
+// connection's search_path does not reach, and the store's distributed
+// statements find them there.
+func TestMigratorDistributesTheTablesOfItsSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusSchemaPool(t, nil)
+	ctx := context.Background()
+	var own string
+	if err := db.QueryRow(ctx, "SELECT current_schema()").Scan(&own); err != nil {
+		t.Fatal(err)
+	}
+	m := atomicphase.Migrator{Schema: own + "_keys"}
+	t.Cleanup(func() {
+		if _, err := db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{m.Schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Error(err)
+		}
+	})
+	for range 2 {
+		if err := m.Distribute(ctx, db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := store.NewSchema(m.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := s.Querier(db)
+	if d, err := store.IsDistributed(ctx, q); err != nil || !d {
+		t.Fatalf("IsDistributed in the schema: %v, %v; want true", d, err)
+	}
+	if d, err := store.IsDistributed(ctx, db); err != nil || d {
+		t.Fatalf("IsDistributed by the search_path: %v, %v; want false, its schema has no key table", d, err)
+	}
+	out, row, err := store.Acquire(ctx, q, keyRequest(t, "k1", true))
+	if err != nil || out != store.New {
+		t.Fatalf("Acquire: %v, %v", out, err)
+	}
+	if err := store.Finish(ctx, q, row.Holder(), nil, keyrow.Response{Status: 201, Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := store.Acquire(ctx, q, keyRequest(t, "k1", true)); err != nil || out != store.Replay {
+		t.Fatalf("Acquire again: %v, %v; want a replay", out, err)
 	}
 }

@@ -119,4 +119,9 @@
 // instances at once. schema.sql holds the whole current schema for reading;
 // teams with their own migration tool take each version's SQL from
 // [Migrations] or 'atomicphase migrate -print'.
+//
+// The tables go where the connection's search_path finds them, normally
+// public. To keep them in a schema of their own, migrate with a [Migrator]
+// that names it and give the client the same name (phase.Config.Schema):
+// every statement of the library then names that schema.
 package atomicphase

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/internal/pgschema"
 )
 
 // Schema is the whole current schema as one idempotent script: the
@@ -95,6 +97,86 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// Migrator applies, reports and prints the migrations for the Postgres
+// schema that holds the library's tables and functions. Its zero value
+// works on the tables the connection's search_path finds, as [Migrate],
+// [MigrationVersion] and [Migrations] do:
+//
+//	m := atomicphase.Migrator{Schema: "payments"}
+//	if err := m.Migrate(ctx, pool); err != nil {
+//		return err
+//	}
+//	client, err := phase.NewClient(pool, &phase.Config{Schema: "payments"}, charge)
+type Migrator struct {
+	// Schema is the Postgres schema that holds the library's tables and
+	// functions, the one phase.Config.Schema names. The migrations, and
+	// the table that records their versions, name their objects in it,
+	// whatever the connection's search_path; Migrate creates it when it is
+	// missing. The name is used as it is, quoted: case matters.
+	//
+	// Defaults to empty: the schema the connection's search_path finds
+	// (public, unless the role or the URL sets another).
+	Schema string
+}
+
+// check returns the error of an invalid Schema.
+func (m Migrator) check(what string) error {
+	if err := pgschema.Check(m.Schema); err != nil {
+		return fmt.Errorf("atomicphase: %s: Migrator.Schema: %w", what, err)
+	}
+	return nil
+}
+
+// Migrations returns every migration this release knows, oldest first,
+// with its SQL naming the library's tables and functions in m's schema, as
+// [Migrator.Migrate] applies it: for teams that apply SQL with their own
+// tool ('atomicphase migrate -print -schema'). For a schema, the first
+// migration begins with CREATE SCHEMA IF NOT EXISTS. Run each in one
+// transaction.
+func (m Migrator) Migrations() ([]Migration, error) {
+	if err := m.check("migrations"); err != nil {
+		return nil, err
+	}
+	ms := Migrations()
+	if m.Schema == "" {
+		return ms, nil
+	}
+	for i := range ms {
+		ms[i].SQL = pgschema.Qualify(m.Schema, ms[i].SQL)
+	}
+	ms[0].SQL = "CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{m.Schema}.Sanitize() + ";\n" + ms[0].SQL
+	return ms, nil
+}
+
+// Migrate is [Migrate] in m's schema, which it creates first when it is
+// missing (that needs the CREATE privilege on the database; a schema that
+// exists needs only CREATE on the schema).
+func (m Migrator) Migrate(ctx context.Context, db Beginner) error {
+	if err := m.check("migrate"); err != nil {
+		return err
+	}
+	_, err := migrate(ctx, db, migrations, m.Schema)
+	return err
+}
+
+// Version is [MigrationVersion] in m's schema: 0 when the schema, or its
+// version table, does not exist.
+func (m Migrator) Version(ctx context.Context, db Beginner) (int, error) {
+	if err := m.check("migration version"); err != nil {
+		return 0, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("atomicphase: migration version: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
+	version, _, err := readVersion(ctx, tx, m.Schema)
+	if err != nil {
+		return 0, fmt.Errorf("atomicphase: migration version: %w", err)
+	}
+	return version, nil
+}
+
 // Migrate brings the database's schema up to the latest version in
 // [Migrations]. It creates the atomicphase_migration table if need be, then
 // applies each pending migration in a transaction of its own, together with
@@ -110,9 +192,11 @@ type Beginner interface {
 // migration, which changes nothing that exists. A database that records a
 // newer version than this release knows is refused with an error wrapping
 // [ErrSchemaTooNew].
+//
+// Migrate works on the tables the connection's search_path finds; a
+// [Migrator] works on those of a schema named in its Schema.
 func Migrate(ctx context.Context, db Beginner) error {
-	_, err := migrate(ctx, db, migrations)
-	return err
+	return Migrator{}.Migrate(ctx, db)
 }
 
 // MigrationVersion returns the highest migration version recorded in the
@@ -120,24 +204,16 @@ func Migrate(ctx context.Context, db Beginner) error {
 // none has (an empty database, or one set up with [Schema] or by a release
 // before versioned migrations). It changes nothing.
 func MigrationVersion(ctx context.Context, db Beginner) (int, error) {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("atomicphase: migration version: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
-	version, _, err := readVersion(ctx, tx)
-	if err != nil {
-		return 0, fmt.Errorf("atomicphase: migration version: %w", err)
-	}
-	return version, nil
+	return Migrator{}.Version(ctx, db)
 }
 
-// migrate applies the pending migrations of ms and returns those it applied.
-// Tests pass migrations of their own.
-func migrate(ctx context.Context, db Beginner, ms []Migration) ([]Migration, error) {
+// migrate applies the pending migrations of ms in schema (empty for the
+// search_path's) and returns those it applied. Tests pass migrations of
+// their own.
+func migrate(ctx context.Context, db Beginner, ms []Migration, schema string) ([]Migration, error) {
 	var applied []Migration
 	for {
-		m, err := migrateNext(ctx, db, ms)
+		m, err := migrateNext(ctx, db, ms, schema)
 		if err != nil || m == nil {
 			return applied, err
 		}
@@ -147,7 +223,7 @@ func migrate(ctx context.Context, db Beginner, ms []Migration) ([]Migration, err
 
 // migrateNext applies the first pending migration of ms and records its
 // version, in one transaction, and returns it; nil when none is pending.
-func migrateNext(ctx context.Context, db Beginner, ms []Migration) (*Migration, error) {
+func migrateNext(ctx context.Context, db Beginner, ms []Migration, schema string) (*Migration, error) {
 	tx, err := beginReadCommitted(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("atomicphase: migrate: %w", err)
@@ -158,7 +234,7 @@ func migrateNext(ctx context.Context, db Beginner, ms []Migration) (*Migration, 
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
 		return nil, fmt.Errorf("atomicphase: migrate: lock: %w", err)
 	}
-	version, exists, err := readVersion(ctx, tx)
+	version, exists, err := readVersion(ctx, tx, schema)
 	if err != nil {
 		return nil, fmt.Errorf("atomicphase: migrate: %w", err)
 	}
@@ -167,17 +243,21 @@ func migrateNext(ctx context.Context, db Beginner, ms []Migration) (*Migration, 
 			ErrSchemaTooNew, version, len(ms))
 	}
 	if !exists {
-		if _, err := tx.Exec(ctx, createVersionTable); err != nil {
+		if err := createSchema(ctx, tx, schema); err != nil {
+			return nil, fmt.Errorf("atomicphase: migrate: %w", err)
+		}
+		if _, err := tx.Exec(ctx, pgschema.Qualify(schema, createVersionTable)); err != nil {
 			return nil, fmt.Errorf("atomicphase: migrate: create %s: %w", versionTable, err)
 		}
 	}
 	var next *Migration
 	if version < len(ms) {
 		next = &ms[version]
-		if _, err := tx.Exec(ctx, next.SQL); err != nil {
+		if _, err := tx.Exec(ctx, pgschema.Qualify(schema, next.SQL)); err != nil {
 			return nil, fmt.Errorf("atomicphase: migrate: apply %03d_%s: %w", next.Version, next.Name, err)
 		}
-		if _, err := tx.Exec(ctx, "INSERT INTO atomicphase_migration (version, name) VALUES ($1, $2)", next.Version, next.Name); err != nil {
+		record := pgschema.Qualify(schema, "INSERT INTO atomicphase_migration (version, name) VALUES ($1, $2)")
+		if _, err := tx.Exec(ctx, record, next.Version, next.Name); err != nil {
 			return nil, fmt.Errorf("atomicphase: migrate: record %03d_%s: %w", next.Version, next.Name, err)
 		}
 	}
@@ -201,15 +281,37 @@ func beginReadCommitted(ctx context.Context, db Beginner) (pgx.Tx, error) {
 	return db.Begin(ctx)
 }
 
-// readVersion returns the highest version recorded, 0 when none is, and
-// whether the version table exists. It looks the table up first because a
-// failed query would abort tx.
-func readVersion(ctx context.Context, tx pgx.Tx) (version int, exists bool, err error) {
-	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", versionTable).Scan(&exists); err != nil || !exists {
+// readVersion returns the highest version recorded in schema, 0 when none
+// is, and whether the version table exists. It looks the table up first
+// because a failed query would abort tx.
+func readVersion(ctx context.Context, tx pgx.Tx, schema string) (version int, exists bool, err error) {
+	table := versionTable
+	if schema != "" {
+		table = pgx.Identifier{schema, versionTable}.Sanitize()
+	}
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil || !exists {
 		return 0, false, err
 	}
-	err = tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM atomicphase_migration").Scan(&version)
+	err = tx.QueryRow(ctx, pgschema.Qualify(schema, "SELECT coalesce(max(version), 0) FROM atomicphase_migration")).Scan(&version)
 	return version, true, err
+}
+
+// createSchema creates schema unless it is empty or exists. It looks first,
+// rather than CREATE SCHEMA IF NOT EXISTS, which needs the CREATE privilege
+// on the database even when the schema exists: a role given a schema that
+// an administrator created may lack it.
+func createSchema(ctx context.Context, tx pgx.Tx, schema string) error {
+	if schema == "" {
+		return nil
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil || exists {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	return nil
 }
 
 // mustParseMigrations reads the migrations in dir of fsys, whose files are

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"net/url"
 	"os/exec"
 	"slices"
@@ -531,4 +532,105 @@ VALUES
 			t.Errorf("key %s: stored headers after the migration = %v, want %q", key, got, headers)
 		}
 	}
+}
+
+// schemaCatalog is the catalog of schema, which the connection's
+// search_path must not reach, described as catalog describes the search
+// path's, with the function's qualified name written as in public.
+func schemaCatalog(t *testing.T, conn *pgx.Conn, schema string) []string {
+	t.Helper()
+	var found *string
+	if err := conn.QueryRow(context.Background(), "SELECT to_regclass('idempotency_keys')::text").Scan(&found); err != nil || found != nil {
+		t.Fatalf("the search_path finds idempotency_keys (%v, %v)", found, err)
+	}
+	mustExec(t, conn, "SET search_path TO "+schema)
+	defer mustExec(t, conn, "RESET search_path")
+	lines := catalog(t, conn)
+	for i, line := range lines {
+		lines[i] = strings.ReplaceAll(line, schema+".", "public.")
+	}
+	return lines
+}
+
+func TestMigratorBuildsExactlySchemaFileInASchemaOffTheSearchPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	want := schemaFileCatalog(t)
+	conn := emptyConn(t)
+	m := atomicphase.Migrator{Schema: "apkeys"}
+	for range 2 {
+		if err := m.Migrate(ctx, conn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertCatalog(t, schemaCatalog(t, conn, "apkeys"), want)
+	if v, err := m.Version(ctx, conn); err != nil || v != len(atomicphase.Migrations()) {
+		t.Fatalf("Version: %d, %v; want %d", v, err, len(atomicphase.Migrations()))
+	}
+	if v := version(t, conn); v != 0 {
+		t.Fatalf("MigrationVersion of the search_path's schema: %d, want 0", v)
+	}
+}
+
+func TestMigratorPrintsMigrationsThatBuildExactlySchemaFileInTheirSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	want := schemaFileCatalog(t)
+	ms, err := atomicphase.Migrator{Schema: "apprinted"}.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := emptyConn(t)
+	// As a migration tool runs them: each in a transaction, with the
+	// connection's search_path as it is.
+	for _, m := range ms {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("%03d_%s: %v", m.Version, m.Name, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertCatalog(t, schemaCatalog(t, conn, "apprinted"), want)
+}
+
+func TestMigratorRefusesANameThatCannotBeASchema(t *testing.T) {
+	t.Parallel()
+	m := atomicphase.Migrator{Schema: "pg_keys"}
+	if _, err := m.Migrations(); err == nil || !strings.Contains(err.Error(), "Migrator.Schema") {
+		t.Fatalf("Migrations: %v, want an error naming Migrator.Schema", err)
+	}
+	conn := emptyConn(t)
+	if err := m.Migrate(context.Background(), conn); err == nil {
+		t.Fatal("Migrate: no error")
+	}
+	if v := version(t, conn); v != 0 {
+		t.Fatalf("version %d after a refused Migrate, want 0", v)
+	}
+}
+
+// A Migrator with a schema gives the SQL of the migrations with every
+// table and function named in that schema, and the first migration
+// creating it, for teams that apply SQL with their own tool.
+func ExampleMigrator_Migrations() {
+	ms, err := atomicphase.Migrator{Schema: "payments"}.Migrations()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, m := range ms {
+		for line := range strings.Lines(m.SQL) {
+			if strings.HasPrefix(line, "CREATE SCHEMA") || strings.HasPrefix(line, "CREATE TABLE") {
+				fmt.Print(line)
+			}
+		}
+	}
+	// Output:
+	// CREATE SCHEMA IF NOT EXISTS "payments";
+	// CREATE TABLE IF NOT EXISTS "payments".idempotency_keys (
+	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_audit (
+	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_status_history (
 }

@@ -152,7 +152,7 @@ func (w *Workflow[Req, State]) acquire(ctx context.Context, c *Client, info *Run
 	}
 	pause := 10 * time.Millisecond
 	for {
-		kind, row, err := store.Acquire(ctx, c.pool, *kreq)
+		kind, row, err := store.Acquire(ctx, c.db, *kreq)
 		if err != nil {
 			return taken{}, nil, c.acquireFailed(ctx, w.name, kreq.Tenant, kreq.Key, err)
 		}
@@ -342,7 +342,7 @@ func (w *Workflow[Req, State]) adopt(ctx context.Context, c *Client, row *store.
 			"tenant", row.Tenant, "key", row.Key, "definition", from, "recovery_point", row.RecoveryPoint)
 		return err
 	}
-	if err := store.Adopt(ctx, c.pool, row.Holder(), w.definition, point); err != nil {
+	if err := store.Adopt(ctx, c.db, row.Holder(), w.definition, point); err != nil {
 		if !errors.Is(err, keyrow.ErrLeaseLost) {
 			c.release(ctx, row, err.Error(), row.Hold, false, false)
 			err = fmt.Errorf("%w: %w", ErrUnavailable, err)

@@ -93,6 +93,15 @@ type Config struct {
 	// Reaper configures the reaper that Start runs. Its zero value means
 	// recovery's defaults.
 	Reaper recovery.ReaperConfig
+	// Schema is the Postgres schema that holds the library's tables and
+	// functions, migrated there with atomicphase.Migrator. Every statement
+	// the client, its completer and reaper, and its operator methods send
+	// names them in this schema, whatever the connection's search_path;
+	// the statements of the workflows' own phases are left as they are.
+	// The name is used as it is, quoted: case matters.
+	//
+	// Defaults to empty: the tables the connection's search_path finds.
+	Schema string
 }
 
 // withDefaults returns c with its defaults applied, or an error naming the
@@ -231,6 +240,10 @@ type Client struct {
 	cfg   Config
 	hooks hooks
 	pool  *pgxpool.Pool
+	// schema is Config.Schema, and db the pool through which the library's
+	// statements go out for it (the pool itself for the search_path).
+	schema *store.Schema
+	db     store.Querier
 	// poolConfig is a copy of the pool's configuration, made once.
 	poolConfig *pgxpool.Config
 	routes     map[defKey]route
@@ -257,9 +270,10 @@ type Client struct {
 }
 
 // NewClient returns a client over pool, which must hold the migrated
-// atomicphase schema (see atomicphase.Migrate) and the workflows' own
-// tables, configured by cfg (nil means all defaults), that can run and
-// resume workflows.
+// atomicphase schema (see atomicphase.Migrate, or atomicphase.Migrator for
+// the schema Config.Schema names) and the workflows' own tables,
+// configured by cfg (nil means all defaults), that can run and resume
+// workflows.
 func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("phase: NewClient needs a pool")
@@ -286,7 +300,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, hooks: hs, pool: pool, poolConfig: pool.Config(), routes: routes}
+	schema, err := store.NewSchema(c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("phase: Config.Schema: %w", err)
+	}
+	cl := &Client{cfg: c, hooks: hs, pool: pool, schema: schema, db: schema.Querier(pool), poolConfig: pool.Config(), routes: routes}
 	keys := slices.SortedFunc(maps.Keys(routes), func(a, b defKey) int {
 		return cmp.Or(cmp.Compare(a.workflow, b.workflow), cmp.Compare(a.definition, b.definition))
 	})
@@ -295,11 +313,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 		names[i], defs[i] = k.workflow, k.definition
 	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
-	cl.completer = maintenance.NewCompleter(c.Completer, pool, cl.resume, names, defs, c.LeaseTTL, c.Logger)
+	cl.completer = maintenance.NewCompleter(c.Completer, cl.db, cl.resume, names, defs, c.LeaseTTL, c.Logger)
 	if len(cl.hooks.passes) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
-	cl.reaper = maintenance.NewReaper(c.Reaper, pool, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	cl.reaper = maintenance.NewReaper(c.Reaper, cl.db, c.Logger, reapScopes(routes, c.Reaper.Retention))
 	if len(cl.hooks.observers) > 0 {
 		cl.completer.Observe, cl.reaper.Observe = cl.observe, cl.observe
 	}
@@ -425,11 +443,11 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 // without it, and lastErr goes only to the log. Otherwise every retry would
 // be refused as in flight until the lease expired.
 func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) (lost bool) {
-	err := store.ReleaseDetached(ctx, c.pool, row.Holder(), lastErr, hold, byCompleter, callFailed)
+	err := store.ReleaseDetached(ctx, c.db, row.Holder(), lastErr, hold, byCompleter, callFailed)
 	if err != nil && lastErr != "" && !errors.Is(err, keyrow.ErrLeaseLost) && !storeDown(err) {
 		c.cfg.Logger.Error("storing the run's error failed; freeing the lease without it",
 			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "last_error", lastErr, "err", err)
-		err = store.ReleaseDetached(ctx, c.pool, row.Holder(), "", hold, byCompleter, callFailed)
+		err = store.ReleaseDetached(ctx, c.db, row.Holder(), "", hold, byCompleter, callFailed)
 	}
 	if errors.Is(err, keyrow.ErrLeaseLost) {
 		return true
@@ -463,7 +481,7 @@ func (c *Client) Reap(ctx context.Context) (recovery.ReapResult, error) {
 // Inspect returns everything stored about the tenant's key, or
 // keyrow.ErrNotFound.
 func (c *Client) Inspect(ctx context.Context, tenant, key string) (*keyrow.Row, error) {
-	return store.Inspect(ctx, c.pool, tenant, key)
+	return store.Inspect(ctx, c.db, tenant, key)
 }
 
 // List returns one page of the keys f selects: the keys of an unfinished
@@ -472,7 +490,7 @@ func (c *Client) Inspect(ctx context.Context, tenant, key string) (*keyrow.Row, 
 // many index entries as it returns, however many keys the table holds. A
 // zero StuckAfter means the completer's StuckAfter.
 func (c *Client) List(ctx context.Context, f keyrow.ListFilter) (keyrow.Page, error) {
-	return store.List(ctx, c.pool, c.filter(f))
+	return store.List(ctx, c.db, c.filter(f))
 }
 
 // Counts returns how many keys are in each keyrow.Status, counting a key as
@@ -481,14 +499,14 @@ func (c *Client) List(ctx context.Context, f keyrow.ListFilter) (keyrow.Page, er
 // are estimated from its statistics (Counts.FinishedEstimated), so that
 // counting never reads every key.
 func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
-	return store.Count(ctx, c.pool, c.cfg.Completer.StuckAfter)
+	return store.Count(ctx, c.db, c.cfg.Completer.StuckAfter)
 }
 
 // Definitions returns how many unfinished keys each workflow definition has,
 // whether or not c runs it: after a deploy, the old definitions still
 // listed are those whose keys need a process that runs or adopts them.
 func (c *Client) Definitions(ctx context.Context) ([]keyrow.DefinitionCount, error) {
-	return store.CountDefinitions(ctx, c.pool)
+	return store.CountDefinitions(ctx, c.db)
 }
 
 // Unlock frees the lease on an unfinished key, whoever holds it. The key
@@ -520,7 +538,7 @@ func (c *Client) Unlock(ctx context.Context, tenant, key string, seen ...keyrow.
 	if err != nil {
 		return false, err
 	}
-	return store.Unlock(ctx, c.pool, tenant, key, s)
+	return store.Unlock(ctx, c.db, tenant, key, s)
 }
 
 // Retry takes a key off hold, to run again. The key keeps its recovery
@@ -547,7 +565,7 @@ func (c *Client) Retry(ctx context.Context, tenant, key string, seen ...keyrow.S
 	if err != nil {
 		return err
 	}
-	return store.Retry(ctx, c.pool, tenant, key, s)
+	return store.Retry(ctx, c.db, tenant, key, s)
 }
 
 // oneSeen returns the one Seen an operator action was given, nil for none.

@@ -348,7 +348,9 @@ func (x *execution[Req, State]) fencedWrite(p *Phase[Req, State], res Result, st
 	if err != nil {
 		return store.Write{}, fmt.Errorf("phase %s: %w", p.name, err)
 	}
-	return w, nil
+	// The write goes out on the phase's own connection, not through the
+	// client's Querier, so it is put in the client's schema here.
+	return w.In(x.c.schema), nil
 }
 
 func (x *execution[Req, State]) restoreState() {

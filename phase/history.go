@@ -29,7 +29,7 @@ type StatusMinute struct {
 // many keys the key table holds; a database whose schema predates it has
 // no history.
 func (c *Client) History(ctx context.Context, window time.Duration) ([]StatusMinute, error) {
-	ms, err := store.History(ctx, c.pool, window)
+	ms, err := store.History(ctx, c.db, window)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
 		return nil, nil
 	}

@@ -57,7 +57,7 @@ type Minute struct {
 // counts the unfinished keys exactly, from the partial indexes that hold
 // them, and the finished keys of a large table from its statistics.
 func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts, error) {
-	return store.CountByWorkflow(ctx, c.pool, c.cfg.Completer.StuckAfter)
+	return store.CountByWorkflow(ctx, c.db, c.cfg.Completer.StuckAfter)
 }
 
 // Overview returns the counts of every workflow, the age of the oldest
@@ -69,12 +69,12 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	oldest, lastHour, err := store.Activity(ctx, c.pool)
+	oldest, lastHour, err := store.Activity(ctx, c.db)
 	if err != nil {
 		return nil, err
 	}
 	workflows := slices.Collect(maps.Keys(counts))
-	minutes, err := store.Minutes(ctx, c.pool, time.Hour, workflows)
+	minutes, err := store.Minutes(ctx, c.db, time.Hour, workflows)
 	if err != nil {
 		return nil, err
 	}
@@ -116,19 +116,19 @@ type PhaseDetail struct {
 // Describe returns everything stored about the tenant's key with the
 // phases of its workflow and its audit, or keyrow.ErrNotFound.
 func (c *Client) Describe(ctx context.Context, tenant, key string) (*KeyDetail, error) {
-	row, err := store.Inspect(ctx, c.pool, tenant, key)
+	row, err := store.Inspect(ctx, c.db, tenant, key)
 	if err != nil {
 		return nil, err
 	}
 	d := &KeyDetail{Row: *row}
-	if d.Audit, err = store.Audit(ctx, c.pool, keyrow.AuditFilter{Tenant: tenant, Key: key}); err != nil {
+	if d.Audit, err = store.Audit(ctx, c.db, keyrow.AuditFilter{Tenant: tenant, Key: key}); err != nil {
 		return nil, err
 	}
 	w, ok := c.describer(row)
 	if !ok {
 		return d, nil
 	}
-	fp, err := store.Fingerprint(ctx, c.pool, tenant, key)
+	fp, err := store.Fingerprint(ctx, c.db, tenant, key)
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +282,7 @@ func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resol
 	if err != nil {
 		return nil, err
 	}
-	row, err := store.Inspect(ctx, c.pool, tenant, key)
+	row, err := store.Inspect(ctx, c.db, tenant, key)
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +296,7 @@ func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resol
 			return nil, fmt.Errorf("%w: %w", ErrInvalidResolution, err)
 		}
 	}
-	if err := store.Resolve(ctx, c.pool, tenant, key, r, s); err != nil {
+	if err := store.Resolve(ctx, c.db, tenant, key, r, s); err != nil {
 		return nil, err
 	}
 	if known {
@@ -305,7 +305,7 @@ func (c *Client) Resolve(ctx context.Context, tenant, key string, r keyrow.Resol
 				"workflow", row.Workflow, "tenant", tenant, "key", key, "err", err)
 		}
 	}
-	return store.Inspect(ctx, c.pool, tenant, key)
+	return store.Inspect(ctx, c.db, tenant, key)
 }
 
 // runNow takes the lease on the key and runs it as the completer would,
@@ -318,7 +318,7 @@ func (c *Client) runNow(ctx context.Context, tenant, key string) error {
 		return ErrStopped
 	}
 	defer c.inflight.Done()
-	row, err := store.ClaimKey(ctx, c.pool, tenant, key, c.cfg.LeaseTTL)
+	row, err := store.ClaimKey(ctx, c.db, tenant, key, c.cfg.LeaseTTL)
 	if err != nil || row == nil {
 		return err
 	}
@@ -329,7 +329,7 @@ func (c *Client) runNow(ctx context.Context, tenant, key string) error {
 // BulkPreview counts the keys that Bulk with the same arguments would
 // change if it ran now, changing nothing.
 func (c *Client) BulkPreview(ctx context.Context, action string, f keyrow.ListFilter, confirmUnknown bool) (int, error) {
-	return store.BulkPreview(ctx, c.pool, store.Bulk(action), c.filter(f), confirmUnknown)
+	return store.BulkPreview(ctx, c.db, store.Bulk(action), c.filter(f), confirmUnknown)
 }
 
 // Bulk applies an operator action to every key f selects, up to f.Limit
@@ -340,7 +340,7 @@ func (c *Client) BulkPreview(ctx context.Context, action string, f keyrow.ListFi
 // are skipped, and each change is audited under the actor of ctx with the
 // filter. It returns how many keys changed; BulkPreview counts them first.
 func (c *Client) Bulk(ctx context.Context, action string, f keyrow.ListFilter, confirmUnknown bool) (int, error) {
-	return store.BulkAct(ctx, c.pool, store.Bulk(action), c.filter(f), confirmUnknown)
+	return store.BulkAct(ctx, c.db, store.Bulk(action), c.filter(f), confirmUnknown)
 }
 
 // filter applies the client's defaults to f.
@@ -354,7 +354,7 @@ func (c *Client) filter(f keyrow.ListFilter) keyrow.ListFilter {
 // Audit returns the operator actions f selects, newest first. Each
 // filter reads one index of the audit, a page at a time.
 func (c *Client) Audit(ctx context.Context, f keyrow.AuditFilter) ([]keyrow.AuditEntry, error) {
-	return store.Audit(ctx, c.pool, f)
+	return store.Audit(ctx, c.db, f)
 }
 
 // StatusOf returns the keyrow.Status of k as it was read, named as Counts
@@ -369,7 +369,7 @@ func (c *Client) StatusOf(k *keyrow.Row) keyrow.Status {
 // broad filter never reads a large table whole. A zero StuckAfter means
 // the completer's StuckAfter.
 func (c *Client) CountMatching(ctx context.Context, f keyrow.ListFilter, upTo int) (int, error) {
-	return store.CountMatching(ctx, c.pool, c.filter(f), upTo)
+	return store.CountMatching(ctx, c.db, c.filter(f), upTo)
 }
 
 // resolved acts on an operator's resolution, when one was recorded for
@@ -381,7 +381,7 @@ func (c *Client) CountMatching(ctx context.Context, f keyrow.ListFilter, upTo in
 // can record it. The resolution is taken off the key first, so it is acted
 // on once.
 func (x *execution[Req, State]) resolved(ctx context.Context, i int) (resp *keyrow.Response, done bool, err error) {
-	r, err := store.TakeResolution(ctx, x.c.pool, x.row.Holder())
+	r, err := store.TakeResolution(ctx, x.c.db, x.row.Holder())
 	if err != nil {
 		return nil, true, x.release(ctx, fmt.Errorf("phase: read the operator's resolution: %w", err), keyrow.HoldUnknown)
 	}

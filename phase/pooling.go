@@ -64,7 +64,7 @@ func (c *Client) Check(ctx context.Context) error {
 	if c.checked {
 		return c.checkErr
 	}
-	distributed, err := store.IsDistributed(ctx, c.pool)
+	distributed, err := store.IsDistributed(ctx, c.db)
 	if err != nil {
 		return fmt.Errorf("phase: check: %w", err)
 	}

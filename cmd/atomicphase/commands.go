@@ -233,7 +233,12 @@ With -print, migrate writes the SQL of the migrations to stdout instead of
 applying it, and needs no database: for teams that manage their schema with
 their own tool (goose, atlas, sqitch). It prints every migration, or with
 -from N those after version N; each is idempotent. -json prints each one's
-version, name and SQL. There are no down migrations.`,
+version, name and SQL. There are no down migrations.
+
+With -schema, migrate applies or prints the migrations with every table and
+function named in that schema, whatever the search_path; applying them
+creates the schema when it is missing, and so does the first migration
+printed.`,
 		define: defineMigrate,
 	},
 }
@@ -510,7 +515,11 @@ func defineMigrate(fs *flag.FlagSet) action {
 		case *from < 0:
 			return usagef("-from must not be negative")
 		}
-		all := atomicphase.Migrations()
+		m := atomicphase.Migrator{Schema: s.schema}
+		all, err := m.Migrations()
+		if err != nil {
+			return err
+		}
 		if *printSQL {
 			if *from > len(all) {
 				return fmt.Errorf("version %d is newer than this release knows (up to %d)", *from, len(all))
@@ -524,7 +533,7 @@ func defineMigrate(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		before, err := atomicphase.MigrationVersion(ctx, db)
+		before, err := m.Version(ctx, db)
 		if err != nil {
 			return err
 		}
@@ -535,10 +544,10 @@ func defineMigrate(fs *flag.FlagSet) action {
 			}
 			return printMigrateStatus(s.stdout, st)
 		}
-		if err := atomicphase.Migrate(ctx, db); err != nil {
+		if err := m.Migrate(ctx, db); err != nil {
 			return err
 		}
-		after, err := atomicphase.MigrationVersion(ctx, db)
+		after, err := m.Version(ctx, db)
 		if err != nil {
 			return err
 		}

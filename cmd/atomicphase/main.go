@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/internal/pgschema"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
 )
@@ -78,6 +79,9 @@ Every command takes these flags, and documents its own with -h:
   -json               print JSON for scripts instead of aligned text
   -actor NAME         who acts, recorded in the audit of every action;
                       defaults to cli:$USER
+  -schema NAME        the Postgres schema that holds atomicphase's tables,
+                      as phase.Config.Schema names it; defaults to the
+                      one the connection's search_path finds
 
 Flags follow the command and come before its arguments, as with Go's flag
 package: "atomicphase inspect -json acme k1", not "... acme k1 -json".
@@ -123,6 +127,8 @@ type session struct {
 	json   bool
 	dsn    string
 	actor  string
+	// schema is the -schema flag: where the library's tables are.
+	schema string
 	pool   *pgxpool.Pool
 }
 
@@ -153,6 +159,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	fs.StringVar(&s.dsn, "database-url", "", "PostgreSQL `URL` or DSN; overrides $DATABASE_URL")
 	fs.BoolVar(&s.json, "json", false, "print JSON instead of aligned text")
 	fs.StringVar(&s.actor, "actor", "", "who acts, for the audit of unlock, retry, resolve and bulk; defaults to cli:$USER")
+	fs.StringVar(&s.schema, "schema", "", "the Postgres `schema` that holds atomicphase's tables; defaults to the search_path's")
 	act := cmd.define(fs)
 
 	err := fs.Parse(args[1:])
@@ -164,6 +171,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = &usageError{msg: err.Error()}
 	default:
 		err = cmd.checkArgs(fs.Args())
+	}
+	if err == nil {
+		if serr := pgschema.Check(s.schema); serr != nil {
+			err = usagef("-schema: %v", serr)
+		}
 	}
 	if err == nil {
 		if s.dsn == "" {
@@ -194,7 +206,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "atomicphase %s: %v\n", cmd.name, err)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
-			fmt.Fprintln(stderr, "The database has no atomicphase schema (or it is not on the search_path): run `atomicphase migrate`, or apply the SQL of `atomicphase migrate -print` with your own tool.")
+			fmt.Fprintln(stderr, "The database has no atomicphase schema (or it is not on the search_path, or in the schema -schema names): run `atomicphase migrate`, or apply the SQL of `atomicphase migrate -print` with your own tool.")
 		}
 		return exitError
 	}
@@ -295,6 +307,7 @@ func (s *session) client(ctx context.Context, cfg phase.Config) (*phase.Client, 
 	if err != nil {
 		return nil, err
 	}
+	cfg.Schema = s.schema
 	cfg.Completer.Interval = -1
 	cfg.Reaper.Interval = -1
 	cfg.Logger = slog.New(slog.DiscardHandler)

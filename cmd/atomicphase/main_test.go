@@ -92,7 +92,7 @@ func request(t *testing.T, tenant, key string) store.Request {
 	return store.Request{Tenant: tenant, Key: key, Workflow: "wf", Fingerprint: fp, Params: params, TTL: ttl}
 }
 
-func acquire(t *testing.T, db *pgxpool.Pool, tenant, key string) (store.Outcome, *store.Row) {
+func acquire(t *testing.T, db store.Querier, tenant, key string) (store.Outcome, *store.Row) {
 	t.Helper()
 	out, row, err := store.Acquire(context.Background(), db, request(t, tenant, key))
 	if err != nil {
@@ -104,7 +104,7 @@ func acquire(t *testing.T, db *pgxpool.Pool, tenant, key string) (store.Outcome,
 // keyIn creates the key in state: "finished", "leased" (a live lease),
 // "runnable" (free, at recovery point "charged"), "dead" or "unknown" (held
 // at "charged").
-func keyIn(t *testing.T, db *pgxpool.Pool, tenant, key, state string) *store.Row {
+func keyIn(t *testing.T, db store.Querier, tenant, key, state string) *store.Row {
 	t.Helper()
 	ctx := context.Background()
 	out, row := acquire(t, db, tenant, key)
@@ -678,6 +678,43 @@ func TestMigratePrintWritesTheSQLWithoutADatabase(t *testing.T) {
 	var table *string
 	if err := conn.QueryRow(context.Background(), "SELECT to_regclass('printed.idempotency_keys')::text").Scan(&table); err != nil || table == nil {
 		t.Fatalf("the printed SQL did not create printed.idempotency_keys: %v", err)
+	}
+}
+
+func TestSchemaFlagNamesTheSchemaThatHoldsTheTables(t *testing.T) {
+	t.Parallel()
+	// The search_path of this database finds no table of the library.
+	db := pgtest.SchemaPool(t)
+	dsn := db.Config().ConnString()
+	latest := len(atomicphase.Migrations())
+	if out := ok(t, dsn, "migrate", "-schema", "payments"); !strings.HasPrefix(out, fmt.Sprintf("migrated the schema from version 0 to %d:\n", latest)) {
+		t.Fatalf("migrate -schema payments = %q", out)
+	}
+	if st := decode[migrateStatus](t, ok(t, dsn, "migrate", "-status", "-json", "-schema", "payments")); st.Version != latest {
+		t.Fatalf("migrate -status -schema payments = %+v", st)
+	}
+	s, err := store.NewSchema("payments")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyIn(t, s.Querier(db), "acme", "order-1", "leased")
+	if out := ok(t, dsn, "unlock", "-schema", "payments", "acme", "order-1"); !strings.Contains(out, "freed the lease") {
+		t.Fatalf("unlock -schema payments:\n%s", out)
+	}
+	info := decode[keyrow.Row](t, ok(t, dsn, "inspect", "-json", "-schema", "payments", "acme", "order-1"))
+	if info.Key != "order-1" || info.LeaseExpiresAt != nil {
+		t.Fatalf("inspect -schema payments = %+v, want the key unlocked", info)
+	}
+	if r := runCLI(t, dsn, "inspect", "acme", "order-1"); r.code != exitError || !strings.Contains(r.stderr, "-schema") {
+		t.Fatalf("inspect without -schema = %d:\n%s", r.code, r.stderr)
+	}
+	if r := runCLI(t, dsn, "inspect", "-schema", "pg_keys", "acme", "order-1"); r.code != exitUsage || !strings.Contains(r.stderr, "-schema") {
+		t.Fatalf("inspect -schema pg_keys = %d:\n%s", r.code, r.stderr)
+	}
+	printed := ok(t, "", "migrate", "-print", "-schema", "payments")
+	if !strings.Contains(printed, "CREATE SCHEMA IF NOT EXISTS \"payments\";\n") ||
+		!strings.Contains(printed, "CREATE TABLE IF NOT EXISTS \"payments\".idempotency_keys") {
+		t.Fatalf("migrate -print -schema payments names no schema:\n%s", printed)
 	}
 }
 

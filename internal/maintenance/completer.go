@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -25,7 +23,7 @@ type Resumer func(ctx context.Context, row *store.Row) error
 // documentation for what a pass does.
 type Completer struct {
 	cfg     recovery.CompleterConfig
-	pool    *pgxpool.Pool
+	db      store.Querier
 	resumer Resumer
 	// workflows and definitions, pairwise, are the definitions it resumes.
 	workflows, definitions []string
@@ -48,8 +46,8 @@ func distributed(f func() bool) bool { return f != nil && f() }
 // NewCompleter returns a completer for the keys of the workflow definitions
 // given pairwise by workflows and definitions, run by r, with leases of
 // ttl. cfg must have its defaults applied. phase.NewClient calls it.
-func NewCompleter(cfg recovery.CompleterConfig, pool *pgxpool.Pool, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
-	return &Completer{cfg: cfg, pool: pool, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
+func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
+	return &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
@@ -63,7 +61,7 @@ func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
 
 func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	var res recovery.PassResult
-	buried, err := store.Bury(ctx, c.pool, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
+	buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
 	if err != nil {
 		return res, err
 	}
@@ -73,7 +71,7 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
 	c.recordHistory(ctx)
-	rows, err := store.Claim(ctx, c.pool, store.ClaimParams{
+	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
 	})

@@ -47,7 +47,7 @@ func (c *Completer) recordHistory(ctx context.Context) {
 	if distributed(c.Distributed) || !c.history.due() {
 		return
 	}
-	if _, err := store.RecordHistory(ctx, c.pool, c.workflows, c.cfg.StuckAfter); err != nil && ctx.Err() == nil {
+	if _, err := store.RecordHistory(ctx, c.db, c.workflows, c.cfg.StuckAfter); err != nil && ctx.Err() == nil {
 		c.log.Warn("completer could not record the status history", "err", err)
 	}
 }
@@ -55,7 +55,7 @@ func (c *Completer) recordHistory(ctx context.Context) {
 // trimHistory deletes the status history past its retention. A failure
 // is logged and the run goes on: the keys matter more than the chart.
 func (r *Reaper) trimHistory(ctx context.Context) {
-	if _, err := store.TrimHistory(ctx, r.pool); err != nil && ctx.Err() == nil {
+	if _, err := store.TrimHistory(ctx, r.db); err != nil && ctx.Err() == nil {
 		r.log.Warn("reaper could not trim the status history", "err", err)
 	}
 }

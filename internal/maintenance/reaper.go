@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -22,7 +20,7 @@ import (
 // retention, and never deletes a key before the retention the key recorded.
 type Reaper struct {
 	cfg    recovery.ReaperConfig
-	pool   *pgxpool.Pool
+	db     store.Querier
 	log    *slog.Logger
 	bg     background
 	scopes []Scope
@@ -44,8 +42,8 @@ type Scope struct {
 // once; cfg must have its defaults applied. phase.NewClient calls it. With no scopes it judges the
 // keys of every workflow, with cfg.Retention: that is the reaper of a
 // process that runs no workflow, such as the atomicphase command.
-func NewReaper(cfg recovery.ReaperConfig, pool *pgxpool.Pool, log *slog.Logger, scopes []Scope) *Reaper {
-	return &Reaper{cfg: cfg, pool: pool, log: log, scopes: scopes}
+func NewReaper(cfg recovery.ReaperConfig, db store.Querier, log *slog.Logger, scopes []Scope) *Reaper {
+	return &Reaper{cfg: cfg, db: db, log: log, scopes: scopes}
 }
 
 // Scopes returns the workflows the reaper judges now: those it was given,
@@ -54,7 +52,7 @@ func (r *Reaper) Scopes(ctx context.Context) ([]Scope, error) {
 	if len(r.scopes) > 0 {
 		return r.scopes, nil
 	}
-	names, err := store.FinishedWorkflows(ctx, r.pool)
+	names, err := store.FinishedWorkflows(ctx, r.db)
 	if err != nil {
 		return nil, err
 	}
@@ -69,10 +67,10 @@ func (r *Reaper) Scopes(ctx context.Context) ([]Scope, error) {
 // nothing.
 func (r *Reaper) Candidates(ctx context.Context) (finished, abandoned int, err error) {
 	if len(r.scopes) == 0 {
-		return store.ReapCandidates(ctx, r.pool, "", r.cfg.Retention)
+		return store.ReapCandidates(ctx, r.db, "", r.cfg.Retention)
 	}
 	for _, s := range r.scopes {
-		f, a, err := store.ReapCandidates(ctx, r.pool, s.Workflow, s.Retention)
+		f, a, err := store.ReapCandidates(ctx, r.db, s.Workflow, s.Retention)
 		if err != nil {
 			return finished, abandoned, err
 		}
@@ -91,7 +89,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 	}
 	for _, s := range expire {
 		n, err := r.batches(ctx, func() (int, error) {
-			return store.Expire(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
+			return store.Expire(ctx, r.db, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 		})
 		res.Abandoned += n
 		if err != nil {
@@ -109,7 +107,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (recovery.ReapResult, error) {
 	}
 	for _, s := range scopes {
 		n, err := r.batches(ctx, func() (int, error) {
-			n, err := store.Reap(ctx, r.pool, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
+			n, err := store.Reap(ctx, r.db, s.Workflow, s.Retention, r.cfg.BatchSize, distributed(r.Distributed))
 			if n > 0 {
 				r.observe(ctx, keyrow.Event{Kind: keyrow.EventReaped, Count: n, Workflow: s.Workflow})
 			}

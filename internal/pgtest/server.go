@@ -134,6 +134,36 @@ func PoolWith(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	return poolOn(t, DSN(t), configure)
 }
 
+// SchemaPool returns a pool on a new database for t alone, as Pool does,
+// where the library's tables and functions are in each of schemas
+// (migrated there with atomicphase.Migrator) and in no schema the
+// connection's search_path reaches: a statement that does not name the
+// schema finds no table and fails, rather than reach a table that should
+// not be there. The schemas are created by the migration.
+func SchemaPool(t testing.TB, schemas ...string) *pgxpool.Pool {
+	t.Helper()
+	SkipOnCitus(t, "the tables of a test are in the schema of its own that Citus gives it")
+	pool := Pool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	_, err := pool.Exec(ctx, `
+DROP TABLE idempotency_keys, atomicphase_audit, atomicphase_status_history, atomicphase_migration;
+DROP FUNCTION atomicphase_lease_lost()`)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	for _, schema := range schemas {
+		if err := (atomicphase.Migrator{Schema: schema}).Migrate(ctx, pool); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	var found *string
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('idempotency_keys')::text`).Scan(&found); err != nil || found != nil {
+		t.Fatalf("pgtest: the search_path still finds idempotency_keys (%v, %v)", found, err)
+	}
+	return pool
+}
+
 // CountingPool is PoolWith with a StatementCounter as the pool's tracer, to
 // count every statement and round trip it sends; configure may be nil.
 func CountingPool(t testing.TB, configure func(*pgxpool.Config)) (*pgxpool.Pool, *StatementCounter) {

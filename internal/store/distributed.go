@@ -269,7 +269,8 @@ func changeProposed(ctx context.Context, q Querier, what, scan, change string, r
 }
 
 // IsDistributed reports whether the key table that q reaches (by its
-// search_path) is distributed with Citus. On a database without Citus it
+// search_path, or in the Schema q is a Querier of) is distributed with
+// Citus. On a database without Citus it
 // costs one statement. Its statements go through the simple protocol: they
 // prepare nothing, so they run behind any pooler, before the client has
 // found out whether one is there.

@@ -39,4 +39,14 @@
 // Expire and Reap move keys to dead, close abandoned ones and delete expired
 // ones in small batches; Count, Inspect, List, Unlock and Retry serve
 // operators.
+//
+// # Schemas
+//
+// Every statement names the library's tables and function unqualified.
+// A client whose tables are in a schema of their own sends them through a
+// Schema's Querier, which puts each statement in that schema the first
+// time it goes out and keeps the result (see package pgschema); a lease's
+// writes, which the phase runner queues on its own connection, are put in
+// it with Write.In. Without a schema the Querier is the pool itself, and
+// every statement goes out as written.
 package store

@@ -251,11 +251,17 @@ const countFinishedSQL = `
 SELECT workflow, count(*) FROM idempotency_keys WHERE finished_at IS NOT NULL GROUP BY workflow`
 
 // workflowShareSQL is the share of the table's rows each common workflow
-// has, from the statistics ANALYZE keeps.
+// has, from the statistics ANALYZE keeps. It finds the table's statistics
+// by the schema and name of the table the statement reaches, which need
+// not be in the first schema of the search_path (or on it at all, see
+// Schema).
 const workflowShareSQL = `
 SELECT v.workflow, v.share
-FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(workflow, share)
-WHERE s.schemaname = current_schema() AND s.tablename = 'idempotency_keys' AND s.attname = 'workflow'`
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'workflow',
+     unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(workflow, share)
+WHERE c.oid = 'idempotency_keys'::regclass`
 
 // CountByWorkflow returns the keys of each workflow by state, a key
 // counting as stuck once idle for stuckAfter. The unfinished states are
