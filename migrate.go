@@ -16,14 +16,14 @@ import (
 	"github.com/atomicphase/atomicphase/internal/pgschema"
 )
 
-// Schema is the whole current schema as one idempotent script: the
+// SchemaSQL is the whole current schema as one idempotent script: the
 // idempotency_keys table, its indexes and the fencing function, exactly as
 // applying every migration in [Migrations] leaves them, without the version
 // table. It is for reading and for teams that apply SQL with their own tools;
 // [Migrate] applies the migrations instead and records their versions.
 //
 //go:embed schema.sql
-var Schema string
+var SchemaSQL string
 
 // migrationFiles holds the migrations, named NNN_name.up.sql. Each one must
 // be idempotent (IF NOT EXISTS, CREATE OR REPLACE, ADD COLUMN IF NOT EXISTS)
@@ -187,7 +187,7 @@ func (m Migrator) Version(ctx context.Context, db Beginner) (int, error) {
 // each transaction takes the same advisory lock before it reads the version,
 // so concurrent runs wait for each other and every migration is applied once.
 //
-// A database set up with [Schema] or by a release before versioned
+// A database set up with [SchemaSQL] or by a release before versioned
 // migrations has no version table; Migrate adopts it by applying every
 // migration, which changes nothing that exists. A database that records a
 // newer version than this release knows is refused with an error wrapping
@@ -201,7 +201,7 @@ func Migrate(ctx context.Context, db Beginner) error {
 
 // MigrationVersion returns the highest migration version recorded in the
 // database: len(Migrations()) once this release's Migrate has run, 0 when
-// none has (an empty database, or one set up with [Schema] or by a release
+// none has (an empty database, or one set up with [SchemaSQL] or by a release
 // before versioned migrations). It changes nothing.
 func MigrationVersion(ctx context.Context, db Beginner) (int, error) {
 	return Migrator{}.Version(ctx, db)

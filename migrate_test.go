@@ -220,7 +220,7 @@ func catalog(t *testing.T, conn *pgx.Conn) []string {
 func schemaFileCatalog(t *testing.T) []string {
 	t.Helper()
 	conn := emptyConn(t)
-	mustExec(t, conn, atomicphase.Schema)
+	mustExec(t, conn, atomicphase.SchemaSQL)
 	return catalog(t, conn)
 }
 
@@ -407,7 +407,7 @@ func TestMigrateAdoptsAnUnversionedInstall(t *testing.T) {
 		{"release before versioned migrations", atomicphase.Migrations()[0].SQL},
 		// Applying schema.sql, then Migrate, runs every migration over the
 		// schema it already built: each must change nothing.
-		{"schema.sql applied by hand", atomicphase.Schema},
+		{"schema.sql applied by hand", atomicphase.SchemaSQL},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

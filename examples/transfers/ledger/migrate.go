@@ -9,7 +9,7 @@ import (
 )
 
 // Schema is the SQL that creates the ledger's tables. Applying it more than
-// once is harmless. It does not include atomicphase.Schema, which the ledger
+// once is harmless. It does not include atomicphase.SchemaSQL, which the ledger
 // also needs (see Migrate).
 //
 //go:embed schema.sql
@@ -19,7 +19,7 @@ var Schema string
 // calls (the bytes of "ledgerdb" as a bigint).
 const migrateLockID = 0x6c65646765726462
 
-// Migrate applies atomicphase.Schema (with atomicphase.Migrate), then Schema
+// Migrate applies the atomicphase schema (with atomicphase.Migrate), then Schema
 // in one transaction. It is safe to run twice and from several processes at
 // once: a transaction-scoped advisory lock makes concurrent runs wait for
 // each other.
