@@ -648,6 +648,19 @@ func TestDemoDownloadsPostgresWhereThereAreNoBinaries(t *testing.T) {
 			t.Fatalf("the killed demo's server in %s still answers after 10s", orphan)
 		}
 	}
+	// A server that stopped answering may still be exiting, and the next
+	// run rightly leaves the directory of a live postmaster alone: wait
+	// for its process to be gone.
+	if b, err := os.ReadFile(filepath.Join(orphan, "data", "postmaster.pid")); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		if pid, err := strconv.Atoi(strings.TrimSpace(line)); err == nil {
+			for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the killed demo's postmaster %d is still running after 10s", pid)
+				}
+			}
+		}
+	}
 	run()
 	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
 		t.Errorf("the killed demo's %s is still there after the next run (stat: %v)", orphan, err)
