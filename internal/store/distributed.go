@@ -122,7 +122,10 @@ func acquireDistributed(ctx context.Context, q Querier, req Request, retention *
 		if err != nil {
 			return 0, nil, fmt.Errorf("store: acquire: %w", err)
 		}
-		if outcome != Held || row.LeaseLeft > 0 || try == 2 {
+		// The lease looked free by the caller's clock; the takeover judges
+		// by the coordinator's, and after two refusals (clocks apart, or
+		// other runs quicker) the key is reported held as read.
+		if outcome != Held || row.LeaseLeft > 0 || try >= 2 {
 			return outcome, row, nil
 		}
 		sent = time.Now()
