@@ -441,7 +441,8 @@ func (t *phaseTx) flushPrior(ctx context.Context) error {
 // the key: pipelined with COMMIT when the phase sent statements, or sent on
 // its own, as a transaction of its own, when it sent none (after the prior
 // commit, if any, in a round trip of its own). Either way it is one round
-// trip.
+// trip, except on Citus, where a write that is not Pipelined goes first
+// and COMMIT only once it matched: two.
 func (t *phaseTx) commit(ctx context.Context, w store.Write) error {
 	if t.tx == nil {
 		if err := t.open(); err != nil {

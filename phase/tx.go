@@ -15,6 +15,7 @@ import (
 // (pgx's Batch.BeginTx), and whose COMMIT is sent in one batch with the
 // phase's fenced write. A phase therefore costs its own statements plus one
 // round trip, and a phase that sends nothing costs the fenced write alone.
+// (On Citus the write goes alone and COMMIT after it: see commitOnce.)
 //
 // The phase sees an ordinary transaction at the phase's isolation level:
 // Exec, Query, QueryRow and SendBatch begin it with their statements;
