@@ -92,15 +92,14 @@ func (t *phaseTx) firstBatch(begin bool, queries ...*pgx.QueuedQuery) *pgx.Batch
 			beginQuery = rest[0]
 		}
 		t.firstQueries[0] = t.prior.write.QueuedQuery()
-		b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0])
 		switch {
 		case beginQuery != nil && t.prior.chain:
 			beginQuery.SQL = commitAndChain
-			b.QueuedQueries = append(b.QueuedQueries, beginQuery)
+			b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], beginQuery)
 			t.chained = true
 		default:
 			t.firstQueries[1] = pgx.QueuedQuery{SQL: "COMMIT"}
-			b.QueuedQueries = append(b.QueuedQueries, &t.firstQueries[1])
+			b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], &t.firstQueries[1])
 			if beginQuery != nil {
 				b.QueuedQueries = append(b.QueuedQueries, beginQuery)
 			}
