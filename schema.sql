@@ -190,3 +190,41 @@ BEGIN
         USING ERRCODE = 'AP001';
 END
 $$;
+
+-- The writes that commit a phase on a key table distributed with Citus:
+-- each runs the UPDATE of store's distributed form and raises AP001, as the
+-- fenced statements do, when it matched no row, so that the write can
+-- travel with COMMIT (see migrations/011_commit_functions.up.sql).
+CREATE OR REPLACE FUNCTION atomicphase_advance(uuid, uuid, text, jsonb, interval, text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE idempotency_keys
+    SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
+        lock_expires_at = now() + $5::interval
+    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $6;
+    IF NOT FOUND THEN
+        PERFORM atomicphase_lease_lost();
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION atomicphase_advance(uuid, uuid, text, jsonb, interval, text) IS
+    'Commits a phase of the key (id, lease token, recovery point, state, lease TTL, tenant) on a key table distributed with Citus; raises AP001 when the lease is lost.';
+
+CREATE OR REPLACE FUNCTION atomicphase_finish(uuid, uuid, jsonb, integer, jsonb, bytea, text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE idempotency_keys
+    SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
+        response_status = $4, response_headers = $5, response_body = $6,
+        locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
+        failures = 0, call_pending = NULL
+    WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $7;
+    IF NOT FOUND THEN
+        PERFORM atomicphase_lease_lost();
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION atomicphase_finish(uuid, uuid, jsonb, integer, jsonb, bytea, text) IS
+    'Stores the response of the key (id, lease token, state, status, headers, body, tenant) and frees its lease on a key table distributed with Citus; raises AP001 when the lease is lost.';

@@ -145,10 +145,10 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 // that phase's failure. So a local phase must keep its effects inside its
 // transaction, as it always had to; its Go code may run more than once.
 //
-// On a key table distributed with Citus the fenced write is a plain UPDATE
-// (see store.Write.Pipelined): it is sent on its own, and COMMIT follows
-// once it matched the key's row, a round trip more, and no commit is held
-// back.
+// On a key table distributed with Citus the fenced write is a call of a
+// function that runs the plain UPDATE, which Citus plans on its fast path,
+// and raises when it matched no row (see store's committingByID): the same
+// pipeline, with the same failure paths.
 func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body LocalFunc[Req, State], rec recordFn[Req, State]) (res Result, err error) {
 	p := &x.w.phases[i]
 	// A commit held back from the phase before is this phase's to send, on
@@ -216,13 +216,8 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	}
 	// Only an open, healthy transaction is held back: one the phase ended
 	// on its own, or in which a statement failed, fails its commit now.
-	//
-	// A write that cannot travel with COMMIT (on Citus) is never held
-	// back: sent before the next phase's Go code ran, it would keep the
-	// key's row locked all through that code, and a takeover of a run
-	// stalled there would wait for it.
 	if res.response == nil && tx.tx != nil && tx.err == nil && conn.Conn().PgConn().TxStatus() == 'T' &&
-		w.Pipelined() && x.holdsBack(i, next) {
+		x.holdsBack(i, next) {
 		x.heldBack = priorCommit{write: w, done: x,
 			chain: x.w.phases[next].isolation == p.isolation}
 		x.heldBegan, x.heldStarted, x.heldState = began, x.started, state
@@ -375,8 +370,7 @@ type priorCommit struct {
 	// chain is set when the next phase's transaction may begin with
 	// COMMIT AND CHAIN, which commits this one and begins the next with the
 	// same characteristics in one statement: the two phases run at the
-	// same isolation level. (Only a Pipelined write is held back, so the
-	// key table is on a single Postgres.)
+	// same isolation level.
 	chain bool
 	// done is told once the commit succeeded; an error from it (an
 	// injected fault) ends the phase that carried the commit.
@@ -441,8 +435,7 @@ func (t *phaseTx) flushPrior(ctx context.Context) error {
 // the key: pipelined with COMMIT when the phase sent statements, or sent on
 // its own, as a transaction of its own, when it sent none (after the prior
 // commit, if any, in a round trip of its own). Either way it is one round
-// trip, except on Citus, where a write that is not Pipelined goes first
-// and COMMIT only once it matched: two.
+// trip.
 func (t *phaseTx) commit(ctx context.Context, w store.Write) error {
 	if t.tx == nil {
 		if err := t.open(); err != nil {
@@ -459,12 +452,6 @@ func (t *phaseTx) commit(ctx context.Context, w store.Write) error {
 	}
 	if t.err != nil {
 		return t.err
-	}
-	if !w.Pipelined() {
-		if err := w.Exec(ctx, t.tx); err != nil {
-			return err
-		}
-		return t.tx.Commit(ctx)
 	}
 	t.lastQueries = [2]pgx.QueuedQuery{w.QueuedQuery(), {SQL: "COMMIT"}}
 	t.lastQueued = [2]*pgx.QueuedQuery{&t.lastQueries[0], &t.lastQueries[1]}

@@ -51,11 +51,30 @@ func kindOf(out *phase.Outcome) string {
 
 func newChain(t *testing.T, cfg *phase.Config) *chain {
 	t.Helper()
-	db, counter := pgtest.CountingPool(t, func(cfg *pgxpool.Config) {
+	return newChainOn(t, pgtest.PoolWith, cfg)
+}
+
+// newChainOn is newChain on a pool that poolWith makes: on Citus the
+// chained table is distributed by tenant, co-located with the keys.
+func newChainOn(t *testing.T, poolWith func(testing.TB, func(*pgxpool.Config)) *pgxpool.Pool, cfg *phase.Config) *chain {
+	t.Helper()
+	counter := &pgtest.StatementCounter{}
+	db := poolWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = counter
 		cfg.MaxConns = 2 // the phases' connection, and one for the test's own statements
 	})
-	if _, err := db.Exec(context.Background(), `CREATE TABLE chained (k text PRIMARY KEY)`); err != nil {
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `CREATE TABLE chained (tenant text NOT NULL, k text NOT NULL, PRIMARY KEY (tenant, k))`); err != nil {
 		t.Fatal(err)
+	}
+	var citus bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citus); err != nil {
+		t.Fatal(err)
+	}
+	if citus {
+		if _, err := db.Exec(ctx, `SELECT create_distributed_table('chained', 'tenant', colocate_with => 'idempotency_keys')`); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ch := &chain{db: db, counter: counter, runs: map[string]*atomic.Int32{}, events: &phasetest.Events{}}
 	insert := func(name string, res phase.Result) phase.LocalFunc[order, struct{}] {
@@ -67,7 +86,7 @@ func newChain(t *testing.T, cfg *phase.Config) *chain {
 					return phase.Result{}, err
 				}
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO chained VALUES ($1)`, name+"/"+in.Key)
+			_, err := tx.Exec(ctx, `INSERT INTO chained VALUES ($1, $2)`, in.Tenant, name+"/"+in.Key)
 			return res, err
 		}
 	}
@@ -120,29 +139,34 @@ func (ch *chain) rows(t *testing.T, key string) string {
 // COMMIT. Five round trips for eleven statements.
 func TestALocalPhaseCommitTravelsWithTheNextPhasesFirstStatement(t *testing.T) {
 	t.Parallel()
-	ch := newChain(t, nil)
-	ch.counter.Reset()
-	out, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{})
-	if err != nil || out.Kind != phase.OutcomeNew {
-		t.Fatalf("run: %v, %v", kindOf(out), err)
-	}
-	if ch.counter.RoundTrips() != 5 || ch.counter.Statements() != 11 {
-		t.Fatalf("%d round trips, %d statements; want 5 and 11: %q", ch.counter.RoundTrips(), ch.counter.Statements(), ch.counter.SQL())
-	}
-	if got := transactionControl(ch.counter.SQL()); got != "begin,COMMIT AND CHAIN,COMMIT AND CHAIN,COMMIT" {
-		t.Fatalf("transaction control statements %s; want begin,COMMIT AND CHAIN,COMMIT AND CHAIN,COMMIT", got)
-	}
-	if got := ch.rows(t, "k1"); got != "first,second,third" {
-		t.Fatalf("committed rows of %s; want all three", got)
-	}
-	var committed []string
-	for _, ev := range ch.events.Of("k1") {
-		if ev.Kind == keyrow.EventPhaseCommitted || ev.Kind == keyrow.EventFinished {
-			committed = append(committed, ev.Phase)
-		}
-	}
-	if got := strings.Join(committed, ","); got != "first,second,third" {
-		t.Fatalf("events of committed phases: %s; want first,second,third", got)
+	for _, route := range pgtest.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			ch := newChainOn(t, route.PoolWith, nil)
+			ch.counter.Reset()
+			out, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{})
+			if err != nil || out.Kind != phase.OutcomeNew {
+				t.Fatalf("run: %v, %v", kindOf(out), err)
+			}
+			if ch.counter.RoundTrips() != 5 || ch.counter.Statements() != 11 {
+				t.Fatalf("%d round trips, %d statements; want 5 and 11: %q", ch.counter.RoundTrips(), ch.counter.Statements(), ch.counter.SQL())
+			}
+			if got := transactionControl(ch.counter.SQL()); got != "begin,COMMIT AND CHAIN,COMMIT AND CHAIN,COMMIT" {
+				t.Fatalf("transaction control statements %s; want begin,COMMIT AND CHAIN,COMMIT AND CHAIN,COMMIT", got)
+			}
+			if got := ch.rows(t, "k1"); got != "first,second,third" {
+				t.Fatalf("committed rows of %s; want all three", got)
+			}
+			var committed []string
+			for _, ev := range ch.events.Of("k1") {
+				if ev.Kind == keyrow.EventPhaseCommitted || ev.Kind == keyrow.EventFinished {
+					committed = append(committed, ev.Phase)
+				}
+			}
+			if got := strings.Join(committed, ","); got != "first,second,third" {
+				t.Fatalf("events of committed phases: %s; want first,second,third", got)
+			}
+		})
 	}
 }
 
@@ -171,24 +195,29 @@ func TestAPhaseWrapperSeesEachCommitInItsPhase(t *testing.T) {
 // committed nothing.
 func TestALostLeaseFoundByAHeldBackCommitRunsNothingOfTheNextPhase(t *testing.T) {
 	t.Parallel()
-	ch := newChain(t, nil)
-	ch.before = func(ctx context.Context, key string) error {
-		_, err := ch.db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = $1 WHERE idempotency_key = $2`, [16]byte{1}, key)
-		return err
-	}
-	_, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{})
-	if !errors.Is(err, keyrow.ErrLeaseLost) {
-		t.Fatalf("run: %v; want the lease lost", err)
-	}
-	if got := ch.rows(t, "k1"); got != "" {
-		t.Fatalf("committed rows of %s; want none: the first phase's commit carried the lost lease", got)
-	}
-	var rp string
-	if err := ch.db.QueryRow(context.Background(), `SELECT recovery_point FROM idempotency_keys WHERE idempotency_key = 'k1'`).Scan(&rp); err != nil || rp != keyrow.Started {
-		t.Fatalf("recovery point %q (%v); want %q", rp, err, keyrow.Started)
-	}
-	if ch.runs["third"].Load() != 1 { // the warm-up's
-		t.Fatalf("the third phase ran %d times; want only in the warm-up", ch.runs["third"].Load())
+	for _, route := range pgtest.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			ch := newChainOn(t, route.PoolWith, nil)
+			ch.before = func(ctx context.Context, key string) error {
+				_, err := ch.db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = $1 WHERE idempotency_key = $2`, [16]byte{1}, key)
+				return err
+			}
+			_, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{})
+			if !errors.Is(err, keyrow.ErrLeaseLost) {
+				t.Fatalf("run: %v; want the lease lost", err)
+			}
+			if got := ch.rows(t, "k1"); got != "" {
+				t.Fatalf("committed rows of %s; want none: the first phase's commit carried the lost lease", got)
+			}
+			var rp string
+			if err := ch.db.QueryRow(context.Background(), `SELECT recovery_point FROM idempotency_keys WHERE idempotency_key = 'k1'`).Scan(&rp); err != nil || rp != keyrow.Started {
+				t.Fatalf("recovery point %q (%v); want %q", rp, err, keyrow.Started)
+			}
+			if ch.runs["third"].Load() != 1 { // the warm-up's
+				t.Fatalf("the third phase ran %d times; want only in the warm-up", ch.runs["third"].Load())
+			}
+		})
 	}
 }
 
@@ -198,31 +227,36 @@ func TestALostLeaseFoundByAHeldBackCommitRunsNothingOfTheNextPhase(t *testing.T)
 // have without the hold.
 func TestAPhaseThatFailsBeforeItsFirstStatementLeavesThePhaseBeforeCommitted(t *testing.T) {
 	t.Parallel()
-	ch := newChain(t, nil)
-	fail := true
-	ch.before = func(ctx context.Context, key string) error {
-		if fail {
-			return errors.New("the second phase fails before its first statement")
-		}
-		return nil
-	}
-	ch.counter.Reset()
-	if _, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{}); err == nil || !strings.Contains(err.Error(), "fails before") {
-		t.Fatalf("run: %v; want the second phase's error", err)
-	}
-	if got := ch.rows(t, "k1"); got != "first" {
-		t.Fatalf("committed rows of %s; want first", got)
-	}
-	fail = false
-	out, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{})
-	if err != nil || out.Kind != phase.OutcomeResumed {
-		t.Fatalf("retry: %v, %v; want resumed", kindOf(out), err)
-	}
-	if got := ch.rows(t, "k1"); got != "first,second,third" {
-		t.Fatalf("committed rows of %s; want all three", got)
-	}
-	if n := ch.runs["first"].Load(); n != 2 { // the warm-up's and the first run's
-		t.Fatalf("the first phase ran %d times; want 2", n)
+	for _, route := range pgtest.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			ch := newChainOn(t, route.PoolWith, nil)
+			fail := true
+			ch.before = func(ctx context.Context, key string) error {
+				if fail {
+					return errors.New("the second phase fails before its first statement")
+				}
+				return nil
+			}
+			ch.counter.Reset()
+			if _, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{}); err == nil || !strings.Contains(err.Error(), "fails before") {
+				t.Fatalf("run: %v; want the second phase's error", err)
+			}
+			if got := ch.rows(t, "k1"); got != "first" {
+				t.Fatalf("committed rows of %s; want first", got)
+			}
+			fail = false
+			out, err := ch.w.Run(context.Background(), ch.c, "acme", "k1", order{})
+			if err != nil || out.Kind != phase.OutcomeResumed {
+				t.Fatalf("retry: %v, %v; want resumed", kindOf(out), err)
+			}
+			if got := ch.rows(t, "k1"); got != "first,second,third" {
+				t.Fatalf("committed rows of %s; want all three", got)
+			}
+			if n := ch.runs["first"].Load(); n != 2 { // the warm-up's and the first run's
+				t.Fatalf("the first phase ran %d times; want 2", n)
+			}
+		})
 	}
 }
 

@@ -33,6 +33,8 @@ var Objects = []string{
 	"atomicphase_status_history",
 	"atomicphase_migration",
 	"atomicphase_lease_lost",
+	"atomicphase_advance",
+	"atomicphase_finish",
 }
 
 // maxLen is the longest identifier Postgres keeps whole (NAMEDATALEN - 1

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +42,7 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 		"claim key":      {"acme", "k1", ttl, token},
 	}
 	sqls := map[string]string{
-		"acquire": acquireDistributedSQL, "read the key": foundDistributedSQL, "take over": takeOverDistributedSQL, "advance": advanceSQL.distributed, "finish": finishSQL.distributed,
+		"acquire": acquireDistributedSQL, "read the key": foundDistributedSQL, "take over": takeOverDistributedSQL, "advance": byID(advanceUpdate, 6).distributed, "finish": byID(finishUpdate, 7).distributed,
 		"release": releaseSQL.distributed, "adopt": adoptSQL.distributed, "mark call": markCallSQL.distributed,
 		"renew": renewDistributedSQL, "claim one": claimOneSQL, "read decision": readResolutionDistributedSQL, "clear decision": clearResolutionDistributedSQL,
 		"claim key": claimKeySQL,
@@ -83,7 +84,8 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 
 // TestCitusHoldersStatementsArePlannedOnTheFastPathOnce: every statement of
 // a request's path on a distributed key table (the acquire's three, and
-// each write of a holder) is one Citus plans on its fast path, and whose
+// each write of a holder, the UPDATE inside its function for the writes
+// that commit a phase) is one Citus plans on its fast path, and whose
 // plan, once prepared, it keeps: ten executions of each are planned at most
 // six times (PostgreSQL's five custom plans and one generic), where the
 // fenced CTE was planned in full on every call.
@@ -104,30 +106,37 @@ func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	// A held key, so that each write matches its row, as a holder's does.
-	_, row, err := Acquire(ctx, db, Request{Tenant: "acme", Key: "k1", Workflow: "test", Params: []byte("{}"),
-		TTL: 30 * time.Second, Distributed: true})
-	if err != nil {
-		t.Fatal(err)
+	// Held keys, so that each write matches its row, as a holder's does;
+	// a key for each finish, which raises on a key already finished.
+	const runs = 10
+	held := make([]*Row, runs)
+	for i := range held {
+		_, row, err := Acquire(ctx, db, Request{Tenant: "acme", Key: "k" + strconv.Itoa(i), Workflow: "test", Params: []byte("{}"),
+			TTL: 30 * time.Second, Distributed: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[i] = row
 	}
-	id, token := uuidArg(row.ID), uuidArg(row.LockToken)
+	id, token := uuidArg(held[0].ID), uuidArg(held[0].LockToken)
 	ttl := intervalArg(30 * time.Second)
 	statements := []struct {
 		name string
 		sql  string
-		args []any
+		args func(run int) []any
 	}{
-		{"acquire", acquireDistributedSQL, []any{"acme", "k1", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil}},
-		{"read the key", foundDistributedSQL, []any{"acme", "k1", []byte{0}}},
-		{"take over", takeOverDistributedSQL, []any{"acme", "k1", "test", []byte{0}, ttl, token, ""}},
-		{"advance", advanceSQL.distributed, []any{id, token, "charged", []byte("{}"), ttl, "acme"}},
-		{"finish", finishSQL.distributed, []any{id, token, []byte("{}"), 201, []byte(nil), []byte{}, "acme"}},
-		{"release", releaseSQL.distributed, []any{id, token, "", "", 0, false, "acme"}},
-		{"adopt", adoptSQL.distributed, []any{id, token, "d2", "charged", "acme"}},
-		{"mark call", markCallSQL.distributed, []any{id, token, ttl, "charge", "acme"}},
-		{"renew", renewDistributedSQL, []any{id, token, ttl, "acme"}},
+		{"acquire", acquireDistributedSQL, func(int) []any { return []any{"acme", "k0", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil} }},
+		{"read the key", foundDistributedSQL, func(int) []any { return []any{"acme", "k0", []byte{0}} }},
+		{"take over", takeOverDistributedSQL, func(int) []any { return []any{"acme", "k0", "test", []byte{0}, ttl, token, ""} }},
+		{"advance", advanceSQL.distributed, func(int) []any { return []any{id, token, "charged", []byte("{}"), ttl, "acme"} }},
+		{"finish", finishSQL.distributed, func(run int) []any {
+			return []any{uuidArg(held[run].ID), uuidArg(held[run].LockToken), []byte("{}"), 201, []byte(nil), []byte{}, "acme"}
+		}},
+		{"release", releaseSQL.distributed, func(int) []any { return []any{id, token, "", "", 0, false, "acme"} }},
+		{"adopt", adoptSQL.distributed, func(int) []any { return []any{id, token, "d2", "charged", "acme"} }},
+		{"mark call", markCallSQL.distributed, func(int) []any { return []any{id, token, ttl, "charge", "acme"} }},
+		{"renew", renewDistributedSQL, func(int) []any { return []any{id, token, ttl, "acme"} }},
 	}
-	const runs = 10
 	for _, s := range statements {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
@@ -139,8 +148,8 @@ func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
 		mu.Lock()
 		notices = nil
 		mu.Unlock()
-		for range runs {
-			rows, err := tx.Query(ctx, s.sql, s.args...)
+		for run := range runs {
+			rows, err := tx.Query(ctx, s.sql, s.args(run)...)
 			if err == nil {
 				rows.Close()
 				err = rows.Err()
@@ -171,6 +180,30 @@ func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
 		}
 		if planned > 6 {
 			t.Errorf("%s was planned %d times in %d executions, want at most 6:\n%s", s.name, planned, runs, got)
+		}
+	}
+}
+
+// TestCitusCommitFunctionsRunTheStatementsOfTheStore: the functions that
+// commit a phase on Citus (migration 011) run, word for word, the UPDATE
+// of the store's distributed form, and raise AP001 when it matched no row;
+// a change to one of the statements without a migration fails here.
+func TestCitusCommitFunctionsRunTheStatementsOfTheStore(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	space := regexp.MustCompile(`\s+`)
+	for function, update := range map[string]string{
+		"atomicphase_advance": byID(advanceUpdate, 6).distributed,
+		"atomicphase_finish":  byID(finishUpdate, 7).distributed,
+	} {
+		var body string
+		if err := db.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regproc($1)`, function).Scan(&body); err != nil {
+			t.Fatalf("%s: %v", function, err)
+		}
+		want := space.ReplaceAllString(strings.TrimSpace(update), " ") + "; IF NOT FOUND THEN PERFORM atomicphase_lease_lost(); END IF;"
+		if got := space.ReplaceAllString(body, " "); !strings.Contains(got, want) {
+			t.Errorf("%s runs\n%s\nwant it to run\n%s", function, got, want)
 		}
 	}
 }

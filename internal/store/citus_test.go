@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,6 +119,25 @@ func TestCitusLostLeaseRollsBackTheBusinessRow(t *testing.T) {
 	var n int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("orders after the fenced rollback = %d, %v; want 0", n, err)
+	}
+}
+
+// TestCitusASchemaWithoutTheCommitFunctionsIsRefusedBeforeAnyRun: on a
+// distributed key table whose schema predates migration 011, every phase's
+// commit would fail; the client's first check says to migrate instead.
+func TestCitusASchemaWithoutTheCommitFunctionsIsRefusedBeforeAnyRun(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	if ok, err := store.IsDistributed(ctx, db); !ok || err != nil {
+		t.Fatalf("IsDistributed = %v, %v; want true, nil", ok, err)
+	}
+	if _, err := db.Exec(ctx, `DROP FUNCTION atomicphase_advance`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := store.IsDistributed(ctx, db)
+	if err == nil || !strings.Contains(err.Error(), "atomicphase.Migrate") {
+		t.Fatalf("IsDistributed without atomicphase_advance = %v, want an error that says to migrate", err)
 	}
 }
 

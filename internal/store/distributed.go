@@ -273,8 +273,10 @@ func changeProposed(ctx context.Context, q Querier, what, scan, change string, r
 
 // IsDistributed reports whether the key table that q reaches (by its
 // search_path, or in the Schema q is a Querier of) is distributed with
-// Citus. On a database without Citus it
-// costs one statement. Its statements go through the simple protocol: they
+// Citus. It returns an error when the table is distributed but its schema
+// lacks the functions that commit a phase there (migration 011), which
+// every run would then fail on. On a database without Citus it costs one
+// statement. Its statements go through the simple protocol: they
 // prepare nothing, so they run behind any pooler, before the client has
 // found out whether one is there.
 func IsDistributed(ctx context.Context, q Querier) (bool, error) {
@@ -286,11 +288,15 @@ func IsDistributed(ctx context.Context, q Querier) (bool, error) {
 	if !citus {
 		return false, nil
 	}
-	var distributed bool
+	var distributed, committing bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-        WHERE logicalrelid = to_regclass('idempotency_keys'))`, simple).Scan(&distributed)
+        WHERE logicalrelid = to_regclass('idempotency_keys')), to_regproc('atomicphase_advance') IS NOT NULL`, simple).Scan(&distributed, &committing)
 	if err != nil {
 		return false, fmt.Errorf("store: look for citus: %w", err)
+	}
+	if distributed && !committing {
+		return false, errors.New("store: the key table is distributed with Citus, but its schema is older than this release: " +
+			"it lacks the functions that commit a phase there (migration 011); migrate it (atomicphase.Migrate) before this release runs")
 	}
 	return distributed, nil
 }

@@ -457,13 +457,13 @@ func fenced(modify string) string {
 }
 
 // fencedByID returns the two forms of a holder's fenced write, modify, a
-// statement for byID. On a single Postgres it is fenced: it raises when it
-// matches no row, so it may be pipelined with COMMIT. On Citus it is the
-// plain UPDATE, which the caller must see match its row before it sends
-// COMMIT (see Write.Pipelined): Citus plans a statement on one table with
-// the distribution column as a parameter on its fast path, and keeps the
-// plan of a prepared one, but plans the fenced form's CTE in full on every
-// call, which costs more than the round trip the check takes.
+// statement for byID that ends in RETURNING 1. On a single Postgres it is
+// fenced: it raises when it matches no row. On Citus it is the plain
+// UPDATE, which reports a lost lease by matching no row (see Write.Exec):
+// a statement the holder sends on its own, never with COMMIT. Citus plans
+// a statement on one table with the distribution column as a parameter on
+// its fast path, and keeps the plan of a prepared one, but plans the
+// fenced form's CTE in full on every call.
 //
 // The Citus form returns no row: its command tag tells whether it matched,
 // and a row would be one more result for the coordinator to relay.
@@ -471,7 +471,27 @@ func fencedByID(modify string, n int) keySQL {
 	s := byID(modify, n)
 	s.plain = fenced(s.plain)
 	s.distributed = strings.TrimSuffix(s.distributed, "\nRETURNING 1")
+	s.counted = true
 	return s
+}
+
+// committingByID returns the two forms of a holder's write that commits a
+// phase, update, a statement for byID with n parameters that ends in its
+// WHERE. Both raise when the lease is lost, so that the write may travel
+// with COMMIT: on a single Postgres the fenced statement; on Citus a call
+// of function, which runs update's distributed form, planned on Citus's
+// fast path and kept, and raises when it matched no row
+// (migrations/011_commit_functions.up.sql, whose bodies
+// TestCitusCommitFunctionsRunTheStatementsOfTheStore compares with update).
+func committingByID(update string, n int, function string) keySQL {
+	params := make([]string, n)
+	for i := range params {
+		params[i] = "$" + strconv.Itoa(i+1)
+	}
+	return keySQL{
+		plain:       fenced(byID(update+"\nRETURNING 1", n).plain),
+		distributed: "SELECT " + function + "(" + strings.Join(params, ", ") + ")",
+	}
 }
 
 // keySQL is a statement about the one key row a holder names by its id, in
@@ -486,7 +506,12 @@ func fencedByID(modify string, n int) keySQL {
 // table makes the connection plan again. By the id alone the only index
 // that fits is the primary key, which finds one row whatever the
 // statistics say.
-type keySQL struct{ plain, distributed string }
+type keySQL struct {
+	plain, distributed string
+	// counted is set when the distributed form reports a lost lease by
+	// matching no row rather than by raising (see fencedByID).
+	counted bool
+}
 
 // tenantMark is where a statement given to byID names the tenant.
 const tenantMark = "{tenant}"
@@ -532,26 +557,27 @@ func keyArgs(distributed bool, args []any) []any {
 // It keeps the row's rules by construction: the lease it renews has a token
 // (the one it matched), and the recovery point it sets is a phase name,
 // never keyrow.Finished (checked by AdvanceArgs).
+var advanceSQL = committingByID(advanceUpdate, 6, "atomicphase_advance")
 
-var advanceSQL = fencedByID(`
+const advanceUpdate = `
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
     lock_expires_at = now() + $5::interval
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`, 6)
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}`
 
 // finishSQL stores the response, marks the key finished and frees the lease.
 // It sets the recovery point, the finish time and the response status (never
 // NULL: checked by finishArgs) together, and clears the token and its expiry
 // together.
-var finishSQL = fencedByID(`
+var finishSQL = committingByID(finishUpdate, 7, "atomicphase_finish")
+
+const finishUpdate = `
 UPDATE idempotency_keys
 SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0, call_pending = NULL
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`, 7)
+WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}`
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
 // resumes after the last committed phase. A non-empty hold parks the key.
@@ -626,9 +652,9 @@ WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL AND tenant = $4
 RETURNING 1`
 
 // Write is one fenced write of a holder, ready to be sent on its own (Exec)
-// or, when it is Pipelined, queued in a batch with COMMIT (QueuedQuery).
-// When the holder's token no longer matches it changes nothing, and Exec
-// returns keyrow.ErrLeaseLost.
+// or queued in a batch with COMMIT (QueuedQuery). When the holder's token
+// no longer matches it changes nothing, and Exec returns
+// keyrow.ErrLeaseLost.
 type Write struct {
 	sql  string
 	args []any
@@ -637,18 +663,12 @@ type Write struct {
 	confirmed bool
 }
 
-// holderWrite is the Write of s, a fencedByID statement, in the form for a
-// key table distributed or not, with args, whose last is the tenant.
+// holderWrite is the Write of s, a fencedByID or committingByID statement,
+// in the form for a key table distributed or not, with args, whose last is
+// the tenant.
 func holderWrite(s keySQL, distributed bool, args []any) Write {
-	return Write{sql: s.form(distributed), args: keyArgs(distributed, args), confirmed: distributed}
+	return Write{sql: s.form(distributed), args: keyArgs(distributed, args), confirmed: distributed && s.counted}
 }
-
-// Pipelined reports whether w raises when the lease is lost, so that it
-// may travel with COMMIT in one batch: the error aborts the transaction
-// and the COMMIT persists nothing. A Write that is not (on a distributed
-// key table) must be sent with Exec, inside the transaction, and COMMIT
-// only after Exec returned nil.
-func (w Write) Pipelined() bool { return !w.confirmed }
 
 // Exec sends w and returns keyrow.ErrLeaseLost when it found the lease
 // lost.
@@ -663,7 +683,10 @@ func (w Write) Exec(ctx context.Context, q Querier) error {
 	return nil
 }
 
-// QueuedQuery returns w as a query to put in a batch; w must be Pipelined.
+// QueuedQuery returns w as a query to put in a batch, in front of COMMIT:
+// when the lease is lost it raises, the error aborts the transaction, and
+// the COMMIT persists nothing. Only the writes that commit a phase
+// (AdvanceWrite, FinishWrite) are made for it.
 func (w Write) QueuedQuery() pgx.QueuedQuery { return pgx.QueuedQuery{SQL: w.sql, Arguments: w.args} }
 
 // AdvanceWrite is the write that commits the recovery point and state of the

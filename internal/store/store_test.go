@@ -180,19 +180,6 @@ func TestFencedAdvancePipelinedWithCommitRollsBackTheTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !w.Pipelined() {
-		// On Citus the runner sends the write alone and COMMIT only once
-		// it matched: here it does not.
-		if err := w.Exec(ctx, tx); !errors.Is(err, keyrow.ErrLeaseLost) {
-			t.Fatalf("advance = %v, want ErrLeaseLost", err)
-		}
-		tx.Rollback(ctx)
-		var n int
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil || n != 0 {
-			t.Fatalf("effects after lost lease = %d (%v), want 0", n, err)
-		}
-		return
-	}
 	q := w.QueuedQuery()
 	b := &pgx.Batch{}
 	b.Queue(q.SQL, q.Arguments...)
