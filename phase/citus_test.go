@@ -13,12 +13,13 @@ import (
 	"github.com/atomicphase/atomicphase/phase"
 )
 
-// TestCitusLostLeaseKeepsNothingOfThePhase: on Citus a holder's fenced
-// write is a plain UPDATE, and the runner sends COMMIT only once it matched
-// the key's row. A phase whose key was taken over, or deleted, while its Go
-// code ran keeps nothing of its transaction, whether it advances or
-// finishes; a fence that raised only on a row it could read would have
-// committed the phase of a key that is gone.
+// TestCitusLostLeaseKeepsNothingOfThePhase: on Citus the write that
+// commits a phase is a function that runs a plain UPDATE and raises when it
+// matched no row, so COMMIT, which travels with it, persists nothing. A
+// phase whose key was taken over, or deleted, while its Go code ran keeps
+// nothing of its transaction, whether it advances or finishes; a fence
+// that raised only on a row it could read would have committed the phase
+// of a key that is gone.
 func TestCitusLostLeaseKeepsNothingOfThePhase(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
