@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -83,5 +84,59 @@ SELECT create_distributed_table('notes', 'tenant', colocate_with => 'idempotency
 				t.Fatalf("%d notes of the phase committed after its lease was lost, want 0", notes)
 			}
 		})
+	}
+}
+
+// TestCitusAWorkflowRunsThroughAWorkerNode: Citus runs queries from any
+// node that holds its metadata, and the functions that commit a phase
+// (migration 011) are on every node, so an application that spreads its
+// connections over the workers runs its workflows there as through the
+// coordinator: each phase commits, and a retry replays the stored answer.
+func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `CREATE TABLE notes (tenant text NOT NULL, key text NOT NULL, phase text NOT NULL);
+SELECT create_distributed_table('notes', 'tenant', colocate_with => 'idempotency_keys')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema string
+	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	worker, err := pgxpool.New(ctx, pgtest.Citus(t).Workers[0].DSN("postgres")+" options='-c search_path="+schema+"'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer worker.Close()
+	note := func(name string, res phase.Result) phase.Phase[order, struct{}] {
+		return phase.Local(name, func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO notes VALUES ($1, $2, $3)`, in.Tenant, in.Key, name)
+			return res, err
+		})
+	}
+	w, err := phase.NewWorkflow("noted", note("first", phase.Next()), note("second", phase.Next()), note("third", phase.JSON(201, "done")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := phase.NewClient(worker, nil, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []phase.OutcomeKind{phase.OutcomeNew, phase.OutcomeReplayed} {
+		out, err := w.Run(ctx, c, "acme", "k1", order{})
+		if err != nil || out.Kind != want || out.Response == nil || out.Response.Status != 201 {
+			t.Fatalf("run through the worker: %v, %v; want %v with 201", kindOf(out), err, want)
+		}
+	}
+	var notes int
+	var point string
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM notes WHERE tenant = 'acme' AND key = 'k1'),
+        (SELECT recovery_point FROM idempotency_keys WHERE tenant = 'acme' AND idempotency_key = 'k1')`).Scan(&notes, &point); err != nil {
+		t.Fatal(err)
+	}
+	if notes != 3 || point != keyrow.Finished {
+		t.Fatalf("seen from the coordinator: %d notes, recovery point %q; want 3 and %q", notes, point, keyrow.Finished)
 	}
 }
