@@ -559,6 +559,8 @@ func keyArgs(distributed bool, args []any) []any {
 // never keyrow.Finished (checked by AdvanceArgs).
 var advanceSQL = committingByID(advanceUpdate, 6, "atomicphase_advance")
 
+// advanceUpdate is advanceSQL's UPDATE, which atomicphase_advance runs on
+// Citus.
 const advanceUpdate = `
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
@@ -571,6 +573,8 @@ WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}`
 // together.
 var finishSQL = committingByID(finishUpdate, 7, "atomicphase_finish")
 
+// finishUpdate is finishSQL's UPDATE, which atomicphase_finish runs on
+// Citus.
 const finishUpdate = `
 UPDATE idempotency_keys
 SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
