@@ -97,3 +97,19 @@ func TestT975MatchesTheTable(t *testing.T) {
 		}
 	}
 }
+
+// TestTheCommitFunctionsOfCitusAreTheAdvanceAndTheFinish: on Citus the
+// library's advance and finish are calls of atomicphase_advance and
+// atomicphase_finish, which the per-statement table counts as the advance
+// and the finish, beside the baseline's plain UPDATEs, not as others.
+func TestTheCommitFunctionsOfCitusAreTheAdvanceAndTheFinish(t *testing.T) {
+	for query, want := range map[string]string{
+		"SELECT atomicphase_advance($1, $2, $3, $4, $5, $6)":                         "advance: fenced / plain",
+		"SELECT atomicphase_finish($1, $2, $3, $4, $5, $6, $7)":                      "finish: fenced / plain",
+		"UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1 AND tenant = $3": "advance: fenced / plain",
+	} {
+		if got := role(query); got != want {
+			t.Errorf("role(%q) = %q, want %q", query, got, want)
+		}
+	}
+}
