@@ -15,7 +15,6 @@ import (
 // (pgx's Batch.BeginTx), and whose COMMIT is sent in one batch with the
 // phase's fenced write. A phase therefore costs its own statements plus one
 // round trip, and a phase that sends nothing costs the fenced write alone.
-// (On Citus the write goes alone and COMMIT after it: see commitOnce.)
 //
 // The phase sees an ordinary transaction at the phase's isolation level:
 // Exec, Query, QueryRow and SendBatch begin it with their statements;
@@ -92,14 +91,15 @@ func (t *phaseTx) firstBatch(begin bool, queries ...*pgx.QueuedQuery) *pgx.Batch
 			beginQuery = rest[0]
 		}
 		t.firstQueries[0] = t.prior.write.QueuedQuery()
+		b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0])
 		switch {
 		case beginQuery != nil && t.prior.chain:
 			beginQuery.SQL = commitAndChain
-			b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], beginQuery)
+			b.QueuedQueries = append(b.QueuedQueries, beginQuery)
 			t.chained = true
 		default:
 			t.firstQueries[1] = pgx.QueuedQuery{SQL: "COMMIT"}
-			b.QueuedQueries = append(t.firstQueued[:0], &t.firstQueries[0], &t.firstQueries[1])
+			b.QueuedQueries = append(b.QueuedQueries, &t.firstQueries[1])
 			if beginQuery != nil {
 				b.QueuedQueries = append(b.QueuedQueries, beginQuery)
 			}
