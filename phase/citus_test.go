@@ -25,11 +25,7 @@ func TestCitusLostLeaseKeepsNothingOfThePhase(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
 	ctx := context.Background()
-	_, err := db.Exec(ctx, `CREATE TABLE notes (tenant text NOT NULL, key text NOT NULL);
-SELECT create_distributed_table('notes', 'tenant', colocate_with => 'idempotency_keys')`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pgtest.CitusTable(t, db, "notes (tenant text NOT NULL, key text NOT NULL)")
 	steal := `UPDATE idempotency_keys SET lock_token = $3 WHERE tenant = $1 AND id = $2`
 	remove := `DELETE FROM idempotency_keys WHERE tenant = $1 AND id = $2`
 	for _, tc := range []struct {
@@ -96,11 +92,7 @@ func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
 	ctx := context.Background()
-	_, err := db.Exec(ctx, `CREATE TABLE notes (tenant text NOT NULL, key text NOT NULL, phase text NOT NULL);
-SELECT create_distributed_table('notes', 'tenant', colocate_with => 'idempotency_keys')`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pgtest.CitusTable(t, db, "notes (tenant text NOT NULL, key text NOT NULL, phase text NOT NULL)")
 	var schema string
 	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		t.Fatal(err)

@@ -89,6 +89,24 @@ func CitusPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	return pool
 }
 
+// CitusTable creates, through db (a pool of CitusPool), the table that
+// definition describes ("notes (tenant text NOT NULL, ...)") and
+// distributes it by its tenant column, co-located with idempotency_keys,
+// as an application's tables on Citus are (see atomicphase.Distribute).
+func CitusTable(t testing.TB, db *pgxpool.Pool, definition string) {
+	t.Helper()
+	name, _, _ := strings.Cut(definition, " ")
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	if _, err := db.Exec(ctx, "CREATE TABLE "+definition); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	_, err := db.Exec(ctx, `SELECT create_distributed_table($1::text::regclass, 'tenant', colocate_with => 'idempotency_keys')`, name)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+}
+
 // EnvCitus names the environment variable that, when set, gives every test
 // of DSN, Pool and PoolWith a schema of its own on the shared Citus cluster,
 // with the atomicphase schema distributed, instead of a database of its own
