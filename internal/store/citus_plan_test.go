@@ -88,7 +88,9 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 // that commit a phase) is one Citus plans on its fast path, and whose
 // plan, once prepared, it keeps: ten executions of each are planned at most
 // six times (PostgreSQL's five custom plans and one generic), where the
-// fenced CTE was planned in full on every call.
+// fenced CTE was planned in full on every call. The coordinator keeps its
+// own generic plan of each statement too, the calls of the commit
+// functions included.
 func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
@@ -157,6 +159,19 @@ func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
+		}
+		// The coordinator's own plan of the statement as sent: PostgreSQL
+		// keeps a generic plan after five custom ones unless the generic
+		// plan costs more, which Citus makes it do for a call of a
+		// function it has distributed to its nodes (function call
+		// delegation needs the arguments' values), so such a call would
+		// be planned again on every commit.
+		var custom int64
+		if err := tx.QueryRow(ctx, `SELECT custom_plans FROM pg_prepared_statements WHERE statement = $1`, s.sql).Scan(&custom); err != nil {
+			t.Fatalf("%s: the coordinator's prepared statement: %v", s.name, err)
+		}
+		if custom > 5 {
+			t.Errorf("%s got a custom plan on the coordinator in %d of %d executions, want a generic plan after the fifth", s.name, custom, runs)
 		}
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)

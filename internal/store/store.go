@@ -483,6 +483,14 @@ func fencedByID(modify string, n int) keySQL {
 // fast path and kept, and raises when it matched no row
 // (migrations/011_commit_functions.up.sql, whose bodies
 // TestCitusCommitFunctionsRunTheStatementsOfTheStore compares with update).
+//
+// The call is an operand of IS NULL, not the whole select list: Citus
+// creates the function on every node, and gives a prepared statement that
+// is a bare call of such a function, with parameters, a generic plan it
+// will never choose (it would delegate the call to a node by the
+// arguments' values), so the coordinator would plan the call again on
+// every commit. Anything else around the call keeps it out of that path,
+// and the coordinator plans the statement once.
 func committingByID(update string, n int, function string) keySQL {
 	params := make([]string, n)
 	for i := range params {
@@ -490,7 +498,7 @@ func committingByID(update string, n int, function string) keySQL {
 	}
 	return keySQL{
 		plain:       fenced(byID(update+"\nRETURNING 1", n).plain),
-		distributed: "SELECT " + function + "(" + strings.Join(params, ", ") + ")",
+		distributed: "SELECT " + function + "(" + strings.Join(params, ", ") + ") IS NULL",
 	}
 }
 
