@@ -489,8 +489,8 @@ func fencedByID(modify string, n int) keySQL {
 // is a bare call of such a function, with parameters, a generic plan it
 // will never choose (it would delegate the call to a node by the
 // arguments' values), so the coordinator would plan the call again on
-// every commit. Anything else around the call keeps it out of that path,
-// and the coordinator plans the statement once.
+// every commit. A select list that is more than the call keeps it out of
+// that path, and the coordinator plans the statement once.
 func committingByID(update string, n int, function string) keySQL {
 	params := make([]string, n)
 	for i := range params {
