@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/conformance"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
@@ -23,7 +24,7 @@ import (
 func TestServePassesTheConformanceCheck(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
-	stripeAddr, apiAddr := freeAddr(t), freeAddr(t)
+	stripeAddr, apiAddr := exampleprogtest.FreeAddr(t), exampleprogtest.FreeAddr(t)
 	stripe := start(t, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
 	stripe.waitListening(t, stripeAddr)
 	serve := func() *command {

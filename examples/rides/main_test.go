@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
 	"github.com/atomicphase/atomicphase/examples/internal/pgdownload"
 	"github.com/atomicphase/atomicphase/examples/internal/pgdownload/pgdownloadtest"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
@@ -95,16 +96,6 @@ func (c *command) stop(t *testing.T) int {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // emptyDatabase returns the URL of a database with no schema at all.
 func emptyDatabase(t *testing.T) string {
 	t.Helper()
@@ -156,7 +147,7 @@ func TestServeAndFakeStripeStartTogetherOnOneNewDatabase(t *testing.T) {
 	}
 	var all []started
 	for i := range 5 {
-		addr := freeAddr(t)
+		addr := exampleprogtest.FreeAddr(t)
 		args := []string{"fakestripe", "-addr", addr, "-database-url", dsn}
 		if i%2 == 0 {
 			args = []string{"serve", "-addr", addr, "-database-url", dsn, "-stripe-url", "http://127.0.0.1:1"}
@@ -182,7 +173,7 @@ func TestServeAndFakeStripeStartTogetherOnOneNewDatabase(t *testing.T) {
 func TestFakeStripeMigratesOnlyItsOwnTables(t *testing.T) {
 	t.Parallel()
 	dsn := emptyDatabase(t)
-	addr := freeAddr(t)
+	addr := exampleprogtest.FreeAddr(t)
 	c := start(t, "fakestripe", "-addr", addr, "-database-url", dsn)
 	c.waitListening(t, addr)
 	if code := c.stop(t); code != 0 {
@@ -224,7 +215,7 @@ func rideOnce(t *testing.T, api, key string) (*http.Response, string) {
 // Not parallel: it sets the environment, as the README does.
 func TestRestartedServeReplaysInsteadOfCharging(t *testing.T) {
 	t.Setenv("DATABASE_URL", pgtest.DSN(t))
-	stripeAddr, apiAddr := freeAddr(t), freeAddr(t)
+	stripeAddr, apiAddr := exampleprogtest.FreeAddr(t), exampleprogtest.FreeAddr(t)
 	stripe := start(t, "fakestripe", "-addr", stripeAddr)
 	stripe.waitListening(t, stripeAddr)
 	serve := func() *command {
@@ -300,7 +291,7 @@ func TestHelpNeverPrintsSecrets(t *testing.T) {
 // net/http answers before any handler included.
 func TestServeAnswersEveryErrorAsProblem(t *testing.T) {
 	t.Parallel()
-	addr := freeAddr(t)
+	addr := exampleprogtest.FreeAddr(t)
 	c := start(t, "serve", "-addr", addr, "-database-url", pgtest.DSN(t), "-stripe-url", "http://127.0.0.1:1")
 	c.waitListening(t, addr)
 	huge := strings.Repeat("a", http.DefaultMaxHeaderBytes+8192)
@@ -412,7 +403,7 @@ func rideRequest(authorization, key string) string {
 // would give.
 func TestServeRefusesAnAuthorizationThatIsNotUTF8(t *testing.T) {
 	t.Parallel()
-	addr := freeAddr(t)
+	addr := exampleprogtest.FreeAddr(t)
 	c := start(t, "serve", "-addr", addr, "-database-url", pgtest.DSN(t), "-stripe-url", "http://127.0.0.1:1", "-no-worker")
 	c.waitListening(t, addr)
 	res, p := rawRequest(t, addr, rideRequest("user\xff@example.com", "not-utf8"))
@@ -428,7 +419,7 @@ func TestServeAnswersAnOutageDuringTheRiderLookupAsStoreUnavailable(t *testing.T
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
-	addr := freeAddr(t)
+	addr := exampleprogtest.FreeAddr(t)
 	c := start(t, "serve", "-addr", addr, "-database-url", dsn, "-stripe-url", "http://127.0.0.1:1",
 		"-no-worker", "-no-completer", "-no-reaper")
 	c.waitListening(t, addr)
@@ -482,7 +473,7 @@ func TestServeThroughPgBouncer(t *testing.T) {
 	ctx := context.Background()
 	bouncer := pgtest.BouncerDSN(t)
 	var refused bytes.Buffer
-	code := program.Run(ctx, []string{"serve", "-addr", freeAddr(t), "-database-url", bouncer, "-stripe-url", "http://127.0.0.1:1", "-poll-only"}, &refused, &refused)
+	code := program.Run(ctx, []string{"serve", "-addr", exampleprogtest.FreeAddr(t), "-database-url", bouncer, "-stripe-url", "http://127.0.0.1:1", "-poll-only"}, &refused, &refused)
 	if code != 1 || !strings.Contains(refused.String(), "default_query_exec_mode=cache_describe") {
 		t.Fatalf("serve through the bouncer in pgx's default mode exited %d, want 1 saying which mode to set:\n%s", code, refused.String())
 	}
@@ -493,7 +484,7 @@ func TestServeThroughPgBouncer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	stripeAddr, apiAddr := freeAddr(t), freeAddr(t)
+	stripeAddr, apiAddr := exampleprogtest.FreeAddr(t), exampleprogtest.FreeAddr(t)
 	stripe := start(t, "fakestripe", "-addr", stripeAddr, "-database-url", dsn)
 	stripe.waitListening(t, stripeAddr)
 	api := start(t, "serve", "-addr", apiAddr, "-database-url", dsn, "-stripe-url", "http://"+stripeAddr,

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
 
@@ -18,7 +19,7 @@ func TestTelemetryWithoutTheOtelTagNamesTheTag(t *testing.T) {
 	t.Setenv(otlpEndpointEnv, "http://127.0.0.1:4318")
 	dsn := pgtest.DSN(t)
 	for _, args := range [][]string{
-		{"serve", "-addr", freeAddr(t), "-database-url", dsn, "-stripe-url", "http://127.0.0.1:1"},
+		{"serve", "-addr", exampleprogtest.FreeAddr(t), "-database-url", dsn, "-stripe-url", "http://127.0.0.1:1"},
 		{"-duration", "1s", "-database-url", dsn},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
 	"github.com/atomicphase/atomicphase/examples/transfers/ledger"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/phase"
@@ -25,13 +25,13 @@ func TestServeThroughPgBouncer(t *testing.T) {
 	bouncer := pgtest.BouncerDSN(t)
 	// In pgx's default query exec mode, serve refuses to start.
 	var refused bytes.Buffer
-	if code := run(ctx, []string{"serve", "-addr", freeAddr(t), "-database-url", bouncer}, io.Discard, &refused); code != 1 ||
+	if code := run(ctx, []string{"serve", "-addr", exampleprogtest.FreeAddr(t), "-database-url", bouncer}, io.Discard, &refused); code != 1 ||
 		!strings.Contains(refused.String(), "default_query_exec_mode=cache_describe") {
 		t.Fatalf("serve through the bouncer in pgx's default mode exited %d, want 1 saying which mode to set:\n%s", code, refused.String())
 	}
 
 	url := bouncer + " default_query_exec_mode=cache_describe"
-	addr := freeAddr(t)
+	addr := exampleprogtest.FreeAddr(t)
 	serveCtx, stop := context.WithCancel(ctx)
 	var stderr bytes.Buffer
 	served := make(chan int, 1)
@@ -124,15 +124,4 @@ func send(t *testing.T, method, addr, path, owner, key, body string) (status int
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// freeAddr returns a local address no one listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/caller"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
 	"github.com/atomicphase/atomicphase/examples/rides/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/examples/rides/sim"
@@ -418,14 +418,14 @@ func setup(t *testing.T, sc scenario) *system {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stripeAddr := freeAddr(t)
+	stripeAddr := exampleprogtest.FreeAddr(t)
 	s.stripe = s.newProcess(bin, "fakestripe", stripeAddr, "fakestripe", "-addr", stripeAddr, "-database-url", stripeDSN())
 	apis := apiProcesses
 	if sc.citus {
 		apis = citusAPIProcesses
 	}
 	for i := range apis {
-		addr := freeAddr(t)
+		addr := exampleprogtest.FreeAddr(t)
 		args := []string{"serve", "-addr", addr,
 			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey,
 			"-lease-ttl", leaseTTL.String(), "-completer-interval", "500ms", "-completer-stuck-after", "1s"}
@@ -994,41 +994,6 @@ func tail(path string) string {
 		b = b[len(b)-max:]
 	}
 	return string(b)
-}
-
-// ports holds the ports handed out by freeAddr in this test binary, so that
-// parallel tests never share one.
-var ports struct {
-	mu    sync.Mutex
-	taken map[int]bool
-}
-
-// freeAddr returns a free loopback address. Its port is below Linux's
-// ephemeral range (32768 and up), so no outgoing connection is given it
-// while its process is down between a kill and a restart.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ports.mu.Lock()
-	defer ports.mu.Unlock()
-	if ports.taken == nil {
-		ports.taken = map[int]bool{}
-	}
-	for range 1000 {
-		port := 20000 + rand.IntN(12000)
-		if ports.taken[port] {
-			continue
-		}
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		ports.taken[port] = true
-		return addr
-	}
-	t.Fatal("no free port between 20000 and 32000")
-	return ""
 }
 
 // sleep waits for d and reports whether ctx is still live.
