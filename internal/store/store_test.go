@@ -470,3 +470,43 @@ func TestReplayedHeadersAreTheStoredOnes(t *testing.T) {
 		}
 	}
 }
+
+// TestAPhasesAdvanceIsAHOTUpdate: a phase's commit rewrites its key's row
+// in place, a HOT update, with no new entry in any index: no index names a
+// column the advance changes, not even in its predicate, and the table
+// leaves room in its pages for the new version. A finish sets finished_at,
+// which the partial indexes name, so it is not one (docs/citus.md,
+// "Measured costs").
+func TestAPhasesAdvanceIsAHOTUpdate(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipOnCitus(t, "the updates run on the workers, whose counters the coordinator does not see")
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	var holders []store.Holder
+	for i := range 4 {
+		_, row := acquire(t, db, request(t, "acme", fmt.Sprintf("k%d", i), `{"amount":100}`))
+		holders = append(holders, row.Holder())
+	}
+	// The counters of the transaction, read inside it: exact, and on every
+	// supported PostgreSQL.
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after the checks
+	for _, h := range holders {
+		for _, point := range []string{"charged", "shipped"} {
+			if err := store.Advance(ctx, tx, h, point, []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var updated, hot int64
+	if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_updated('idempotency_keys'::regclass),
+       pg_stat_get_xact_tuples_hot_updated('idempotency_keys'::regclass)`).Scan(&updated, &hot); err != nil {
+		t.Fatal(err)
+	}
+	if updated != 8 || hot != updated {
+		t.Fatalf("8 advances updated %d rows, %d of them HOT; want 8 HOT updates", updated, hot)
+	}
+}
