@@ -18,7 +18,8 @@ import (
 
 // Start starts headless Chromium on a fresh profile, with a window
 // width×height pixels and any further flags, and returns a context for
-// chromedp on its first tab, which ends with the test. It skips the test
+// chromedp on its first tab, which ends with the test. Whatever Chromium
+// writes stays in the test's temporary directories. It skips the test
 // when Chromium is not installed, unless the environment requires it.
 func Start(t *testing.T, width, height int, flags ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
@@ -32,10 +33,16 @@ func Start(t *testing.T, width, height int, flags ...chromedp.ExecAllocatorOptio
 	if path == "" {
 		testenv.SkipWithout(t, "chromium", errors.New("not installed (Debian: apt-get install chromium)"))
 	}
+	// Chromium writes its crash reports' database under the XDG config
+	// directory and dconf its cache under the XDG cache directory, whatever
+	// the profile: both go to the test's temporary directory, not to the
+	// home directory of whoever runs the tests.
+	home := t.TempDir()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU, chromedp.NoFirstRun,
 		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(width, height))
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(width, height),
+		chromedp.Env("HOME="+home, "XDG_CONFIG_HOME="+filepath.Join(home, ".config"), "XDG_CACHE_HOME="+filepath.Join(home, ".cache")))
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(opts, flags...)...)
 	ctx, cancel := chromedp.NewContext(alloc)
 	t.Cleanup(func() {
