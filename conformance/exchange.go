@@ -1,15 +1,19 @@
 package conformance
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -149,46 +153,17 @@ type request struct {
 // send sends rq and returns what came back; a failure to send is the
 // exchange's err, never a panic or a hang past RequestTimeout.
 func (c *checker) send(ctx context.Context, rq request) *exchange {
-	x := &exchange{what: rq.what, keys: rq.keys, body: rq.body, caller: max(rq.caller, 1)}
-	defer func() {
-		if x.done.IsZero() {
-			x.done = time.Now()
-		}
-		if x.sent.IsZero() {
-			x.sent = x.done
-		}
-		c.mu.Lock()
-		c.seen = append(c.seen, x)
-		c.mu.Unlock()
-	}()
+	x := c.exchange(rq)
+	defer c.record(x)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
-	target := c.target
-	if rq.via != "" {
-		target = rq.via
-	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) { x.sent = time.Now() },
 	})
-	req, err := http.NewRequestWithContext(ctx, c.cfg.Method, target, bytes.NewReader(rq.body))
+	req, err := c.newRequest(ctx, rq)
 	if err != nil {
 		x.err = err
 		return x
-	}
-	for k, v := range c.cfg.Header {
-		req.Header[k] = slices.Clone(v)
-	}
-	if x.caller == 2 {
-		for k, v := range c.cfg.OtherCaller {
-			req.Header[k] = slices.Clone(v)
-		}
-	}
-	if h := req.Header.Get("Host"); h != "" {
-		req.Host = h
-	}
-	req.Header.Del(keyrow.HeaderName)
-	if rq.keys != nil {
-		req.Header[keyrow.HeaderName] = rq.keys
 	}
 	client := c.client
 	if rq.client != nil {
@@ -204,6 +179,176 @@ func (c *checker) send(ctx context.Context, rq request) *exchange {
 	x.status, x.header = res.StatusCode, res.Header
 	x.resp, x.err = io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
 	return x
+}
+
+// exchange returns the exchange that sending rq starts.
+func (c *checker) exchange(rq request) *exchange {
+	return &exchange{what: rq.what, keys: rq.keys, body: rq.body, caller: max(rq.caller, 1)}
+}
+
+// record completes x's times and keeps it for the Retry-After scenario.
+func (c *checker) record(x *exchange) {
+	if x.done.IsZero() {
+		x.done = time.Now()
+	}
+	if x.sent.IsZero() {
+		x.sent = x.done
+	}
+	c.mu.Lock()
+	c.seen = append(c.seen, x)
+	c.mu.Unlock()
+}
+
+// newRequest returns rq as an HTTP request to the endpoint, with the
+// check's headers, the caller's, and rq's keys.
+func (c *checker) newRequest(ctx context.Context, rq request) (*http.Request, error) {
+	target := c.target
+	if rq.via != "" {
+		target = rq.via
+	}
+	req, err := http.NewRequestWithContext(ctx, c.cfg.Method, target, bytes.NewReader(rq.body))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range c.cfg.Header {
+		req.Header[k] = slices.Clone(v)
+	}
+	if rq.caller == 2 {
+		for k, v := range c.cfg.OtherCaller {
+			req.Header[k] = slices.Clone(v)
+		}
+	}
+	if h := req.Header.Get("Host"); h != "" {
+		req.Host = h
+	}
+	req.Header.Del(keyrow.HeaderName)
+	if rq.keys != nil {
+		req.Header[keyrow.HeaderName] = rq.keys
+	}
+	return req, nil
+}
+
+// sendTogether sends n copies of rq so that they reach the endpoint at
+// one moment, calls started once they are out, and returns what came back
+// to each. Every copy has a connection of its own, opened beforehand, and
+// is written whole but for its last byte; then the last bytes go out one
+// after another in a tight loop. No server can read a copy's body before
+// every copy has arrived, so a check-then-insert race a few milliseconds
+// wide is caught even on a busy machine, where copies sent by goroutines
+// of their own arrive tens of milliseconds apart. When the connections
+// cannot be opened ahead (the endpoint is reached through a proxy, or a
+// dial fails), the copies are sent at once through the client instead.
+func (c *checker) sendTogether(ctx context.Context, n int, rq request, started func()) []*exchange {
+	xs := make([]*exchange, n)
+	req, err := c.newRequest(ctx, rq)
+	var conns []net.Conn
+	if err == nil {
+		conns = c.dialAhead(ctx, req.URL, n)
+	}
+	if conns == nil {
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for i := range xs {
+			wg.Go(func() {
+				<-gate
+				xs[i] = c.send(ctx, rq)
+			})
+		}
+		close(gate)
+		started()
+		wg.Wait()
+		return xs
+	}
+	var wire bytes.Buffer
+	if err := req.Write(&wire); err != nil {
+		for i := range xs {
+			xs[i] = c.exchange(rq)
+			xs[i].err = err
+			c.record(xs[i])
+		}
+		return xs
+	}
+	head, last := wire.Bytes()[:wire.Len()-1], wire.Bytes()[wire.Len()-1:]
+	deadline := time.Now().Add(c.cfg.RequestTimeout)
+	var wg sync.WaitGroup
+	for i, conn := range conns {
+		xs[i] = c.exchange(rq)
+		_ = conn.SetDeadline(deadline)
+		wg.Go(func() { _, xs[i].err = conn.Write(head) })
+	}
+	wg.Wait()
+	for i, conn := range conns {
+		if xs[i].err == nil {
+			_, xs[i].err = conn.Write(last)
+			xs[i].sent = time.Now()
+		}
+	}
+	started()
+	for i, conn := range conns {
+		wg.Go(func() {
+			defer conn.Close()
+			defer c.record(xs[i])
+			if xs[i].err != nil {
+				return
+			}
+			xs[i].status, xs[i].header, xs[i].resp, xs[i].err = readAnswer(conn, req)
+			xs[i].done = time.Now()
+		})
+	}
+	wg.Wait()
+	return xs
+}
+
+// dialAhead opens n connections to u's host, with TLS for https, or
+// returns nil when the client would reach u through a proxy or any of
+// them cannot be opened.
+func (c *checker) dialAhead(ctx context.Context, u *url.URL, n int) []net.Conn {
+	if proxy, err := c.client.Transport.(*http.Transport).Proxy(&http.Request{URL: u}); proxy != nil || err != nil {
+		return nil
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	addr := net.JoinHostPort(u.Hostname(), port)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	conns := make([]net.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() {
+			if u.Scheme == "https" {
+				d := tls.Dialer{Config: &tls.Config{ServerName: u.Hostname(), NextProtos: []string{"http/1.1"}}}
+				conns[i], errs[i] = d.DialContext(ctx, "tcp", addr)
+			} else {
+				var d net.Dialer
+				conns[i], errs[i] = d.DialContext(ctx, "tcp", addr)
+			}
+		})
+	}
+	wg.Wait()
+	if errors.Join(errs...) != nil {
+		for _, conn := range conns {
+			if conn != nil {
+				_ = conn.Close()
+			}
+		}
+		return nil
+	}
+	return conns
+}
+
+// readAnswer reads the answer to req from conn, its body cut at
+// maxResponseBytes.
+func readAnswer(conn net.Conn, req *http.Request) (int, http.Header, []byte, error) {
+	res, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
+	return res.StatusCode, res.Header, body, err
 }
 
 // cutter is a proxy in front of the endpoint that forwards one request,

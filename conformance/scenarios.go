@@ -379,25 +379,17 @@ func (c *checker) judgeOtherInFlight(o *outcome, x1 *exchange, others []*exchang
 func storm(ctx context.Context, c *checker, o *outcome, restart func(context.Context) error) {
 	before := c.executions(ctx, o)
 	key := c.key("storm")
-	xs := make([]*exchange, c.cfg.Storm)
-	var wg sync.WaitGroup
-	gate := make(chan struct{})
-	for i := range xs {
-		wg.Go(func() {
-			<-gate
-			xs[i] = c.send(ctx, request{keys: []string{key}, body: c.cfg.Body})
-		})
-	}
-	close(gate)
 	restarted := ""
-	if restart != nil {
+	xs := c.sendTogether(ctx, c.cfg.Storm, request{keys: []string{key}, body: c.cfg.Body}, func() {
+		if restart == nil {
+			return
+		}
 		time.Sleep(5 * time.Millisecond)
 		if err := restart(ctx); err != nil {
 			o.fail("the restart failed: %v", err)
 		}
 		restarted = ", restarting the server meanwhile"
-	}
-	wg.Wait()
+	})
 	if restart != nil {
 		// Requests cut by the restart got no answer, as a real client's
 		// would; the retry below must still find the key's answer.
