@@ -182,6 +182,9 @@ func (c *Cluster) Stop() error {
 	return err
 }
 
+// BinDir returns the directory of the server binaries c runs.
+func (c *Cluster) BinDir() string { return filepath.Dir(c.bins.postgres) }
+
 func (c *Cluster) dataDir() string { return filepath.Join(c.dir, "data") }
 func (c *Cluster) logPath() string { return filepath.Join(c.dir, "postgres.log") }
 

@@ -136,6 +136,7 @@ func throwaway(ctx context.Context, progress io.Writer) (dsn string, stop func()
 	if err != nil {
 		return "", nil, err
 	}
+	fmt.Fprintf(progress, "the embedded Postgres runs the server binaries in %s\n", c.BinDir())
 	return c.DSN("postgres"), func() { _ = c.Stop() }, nil
 }
 

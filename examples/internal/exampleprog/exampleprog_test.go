@@ -212,7 +212,7 @@ func TestOpenDatabaseAnnouncesAThrowawayDatabase(t *testing.T) {
 	if err := pool.Ping(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"database: postgres://", "THROWAWAY", "DATABASE_URL"} {
+	for _, want := range []string{"database: postgres://", "THROWAWAY", "DATABASE_URL", "runs the server binaries in /"} {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("progress %q does not say %q", progress.String(), want)
 		}
