@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/conformance"
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
@@ -55,7 +55,9 @@ func TestServePassesTheConformanceCheck(t *testing.T) {
 			"Content-Type": {"application/x-www-form-urlencoded"}},
 		Body:        []byte("origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"),
 		OtherCaller: http.Header{"Authorization": {otherRider}},
-		Executions:  func(ctx context.Context) (int64, error) { return charges(ctx, stripeAddr) },
+		Executions: func(ctx context.Context) (int64, error) {
+			return fakeapitest.Count(ctx, "http://"+stripeAddr, "charges")
+		},
 		Restart: func(context.Context) error {
 			if code := api.stop(t); code != 0 {
 				return fmt.Errorf("rides serve exited %d:\n%s", code, api)
@@ -64,20 +66,4 @@ func TestServePassesTheConformanceCheck(t *testing.T) {
 			return nil
 		},
 	})
-}
-
-// charges returns how many charges fake Stripe made.
-func charges(ctx context.Context, addr string) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/_stats", nil)
-	if err != nil {
-		return 0, err
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer res.Body.Close()
-	var s struct{ Charges int64 }
-	err = json.NewDecoder(res.Body).Decode(&s)
-	return s.Charges, err
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog"
 	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi/fakeapitest"
 	"github.com/atomicphase/atomicphase/examples/internal/pgdownload"
 	"github.com/atomicphase/atomicphase/examples/internal/pgdownload/pgdownloadtest"
 	"github.com/atomicphase/atomicphase/examples/rides/ride"
@@ -242,17 +243,12 @@ func TestRestartedServeReplaysInsteadOfCharging(t *testing.T) {
 		t.Errorf("retry after the restart: %d %q (replayed %q), want the replay of %q",
 			again.StatusCode, againBody, again.Header.Get("Idempotent-Replayed"), body)
 	}
-	stats, err := http.Get("http://" + stripeAddr + "/_stats")
+	charges, err := fakeapitest.Count(t.Context(), "http://"+stripeAddr, "charges")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stats.Body.Close()
-	var s struct{ Charges int }
-	if err := json.NewDecoder(stats.Body).Decode(&s); err != nil {
-		t.Fatal(err)
-	}
-	if s.Charges != 1 {
-		t.Errorf("fake Stripe made %d charges, want 1", s.Charges)
+	if charges != 1 {
+		t.Errorf("fake Stripe made %d charges, want 1", charges)
 	}
 }
 

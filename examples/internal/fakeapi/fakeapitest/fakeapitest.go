@@ -5,6 +5,8 @@ package fakeapitest
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -58,4 +60,28 @@ func Do(t testing.TB, method, url string, header http.Header, body string) (*htt
 		t.Fatal(err)
 	}
 	return res, b
+}
+
+// Count returns the sum of the counts names at the fake served at baseURL,
+// as its GET /_stats answers them: a conformance check's count of
+// executions, for example.
+func Count(ctx context.Context, baseURL string, names ...string) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/_stats", nil)
+	if err != nil {
+		return 0, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	var stats map[string]int64
+	if err := json.NewDecoder(res.Body).Decode(&stats); err != nil {
+		return 0, fmt.Errorf("GET %s/_stats: %w", baseURL, err)
+	}
+	var n int64
+	for _, name := range names {
+		n += stats[name]
+	}
+	return n, nil
 }

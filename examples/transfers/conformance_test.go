@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/atomicphase/atomicphase/conformance"
+	"github.com/atomicphase/atomicphase/examples/internal/exampleprog/exampleprogtest"
+	"github.com/atomicphase/atomicphase/examples/internal/fakeapi/fakeapitest"
+	"github.com/atomicphase/atomicphase/examples/transfers/payoutprovider"
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+)
+
+// The transfers API, served by transfers serve in front of the fake payout
+// provider, passes every scenario of the atomicphase profile for a payout,
+// counted by the payouts the provider made, with a restart of the API in
+// the middle of a storm. The provider answers slowly, so that a payout is
+// in flight long enough to be caught. The scoping scenario is skipped: a
+// transfer names an account of its caller's, which no other caller may
+// move money from.
+func TestServePassesTheConformanceCheck(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	providerAddr, apiAddr := exampleprogtest.FreeAddr(t), exampleprogtest.FreeAddr(t)
+	background(t, "payouts", "-addr", providerAddr, "-database-url", dsn)
+	// The provider's tables must exist before serve migrates the ledger's.
+	waitAnswered(t, providerAddr, "/_stats")
+	serve := func() func() error {
+		stop := background(t, "serve", "-addr", apiAddr, "-database-url", dsn, "-payouts-url", "http://"+providerAddr)
+		waitAnswered(t, apiAddr, "/accounts")
+		return stop
+	}
+	stopAPI := serve()
+
+	var from int64
+	_, _, accounts := send(t, http.MethodGet, apiAddr, "/accounts", "alice", "", "")
+	var list []struct {
+		ID       int64
+		Currency string
+	}
+	if err := json.Unmarshal([]byte(accounts), &list); err != nil || len(list) == 0 {
+		t.Fatalf("alice's accounts: %s (%v)", accounts, err)
+	}
+	for _, a := range list {
+		if a.Currency == "EUR" {
+			from = a.ID
+			break
+		}
+	}
+	res, err := http.Post("http://"+providerAddr+"/_faults", "application/json", strings.NewReader(`{"delay_ms": 150}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+
+	payout := func(amount int) []byte {
+		return fmt.Appendf(nil, `{"from_account":%d,"payout_destination":"dest_x","amount":%d,"currency":"EUR"}`, from, amount)
+	}
+	conformance.Test(t, conformance.Config{
+		URL:       "http://" + apiAddr + "/transfers",
+		Header:    http.Header{"Authorization": {"Bearer alice"}, "Content-Type": {"application/json"}},
+		Body:      payout(1),
+		OtherBody: payout(2),
+		Executions: func(ctx context.Context) (int64, error) {
+			return fakeapitest.Count(ctx, "http://"+providerAddr, payoutprovider.StatusPaid, payoutprovider.StatusFailed)
+		},
+		Restart: func(context.Context) error {
+			if err := stopAPI(); err != nil {
+				return err
+			}
+			stopAPI = serve()
+			return nil
+		},
+	})
+	if err := stopAPI(); err != nil {
+		t.Error(err)
+	}
+}
+
+// background runs transfers with args until the test ends or the returned
+// func stops it, which returns the error of a run that did not exit 0.
+func background(t *testing.T, args ...string) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr bytes.Buffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, args, &bytes.Buffer{}, &stderr) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		if code := <-exited; code != 0 {
+			return fmt.Errorf("transfers %s exited %d:\n%s", args[0], code, stderr.String())
+		}
+		return nil
+	})
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return stop
+}
+
+// waitAnswered waits until GET path on addr is answered, whatever the
+// answer (see send).
+func waitAnswered(t *testing.T, addr, path string) {
+	t.Helper()
+	send(t, http.MethodGet, addr, path, "alice", "", "")
+}
