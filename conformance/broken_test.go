@@ -8,7 +8,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -211,4 +213,31 @@ func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
 			})
 		}
 	}
+}
+
+// Credentials in the endpoint's URL go with every request the check sends,
+// the storm's included, as Go's client sends them: the correct handler
+// behind a server that answers 401 without them passes every scenario.
+func TestCredentialsInTheURLGoWithEveryRequest(t *testing.T) {
+	t.Parallel()
+	m := newMem(0)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if user, password, ok := r.BasicAuth(); !ok || user != "acme" || password != "s3cret" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		m.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	rep, err := conformance.Check(t.Context(), conformance.Config{
+		URL:        strings.Replace(srv.URL, "http://", "http://acme:s3cret@", 1) + "/orders",
+		Header:     http.Header{"Content-Type": {"application/json"}},
+		Body:       []byte(`{"amount": 500}`),
+		FailBody:   []byte(`{"amount": 500, "fail": true}`),
+		Executions: func(context.Context) (int64, error) { return m.executions.Load(), nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectVerdicts(t, rep, nil)
 }

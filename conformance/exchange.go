@@ -259,6 +259,11 @@ func (c *checker) sendTogether(ctx context.Context, n int, rq request, started f
 		wg.Wait()
 		return xs
 	}
+	if u := req.URL.User; u != nil && req.Header.Get("Authorization") == "" {
+		// As the client does for a URL with credentials.
+		password, _ := u.Password()
+		req.SetBasicAuth(u.Username(), password)
+	}
 	var wire bytes.Buffer
 	if err := req.Write(&wire); err != nil {
 		for i := range xs {
@@ -303,8 +308,10 @@ func (c *checker) sendTogether(ctx context.Context, n int, rq request, started f
 // returns nil when the client would reach u through a proxy or any of
 // them cannot be opened.
 func (c *checker) dialAhead(ctx context.Context, u *url.URL, n int) []net.Conn {
-	if proxy, err := c.client.Transport.(*http.Transport).Proxy(&http.Request{URL: u}); proxy != nil || err != nil {
-		return nil
+	if proxyFor := c.client.Transport.(*http.Transport).Proxy; proxyFor != nil {
+		if proxy, err := proxyFor(&http.Request{URL: u}); proxy != nil || err != nil {
+			return nil
+		}
 	}
 	port := u.Port()
 	if port == "" {
