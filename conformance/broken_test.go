@@ -156,9 +156,11 @@ func (m *memHandler) answerExisting(w http.ResponseWriter, rec *record, fp [32]b
 	}
 }
 
-// execute creates an order, or fails for a body that asks to.
+// execute creates an order, or fails for a body that asks to. It takes
+// 200 ms, so that a retry sent 20 ms after it started (the in-flight
+// scenarios) finds it still running even on a busy machine.
 func (m *memHandler) execute(body []byte) (int, []byte) {
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
 	if bytes.Contains(body, []byte(`"fail"`)) {
 		return http.StatusInternalServerError, []byte(`{"error":"the order cannot be created"}`)
 	}
