@@ -36,13 +36,23 @@ func Start(t *testing.T, width, height int, flags ...chromedp.ExecAllocatorOptio
 	// Chromium writes its crash reports' database under the XDG config
 	// directory and dconf its cache under the XDG cache directory, whatever
 	// the profile: both go to the test's temporary directory, not to the
-	// home directory of whoever runs the tests.
+	// home directory of whoever runs the tests. Its process singleton's
+	// socket goes to a directory of its own in the temporary directory,
+	// removed with it: a killed browser leaves the socket's directory
+	// behind, and a path under t.TempDir, named for the test, can be longer
+	// than a socket's path may be.
 	home := t.TempDir()
+	tmp, err := os.MkdirTemp("", "chromium")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU, chromedp.NoFirstRun,
 		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(width, height),
-		chromedp.Env("HOME="+home, "XDG_CONFIG_HOME="+filepath.Join(home, ".config"), "XDG_CACHE_HOME="+filepath.Join(home, ".cache")))
+		chromedp.Env("HOME="+home, "XDG_CONFIG_HOME="+filepath.Join(home, ".config"), "XDG_CACHE_HOME="+filepath.Join(home, ".cache"),
+			"TMPDIR="+tmp))
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(opts, flags...)...)
 	ctx, cancel := chromedp.NewContext(alloc)
 	t.Cleanup(func() {
