@@ -62,8 +62,8 @@ func Do(t testing.TB, method, url string, header http.Header, body string) (*htt
 	return res, b
 }
 
-// Count returns the sum of the counts names at the fake served at baseURL,
-// as its GET /_stats answers them: a conformance check's count of
+// Count returns the sum of the named counts that the fake served at
+// baseURL answers on GET /_stats: a conformance check's count of
 // executions, for example.
 func Count(ctx context.Context, baseURL string, names ...string) (int64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/_stats", nil)
