@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/atomicphase/atomicphase/conformance"
@@ -85,34 +83,4 @@ func TestServePassesTheConformanceCheck(t *testing.T) {
 	if err := stopAPI(); err != nil {
 		t.Error(err)
 	}
-}
-
-// background runs transfers with args until the test ends or the returned
-// func stops it, which returns the error of a run that did not exit 0.
-func background(t *testing.T, args ...string) (stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr bytes.Buffer
-	exited := make(chan int, 1)
-	go func() { exited <- run(ctx, args, &bytes.Buffer{}, &stderr) }()
-	stop = sync.OnceValue(func() error {
-		cancel()
-		if code := <-exited; code != 0 {
-			return fmt.Errorf("transfers %s exited %d:\n%s", args[0], code, stderr.String())
-		}
-		return nil
-	})
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	return stop
-}
-
-// waitAnswered waits until GET path on addr is answered, whatever the
-// answer (see send).
-func waitAnswered(t *testing.T, addr, path string) {
-	t.Helper()
-	send(t, http.MethodGet, addr, path, "alice", "", "")
 }

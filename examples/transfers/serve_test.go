@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,18 +33,7 @@ func TestServeThroughPgBouncer(t *testing.T) {
 
 	url := bouncer + " default_query_exec_mode=cache_describe"
 	addr := exampleprogtest.FreeAddr(t)
-	serveCtx, stop := context.WithCancel(ctx)
-	var stderr bytes.Buffer
-	served := make(chan int, 1)
-	go func() {
-		served <- run(serveCtx, []string{"serve", "-addr", addr, "-database-url", url}, io.Discard, &stderr)
-	}()
-	defer func() {
-		stop()
-		if code := <-served; code != 0 {
-			t.Errorf("serve exited %d\n%s", code, stderr.String())
-		}
-	}()
+	background(t, "serve", "-addr", addr, "-database-url", url)
 
 	accountOf := func(owner, currency string) ledger.Account {
 		t.Helper()
@@ -124,4 +114,34 @@ func send(t *testing.T, method, addr, path, owner, key, body string) (status int
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// background runs transfers with args until the test ends or the returned
+// func stops it, which returns the error of a run that did not exit 0.
+func background(t *testing.T, args ...string) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr bytes.Buffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, args, &bytes.Buffer{}, &stderr) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		if code := <-exited; code != 0 {
+			return fmt.Errorf("transfers %s exited %d:\n%s", args[0], code, stderr.String())
+		}
+		return nil
+	})
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return stop
+}
+
+// waitAnswered waits until GET path on addr is answered, whatever the
+// answer (see send).
+func waitAnswered(t *testing.T, addr, path string) {
+	t.Helper()
+	send(t, http.MethodGet, addr, path, "alice", "", "")
 }
