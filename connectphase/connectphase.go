@@ -127,7 +127,7 @@ func (h *handled[Req, Resp, State, PResp]) serve(ctx context.Context, s *Server,
 	if h.cfg.Key != nil {
 		field = h.cfg.Key(msg)
 	}
-	key, refused := protophase.Key(req.Header().Values(s.cfg.KeyHeader), field)
+	key, refused := protophase.KeyFrom(http.CanonicalHeaderKey(s.cfg.KeyHeader)+" header", req.Header().Values(s.cfg.KeyHeader), field)
 	if refused != nil {
 		return nil, errorOf(refused.Status())
 	}

@@ -133,7 +133,7 @@ func (h *handled[Req, Resp, State]) serve(ctx context.Context, s *Server, fullMe
 			return nil, err
 		}
 	}
-	key, refused := protophase.Key(md.Get(s.cfg.KeyMetadata), field)
+	key, refused := protophase.KeyFrom(s.cfg.KeyMetadata+" metadata", md.Get(s.cfg.KeyMetadata), field)
 	if refused != nil {
 		return nil, statusOf(*refused)
 	}
