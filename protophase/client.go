@@ -98,7 +98,9 @@ type Ending struct {
 // can change end the call with that answer. UNAVAILABLE, ABORTED,
 // INTERNAL, UNKNOWN, and DEADLINE_EXCEEDED or CANCELLED that did not come
 // from the call's own context, are retried, after the status's RetryInfo
-// delay when it is longer than the backoff. RESOURCE_EXHAUSTED is retried
+// delay when it is longer than the backoff; an ABORTED with a delay (the
+// key is in flight) counts toward MaxElapsed only, not MaxAttempts.
+// RESOURCE_EXHAUSTED is retried
 // when it carries a delay (a rate limit); otherwise it is the transport
 // refusing a message too large, which is an answer when it came before
 // the server's headers (nothing ran) and an unknown outcome after them (the
@@ -120,6 +122,7 @@ func (p ClientPolicy) Call(ctx context.Context, attempt func(ctx context.Context
 		ctx, cancel = context.WithTimeoutCause(ctx, p.MaxElapsed, ErrBudgetExhausted)
 		defer cancel()
 	}
+	counted := 0 // attempts that count toward MaxAttempts
 	for n := 1; ; n++ {
 		a := attempt(ctx)
 		end := Ending{Err: a.Err, Attempts: n}
@@ -140,7 +143,12 @@ func (p ClientPolicy) Call(ctx context.Context, attempt func(ctx context.Context
 			return end
 		}
 		end.Unknown = ErrBudgetExhausted
-		if n >= p.MaxAttempts {
+		// A live server that says the key is in flight and when to come
+		// back is polled within MaxElapsed, not counted as a failure.
+		if a.Code != code.Code_ABORTED || a.RetryDelay == 0 {
+			counted++
+		}
+		if counted >= p.MaxAttempts {
 			return end
 		}
 		pause := max(p.backoff(n), a.RetryDelay)
