@@ -224,6 +224,10 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := req.Context().Err(); err != nil {
+		// Nothing was sent: the plain error proves it.
+		return nil, fmt.Errorf("caller: the request's context ended before it was sent: %w", err)
+	}
 	ctx, cancel := req.Context(), context.CancelFunc(func() {})
 	if c.cfg.MaxElapsed > 0 {
 		ctx, cancel = context.WithTimeoutCause(ctx, c.cfg.MaxElapsed, ErrBudgetExhausted)

@@ -42,6 +42,7 @@ func TestEveryEndingOfAnHTTPCallIsTheAnswerARefusalOrAnUnknownOutcomeWithTheKey(
 		then     int
 		status   int   // of the answer; 0 for none
 		unknown  error // the cause of the unknown outcome; nil: none
+		refused  error // a plain error that proves nothing ran
 		attempts int
 	}{
 		{name: "connection lost before any byte", first: drop, then: http.StatusCreated, status: http.StatusCreated, attempts: 2},
@@ -60,7 +61,7 @@ func TestEveryEndingOfAnHTTPCallIsTheAnswerARefusalOrAnUnknownOutcomeWithTheKey(
 			}},
 		{name: "budget during an attempt", cfg: caller.Config{MaxElapsed: 300 * time.Millisecond}, first: slow, then: http.StatusCreated, unknown: caller.ErrBudgetExhausted, attempts: 1},
 		{name: "a final refusal", first: status(http.StatusUnprocessableEntity), then: http.StatusCreated, status: http.StatusUnprocessableEntity, attempts: 1},
-		{name: "context ended before the call", first: slow, then: http.StatusCreated, unknown: context.Canceled, attempts: 0,
+		{name: "context ended before the call", first: slow, then: http.StatusCreated, refused: context.Canceled, attempts: 0,
 			ctx: func() (context.Context, context.CancelFunc) {
 				ctx, cancel := context.WithCancel(context.Background())
 				cancel()
@@ -79,6 +80,10 @@ func TestEveryEndingOfAnHTTPCallIsTheAnswerARefusalOrAnUnknownOutcomeWithTheKey(
 			res, err := c.Do(post(t, s.URL, `{"amount":1}`).WithContext(ctx))
 			var unknown *caller.UnknownOutcomeError
 			switch {
+			case tc.refused != nil:
+				if !errors.Is(err, tc.refused) || errors.As(err, &unknown) {
+					t.Fatalf("%v; want a plain %v", err, tc.refused)
+				}
 			case tc.unknown == nil && err != nil:
 				t.Fatalf("%v; want the answer %d", err, tc.status)
 			case tc.unknown == nil:
