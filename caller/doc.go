@@ -76,8 +76,12 @@
 //	budget runs out        *UnknownOutcomeError with the key, the attempts, the last status
 //	                       or error, and ErrBudgetExhausted (or the context's error) as
 //	                       its cause. A retried response is never returned as the answer.
+//	409 with Retry-After   Polled after the Retry-After: the key is in flight. Like 202
+//	                       polls, bounded by MaxElapsed only, not MaxAttempts.
 //	caller's context ends  *UnknownOutcomeError as above, its cause context.Canceled or
-//	                       context.DeadlineExceeded.
+//	                       context.DeadlineExceeded. A context that had ended before the
+//	                       request was sent gets a plain error: nothing was sent.
+//	body cut short         Reading Body returns an *UnknownOutcomeError with the key.
 //	report                 Response.Key, Response.Attempts, Response.Replayed;
 //	                       Config.Observe sees every attempt.
 //

@@ -13,6 +13,15 @@
 //
 // Streaming procedures pass through untouched: Interceptor is a unary
 // interceptor; do not register them.
+//
+// ClientInterceptor is the client side: it sends each unary call under one
+// key (the request's key header, else its request_id field, else a new
+// UUIDv7) and retries it under that key, ending every call with the
+// answer, a refusal that proves nothing ran, or an *UnknownOutcomeError
+// that names the key:
+//
+//	ic, err := connectphase.ClientInterceptor(connectphase.ClientConfig{})
+//	client := payv1connect.NewPaymentsClient(http.DefaultClient, url, connect.WithInterceptors(ic))
 package connectphase
 
 import (

@@ -30,6 +30,9 @@
 // # Client
 //
 // UnaryClientInterceptor sends every keyed call under one key (the call's
-// own, or a new UUIDv7) and retries it under that key, as package caller
-// does for HTTP.
+// own metadata, else its request_id field, else a new UUIDv7) and retries
+// it under that key, as package caller does for HTTP: a call ends with the
+// answer, a refusal that proves nothing ran, or an *UnknownOutcomeError
+// that names the key, whatever ends it (a deadline, a cancel, the budget,
+// a lost connection).
 package grpcphase
