@@ -212,9 +212,12 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 		}
 		return &Response{Response: resp, Attempts: 1}, nil
 	}
-	key := req.Header.Get(KeyHeader)
+	key, err := keyOf(req)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
 	if key == "" {
-		var err error
 		if key, err = c.cfg.NewKey(); err != nil {
 			closeBody(req)
 			return nil, err
@@ -373,6 +376,25 @@ func (c *Client) rewindable(req *http.Request) (func() (io.ReadCloser, error), e
 			"raise Config.MaxBodyBytes or set the request's GetBody", c.cfg.MaxBodyBytes)
 	}
 	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }, nil
+}
+
+// keyOf returns the key req carries, "" for none (no header, or an empty or
+// whitespace-only one), or an error when no server could read it: several
+// values, or a character a header cannot carry. Nothing is sent then.
+func keyOf(req *http.Request) (string, error) {
+	values := req.Header.Values(KeyHeader)
+	if len(values) > 1 {
+		return "", fmt.Errorf("caller: the request carries %d %s values; set exactly one (nothing was sent)", len(values), KeyHeader)
+	}
+	if len(values) == 0 || strings.Trim(values[0], " \t") == "" {
+		return "", nil
+	}
+	for _, c := range []byte(values[0]) {
+		if c < 0x20 && c != '\t' || c == 0x7f {
+			return "", fmt.Errorf("caller: the %s %q holds a control character, which no header can carry (nothing was sent)", KeyHeader, values[0])
+		}
+	}
+	return values[0], nil
 }
 
 // safe reports the methods RFC 9110 defines as safe: they change nothing,

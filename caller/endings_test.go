@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,3 +130,45 @@ func TestEveryEndingOfAnHTTPCallIsTheAnswerARefusalOrAnUnknownOutcomeWithTheKey(
 		})
 	}
 }
+
+// TestAKeyNoServerCanReadIsRefusedBeforeAnythingIsSent: a key the caller
+// set that no header can carry, or several, ends the request at once with
+// a plain error and no attempt; an empty one is no key, and a new one is
+// made.
+func TestAKeyNoServerCanReadIsRefusedBeforeAnythingIsSent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		values   []string
+		refused  bool
+		attempts int
+	}{
+		{"a newline inside", []string{"k\n1"}, true, 0},
+		{"two values", []string{"a", "b"}, true, 0},
+		{"empty", []string{""}, false, 1},
+		{"spaces only", []string{"   "}, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newServer(t, func(_ int, w http.ResponseWriter, r *http.Request) { s201(w) })
+			c := newClient(t, caller.Config{})
+			req := post(t, s.URL, `{"amount":1}`)
+			for _, v := range tc.values {
+				req.Header.Add(caller.KeyHeader, v)
+			}
+			res, err := c.Do(req)
+			var unknown *caller.UnknownOutcomeError
+			if tc.refused != (err != nil) || errors.As(err, &unknown) || s.attempts() != tc.attempts {
+				t.Fatalf("%v after %d attempts; want refused %v after %d, no unknown outcome", err, s.attempts(), tc.refused, tc.attempts)
+			}
+			if res != nil {
+				_ = res.Body.Close()
+				if strings.TrimSpace(res.Key) == "" {
+					t.Errorf("sent key %q; want a new one", res.Key)
+				}
+			}
+		})
+	}
+}
+
+func s201(w http.ResponseWriter) { w.WriteHeader(http.StatusCreated) }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	"github.com/atomicphase/atomicphase/caller"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/protophase"
 )
 
@@ -105,14 +107,14 @@ func ClientInterceptor(cfg ClientConfig) (connect.Interceptor, error) {
 }
 
 func (cfg *ClientConfig) call(ctx context.Context, policy protophase.ClientPolicy, next connect.UnaryFunc, req connect.AnyRequest) (connect.AnyResponse, error) {
-	key := req.Header().Get(cfg.KeyHeader)
-	if key == "" {
-		if key = cfg.Key(req.Any()); key == "" {
-			var err error
-			if key, err = cfg.NewKey(); err != nil {
-				return nil, err
-			}
+	key, set, err := protophase.ClientKey(http.CanonicalHeaderKey(cfg.KeyHeader)+" header", req.Header().Values(cfg.KeyHeader), cfg.Key(req.Any()), cfg.NewKey)
+	if err != nil {
+		if errors.Is(err, keyrow.ErrKeyInvalid) {
+			return nil, connect.NewError(connect.CodeInvalidArgument, err)
 		}
+		return nil, err
+	}
+	if set {
 		req.Header().Set(cfg.KeyHeader, key)
 	}
 	var resp connect.AnyResponse

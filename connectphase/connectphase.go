@@ -162,14 +162,26 @@ func (h *handled[Req, Resp, State, PResp]) serve(ctx context.Context, s *Server,
 	}
 	// Every answer carries the mark, true or false: a client that saw it
 	// knows the call ran (see grpcphase).
-	mark := strconv.FormatBool(out.Kind == phase.OutcomeReplayed)
+	// A replay carries HTTP's spelling of the mark too, which Stripe's
+	// clients and package caller read.
+	replayed := out.Kind == phase.OutcomeReplayed
+	mark := strconv.FormatBool(replayed)
+	header := http.Header{}
+	header.Set(protophase.ReplayedMetadata, mark)
+	if replayed {
+		header.Set(phase.ReplayedHeader, "true")
+	}
 	if st != nil {
 		ce := errorOf(st)
-		ce.Meta().Set(protophase.ReplayedMetadata, mark)
+		for k, v := range header {
+			ce.Meta()[k] = v
+		}
 		return nil, ce
 	}
 	resp := connect.NewResponse((*Resp)(m))
-	resp.Header().Set(protophase.ReplayedMetadata, mark)
+	for k, v := range header {
+		resp.Header()[k] = v
+	}
 	return resp, nil
 }
 

@@ -133,3 +133,22 @@ func TestConnectCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestAConnectReplayCarriesHTTPsSpellingOfTheMark: a client of the Connect
+// protocol that reads HTTP's Idempotent-Replayed (Stripe's, package
+// caller's) sees the replay too.
+func TestAConnectReplayCarriesHTTPsSpellingOfTheMark(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	first, err := charge(t, c, "spelling", 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := charge(t, c, "spelling", 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Header().Get(phase.ReplayedHeader) != "" || again.Header().Get(phase.ReplayedHeader) != "true" {
+		t.Errorf("Idempotent-Replayed %q then %q; want none then true", first.Header().Get(phase.ReplayedHeader), again.Header().Get(phase.ReplayedHeader))
+	}
+}

@@ -279,3 +279,41 @@ func TestEveryEndingOfAConnectCallIsTheAnswerARefusalOrAnUnknownOutcomeWithTheKe
 		}
 	}
 }
+
+// TestAKeyNoServerCanReadIsRefusedBeforeAnythingIsSent: a key the caller
+// set that no server accepts ends the call at once with INVALID_ARGUMENT
+// and no attempt; an empty one is no key, and a new one is made.
+func TestAKeyNoServerCanReadIsRefusedBeforeAnythingIsSent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		values   []string
+		refused  bool
+		attempts int
+	}{
+		{"a newline inside", []string{"k\n1"}, true, 0},
+		{"non-ASCII", []string{"ключ"}, true, 0},
+		{"two values", []string{"a", "b"}, true, 0},
+		{"too long", []string{strings.Repeat("k", 256)}, true, 0},
+		{"empty", []string{""}, false, 1},
+		{"spaces only", []string{"   "}, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newWire(answer)
+			c := startWire(t, s, false, false, connectphase.ClientConfig{})
+			req := connect.NewRequest(new(structpb.Struct))
+			for _, v := range tc.values {
+				req.Header().Add(protophase.DefaultKeyMetadata, v)
+			}
+			_, err := c.CallUnary(context.Background(), req)
+			var unknown *connectphase.UnknownOutcomeError
+			if (connect.CodeOf(err) == connect.CodeInvalidArgument) != tc.refused || tc.refused == (err == nil) || errors.As(err, &unknown) || s.attempts() != tc.attempts {
+				t.Fatalf("%v after %d attempts; want refused %v after %d, no unknown outcome", err, s.attempts(), tc.refused, tc.attempts)
+			}
+			if tc.attempts > 0 && strings.TrimSpace(s.keys[0]) == "" {
+				t.Errorf("sent key %q; want a new one", s.keys[0])
+			}
+		})
+	}
+}

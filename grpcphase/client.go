@@ -3,6 +3,7 @@ package grpcphase
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,10 +12,12 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/atomicphase/atomicphase/caller"
+	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/protophase"
 )
 
@@ -146,17 +149,17 @@ func UnaryClientInterceptor(cfg ClientConfig) (grpc.UnaryClientInterceptor, erro
 
 func (cfg *ClientConfig) call(ctx context.Context, policy protophase.ClientPolicy, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
 	md, _ := metadata.FromOutgoingContext(ctx)
-	key := ""
-	if v := md.Get(cfg.KeyMetadata); len(v) > 0 {
-		key = v[0]
-	} else {
-		if key = cfg.Key(req); key == "" {
-			var err error
-			if key, err = cfg.NewKey(); err != nil {
-				return err
-			}
+	key, set, err := protophase.ClientKey(cfg.KeyMetadata+" metadata", md.Get(cfg.KeyMetadata), cfg.Key(req), cfg.NewKey)
+	if err != nil {
+		if errors.Is(err, keyrow.ErrKeyInvalid) {
+			return status.Error(codes.InvalidArgument, err.Error())
 		}
-		ctx = metadata.AppendToOutgoingContext(ctx, cfg.KeyMetadata, key)
+		return err
+	}
+	if set {
+		md = md.Copy()
+		md.Set(cfg.KeyMetadata, key)
+		ctx = metadata.NewOutgoingContext(ctx, md)
 	}
 	var header, trailer metadata.MD
 	opts = append(opts[:len(opts):len(opts)], grpc.Header(&header), grpc.Trailer(&trailer))

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -295,5 +296,42 @@ func TestTheClientSendsTheRequestFieldsKeyInTheMetadata(t *testing.T) {
 	}
 	if s.keys[1] != "mine" {
 		t.Errorf("key sent %q; want the metadata's own key", s.keys[1])
+	}
+}
+
+// TestAKeyNoServerCanReadIsRefusedBeforeAnythingIsSent: a key the caller
+// set that no server accepts ends the call at once with INVALID_ARGUMENT
+// and no attempt; an empty one is no key, and a new one is made.
+func TestAKeyNoServerCanReadIsRefusedBeforeAnythingIsSent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		values   []string
+		code     codes.Code
+		attempts int
+	}{
+		{"a tab inside", []string{"k\t1"}, codes.InvalidArgument, 0},
+		{"non-ASCII", []string{"ключ"}, codes.InvalidArgument, 0},
+		{"two values", []string{"a", "b"}, codes.InvalidArgument, 0},
+		{"too long", []string{strings.Repeat("k", 256)}, codes.InvalidArgument, 0},
+		{"empty", []string{""}, codes.OK, 1},
+		{"spaces only", []string{"   "}, codes.OK, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, conn := startWire(t, grpcphase.ClientConfig{}, answer)
+			md := metadata.MD{}
+			for _, v := range tc.values {
+				md.Append(protophase.DefaultKeyMetadata, v)
+			}
+			err := conn.Invoke(metadata.NewOutgoingContext(context.Background(), md), "/pay.Payments/Charge", new(structpb.Struct), new(structpb.Struct))
+			var unknown *grpcphase.UnknownOutcomeError
+			if status.Code(err) != tc.code || errors.As(err, &unknown) || s.attempts() != tc.attempts {
+				t.Fatalf("%v after %d attempts; want %v after %d, no unknown outcome", err, s.attempts(), tc.code, tc.attempts)
+			}
+			if tc.attempts > 0 && strings.TrimSpace(s.keys[0]) == "" {
+				t.Errorf("sent key %q; want a new one", s.keys[0])
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/atomicphase/atomicphase/grpcphase/internal/payments"
 	"github.com/atomicphase/atomicphase/grpcphase/internal/paytest"
 	"github.com/atomicphase/atomicphase/phase/phasetest"
 )
@@ -31,17 +32,17 @@ func TestTheDocsExampleChargesOnceAndReplays(t *testing.T) {
 	provider := paytest.NewMemory()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveCharges(ctx, pool, lis, provider) }()
+	go func() { done <- payments.ServeCharges(ctx, pool, lis, provider) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			t.Errorf("serveCharges: %v", err)
+			t.Errorf("ServeCharges: %v", err)
 		}
 	})
 	addr := lis.Addr().String()
 	var first string
 	for i := range 2 {
-		resp, replayed, err := charge(ctx, addr, "acme", "req-1", 1200)
+		resp, replayed, err := payments.Charge(ctx, addr, "acme", "req-1", 1200)
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
@@ -53,10 +54,10 @@ func TestTheDocsExampleChargesOnceAndReplays(t *testing.T) {
 			t.Errorf("call %d: charge %q replayed %v; want %q, replayed on the retry only", i, id, replayed, first)
 		}
 	}
-	if _, replayed, err := charge(ctx, addr, "globex", "req-1", 1200); err != nil || replayed {
+	if _, replayed, err := payments.Charge(ctx, addr, "globex", "req-1", 1200); err != nil || replayed {
 		t.Errorf("another account's req-1: %v, replayed %v; want a charge of its own", err, replayed)
 	}
-	if _, _, err := charge(ctx, addr, "", "req-2", 1200); status.Code(err) != codes.Unauthenticated {
+	if _, _, err := payments.Charge(ctx, addr, "", "req-2", 1200); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("no token: %v; want UNAUTHENTICATED", err)
 	}
 	calls := provider.Calls()
@@ -71,29 +72,25 @@ func TestTheDocsExampleChargesOnceAndReplays(t *testing.T) {
 }
 
 // TestDocsGRPCQuotesTheCompiledExample keeps docs/grpc.md's complete
-// example identical to the code the test above runs.
+// example identical to the package the test above runs, whole, so that it
+// compiles as written.
 func TestDocsGRPCQuotesTheCompiledExample(t *testing.T) {
 	t.Parallel()
 	page, err := os.ReadFile("../docs/grpc.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := os.ReadFile("example_payments_test.go")
+	code, err := os.ReadFile("internal/payments/payments.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, code, _ := strings.Cut(string(src), "// example:begin\n")
-	code, _, ok := strings.Cut(code, "// example:end\n")
-	if !ok {
-		t.Fatal("example_payments_test.go has no example:begin / example:end markers")
-	}
 	_, block, _ := strings.Cut(string(page), "## A complete example")
 	_, block, _ = strings.Cut(block, "```go\n")
-	block, _, ok = strings.Cut(block, "```\n")
+	block, _, ok := strings.Cut(block, "```\n")
 	if !ok {
 		t.Fatal("docs/grpc.md's complete example has no Go block")
 	}
-	if strings.TrimSpace(block) != strings.TrimSpace(code) {
-		t.Error("docs/grpc.md's complete example differs from example_payments_test.go between its markers; copy it into the page")
+	if block != string(code) {
+		t.Error("docs/grpc.md's complete example differs from internal/payments/payments.go; copy the file into the page")
 	}
 }

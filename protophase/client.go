@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/atomicphase/atomicphase/caller"
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // ErrBudgetExhausted is the cause of an unknown outcome when a call used up
@@ -39,6 +41,31 @@ func FieldKey(msg any, fields []string) string {
 		return r.Get(fd).String()
 	}
 	return ""
+}
+
+// ClientKey returns the key a client interceptor sends a call under: the
+// key the call carries already (values, its carrier's values), else the
+// request's key field (field), else a new key from newKey; set reports that
+// the key must be written to the carrier, replacing what is there. Both
+// are read by keyrow.KeyFrom, as a server reads them: an empty or
+// whitespace-only value is none, and a value no server accepts (two
+// values, a character a header cannot carry, too long) is an error
+// wrapping keyrow.ErrKeyInvalid, before anything is sent.
+func ClientKey(carrier string, values []string, field string, newKey func() (string, error)) (key string, set bool, err error) {
+	if _, err := keyrow.KeyFrom(carrier, values...); err == nil {
+		return values[0], false, nil
+	} else if !errors.Is(err, keyrow.ErrKeyMissing) {
+		return "", false, fmt.Errorf("%w; nothing was sent", err)
+	}
+	if field != "" {
+		if _, err := keyrow.KeyFrom("the request's key field", field); err == nil {
+			return field, true, nil
+		} else if !errors.Is(err, keyrow.ErrKeyMissing) {
+			return "", false, fmt.Errorf("%w; nothing was sent", err)
+		}
+	}
+	key, err = newKey()
+	return key, true, err
 }
 
 // ClientPolicy is the retry rule that grpcphase's and connectphase's client

@@ -331,5 +331,5 @@ func KeyFrom(carrier string, metadata []string, field string) (string, *Refusal)
 	case fromMetadata != "":
 		return fromMetadata, nil
 	}
-	return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: fmt.Sprintf("%s is missing: the call has no idempotency key; send one, the same on every retry", carrier), Reason: ReasonMissingKey}
+	return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: fmt.Sprintf("%s is missing, and no request field carries a key: the call has no idempotency key; send one, the same on every retry", carrier), Reason: ReasonMissingKey}
 }

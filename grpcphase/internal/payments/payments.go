@@ -1,10 +1,8 @@
-package grpcphase_test
+// Package payments is docs/grpc.md's complete example, quoted there whole:
+// a gRPC payments service whose Charge runs under an idempotency key, and
+// its caller.
+package payments
 
-// The complete example of docs/grpc.md, between the markers below, which
-// TestDocsGRPCQuotesTheCompiledExample keeps identical to the page, and
-// which TestTheDocsExampleChargesOnceAndReplays runs.
-
-// example:begin
 import (
 	"context"
 	"net"
@@ -44,9 +42,9 @@ type in = phase.Input[protophase.Request[*ChargeRequest], chargeState]
 
 const chargesTable = `CREATE TABLE IF NOT EXISTS charges (key_id uuid PRIMARY KEY, charge_id text NOT NULL)`
 
-// serveCharges serves /pay.Payments/Charge on lis until ctx ends. The
+// ServeCharges serves /pay.Payments/Charge on lis until ctx ends. The
 // database must hold atomicphase's schema (atomicphase.Migrate).
-func serveCharges(ctx context.Context, pool *pgxpool.Pool, lis net.Listener, provider Provider) error {
+func ServeCharges(ctx context.Context, pool *pgxpool.Pool, lis net.Listener, provider Provider) error {
 	if _, err := pool.Exec(ctx, chargesTable); err != nil {
 		return err
 	}
@@ -107,11 +105,11 @@ func tenantFromToken(ctx context.Context) (string, error) {
 	return "", status.Error(codes.Unauthenticated, "send your token in authorization")
 }
 
-// charge charges amount under requestID (sent as the request_id field and,
+// Charge charges amount under requestID (sent as the request_id field and,
 // by the interceptor, in the idempotency-key metadata) and reports whether
 // the answer was replayed. An *grpcphase.UnknownOutcomeError carries the
 // key to call again with.
-func charge(ctx context.Context, addr, token, id string, amount float64) (*ChargeResponse, bool, error) {
+func Charge(ctx context.Context, addr, token, id string, amount float64) (*ChargeResponse, bool, error) {
 	ic, err := grpcphase.UnaryClientInterceptor(grpcphase.ClientConfig{
 		Key: func(req any) string { return requestID(req.(*ChargeRequest)) }, // generated messages need no Key
 	})
@@ -135,10 +133,9 @@ func charge(ctx context.Context, addr, token, id string, amount float64) (*Charg
 	return resp, grpcphase.Replayed(header), err
 }
 
-// example:end
-
-// paymentsService is what protoc generates for the service, written by
-// hand for structpb messages.
+// paymentsService is what protoc generates for the service
+// (pb.RegisterPaymentsServer registers it), written by hand here for
+// structpb messages.
 var paymentsService = grpc.ServiceDesc{
 	ServiceName: "pay.Payments",
 	HandlerType: (*any)(nil),
