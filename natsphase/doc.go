@@ -1,0 +1,53 @@
+// Package natsphase runs a workflow once per NATS JetStream message, for
+// consumers of messages delivered at least once: the message's id is the
+// idempotency key (see package consume), and the message is acknowledged
+// only after its workflow finished. Example (in example_test.go, quoted by
+// docs/consumers.md) is a complete consumer on an embedded JetStream
+// server.
+//
+//	c, err := natsphase.NewConsumer(client, w, natsphase.Config[Payout]{DeadLetter: "payouts.dead", JetStream: js})
+//	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "payouts",
+//		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 6 * time.Minute, MaxDeliver: 20})
+//	cc, err := c.Consume(ctx, cons)
+//
+// # Settling a message
+//
+// Ack acknowledges the message and waits for the server to confirm (a lost
+// acknowledgement redelivers the message, which replays). Retry naks it
+// with a pause that grows with its deliveries ([consume.Verdict.Backoff],
+// or the consumer's own BackOff when it has one). Drop, and a Retry at the
+// last delivery allowed ([Config.MaxDeliver], or the consumer's
+// MaxDeliver if lower), publish the message to [Config.DeadLetter] when
+// set and then terminate it with the reason: it is never delivered again,
+// and its key stays as its last run left it. Abandon leaves the message to
+// be delivered again after the consumer's AckWait.
+//
+// A message is dropped only when delivering it again can never help: its
+// payload does not decode, its tenant is refused, or its id was first
+// used with another payload. An ID, Tenant or Decode function that cannot
+// answer for a while (a lookup whose store is down) returns an error
+// wrapping phase.ErrUnavailable, and the message is retried.
+//
+// # Settings that matter
+//
+// AckWait must be above the client's RunTimeout (5 minutes by default;
+// JetStream's default AckWait is 30 seconds): otherwise a message still
+// being run is delivered again, and that delivery is retried while the key
+// is in flight. With a BackOff, JetStream waits BackOff[0] instead of
+// AckWait for the first acknowledgement.
+//
+// Run the client's background services (phase.Client.Start) in the
+// consumer's process, or in another process that registers the same
+// workflows: a redelivery resumes a key whose run stopped, but only the
+// completer reconciles a key on hold because a call's outcome is unknown,
+// and finishes the key of a message given up on.
+//
+// # Message ids
+//
+// The key is the Nats-Msg-Id header, the id JetStream deduplicates
+// publishes by. Publishers must set it to the id of the business operation
+// (a payout's id), the same on every retry of the publish: without it the
+// key is the stream's name and the message's sequence, and a publisher
+// that publishes twice (a retry after a timeout) makes two messages, two
+// keys and two payouts.
+package natsphase
