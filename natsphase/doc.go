@@ -1,14 +1,29 @@
 // Package natsphase runs a workflow once per NATS JetStream message, for
 // consumers of messages delivered at least once: the message's id is the
 // idempotency key (see package consume), and the message is acknowledged
-// only after its workflow finished. Example (in example_test.go, quoted by
-// docs/consumers.md) is a complete consumer on an embedded JetStream
-// server.
+// only after its workflow finished. The package's example is a complete
+// payout consumer on an embedded JetStream server; its consumer, with the
+// client and w, the payout workflow:
 //
-//	c, err := natsphase.NewConsumer(client, w, natsphase.Config[Payout]{DeadLetter: "payouts.dead", JetStream: js})
-//	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "payouts",
-//		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 6 * time.Minute, MaxDeliver: 20})
-//	cc, err := c.Consume(ctx, cons)
+//	consumer, err := natsphase.NewConsumer(client, w, natsphase.Config[Payout]{
+//		DeadLetter: "payouts.dead", JetStream: js, Logger: logger})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+//		Durable:    "payouts",
+//		AckPolicy:  jetstream.AckExplicitPolicy,
+//		AckWait:    6 * time.Minute, // above the client's RunTimeout (5 min by default)
+//		MaxDeliver: 20,              // then the message goes to payouts.dead
+//	})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	cc, err := consumer.Consume(ctx, cons)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer cc.Stop()
 //
 // # Settling a message
 //
