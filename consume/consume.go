@@ -91,7 +91,9 @@ func (a Action) String() string {
 type Verdict struct {
 	Action Action
 	// Delay is the least pause before the next delivery, for Retry: the
-	// time the key's lease has left, or DefaultRetryDelay.
+	// time the key's lease has left, the pause an error of the run asks
+	// for through a method RetryAfter() time.Duration (a provider's
+	// Retry-After, wrapped with %w), or DefaultRetryDelay.
 	Delay time.Duration
 	// Outcome is the run's outcome, when it ended without an error: its
 	// Kind tells a first run (new, resumed) from a duplicate (replayed),
@@ -114,6 +116,16 @@ func Run[Req, State any](ctx context.Context, c *phase.Client, w *phase.Workflow
 	return verdictOf(out, err)
 }
 
+// hintOf returns the pause an error in err's chain asks for through a
+// method RetryAfter() time.Duration (a provider's Retry-After), or 0.
+func hintOf(err error) time.Duration {
+	var h interface{ RetryAfter() time.Duration }
+	if errors.As(err, &h) {
+		return h.RetryAfter()
+	}
+	return 0
+}
+
 // ReadFailed is the verdict for a message whose id, tenant or payload
 // could not be read, err saying why: Retry when err wraps
 // phase.ErrUnavailable (the store of a lookup is down, as the HTTP
@@ -123,7 +135,7 @@ func Run[Req, State any](ctx context.Context, c *phase.Client, w *phase.Workflow
 func ReadFailed(err error) Verdict {
 	var pe *phase.PanicError
 	if errors.Is(err, phase.ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &pe) {
-		return Verdict{Action: Retry, Delay: DefaultRetryDelay, Err: err}
+		return Verdict{Action: Retry, Delay: max(hintOf(err), DefaultRetryDelay), Err: err}
 	}
 	return Verdict{Action: Drop, Err: err}
 }
@@ -154,7 +166,7 @@ func verdictOf(out *phase.Outcome, err error) Verdict {
 		// failed phase, a workflow this deploy does not register: nothing
 		// of the failed step was kept, and the next delivery resumes after
 		// the last committed phase.
-		return Verdict{Action: Retry, Delay: DefaultRetryDelay, Err: err}
+		return Verdict{Action: Retry, Delay: max(hintOf(err), DefaultRetryDelay), Err: err}
 	}
 	switch out.Kind {
 	case phase.OutcomeNew, phase.OutcomeResumed, phase.OutcomeReplayed:

@@ -86,9 +86,10 @@ func TestBackoffDoublesUpToTheCapWithJitterAndKeepsTheRunsDelay(t *testing.T) {
 }
 
 // TestARunThatCannotSucceedYetIsRetried: a run on a store that is gone,
-// and a run of a workflow this deploy does not register (the next deploy
-// may), are retried, not dropped; the message id reused with another
-// payload is dropped.
+// a run of a workflow this deploy does not register (the next deploy may)
+// and a run whose provider asks to be called again later are retried, not
+// dropped, the last no sooner than the provider asked; the message id
+// reused with another payload is dropped.
 func TestARunThatCannotSucceedYetIsRetried(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -106,11 +107,26 @@ func TestARunThatCannotSucceedYetIsRetried(t *testing.T) {
 		return w
 	}
 	registered, other := newWorkflow("payouts"), newWorkflow("refunds")
-	pool := pgtest.Pool(t)
-	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
-	client, err := phase.NewClient(pool, &phase.Config{Logger: logger}, registered)
+	throttled, err := phase.NewWorkflow("transfers",
+		phase.Foreign("sent",
+			func(ctx context.Context, in *phase.Input[payout, struct{}]) (string, error) {
+				return "", fmt.Errorf("bank: %w", rateLimited(7*time.Second))
+			},
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[payout, struct{}], id string) (phase.Result, error) {
+				return phase.JSON(200, id), nil
+			}).Repeatable())
 	if err != nil {
 		t.Fatal(err)
+	}
+	pool := pgtest.Pool(t)
+	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
+	client, err := phase.NewClient(pool, &phase.Config{Logger: logger}, registered, throttled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := consume.Run(ctx, client, throttled, "billing", "msg-3", payout{100})
+	if v.Action != consume.Retry || v.Delay != 7*time.Second || v.Backoff(1) != 7*time.Second || v.Backoff(4) < 7*time.Second {
+		t.Errorf("provider asking for 7 s: %v after %v (backoff %v at the first delivery), want a retry after 7 s", v.Action, v.Delay, v.Backoff(1))
 	}
 	if v := consume.Run(ctx, client, other, "billing", "msg-1", payout{100}); v.Action != consume.Retry || !errors.Is(v.Err, phase.ErrNotRegistered) {
 		t.Errorf("unregistered workflow: %v %v, want a retry", v.Action, v.Err)
@@ -138,3 +154,10 @@ func TestARunThatCannotSucceedYetIsRetried(t *testing.T) {
 		t.Errorf("the workflow paid %d times, want once", calls)
 	}
 }
+
+// rateLimited is a provider's refusal that says when to call again, as a
+// Retry-After header does.
+type rateLimited time.Duration
+
+func (r rateLimited) Error() string             { return "rate limited" }
+func (r rateLimited) RetryAfter() time.Duration { return time.Duration(r) }

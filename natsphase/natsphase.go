@@ -147,9 +147,9 @@ func MessageID(msg jetstream.Msg) (string, error) {
 // under ctx, and returns what stops it. The handler follows cons's own
 // settings: it gives a message up at cons's MaxDeliver when that is below
 // Config.MaxDeliver, and when cons has a BackOff it naks a retried
-// message with the pause BackOff sets for its delivery (or, for a key in
-// flight, the time its lease has left, if longer) instead of
-// consume.Verdict.Backoff's.
+// message with the pause BackOff sets for its delivery (or the pause the
+// run asked for, if longer: the time left on the lease of a key in
+// flight, a provider's Retry-After) instead of consume.Verdict.Backoff's.
 func (c *Consumer[Req, State]) Consume(ctx context.Context, cons jetstream.Consumer, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
 	lim := limits{maxDeliver: c.cfg.MaxDeliver}
 	if info := cons.CachedInfo(); info != nil {
@@ -187,15 +187,16 @@ type limits struct {
 
 // delay is the pause before the next delivery of a message whose
 // delivery n got v: the consumer's BackOff for delivery n when it has
-// one, or the time left on the lease of a key in flight if longer.
+// one, or the pause the run asked for (the time left on the lease of a
+// key in flight, a provider's Retry-After) if longer.
 func (l limits) delay(v consume.Verdict, n int) time.Duration {
 	if len(l.backoff) == 0 {
 		return v.Backoff(n)
 	}
 	d := l.backoff[min(max(n-1, 0), len(l.backoff)-1)]
-	if v.Outcome != nil {
-		// Refused the key: its Delay is the lease's time left, not
-		// the default pause of a failed run.
+	if v.Outcome != nil || v.Delay > consume.DefaultRetryDelay {
+		// The run asked: DefaultRetryDelay alone is no request, and
+		// BackOff replaces it.
 		d = max(d, v.Delay)
 	}
 	return d
@@ -251,15 +252,15 @@ func refusal(v consume.Verdict) error {
 	return fmt.Errorf("natsphase: key %s", v.Outcome.Kind)
 }
 
-// reason is a dropped message's reason, for its advisory and dead letter.
+// reason is a dropped message's reason, for its advisory and dead letter:
+// one line (a header holds no line break), at most 1000 bytes.
 func reason(v consume.Verdict) string {
-	const limit = 1000 // keeps a header and an advisory readable
 	r := v.Action.String()
 	if v.Err != nil {
-		r = v.Err.Error()
+		r = strings.Join(strings.Fields(v.Err.Error()), " ")
 	}
-	if len(r) > limit {
-		r = r[:limit]
+	if len(r) > 1000 {
+		r = strings.ToValidUTF8(r[:1000], "")
 	}
 	return r
 }
@@ -283,8 +284,8 @@ func (c *Consumer[Req, State]) deadLetter(ctx context.Context, msg jetstream.Msg
 			letter.Header[k] = vs
 		}
 	}
-	if d.id != "" {
-		letter.Header.Set(jetstream.MsgIDHeader, d.id)
+	if id := cmp.Or(d.id, msg.Headers().Get(jetstream.MsgIDHeader)); id != "" {
+		letter.Header.Set(jetstream.MsgIDHeader, id)
 	}
 	if d.tenant != "" {
 		letter.Header.Set(TenantHeader, d.tenant)

@@ -95,6 +95,9 @@ type options struct {
 	crashFirst *phase.Point
 	// consumer holds the JetStream consumer's MaxDeliver and BackOff.
 	consumer jetstream.ConsumerConfig
+	// deadStreamLater: setup creates no stream for the dead letters;
+	// the test does, with env.createDeadStream.
+	deadStreamLater bool
 	// lookup, when set, is called with the message by ID, Tenant or Decode,
 	// as read names it ("id", "tenant", "decode").
 	lookup func(ctx context.Context, pool *pgxpool.Pool, read string, msg jetstream.Msg) error
@@ -126,8 +129,8 @@ func setup(t *testing.T, o options) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.dead, err = e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "SHIPMENTS_DEAD", Subjects: []string{"shipments.dead"}}); err != nil {
-		t.Fatal(err)
+	if !o.deadStreamLater {
+		e.createDeadStream(t)
 	}
 	cc := o.consumer
 	cc.Durable, cc.AckPolicy = "shipper", jetstream.AckExplicitPolicy
@@ -212,6 +215,18 @@ func setup(t *testing.T, o options) *env {
 	return e
 }
 
+// createDeadStream creates the stream of the dead letters.
+func (e *env) createDeadStream(t *testing.T) {
+	t.Helper()
+	dead, err := e.js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "SHIPMENTS_DEAD", Subjects: []string{"shipments.dead"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	e.dead = dead
+	e.mu.Unlock()
+}
+
 // delivered returns when ID saw each delivery of the message id.
 func (e *env) delivered(id string) []time.Time {
 	e.mu.Lock()
@@ -222,13 +237,19 @@ func (e *env) delivered(id string) []time.Time {
 // deadLetters returns the messages of the dead-letter stream.
 func (e *env) deadLetters(t *testing.T) []*jetstream.RawStreamMsg {
 	t.Helper()
-	info, err := e.dead.Info(t.Context())
+	e.mu.Lock()
+	dead := e.dead
+	e.mu.Unlock()
+	if dead == nil {
+		return nil
+	}
+	info, err := dead.Info(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var letters []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := e.dead.GetMsg(t.Context(), seq)
+		m, err := dead.GetMsg(t.Context(), seq)
 		if err != nil {
 			t.Fatal(err)
 		}

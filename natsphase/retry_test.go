@@ -219,3 +219,25 @@ func TestAMalformedMessageIsADeadLetterAtOnce(t *testing.T) {
 	}
 	e.shipped(t, 0)
 }
+
+// TestAMessageWhoseDeadLetterCannotBeStoredIsKept drops a malformed
+// message while no stream captures the dead-letter subject: the message
+// is nakked, not terminated, and delivered again until the dead letter is
+// stored.
+func TestAMessageWhoseDeadLetterCannotBeStoredIsKept(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{deadStreamLater: true})
+	if _, err := e.js.Publish(t.Context(), "shipments", []byte(`not json`), jetstream.WithMsgID("order-6")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "two deliveries", func() bool { return len(e.delivered("order-6")) >= 2 })
+	e.createDeadStream(t)
+	waitFor(t, 20*time.Second, "a dead letter", func() bool { return len(e.deadLetters(t)) > 0 })
+	e.settled(t)
+	l := e.deadLetters(t)[0]
+	// The first delivery's letter found no stream: had it terminated the
+	// message, no later delivery would have stored one.
+	if n, _ := strconv.Atoi(l.Header.Get(natsphase.DeliveriesHeader)); n < 2 || string(l.Data) != "not json" {
+		t.Errorf("dead letter %q after %d deliveries, want the payload after at least 2", l.Data, n)
+	}
+}
