@@ -147,7 +147,7 @@ func ReadFailed(err error) Verdict {
 // together, and never shorter than v.Delay, the pause the run asked for.
 func (v Verdict) Backoff(attempt int) time.Duration {
 	d := MaxRetryDelay
-	if attempt < 20 {
+	if attempt < 20 { // beyond, the cap holds and the shift could overflow
 		d = min(DefaultRetryDelay<<max(attempt-1, 0), MaxRetryDelay)
 	}
 	d -= rand.N(d/4 + 1)
