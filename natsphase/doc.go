@@ -13,8 +13,8 @@
 //	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 //		Durable:    "payouts",
 //		AckPolicy:  jetstream.AckExplicitPolicy,
-//		AckWait:    6 * time.Minute, // above the client's RunTimeout (5 min by default)
-//		MaxDeliver: 20,              // then the message goes to payouts.dead
+//		AckWait:    30 * time.Second, // a dead consumer's message is delivered again after it
+//		MaxDeliver: 20,               // then the message goes to payouts.dead
 //	})
 //	if err != nil {
 //		log.Fatal(err)
@@ -45,11 +45,14 @@
 //
 // # Settings that matter
 //
-// AckWait must be above the client's RunTimeout (5 minutes by default;
-// JetStream's default AckWait is 30 seconds): otherwise a message still
-// being run is delivered again, and that delivery is retried while the key
-// is in flight. With a BackOff, JetStream waits BackOff[0] instead of
-// AckWait for the first acknowledgement.
+// Consume tells JetStream every half AckWait that a message whose run
+// lasts is still in progress, so AckWait need not exceed the client's
+// RunTimeout: it is how soon the message of a consumer that died is
+// delivered again (JetStream's default is 30 seconds). With a BackOff,
+// the shortest of its pauses plays AckWait's part. Handler and Handle do
+// not know AckWait: with them, set it above the client's RunTimeout (5
+// minutes by default), or a message still being run is delivered again,
+// and retried while its key is in flight.
 //
 // Run the client's background services (phase.Client.Start) in the
 // consumer's process, or in another process that registers the same

@@ -102,8 +102,8 @@ func Example() {
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable:    "payouts",
 		AckPolicy:  jetstream.AckExplicitPolicy,
-		AckWait:    6 * time.Minute, // above the client's RunTimeout (5 min by default)
-		MaxDeliver: 20,              // then the message goes to payouts.dead
+		AckWait:    30 * time.Second, // a dead consumer's message is delivered again after it
+		MaxDeliver: 20,               // then the message goes to payouts.dead
 	})
 	if err != nil {
 		log.Fatal(err)

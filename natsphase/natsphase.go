@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -145,8 +147,11 @@ func MessageID(msg jetstream.Msg) (string, error) {
 
 // Consume consumes the messages of cons with the consumer's handler
 // under ctx, and returns what stops it. The handler follows cons's own
-// settings: it gives a message up at cons's MaxDeliver when that is below
-// Config.MaxDeliver, and when cons has a BackOff it naks a retried
+// settings: while a message's run lasts it tells JetStream every half
+// AckWait that the message is in progress, so that AckWait need not
+// exceed the client's RunTimeout; it gives a message up at cons's
+// MaxDeliver when that is below Config.MaxDeliver; and when cons has a
+// BackOff it naks a retried
 // message with the pause BackOff sets for its delivery (or the pause the
 // run asked for, if longer: the time left on the lease of a key in
 // flight, a provider's Retry-After) instead of consume.Verdict.Backoff's.
@@ -157,13 +162,18 @@ func (c *Consumer[Req, State]) Consume(ctx context.Context, cons jetstream.Consu
 			lim.maxDeliver = md
 		}
 		lim.backoff = info.Config.BackOff
+		lim.ackWait = info.Config.AckWait
+		if len(lim.backoff) > 0 {
+			// A BackOff replaces AckWait: delivery n waits BackOff[n-1].
+			lim.ackWait = slices.Min(lim.backoff)
+		}
 	}
 	return cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, msg, lim) }, opts...)
 }
 
 // Handler returns a handler for jetstream.Consumer.Consume that handles
 // every message under ctx, with Handle. Prefer Consume, which follows the
-// consumer's own MaxDeliver and BackOff.
+// consumer's own AckWait, MaxDeliver and BackOff.
 func (c *Consumer[Req, State]) Handler(ctx context.Context) jetstream.MessageHandler {
 	return func(msg jetstream.Msg) { c.Handle(ctx, msg) }
 }
@@ -174,7 +184,10 @@ func (c *Consumer[Req, State]) Handler(ctx context.Context) jetstream.MessageHan
 // publishes it to Config.DeadLetter, when set, and terminates it with the
 // reason; Abandon leaves it to be delivered again after the consumer's
 // AckWait. A Retry at Config.MaxDeliver is given up on as a Drop is, and
-// returned as a Drop whose Err wraps ErrDeliveriesExhausted.
+// returned as a Drop whose Err wraps ErrDeliveriesExhausted. Handle does
+// not know the consumer's AckWait: set it above the client's RunTimeout,
+// or a message still being run is delivered again (and retried while its
+// key is in flight).
 func (c *Consumer[Req, State]) Handle(ctx context.Context, msg jetstream.Msg) consume.Verdict {
 	return c.handle(ctx, msg, limits{maxDeliver: c.cfg.MaxDeliver})
 }
@@ -183,6 +196,7 @@ func (c *Consumer[Req, State]) Handle(ctx context.Context, msg jetstream.Msg) co
 type limits struct {
 	maxDeliver int             // -1: no limit
 	backoff    []time.Duration // the consumer's BackOff, if any
+	ackWait    time.Duration   // the shortest wait for an ack; 0: unknown
 }
 
 // delay is the pause before the next delivery of a message whose
@@ -214,7 +228,9 @@ func (c *Consumer[Req, State]) handle(ctx context.Context, msg jetstream.Msg, li
 	if md, err := msg.Metadata(); err == nil {
 		d.md, d.n = md, int(md.NumDelivered)
 	}
+	stop := inProgress(msg, lim.ackWait/2)
 	v := c.run(ctx, msg, &d)
+	stop()
 	if v.Action == consume.Retry && lim.maxDeliver > 0 && d.n >= lim.maxDeliver {
 		v = consume.Verdict{Action: consume.Drop, Outcome: v.Outcome,
 			Err: fmt.Errorf("%w (%d): %w", ErrDeliveriesExhausted, d.n, cmp.Or(v.Err, refusal(v)))}
@@ -242,6 +258,32 @@ func (c *Consumer[Req, State]) handle(ctx context.Context, msg jetstream.Msg, li
 		log.Warn("message left to be delivered again after its ack wait", "err", v.Err)
 	}
 	return v
+}
+
+// inProgress tells JetStream every period, until stop is called, that msg
+// is still being worked on, so that a run longer than the consumer's
+// AckWait is not delivered again meanwhile. A zero period does nothing.
+func inProgress(msg jetstream.Msg, period time.Duration) (stop func()) {
+	if period <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				// A lost one costs a redelivery, which the key's
+				// lease refuses while this run lasts.
+				_ = msg.InProgress()
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }
 
 // refusal is the error of a Retry verdict whose run was refused the key.

@@ -34,18 +34,22 @@ type shipState struct {
 
 // carrier is a fake carrier that honours idempotency keys, as the
 // Repeatable phase requires, and counts the calls by key.
-// While down is set for an order, it refuses to ship it.
+// While down is set for an order, it refuses to ship it; an order in
+// slow takes that long to ship.
 type carrier struct {
 	mu    sync.Mutex
 	calls map[string]int
 	down  map[string]bool
+	slow  map[string]time.Duration
 }
 
 func (c *carrier) ship(key, order string) (string, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.calls[key]++
-	if c.down[order] {
+	down, slow := c.down[order], c.slow[order]
+	c.mu.Unlock()
+	time.Sleep(slow)
+	if down {
 		return "", errors.New("carrier: cannot ship " + order)
 	}
 	return "label-" + key, nil
@@ -120,7 +124,7 @@ func setup(t *testing.T, o options) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	e := &env{carrier: &carrier{calls: map[string]int{}, down: map[string]bool{}}, verdicts: make(chan consume.Verdict, 100),
+	e := &env{carrier: &carrier{calls: map[string]int{}, down: map[string]bool{}, slow: map[string]time.Duration{}}, verdicts: make(chan consume.Verdict, 100),
 		deliveries: map[string][]time.Time{}}
 	if e.js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)

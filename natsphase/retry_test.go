@@ -241,3 +241,28 @@ func TestAMessageWhoseDeadLetterCannotBeStoredIsKept(t *testing.T) {
 		t.Errorf("dead letter %q after %d deliveries, want the payload after at least 2", l.Data, n)
 	}
 }
+
+// TestARunLongerThanAckWaitIsDeliveredOnce ships an order the carrier
+// takes 3 s to ship, on a consumer whose AckWait is 1 s: Consume tells
+// JetStream the message is in progress while the run lasts, so it is
+// delivered once, and acknowledged.
+func TestARunLongerThanAckWaitIsDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{consumer: jetstream.ConsumerConfig{AckWait: time.Second}})
+	e.carrier.mu.Lock()
+	e.carrier.slow["o7"] = 3 * time.Second
+	e.carrier.mu.Unlock()
+	e.publish(t, "order-7", "o7")
+	waitFor(t, 20*time.Second, "the key to finish", func() bool {
+		row, err := e.client.Inspect(t.Context(), "shipping", "order-7")
+		return err == nil && row.FinishedAt != nil
+	})
+	e.settled(t)
+	e.shipped(t, 1)
+	if n := len(e.delivered("order-7")); n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
+	}
+	if keys, calls := e.carrier.count(); keys != 1 || calls != 1 {
+		t.Errorf("the carrier got %d calls under %d keys, want one", calls, keys)
+	}
+}
