@@ -40,8 +40,9 @@ func TestConsumersGuideQuotesCompiledCode(t *testing.T) {
 	}
 }
 
-// TestNatsphasePackageDocQuotesItsExample keeps the code in natsphase's
-// package comment, which go doc shows, an excerpt of its compiled example.
+// TestNatsphasePackageDocQuotesItsExample keeps the code that opens
+// natsphase's package comment, which go doc shows, an excerpt of its
+// compiled example.
 func TestNatsphasePackageDocQuotesItsExample(t *testing.T) {
 	doc, err := os.ReadFile("natsphase/doc.go")
 	if err != nil {
@@ -51,9 +52,15 @@ func TestNatsphasePackageDocQuotesItsExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The first block of code is the example's; the go.mod lines come
+	// later.
 	var block []string
 	for l := range strings.Lines(string(doc)) {
-		if code, ok := strings.CutPrefix(strings.TrimSuffix(l, "\n"), "//\t"); ok {
+		code, ok := strings.CutPrefix(strings.TrimSuffix(l, "\n"), "//\t")
+		if !ok && len(block) > 0 {
+			break
+		}
+		if ok {
 			block = append(block, code)
 		}
 	}

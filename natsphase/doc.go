@@ -68,4 +68,16 @@
 // key is the stream's name and the message's sequence, and a publisher
 // that publishes twice (a retry after a timeout) makes two messages, two
 // keys and two payouts.
+//
+// # The module
+//
+// natsphase is a module of its own, so that the core does not depend on
+// NATS; require both at the same release. Its go.mod reaches the core
+// through a replace, which Go ignores in a dependency: to build against a
+// local checkout, put both replaces in your own go.mod and run go mod tidy:
+//
+//	replace (
+//		github.com/atomicphase/atomicphase => ../atomicphase
+//		github.com/atomicphase/atomicphase/natsphase => ../atomicphase/natsphase
+//	)
 package natsphase

@@ -49,10 +49,11 @@ var ErrDeliveriesExhausted = errors.New("natsphase: the message ran out of deliv
 
 // Config configures a Consumer. Zero values mean the documented default.
 type Config[Req any] struct {
-	// ID returns the message's id, its idempotency key. Defaults to the
-	// Nats-Msg-Id header, the id JetStream deduplicates publishes by,
-	// and, without one, the stream's name and the message's sequence in
-	// it, which every redelivery of one stored message shares.
+	// ID returns the message's id, its idempotency key. Defaults to
+	// MessageID: the Nats-Msg-Id header, the id JetStream deduplicates
+	// publishes by, and, without one, the stream's name and the message's
+	// sequence in it, which every redelivery of one stored message shares
+	// but a second publish of the same operation does not.
 	ID func(msg jetstream.Msg) (string, error)
 	// Tenant returns whose key the message uses. Defaults to the stream's
 	// name.
@@ -133,7 +134,9 @@ func NewConsumer[Req, State any](c *phase.Client, w *phase.Workflow[Req, State],
 }
 
 // MessageID is the default Config.ID: the Nats-Msg-Id header, else
-// "<stream>:<sequence>".
+// "<stream>:<sequence>". Publishers set Nats-Msg-Id to the operation's own
+// id, the same on every retry of the publish: a message published twice
+// without it is stored twice, under two keys, and runs twice.
 func MessageID(msg jetstream.Msg) (string, error) {
 	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
 		return id, nil
