@@ -224,6 +224,10 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := req.Context().Err(); err != nil {
+		// Nothing was sent: the plain error proves it.
+		return nil, fmt.Errorf("caller: the request's context ended before it was sent: %w", err)
+	}
 	ctx, cancel := req.Context(), context.CancelFunc(func() {})
 	if c.cfg.MaxElapsed > 0 {
 		ctx, cancel = context.WithTimeoutCause(ctx, c.cfg.MaxElapsed, ErrBudgetExhausted)
@@ -233,7 +237,7 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 		cancel()
 		return nil, err
 	}
-	res.Body = &cancelBody{ReadCloser: res.Body, cancel: cancel}
+	res.Body = &cancelBody{ReadCloser: res.Body, cancel: cancel, key: key, attempts: res.Attempts, status: res.StatusCode}
 	return res, nil
 }
 
@@ -298,10 +302,12 @@ func (c *Client) send(ctx context.Context, req *http.Request, key string, getBod
 			}
 			return nil, unknown
 		}
-		// Polls of a status location wait as retries do, but only the
-		// request's own attempts count toward MaxAttempts.
+		// Polls of a status location, and answers that the key is in
+		// flight with a Retry-After, wait as retries do, but only the
+		// request's other attempts count toward MaxAttempts: a live server
+		// that says when to come back is no reason to give up.
 		retries := n
-		if status != nil {
+		if status != nil || err == nil && resp.StatusCode == http.StatusConflict && wait > 0 {
 			polls++
 			retries = polls
 		}
@@ -468,15 +474,23 @@ func closeBody(req *http.Request) {
 }
 
 // cancelBody ends the request's budget once its body is read or closed.
+// A body cut short is an unknown outcome: the answer exists, but only a
+// retry under the key can read it whole.
 type cancelBody struct {
 	io.ReadCloser
-	cancel context.CancelFunc
+	cancel   context.CancelFunc
+	key      string
+	attempts int
+	status   int
 }
 
 func (b *cancelBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
+	switch {
+	case err == io.EOF:
 		b.cancel()
+	case err != nil:
+		err = &UnknownOutcomeError{Key: b.key, Attempts: b.attempts, Status: b.status, Cause: err, Last: err}
 	}
 	return n, err
 }

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"connectrpc.com/connect"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -127,7 +128,7 @@ func (h *handled[Req, Resp, State, PResp]) serve(ctx context.Context, s *Server,
 	if h.cfg.Key != nil {
 		field = h.cfg.Key(msg)
 	}
-	key, refused := protophase.Key(req.Header().Values(s.cfg.KeyHeader), field)
+	key, refused := protophase.KeyFrom(http.CanonicalHeaderKey(s.cfg.KeyHeader)+" header", req.Header().Values(s.cfg.KeyHeader), field)
 	if refused != nil {
 		return nil, errorOf(refused.Status())
 	}
@@ -150,18 +151,16 @@ func (h *handled[Req, Resp, State, PResp]) serve(ctx context.Context, s *Server,
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}
-	replayed := out.Kind == phase.OutcomeReplayed
+	// Every answer carries the mark, true or false: a client that saw it
+	// knows the call ran (see grpcphase).
+	mark := strconv.FormatBool(out.Kind == phase.OutcomeReplayed)
 	if st != nil {
 		ce := errorOf(st)
-		if replayed {
-			ce.Meta().Set(protophase.ReplayedMetadata, "true")
-		}
+		ce.Meta().Set(protophase.ReplayedMetadata, mark)
 		return nil, ce
 	}
 	resp := connect.NewResponse((*Resp)(m))
-	if replayed {
-		resp.Header().Set(protophase.ReplayedMetadata, "true")
-	}
+	resp.Header().Set(protophase.ReplayedMetadata, mark)
 	return resp, nil
 }
 

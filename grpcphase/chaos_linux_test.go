@@ -29,8 +29,23 @@ import (
 // finish every call: each gets its charge, and the provider, which honours
 // no key, was called once per charge. The restarted server reconciles each
 // call it found under way by looking the charge up.
+//
+// With every default (the lease, the client's budget), each call ends with
+// its answer, not an unknown outcome: the killed server's leases end
+// before the interceptor's budget does.
 func TestAServerKilledMidCallChargesOnce(t *testing.T) {
 	t.Parallel()
+	t.Run("a short lease", func(t *testing.T) {
+		t.Parallel()
+		killMidCall(t, "1s", grpcphase.ClientConfig{MaxElapsed: time.Minute, MaxAttempts: 100})
+	})
+	t.Run("every default", func(t *testing.T) {
+		t.Parallel()
+		killMidCall(t, "", grpcphase.ClientConfig{})
+	})
+}
+
+func killMidCall(t *testing.T, lease string, cfg grpcphase.ClientConfig) {
 	ctx := context.Background()
 	pool := phasetest.Pool(t)
 	if _, err := pool.Exec(ctx, paytest.Schema); err != nil {
@@ -68,7 +83,7 @@ func TestAServerKilledMidCallChargesOnce(t *testing.T) {
 	start := func() *exec.Cmd {
 		cmd := exec.Command(bin)
 		cmd.Env = append(cmd.Environ(), "PAYSERVER_DSN="+pool.Config().ConnString(),
-			"PAYSERVER_PROVIDER="+providerSrv.URL, "PAYSERVER_ADDR="+addr)
+			"PAYSERVER_PROVIDER="+providerSrv.URL, "PAYSERVER_ADDR="+addr, "PAYSERVER_LEASE="+lease)
 		cmd.Stderr = t.Output()
 		// The server dies with the test binary.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -87,7 +102,7 @@ func TestAServerKilledMidCallChargesOnce(t *testing.T) {
 	}
 	server := start()
 
-	conn := dial(t, addr, grpcphase.ClientConfig{MaxElapsed: time.Minute, MaxAttempts: 100})
+	conn := dial(t, addr, cfg)
 	const calls = 4
 	answers := make([]*structpb.Struct, calls)
 	errs := make([]error, calls)

@@ -3,16 +3,14 @@ package grpcphase
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -27,6 +25,14 @@ type ClientConfig struct {
 	// KeyMetadata names the metadata that carries the idempotency key.
 	// Defaults to protophase.DefaultKeyMetadata, "idempotency-key".
 	KeyMetadata string
+	// Key returns the key a request message carries in a field, as the
+	// server's MethodConfig.Key reads it (Google's AIP-155 request_id): a
+	// call whose message carries one is sent under it, in the key metadata
+	// too, so that the server finds the same key in both. A key already in
+	// the call's metadata wins; an empty result means none. Defaults to
+	// reading the first of protophase.DefaultKeyFields (request_id,
+	// idempotency_key) that the message declares as a string field.
+	Key func(req any) string
 	// Keyed reports whether calls to fullMethod are sent under a key and
 	// retried. Give the interceptor only methods a server runs under keys:
 	// retrying any other call may run it twice. Defaults to every unary
@@ -51,8 +57,9 @@ type ClientConfig struct {
 }
 
 // ErrBudgetExhausted is the cause in an UnknownOutcomeError when the call
-// used up ClientConfig.MaxAttempts or ClientConfig.MaxElapsed.
-var ErrBudgetExhausted = errors.New("grpcphase: retry budget exhausted")
+// used up ClientConfig.MaxAttempts or ClientConfig.MaxElapsed. It is
+// protophase.ErrBudgetExhausted, which connectphase's client returns too.
+var ErrBudgetExhausted = protophase.ErrBudgetExhausted
 
 // UnknownOutcomeError says that a call ended without an answer the server
 // will not change: the work may have been done, or not, or may still be
@@ -96,29 +103,36 @@ func Replayed(md metadata.MD) bool {
 
 // UnaryClientInterceptor returns an interceptor that sends each keyed
 // call under one idempotency key (the key metadata already in the call's
-// outgoing context, or a new one) and retries it under that key until it
-// has an answer the server will not change:
+// outgoing context, else the request's key field, else a new one) and
+// retries it under that key until it has an answer the server will not
+// change. A call ends in one of three ways, whatever happens on the way:
 //
-//   - an answer marked replayed (Replayed), whatever its code, is returned;
-//   - OK and every code below not retried are returned;
-//   - UNAVAILABLE (the server, or its key store, is down; the transport
-//     failed), ABORTED (the key's first call is in flight or on hold),
-//     RESOURCE_EXHAUSTED, INTERNAL and UNKNOWN (a failed run stores
-//     nothing: the retry resumes it), and DEADLINE_EXCEEDED while the
-//     call's own context has time left, are retried after the status's
-//     RetryInfo delay, or the backoff when it is longer or there is none;
-//   - a pause that would end past MaxElapsed or the context's deadline,
-//     or the last attempt's failure, ends the call with an
-//     *UnknownOutcomeError that names the key.
+//   - the answer: OK, an error status marked replayed in its trailer
+//     metadata (the key's stored answer), or a status no retry changes
+//     (INVALID_ARGUMENT, FAILED_PRECONDITION, UNAUTHENTICATED, ...);
+//   - a refusal that proves nothing ran: a context that had ended before
+//     the call, or RESOURCE_EXHAUSTED before any response header (a
+//     message too large for the transport);
+//   - an *UnknownOutcomeError that names the key, when the call's
+//     deadline, its cancellation or the budget (MaxAttempts, MaxElapsed)
+//     ends it after an attempt was sent, during an attempt or a pause.
+//     Calling again with that key gets the answer without running twice.
+//
+// UNAVAILABLE, ABORTED, INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED with a
+// RetryInfo delay, and DEADLINE_EXCEEDED or CANCELLED that did not come
+// from the call's own context are retried, after the status's RetryInfo
+// delay when it is longer than the backoff. A header marked replayed
+// followed by a transport failure is retried: the mark alone proves
+// nothing about the answer.
 func UnaryClientInterceptor(cfg ClientConfig) (grpc.UnaryClientInterceptor, error) {
-	if cfg.MaxAttempts < 0 || cfg.BaseDelay < 0 || cfg.MaxDelay < 0 || cfg.MaxElapsed < -1 {
-		return nil, errors.New("grpcphase: ClientConfig.MaxAttempts, BaseDelay and MaxDelay must not be negative, nor MaxElapsed below -1")
+	policy := protophase.ClientPolicy{MaxAttempts: cfg.MaxAttempts, MaxElapsed: cfg.MaxElapsed, BaseDelay: cfg.BaseDelay, MaxDelay: cfg.MaxDelay}
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("grpcphase: ClientConfig: %w", err)
 	}
 	cfg.KeyMetadata = strings.ToLower(cmp.Or(cfg.KeyMetadata, protophase.DefaultKeyMetadata))
-	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, caller.DefaultMaxAttempts)
-	cfg.MaxElapsed = cmp.Or(cfg.MaxElapsed, caller.DefaultMaxElapsed)
-	cfg.BaseDelay = cmp.Or(cfg.BaseDelay, caller.DefaultBaseDelay)
-	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, caller.DefaultMaxDelay)
+	if cfg.Key == nil {
+		cfg.Key = func(req any) string { return protophase.FieldKey(req, protophase.DefaultKeyFields) }
+	}
 	if cfg.NewKey == nil {
 		cfg.NewKey = caller.NewKey
 	}
@@ -126,89 +140,48 @@ func UnaryClientInterceptor(cfg ClientConfig) (grpc.UnaryClientInterceptor, erro
 		if cfg.Keyed != nil && !cfg.Keyed(method) {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
-		return cfg.call(ctx, method, req, reply, cc, invoker, opts)
+		return cfg.call(ctx, policy, method, req, reply, cc, invoker, opts)
 	}, nil
 }
 
-func (cfg *ClientConfig) call(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
+func (cfg *ClientConfig) call(ctx context.Context, policy protophase.ClientPolicy, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	key := ""
 	if v := md.Get(cfg.KeyMetadata); len(v) > 0 {
 		key = v[0]
 	} else {
-		var err error
-		if key, err = cfg.NewKey(); err != nil {
-			return err
+		if key = cfg.Key(req); key == "" {
+			var err error
+			if key, err = cfg.NewKey(); err != nil {
+				return err
+			}
 		}
 		ctx = metadata.AppendToOutgoingContext(ctx, cfg.KeyMetadata, key)
 	}
-	if cfg.MaxElapsed > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, cfg.MaxElapsed, ErrBudgetExhausted)
-		defer cancel()
-	}
 	var header, trailer metadata.MD
 	opts = append(opts[:len(opts):len(opts)], grpc.Header(&header), grpc.Trailer(&trailer))
-	for attempt := 1; ; attempt++ {
+	end := policy.Call(ctx, func(ctx context.Context) protophase.Attempt {
 		header, trailer = nil, nil
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if err == nil || Replayed(header) || Replayed(trailer) || !retried(ctx, err) {
-			return err
-		}
-		unknown := &UnknownOutcomeError{Method: method, Key: key, Attempts: attempt, Cause: ErrBudgetExhausted, Last: err}
-		if ctx.Err() != nil {
-			unknown.Cause = context.Cause(ctx)
-			return unknown
-		}
-		if attempt >= cfg.MaxAttempts {
-			return unknown
-		}
-		pause := max(cfg.backoff(attempt), retryDelay(err))
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < pause {
-			// Sleeping past the deadline would only end the call later.
-			if c := context.Cause(ctx); c != nil {
-				unknown.Cause = c
-			}
-			return unknown
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			unknown.Cause = context.Cause(ctx)
-			return unknown
-		case <-t.C:
-		}
+		st := status.Convert(err)
+		return protophase.Attempt{Err: err, Code: code.Code(st.Code()), Replayed: Replayed(trailer),
+			Header: len(header) > 0, RetryDelay: retryDelay(st)}
+	})
+	switch {
+	case end.Attempts == 0:
+		return status.FromContextError(end.Err).Err()
+	case end.Unknown != nil:
+		return &UnknownOutcomeError{Method: method, Key: key, Attempts: end.Attempts, Cause: end.Unknown, Last: end.Err}
 	}
+	return end.Err
 }
 
-// retried reports whether a call that failed with err is sent again.
-func retried(ctx context.Context, err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.Aborted, codes.ResourceExhausted, codes.Internal, codes.Unknown:
-		return true
-	case codes.DeadlineExceeded, codes.Canceled:
-		// The server's deadline, or a proxy's, not the call's own.
-		return ctx.Err() == nil
-	}
-	return false
-}
-
-// retryDelay is the RetryInfo delay err's status carries, or zero.
-func retryDelay(err error) time.Duration {
-	for _, d := range status.Convert(err).Details() {
+// retryDelay is the RetryInfo delay st carries, or zero.
+func retryDelay(st *status.Status) time.Duration {
+	for _, d := range st.Details() {
 		if ri, ok := d.(*errdetails.RetryInfo); ok {
 			return ri.GetRetryDelay().AsDuration()
 		}
 	}
 	return 0
-}
-
-// backoff is the full-jitter pause before the retry that follows attempt n.
-func (cfg *ClientConfig) backoff(n int) time.Duration {
-	ceiling := cfg.MaxDelay
-	if shift := n - 1; shift < 32 && cfg.BaseDelay<<shift < ceiling && cfg.BaseDelay<<shift > 0 {
-		ceiling = cfg.BaseDelay << shift
-	}
-	return rand.N(ceiling + 1)
 }

@@ -133,7 +133,7 @@ func (h *handled[Req, Resp, State]) serve(ctx context.Context, s *Server, fullMe
 			return nil, err
 		}
 	}
-	key, refused := protophase.Key(md.Get(s.cfg.KeyMetadata), field)
+	key, refused := protophase.KeyFrom(s.cfg.KeyMetadata+" metadata", md.Get(s.cfg.KeyMetadata), field)
 	if refused != nil {
 		return nil, statusOf(*refused)
 	}
@@ -151,8 +151,13 @@ func (h *handled[Req, Resp, State]) serve(ctx context.Context, s *Server, fullMe
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "%s: %v", fullMethod, err)
 	}
+	// Every answer carries the mark, true or false, in its header
+	// metadata: a client that saw it knows the call ran, so that a reply
+	// too large for it to read is an unknown outcome, not a refusal.
 	if out.Kind == phase.OutcomeReplayed {
 		_ = grpc.SetHeader(ctx, replayed)
+	} else {
+		_ = grpc.SetHeader(ctx, fresh)
 	}
 	if st != nil {
 		if out.Kind == phase.OutcomeReplayed {
@@ -167,6 +172,9 @@ func (h *handled[Req, Resp, State]) serve(ctx context.Context, s *Server, fullMe
 
 // replayed marks an answer replayed from the key's stored one.
 var replayed = metadata.Pairs(protophase.ReplayedMetadata, "true")
+
+// fresh marks an answer the call's own run made.
+var fresh = metadata.Pairs(protophase.ReplayedMetadata, "false")
 
 // tenant finds whose key the call uses, answering the Tenant function's
 // error as Config.Tenant says.

@@ -39,6 +39,8 @@ type env struct {
 	provider *paytest.Memory
 	// raw calls without the client interceptor; conn with it.
 	raw, conn *grpc.ClientConn
+	// addr is the server's address.
+	addr string
 	// crashes is the number of injected crashes so far.
 	crashes *atomic.Int64
 }
@@ -80,6 +82,7 @@ func setup(t *testing.T, o options) *env {
 		t.Fatal(err)
 	}
 	addr := serve(t, grpc.ChainUnaryInterceptor(crashOnce(e.crashes), s.UnaryInterceptor()), grpc.StreamInterceptor(s.StreamInterceptor()))
+	e.addr = addr
 	e.raw = dial(t, addr)
 	e.conn = dial(t, addr, grpcphase.ClientConfig{})
 	return e

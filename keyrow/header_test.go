@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/atomicphase/atomicphase/internal/keytable"
 	"github.com/atomicphase/atomicphase/keyrow"
 )
 
@@ -73,9 +74,9 @@ func TestParseKeyRejectsInvalidValues(t *testing.T) {
 		{"space inside bare key", "ab cd", keyrow.ErrKeyInvalid,
 			"Idempotency-Key header is invalid: invalid character U+0020 ' ' at position 3; keys are 1-255 visible ASCII characters"},
 		{"two keys joined with a comma", "abc, def", keyrow.ErrKeyInvalid,
-			`Idempotency-Key header is invalid: the request has more than one Idempotency-Key (a comma separates values of one header); send exactly one key, and quote a key that contains a comma`},
+			`Idempotency-Key header is invalid: it holds more than one key (a comma separates values); send exactly one key, and quote a key that contains a comma`},
 		{"two keys joined with a bare comma", "abc,def", keyrow.ErrKeyInvalid,
-			`Idempotency-Key header is invalid: the request has more than one Idempotency-Key (a comma separates values of one header); send exactly one key, and quote a key that contains a comma`},
+			`Idempotency-Key header is invalid: it holds more than one key (a comma separates values); send exactly one key, and quote a key that contains a comma`},
 		{"tab inside quoted key", "\"a\tb\"", keyrow.ErrKeyInvalid,
 			"Idempotency-Key header is invalid: invalid character U+0009 at position 3; keys are 1-255 visible ASCII characters"},
 		{"DEL in bare key", "a\x7f", keyrow.ErrKeyInvalid,
@@ -97,7 +98,7 @@ func TestParseKeyRejectsInvalidValues(t *testing.T) {
 		{"structured-field parameters", `"abc";foo=1`, keyrow.ErrKeyInvalid,
 			`Idempotency-Key header is invalid: unexpected character ';' at position 6: parameters after the quoted key are not supported`},
 		{"second quoted key", `"abc", "def"`, keyrow.ErrKeyInvalid,
-			`Idempotency-Key header is invalid: the request has more than one Idempotency-Key (a comma separates values of one header); send exactly one key, and quote a key that contains a comma`},
+			`Idempotency-Key header is invalid: it holds more than one key (a comma separates values); send exactly one key, and quote a key that contains a comma`},
 		{"text after whitespace after the closing quote", `"abc" x`, keyrow.ErrKeyInvalid,
 			`Idempotency-Key header is invalid: unexpected character 'x' at position 7 after the closing quote`},
 		{"quote in the middle of a quoted key", `"ab"cd"`, keyrow.ErrKeyInvalid,
@@ -220,4 +221,41 @@ func ExampleParseKey() {
 	// key: 8e03978e-40d5-43e8-bc93-6894a57f9324
 	// 400: Idempotency-Key header is missing
 	// 400: Idempotency-Key header is invalid: unexpected character ';' at position 6: parameters after the quoted key are not supported
+}
+
+func TestKeyFromReadsTheSharedTableOfKeys(t *testing.T) {
+	t.Parallel()
+	for _, c := range keytable.Cases() {
+		t.Run(c.Name, func(t *testing.T) {
+			key, err := keyrow.KeyFrom("idempotency-key metadata", c.Values...)
+			switch c.Verdict {
+			case "":
+				if err != nil || key != c.Key {
+					t.Fatalf("KeyFrom(%q) = %q, %v; want %q", c.Values, key, err, c.Key)
+				}
+			case keytable.Missing:
+				if !errors.Is(err, keyrow.ErrKeyMissing) {
+					t.Fatalf("KeyFrom(%q) = %q, %v; want ErrKeyMissing", c.Values, key, err)
+				}
+			case keytable.Invalid:
+				if !errors.Is(err, keyrow.ErrKeyInvalid) || errors.Is(err, keyrow.ErrKeyMissing) {
+					t.Fatalf("KeyFrom(%q) = %q, %v; want ErrKeyInvalid", c.Values, key, err)
+				}
+			}
+			if err != nil && !strings.HasPrefix(err.Error(), "idempotency-key metadata is ") {
+				t.Fatalf("KeyFrom(%q)'s error %q does not name the carrier", c.Values, err)
+			}
+		})
+	}
+}
+
+func TestParseKeyKeepsItsSentinelsForTheHeader(t *testing.T) {
+	t.Parallel()
+	if _, err := keyrow.ParseKey("  "); err != keyrow.ErrKeyMissing {
+		t.Fatalf("ParseKey of spaces = %v; want ErrKeyMissing itself", err)
+	}
+	_, err := keyrow.KeyFrom(keyrow.HeaderName+" header", "a", "b")
+	if want := "Idempotency-Key header is invalid: the request carries 2 values; send exactly one key"; err == nil || err.Error() != want {
+		t.Fatalf("two header lines: %v; want %q", err, want)
+	}
 }

@@ -28,10 +28,13 @@ import (
 	"time"
 )
 
-// DefaultTTL is the lease length used when none is configured. It matches the
-// reference implementation's 90 seconds: long enough for a slow payment
-// provider, short enough that a crashed request is resumed quickly.
-const DefaultTTL = 90 * time.Second
+// DefaultTTL is the lease length used when none is configured: 20 seconds,
+// renewed every third of it while a foreign call runs, so a live holder
+// keeps its key however slow its provider, and a crashed holder's key is
+// free at most 20 seconds after its last renewal: before a client on
+// caller's default budget (30 seconds) gives up on the request it was
+// waiting for. docs/calling.md has the arithmetic.
+const DefaultTTL = 20 * time.Second
 
 // MinTTL is the shortest lease Check accepts. A shorter lease would expire
 // between a phase's statements on a loaded machine.

@@ -172,7 +172,7 @@ func StatusHandler[Req, State any](c *Client, w *Workflow[Req, State], cfg Statu
 			if k := r.PathValue("key"); k != "" {
 				return k, nil
 			}
-			return keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
+			return keyrow.KeyFrom(keyrow.HeaderName+" header", r.Header.Values(keyrow.HeaderName)...)
 		}
 	}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {

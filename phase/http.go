@@ -194,13 +194,7 @@ func (h *handler[Req, State]) ServeHTTP(rw http.ResponseWriter, r *http.Request)
 // keyOf returns the request's idempotency key, or answers 400 when it has
 // none, more than one, or an invalid one.
 func keyOf(rw http.ResponseWriter, r *http.Request) (string, bool) {
-	values := r.Header.Values(keyrow.HeaderName)
-	if len(values) > 1 {
-		WriteProblem(rw, http.StatusBadRequest, ProblemInvalidKey, "Invalid Idempotency-Key",
-			"the request has more than one Idempotency-Key header; send exactly one key", 0)
-		return "", false
-	}
-	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
+	key, err := keyrow.KeyFrom(keyrow.HeaderName+" header", r.Header.Values(keyrow.HeaderName)...)
 	if err != nil {
 		code := ProblemInvalidKey
 		if errors.Is(err, keyrow.ErrKeyMissing) {

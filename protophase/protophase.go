@@ -292,21 +292,44 @@ func Refuse(out *phase.Outcome, err error) Refusal {
 	return Refusal{code.Code_INTERNAL, "the call failed part-way and nothing was stored as its answer; retrying with the same idempotency key resumes it safely", ReasonRunFailed, 0}
 }
 
-// Key returns the call's idempotency key from the values of its key
-// metadata and, for a method whose request carries its key in a field
-// (Google's AIP-155 request_id, AEP-155's idempotency_key), that field's
-// value. Both may be given only when they agree. A missing key, several
-// metadata values or disagreeing values are refused with INVALID_ARGUMENT.
+// Key is KeyFrom for the default metadata, DefaultKeyMetadata.
 func Key(metadata []string, field string) (string, *Refusal) {
-	switch {
-	case len(metadata) > 1:
-		return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: "the call carries more than one idempotency key; send exactly one", Reason: ReasonInvalidKey}
-	case len(metadata) == 1 && field != "" && metadata[0] != field:
-		return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: "the idempotency key in the metadata differs from the one in the request", Reason: ReasonInvalidKey}
-	case field != "":
-		return field, nil
-	case len(metadata) == 1 && metadata[0] != "":
-		return metadata[0], nil
+	return KeyFrom(DefaultKeyMetadata+" metadata", metadata, field)
+}
+
+// KeyFrom returns the call's idempotency key from the values of its key
+// metadata, carrier naming that metadata for messages ("idempotency-key
+// metadata", "Idempotency-Key header"), and, for a method whose request carries its key in
+// a field (Google's AIP-155 request_id, AEP-155's idempotency_key), that
+// field's value. Each is read by keyrow.KeyFrom, as the HTTP handler reads
+// the Idempotency-Key header: spaces around a key are ignored, a quoted
+// key is its content, and several values or a list are refused. An empty
+// field or metadata counts as absent. Both may be given only when they
+// hold the same key. A missing, invalid or disagreeing key is refused with
+// INVALID_ARGUMENT, in a message that names the metadata or the field.
+func KeyFrom(carrier string, metadata []string, field string) (string, *Refusal) {
+	var fromField, fromMetadata string
+	if field != "" {
+		k, err := keyrow.KeyFrom("the request's key field", field)
+		if err != nil && !errors.Is(err, keyrow.ErrKeyMissing) {
+			return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: err.Error(), Reason: ReasonInvalidKey}
+		}
+		fromField = k
 	}
-	return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: "the call has no idempotency key; send one, the same on every retry", Reason: ReasonMissingKey}
+	if len(metadata) > 0 {
+		k, err := keyrow.KeyFrom(carrier, metadata...)
+		if err != nil && !errors.Is(err, keyrow.ErrKeyMissing) {
+			return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: err.Error(), Reason: ReasonInvalidKey}
+		}
+		fromMetadata = k
+	}
+	switch {
+	case fromField != "" && fromMetadata != "" && fromField != fromMetadata:
+		return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: fmt.Sprintf("the idempotency key in the %s (%q) differs from the one in the request's key field (%q); send one key, or the same in both", carrier, fromMetadata, fromField), Reason: ReasonInvalidKey}
+	case fromField != "":
+		return fromField, nil
+	case fromMetadata != "":
+		return fromMetadata, nil
+	}
+	return "", &Refusal{Code: code.Code_INVALID_ARGUMENT, Message: fmt.Sprintf("%s is missing: the call has no idempotency key; send one, the same on every retry", carrier), Reason: ReasonMissingKey}
 }

@@ -141,6 +141,9 @@ type scenario struct {
 	// the fake Stripe only slows charges down, so that every failed answer
 	// the riders get is the outage's.
 	citus bool
+	// defaults runs the API processes with every default of the lease
+	// and the completer.
+	defaults bool
 }
 
 // chaosCounts counts what the chaos did.
@@ -427,8 +430,10 @@ func setup(t *testing.T, sc scenario) *system {
 	for i := range apis {
 		addr := exampleprogtest.FreeAddr(t)
 		args := []string{"serve", "-addr", addr,
-			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey,
-			"-lease-ttl", leaseTTL.String(), "-completer-interval", "500ms", "-completer-stuck-after", "1s"}
+			"-database-url", dsn, "-stripe-url", "http://" + stripeAddr, "-stripe-key", stripeKey}
+		if !sc.defaults {
+			args = append(args, "-lease-ttl", leaseTTL.String(), "-completer-interval", "500ms", "-completer-stuck-after", "1s")
+		}
 		if sc.accept {
 			args = append(args, "-accept")
 		}

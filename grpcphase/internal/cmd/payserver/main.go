@@ -39,8 +39,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	// A short lease, so that a retry takes over a killed server's key soon.
-	c, err := phase.NewClient(pool, &phase.Config{LeaseTTL: time.Second,
+	// PAYSERVER_LEASE sets the lease (a short one, so that a retry takes
+	// over a killed server's key soon); unset, the default.
+	lease, _ := time.ParseDuration(os.Getenv("PAYSERVER_LEASE"))
+	c, err := phase.NewClient(pool, &phase.Config{LeaseTTL: lease,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, w)
 	if err != nil {
 		return err
