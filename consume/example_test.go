@@ -44,10 +44,13 @@ func ExampleRun() {
 	for _, d := range deliveries {
 		v := consume.Run(ctx, client, w, "billing", d.id, d.payload)
 		switch v.Action {
-		case consume.Ack:
-			fmt.Println(v.Action, v.Outcome.Kind) // acknowledge the message
-		default:
-			fmt.Println(v.Action, v.Err) // Retry: nack it for v.Delay; Drop: terminate it
+		case consume.Ack: // the answer is stored: acknowledge the message
+			fmt.Println(v.Action, v.Outcome.Kind)
+		case consume.Retry: // nak it for v.Backoff(deliveries); at the last delivery allowed, as for Drop
+			fmt.Println(v.Action, v.Err)
+		case consume.Drop: // it can never succeed: keep it where an operator sees it (a dead letter), then terminate it
+			fmt.Println(v.Action, v.Err)
+		case consume.Abandon: // stopped as a killed consumer would (tests): neither ack nor nak
 		}
 	}
 	fmt.Println("invoices sent:", sent)

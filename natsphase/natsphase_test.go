@@ -3,7 +3,9 @@ package natsphase_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -32,16 +34,31 @@ type shipState struct {
 
 // carrier is a fake carrier that honours idempotency keys, as the
 // Repeatable phase requires, and counts the calls by key.
+// While down is set for an order, it refuses to ship it; an order in
+// slow takes that long to ship.
 type carrier struct {
 	mu    sync.Mutex
 	calls map[string]int
+	down  map[string]bool
+	slow  map[string]time.Duration
 }
 
-func (c *carrier) ship(key string) string {
+func (c *carrier) ship(key, order string) (string, error) {
+	c.mu.Lock()
+	c.calls[key]++
+	down, slow := c.down[order], c.slow[order]
+	c.mu.Unlock()
+	time.Sleep(slow)
+	if down {
+		return "", errors.New("carrier: cannot ship " + order)
+	}
+	return "label-" + key, nil
+}
+
+func (c *carrier) setDown(order string, down bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.calls[key]++
-	return "label-" + key
+	c.down[order] = down
 }
 
 func (c *carrier) count() (keys, calls int) {
@@ -53,18 +70,44 @@ func (c *carrier) count() (keys, calls int) {
 	return keys, calls
 }
 
-// env is an embedded NATS server with JetStream, a stream of shipments,
-// and a consumer that runs the shipping workflow for each.
+// env is an embedded NATS server with JetStream, a stream of shipments, a
+// stream of their dead letters, and a consumer that runs the shipping
+// workflow for each shipment.
 type env struct {
 	pool     *pgxpool.Pool
 	js       jetstream.JetStream
 	cons     jetstream.Consumer
+	dead     jetstream.Stream
 	carrier  *carrier
+	client   *phase.Client
 	consumer *natsphase.Consumer[shipment, shipState]
 	verdicts chan consume.Verdict
+
+	mu         sync.Mutex
+	deliveries map[string][]time.Time // by Nats-Msg-Id, as ID saw them
 }
 
-func setup(t *testing.T, duplicates time.Duration, crashFirst *phase.Point) *env {
+// options are what a test changes in setup.
+type options struct {
+	// duplicates is the shipments stream's duplicate window.
+	duplicates time.Duration
+	// verdicts: the consumer runs through Handle, and sends each
+	// delivery's verdict to env.verdicts; otherwise through Consume.
+	verdicts bool
+	// crashFirst, when set, crashes the first delivery of each message
+	// there, as a killed consumer stops. It needs verdicts.
+	crashFirst *phase.Point
+	// consumer holds the JetStream consumer's MaxDeliver and BackOff.
+	consumer jetstream.ConsumerConfig
+	// deadStreamLater: setup creates no stream for the dead letters;
+	// the test does, with env.createDeadStream.
+	deadStreamLater bool
+	// lookup, when set, is called with the message by ID, Tenant or Decode,
+	// as read names it ("id", "tenant", "decode").
+	lookup func(ctx context.Context, pool *pgxpool.Pool, read string, msg jetstream.Msg) error
+}
+
+func setup(t *testing.T, o options) *env {
 	t.Helper()
 	ctx := t.Context()
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
@@ -81,15 +124,24 @@ func setup(t *testing.T, duplicates time.Duration, crashFirst *phase.Point) *env
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	e := &env{carrier: &carrier{calls: map[string]int{}}, verdicts: make(chan consume.Verdict, 100)}
+	e := &env{carrier: &carrier{calls: map[string]int{}, down: map[string]bool{}, slow: map[string]time.Duration{}}, verdicts: make(chan consume.Verdict, 100),
+		deliveries: map[string][]time.Time{}}
 	if e.js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
-	stream, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "SHIPMENTS", Subjects: []string{"shipments"}, Duplicates: duplicates})
+	stream, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "SHIPMENTS", Subjects: []string{"shipments"}, Duplicates: o.duplicates})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.cons, err = stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "shipper", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second}); err != nil {
+	if !o.deadStreamLater {
+		e.createDeadStream(t)
+	}
+	cc := o.consumer
+	cc.Durable, cc.AckPolicy = "shipper", jetstream.AckExplicitPolicy
+	if len(cc.BackOff) == 0 {
+		cc.AckWait = time.Second
+	}
+	if e.cons, err = stream.CreateOrUpdateConsumer(ctx, cc); err != nil {
 		t.Fatal(err)
 	}
 
@@ -104,7 +156,9 @@ func setup(t *testing.T, duplicates time.Duration, crashFirst *phase.Point) *env
 			return phase.Next(), err
 		}),
 		phase.Foreign("shipped",
-			func(ctx context.Context, r *in) (string, error) { return e.carrier.ship(r.DownstreamKey()), nil },
+			func(ctx context.Context, r *in) (string, error) {
+				return e.carrier.ship(r.DownstreamKey(), r.Req.Order)
+			},
 			func(ctx context.Context, tx pgx.Tx, r *in, label string) (phase.Result, error) {
 				r.State.Label = label
 				_, err := tx.Exec(ctx, `UPDATE shipments SET label = $2 WHERE key_id = $1`, r.ID, label)
@@ -114,26 +168,98 @@ func setup(t *testing.T, duplicates time.Duration, crashFirst *phase.Point) *env
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
-	client, err := phase.NewClient(e.pool, &phase.Config{LeaseTTL: time.Second, Logger: logger}, w)
-	if err != nil {
+	if e.client, err = phase.NewClient(e.pool, &phase.Config{LeaseTTL: time.Second, Logger: logger}, w); err != nil {
 		t.Fatal(err)
 	}
-	if e.consumer, err = natsphase.NewConsumer(client, w, natsphase.Config[shipment]{Logger: logger}); err != nil {
-		t.Fatal(err)
-	}
-	cc, err := e.cons.Consume(func(msg jetstream.Msg) {
-		ctx := ctx
-		if md, err := msg.Metadata(); err == nil && md.NumDelivered == 1 && crashFirst != nil {
-			// The first delivery stops there, as a killed consumer would.
-			ctx = phase.WithInjector(ctx, phase.CrashAt(*crashFirst))
+	read := func(name string, msg jetstream.Msg) error {
+		if o.lookup == nil {
+			return nil
 		}
-		e.verdicts <- e.consumer.Handle(ctx, msg)
-	})
+		return o.lookup(ctx, e.pool, name, msg)
+	}
+	cfg := natsphase.Config[shipment]{Logger: logger, DeadLetter: "shipments.dead", JetStream: e.js,
+		ID: func(msg jetstream.Msg) (string, error) {
+			e.mu.Lock()
+			id := msg.Headers().Get(jetstream.MsgIDHeader)
+			e.deliveries[id] = append(e.deliveries[id], time.Now())
+			e.mu.Unlock()
+			if err := read("id", msg); err != nil {
+				return "", err
+			}
+			return natsphase.MessageID(msg)
+		},
+		Tenant: func(msg jetstream.Msg) (string, error) { return "shipping", read("tenant", msg) },
+		Decode: func(msg jetstream.Msg) (shipment, error) {
+			var s shipment
+			if err := read("decode", msg); err != nil {
+				return s, err
+			}
+			return s, json.Unmarshal(msg.Data(), &s)
+		}}
+	if e.consumer, err = natsphase.NewConsumer(e.client, w, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var consuming jetstream.ConsumeContext
+	if !o.verdicts {
+		consuming, err = e.consumer.Consume(ctx, e.cons)
+	} else {
+		consuming, err = e.cons.Consume(func(msg jetstream.Msg) {
+			ctx := ctx
+			if md, err := msg.Metadata(); err == nil && md.NumDelivered == 1 && o.crashFirst != nil {
+				// The first delivery stops there, as a killed consumer would.
+				ctx = phase.WithInjector(ctx, phase.CrashAt(*o.crashFirst))
+			}
+			e.verdicts <- e.consumer.Handle(ctx, msg)
+		})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cc.Stop)
+	t.Cleanup(consuming.Stop)
 	return e
+}
+
+// createDeadStream creates the stream of the dead letters.
+func (e *env) createDeadStream(t *testing.T) {
+	t.Helper()
+	dead, err := e.js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "SHIPMENTS_DEAD", Subjects: []string{"shipments.dead"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	e.dead = dead
+	e.mu.Unlock()
+}
+
+// delivered returns when ID saw each delivery of the message id.
+func (e *env) delivered(id string) []time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.deliveries[id])
+}
+
+// deadLetters returns the messages of the dead-letter stream.
+func (e *env) deadLetters(t *testing.T) []*jetstream.RawStreamMsg {
+	t.Helper()
+	e.mu.Lock()
+	dead := e.dead
+	e.mu.Unlock()
+	if dead == nil {
+		return nil
+	}
+	info, err := dead.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var letters []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := dead.GetMsg(t.Context(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		letters = append(letters, m)
+	}
+	return letters
 }
 
 func (e *env) publish(t *testing.T, id, order string) {
@@ -176,7 +302,7 @@ func (e *env) shipped(t *testing.T, want int) {
 // the lease's delay; the next resumes at the second phase and acks.
 func TestARedeliveryAfterACrashResumesTheWorkflow(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 0, &phase.Point{Phase: "recorded", Stage: phase.AfterCommit})
+	e := setup(t, options{verdicts: true, crashFirst: &phase.Point{Phase: "recorded", Stage: phase.AfterCommit}})
 	e.publish(t, "order-1", "o1")
 	var actions []string
 	for len(actions) == 0 || actions[len(actions)-1] != "ack" {
@@ -203,7 +329,7 @@ func TestARedeliveryAfterACrashResumesTheWorkflow(t *testing.T) {
 // answer and is acknowledged, and nothing runs again.
 func TestADuplicateMessageIsAcknowledgedWithoutEffect(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 100*time.Millisecond, nil)
+	e := setup(t, options{duplicates: 100 * time.Millisecond, verdicts: true})
 	e.publish(t, "order-2", "o2")
 	first := <-e.verdicts
 	time.Sleep(200 * time.Millisecond)

@@ -379,8 +379,10 @@ func Foreign[Req, State, Out any](name string, call CallFunc[Req, State, Out], r
 }
 
 // Reconciled returns p, a foreign phase, with fn as the way to resolve a
-// call whose outcome is unknown (see MaybeHappened). The completer calls it
-// for keys on hold.
+// call whose outcome is unknown (see MaybeHappened). A run that resumes a
+// key whose call may have been sent calls it first; a key it leaves on hold
+// is refused to every later run but the completer's, which calls it again,
+// so processes that run the workflow run the completer too (Client.Start).
 func Reconciled[Req, State, Out any](p Phase[Req, State], fn ReconcileFunc[Req, State, Out], record RecordFunc[Req, State, Out]) Phase[Req, State] {
 	if p.foreign == nil {
 		p.err = errors.New("only a foreign phase can be reconciled")
