@@ -49,6 +49,9 @@ const (
 	// keyWithBody keys the store by the key and the body, so that the key
 	// reused with another body runs it.
 	keyWithBody
+	// badKeysRun runs a request whose key it cannot read as if it had
+	// none, unprotected.
+	badKeysRun
 )
 
 // memHandler is an Idempotency-Key handler kept in memory, correct unless
@@ -89,6 +92,12 @@ func (m *memHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
 	if raw := r.Header.Get(keyrow.HeaderName); m.has(cutKeys) && raw != "" {
 		key, err = raw[:min(len(raw), keyrow.MaxKeyLength)], nil
+	}
+	if err != nil && m.has(badKeysRun) && !errors.Is(err, keyrow.ErrKeyMissing) {
+		status, resp := m.execute(body)
+		w.WriteHeader(status)
+		_, _ = w.Write(resp)
+		return
 	}
 	if err != nil {
 		code := phase.ProblemInvalidKey
@@ -212,6 +221,7 @@ func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
 		{"second execution while the first is in flight", noInFlight, conformance.Profile{}, []string{"in-flight", "in-flight-mismatch", "storm"}, "the kit infers", nil},
 		{"409 without Retry-After", noRetryAfter, conformance.Profile{}, []string{"retry-after"}, "has no Retry-After", nil},
 		{"keys shared across callers", globalKeys, conformance.Profile{}, []string{"scoping"}, "the second caller got the first request's answer: one caller's key answers another's", nil},
+		{"unreadable keys run unprotected", badKeysRun, conformance.Profile{}, []string{"key-too-long", "key-invalid"}, "the kit infers a second execution", nil},
 		{"keys cut to 255 characters", cutKeys, conformance.Profile{}, []string{"key-too-long"}, "answers one key with another's", nil},
 		{"cached 500s", cached500, conformance.Profile{}, nil, "", nil},
 		{"cached 500s, by the atomicphase profile", cached500, conformance.AtomicPhase(), nil, "", []string{"server-error"}},
