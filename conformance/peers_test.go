@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -388,5 +389,46 @@ func TestAScenarioShowsEveryFinding(t *testing.T) {
 		if len(fails) < 2 || !strings.Contains(fails[0], `at byte `) || !strings.Contains(fails[0], `"{\"order\":`) || !strings.Contains(fails[1], "carry no replay marker, though the endpoint marks its replays") {
 			t.Errorf("storm found %q", fails)
 		}
+	}
+}
+
+// A check whose request does not succeed, because the method is not
+// allowed or nothing listens on the port, fails every scenario that needs
+// it to succeed, saying so; none passes, and the in-flight scenarios do not
+// take the failure for an endpoint too fast to catch.
+func TestARequestThatFailsFailsTheScenariosThatNeedIt(t *testing.T) {
+	t.Parallel()
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	for name, cfg := range map[string]conformance.Config{
+		"405": {Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "use PUT", http.StatusMethodNotAllowed)
+		})},
+		"closed port": {URL: closed.URL + "/charges"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg.Body = []byte(`{"amount": 500}`)
+			cfg.RequestTimeout, cfg.SettleTimeout = time.Second, time.Second
+			rep, err := conformance.Check(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, res := range rep.Results {
+				t.Logf("%s %s: %s", res.Scenario, res.Verdict, res.Why)
+				switch res.Scenario {
+				case "replay", "mismatch", "in-flight", "in-flight-mismatch", "dropped-connection":
+					if res.Verdict != conformance.Fail || !strings.Contains(res.Why, "the scenario needs it to succeed") {
+						t.Errorf("%s: %s %q, want fail saying the request must succeed", res.Scenario, res.Verdict, res.Why)
+					}
+				}
+				if res.Verdict == conformance.Pass || strings.Contains(res.Why, "too fast") {
+					t.Errorf("%s: %s %q", res.Scenario, res.Verdict, res.Why)
+				}
+			}
+			if !rep.Failed() {
+				t.Error("the check did not fail")
+			}
+		})
 	}
 }

@@ -124,7 +124,7 @@ func (c *checker) first(ctx context.Context, o *outcome, key string) *exchange {
 	x := c.send(ctx, request{what: "key " + key + ", body", keys: []string{key}, body: c.cfg.Body})
 	o.show(x)
 	if !x.success() {
-		o.fail("the first request was answered %s, not 2xx: the scenario needs it to succeed; check the URL, method, headers and body (-X, -H, -d)", brief(x))
+		o.fail("the first request was %s, not 2xx: the scenario needs it to succeed; check the URL, method, headers and body (-X, -H, -d)", brief(x))
 		return nil
 	}
 	if x.markedAny() {
@@ -133,12 +133,13 @@ func (c *checker) first(ctx context.Context, o *outcome, key string) *exchange {
 	return x
 }
 
-// brief names an answer by its status, or by the failure to get one.
+// brief says how a request was answered: "answered 405", or "not
+// answered (why)".
 func brief(x *exchange) string {
 	if x.err != nil {
-		return "with no answer (" + x.err.Error() + ")"
+		return "not answered (" + x.err.Error() + ")"
 	}
-	return strconv.Itoa(x.status)
+	return "answered " + strconv.Itoa(x.status)
 }
 
 // checkProblem notes an error answer that is not the profile's RFC 9457
@@ -348,7 +349,7 @@ func inFlight(ctx context.Context, c *checker, o *outcome, other bool) {
 	}
 	all := append([]*exchange{x1}, during...)
 	if !slices.ContainsFunc(all, (*exchange).success) {
-		o.fail("no request succeeded; the first was answered %s: the scenario needs it to succeed; check the URL, method, headers and body (-X, -H, -d)", brief(x1))
+		o.fail("no request succeeded; the first was %s: the scenario needs it to succeed; check the URL, method, headers and body (-X, -H, -d)", brief(x1))
 		return
 	}
 	if len(overlapped) == 0 {
@@ -468,7 +469,7 @@ func (c *checker) judgeStorm(ctx context.Context, o *outcome, before int64, key 
 	o.note(sent, tally(xs))
 	o.show(final)
 	if !final.success() {
-		o.fail("the retry after the storm was answered %s, not with the key's answer", brief(final))
+		o.fail("the retry after the storm was %s, not with the key's answer", brief(final))
 	} else if final.markedAny() {
 		c.judgeMarker(o, final)
 	}
@@ -678,7 +679,7 @@ func checkServerError(ctx context.Context, c *checker, o *outcome) {
 	x1 := c.send(ctx, request{what: "key " + key + ", failing body", keys: []string{key}, body: c.cfg.FailBody})
 	o.show(x1)
 	if x1.err != nil || x1.status < 500 {
-		o.fail("the failing request was answered %s, not 5xx: the scenario needs a 5xx; check -d500", brief(x1))
+		o.fail("the failing request was %s, not 5xx: the scenario needs a 5xx; check -d500", brief(x1))
 		return
 	}
 	if x1.markedAny() {
@@ -720,7 +721,7 @@ func checkDropped(ctx context.Context, c *checker, o *outcome) {
 		return
 	}
 	if !up.success() {
-		o.fail("the request was answered %s, not 2xx: the scenario needs it to succeed; check -X, -H, -d", brief(up))
+		o.fail("the request was %s, not 2xx: the scenario needs it to succeed; check -X, -H, -d", brief(up))
 		return
 	}
 	x2 := c.settle(ctx, key, "the same again, directly")
