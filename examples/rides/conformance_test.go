@@ -55,6 +55,10 @@ func TestServePassesTheConformanceCheck(t *testing.T) {
 			"Content-Type": {"application/x-www-form-urlencoded"}},
 		Body:        []byte("origin_lat=1&origin_lon=2&target_lat=3&target_lon=4"),
 		OtherCaller: http.Header{"Authorization": {otherRider}},
+		// The API is phase.Handler's: held to its spelling, not only to
+		// what is safe.
+		Profile: conformance.AtomicPhase(),
+		Strict:  true,
 		Executions: func(ctx context.Context) (int64, error) {
 			return fakeapitest.Count(ctx, "http://"+stripeAddr, "charges")
 		},
