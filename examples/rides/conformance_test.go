@@ -17,7 +17,7 @@ import (
 )
 
 // The rides API, served by rides serve in front of rides fakestripe, passes
-// every scenario of the atomicphase profile, counted by the charges fake
+// every scenario of the atomicphase profile strictly, counted by the charges fake
 // Stripe made, with a second rider for scoping and a restart of the API in
 // the middle of a storm. Fake Stripe answers slowly, as the real one does,
 // so that a ride is in flight long enough to be caught.

@@ -16,7 +16,7 @@ import (
 )
 
 // The transfers API, served by transfers serve in front of the fake payout
-// provider, passes every scenario of the atomicphase profile, strictly for a payout,
+// provider, passes every scenario of the atomicphase profile strictly, for a payout,
 // counted by the payouts the provider made, with a restart of the API in
 // the middle of a storm. The provider answers slowly, so that a payout is
 // in flight long enough to be caught. Two scenarios are skipped: scoping,
