@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -409,7 +410,7 @@ func TestARequestThatFailsFailsTheScenariosThatNeedIt(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			cfg.Body = []byte(`{"amount": 500}`)
-			cfg.RequestTimeout, cfg.SettleTimeout = time.Second, time.Second
+			cfg.RequestTimeout = time.Second
 			rep, err := conformance.Check(t.Context(), cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -428,6 +429,37 @@ func TestARequestThatFailsFailsTheScenariosThatNeedIt(t *testing.T) {
 			}
 			if !rep.Failed() {
 				t.Error("the check did not fail")
+			}
+		})
+	}
+}
+
+// An input that would make every scenario fail alike, or skip the only
+// scenarios that see an endpoint without a fingerprint, is an error of
+// Check before the first request: an Executions count that cannot be read,
+// and a Body no other request can be made from.
+func TestCheckRefusesInputsThatCannotJudgeBeforeTheFirstRequest(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		cfg  conformance.Config
+		want string
+	}{
+		"an unreadable count": {conformance.Config{Body: []byte(`{"amount": 500}`),
+			Executions: func(context.Context) (int64, error) { return 0, errors.New("no such table: charges") }},
+			"the Executions count cannot be read: no such table: charges"},
+		"a body with nothing to change": {conformance.Config{Body: []byte(`<charge/>`), Header: http.Header{"Content-Type": {"application/xml"}}},
+			"no other request to reuse a key with: cannot make another request from a application/xml body; pass one (-d2)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var hits atomic.Int64
+			tc.cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })
+			rep, err := conformance.Check(t.Context(), tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || rep != nil {
+				t.Errorf("Check = %v, %v; want the error %q", rep, err, tc.want)
+			}
+			if hits.Load() != 0 {
+				t.Errorf("the endpoint got %d requests", hits.Load())
 			}
 		})
 	}

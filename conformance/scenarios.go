@@ -465,7 +465,7 @@ func checkStorm(ctx context.Context, c *checker, o *outcome) {
 // found, the answers judgeSameKey requires. sent describes the storm; with
 // cut, requests of the storm may have got no answer.
 func (c *checker) judgeStorm(ctx context.Context, o *outcome, before int64, key string, xs []*exchange, sent string, cut bool) {
-	final := c.settle(ctx, key, "then a retry until answered")
+	final := c.settle(ctx, key, "then a retry until answered", cut)
 	o.note(sent, tally(xs))
 	o.show(final)
 	if !final.success() {
@@ -538,7 +538,7 @@ func (c *checker) restartStorm(ctx context.Context, o *outcome) (bool, string) {
 	if !landed {
 		// The key was answered, or never held: settle it so that its
 		// executions are over before the next storm counts its own.
-		c.settle(ctx, key, "")
+		c.settle(ctx, key, "", true)
 		return false, missed
 	}
 	c.judgeStorm(ctx, o, before, key, xs, fmt.Sprintf("%d× key %s, body, at once; the server restarted %s after they were sent, with an execution in flight",
@@ -625,11 +625,12 @@ func tally(xs []*exchange) string {
 const settleGrace = 5 * time.Second
 
 // settle sends Body under key until the answer is neither 409, 429 nor
-// 503, nor a failure to connect, waiting as Retry-After says (at most a
-// second at a time), and returns the last answer. It gives up after
-// SettleTimeout, or once the longest Retry-After the key answered has
-// passed by settleGrace, whichever is later.
-func (c *checker) settle(ctx context.Context, key, what string) *exchange {
+// 503, nor, with down (a server that may be restarting), a failure to get
+// one, waiting as Retry-After says (at most a second at a time), and
+// returns the last answer. It gives up after SettleTimeout, or once the
+// longest Retry-After the key answered has passed by settleGrace,
+// whichever is later.
+func (c *checker) settle(ctx context.Context, key, what string, down bool) *exchange {
 	start := time.Now()
 	deadline := start.Add(c.cfg.SettleTimeout)
 	var longest time.Duration
@@ -644,7 +645,7 @@ func (c *checker) settle(ctx context.Context, key, what string) *exchange {
 			longest = d
 			deadline = later(deadline, x.done.Add(d+settleGrace))
 		}
-		retry := x.busy() || (x.err != nil && ctx.Err() == nil)
+		retry := x.busy() || (down && x.err != nil && ctx.Err() == nil)
 		if !retry || time.Now().After(deadline) {
 			if tries > 1 && what != "" {
 				x.what = fmt.Sprintf("%s (%d tries over %s)", what, tries, time.Since(start).Round(100*time.Millisecond))
@@ -724,7 +725,7 @@ func checkDropped(ctx context.Context, c *checker, o *outcome) {
 		o.fail("the request was %s, not 2xx: the scenario needs it to succeed; check -X, -H, -d", brief(up))
 		return
 	}
-	x2 := c.settle(ctx, key, "the same again, directly")
+	x2 := c.settle(ctx, key, "the same again, directly", false)
 	o.show(x2)
 	c.judgeReplay(o, up, x2)
 	c.expectExecutions(ctx, o, before, 1)
