@@ -18,9 +18,10 @@ const (
 	Pass Verdict = "pass"
 	// Fail: it did not; Result.Why says how.
 	Fail Verdict = "fail"
-	// Skip: the scenario could not run, for the reason in Result.Why (an
-	// optional input was not given, or the endpoint answered too fast to
-	// be caught in flight). A skip is not a failure.
+	// Skip: the scenario could not run or judge, for the reason in
+	// Result.Why (an optional input was not given, the endpoint answered
+	// too fast to be caught in flight, a restart could not land on an
+	// execution in flight). A skip is not a failure, nor a pass.
 	Skip Verdict = "skip"
 	// Differs: nothing unsafe was seen, but an answer is spelled otherwise
 	// than the profile says (which 4xx a refusal uses, the problem type,
