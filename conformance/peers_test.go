@@ -447,7 +447,7 @@ func TestCheckRefusesInputsThatCannotJudgeBeforeTheFirstRequest(t *testing.T) {
 			Executions: func(context.Context) (int64, error) { return 0, errors.New("no such table: charges") }},
 			"the Executions count cannot be read: no such table: charges"},
 		"a body with nothing to change": {conformance.Config{Body: []byte(`<charge/>`), Header: http.Header{"Content-Type": {"application/xml"}}},
-			"no other request to reuse a key with: cannot make another request from a application/xml body; pass one (-d2)"},
+			"no other request to reuse a key with: cannot make another request from a body of type application/xml; pass one (-d2)"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
