@@ -25,7 +25,7 @@ func OtherBody(body []byte, contentType string) ([]byte, string) {
 	case mt == "" || mt == "application/x-www-form-urlencoded":
 		return otherForm(body)
 	}
-	return nil, fmt.Sprintf("cannot make another request from a %s body; pass one (-d2)", mt)
+	return nil, fmt.Sprintf("cannot make another request from a body of type %s; pass one (-d2)", mt)
 }
 
 // otherJSON changes the first number of a JSON document, or else its first

@@ -42,6 +42,16 @@ const (
 	noInFlight
 	// noRetryAfter answers 409 without Retry-After.
 	noRetryAfter
+	// globalKeys keys the store by the key alone, not by its caller.
+	globalKeys
+	// cutKeys takes any key, cut to 255 characters.
+	cutKeys
+	// keyWithBody keys the store by the key and the body, so that the key
+	// reused with another body runs it.
+	keyWithBody
+	// badKeysRun runs a request whose key it cannot read as if it had
+	// none, unprotected.
+	badKeysRun
 )
 
 // memHandler is an Idempotency-Key handler kept in memory, correct unless
@@ -80,6 +90,15 @@ func (m *memHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, err := keyrow.ParseKey(r.Header.Get(keyrow.HeaderName))
+	if raw := r.Header.Get(keyrow.HeaderName); m.has(cutKeys) && raw != "" {
+		key, err = raw[:min(len(raw), keyrow.MaxKeyLength)], nil
+	}
+	if err != nil && m.has(badKeysRun) && !errors.Is(err, keyrow.ErrKeyMissing) {
+		status, resp := m.execute(body)
+		w.WriteHeader(status)
+		_, _ = w.Write(resp)
+		return
+	}
 	if err != nil {
 		code := phase.ProblemInvalidKey
 		if errors.Is(err, keyrow.ErrKeyMissing) {
@@ -89,7 +108,13 @@ func (m *memHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.Header.Get("Authorization") + "\x00" + key
+	if m.has(globalKeys) {
+		id = key
+	}
 	fp := sha256.Sum256(body)
+	if m.has(keyWithBody) {
+		id += "\x00" + string(fp[:])
+	}
 	if m.has(noFingerprint) {
 		fp = [32]byte{}
 	}
@@ -169,25 +194,37 @@ func (m *memHandler) execute(body []byte) (int, []byte) {
 }
 
 // Each bug is caught by the scenario named for it (and by the others that
-// its mistake breaks, listed with it), and by no other scenario: a correct
-// handler written independently of this library passes them all. Each
-// handler is checked twice: judged from its answers alone, and with an
-// exact count of its executions.
+// its mistake breaks, listed with it) under the default profile, with a
+// verdict that names what was seen, and by no other scenario: a correct
+// handler written independently of this library passes them all. A bug
+// that is a policy rather than unsafe (a 5xx kept as final) differs from
+// the profile that forbids it and fails nothing. Each handler is checked
+// twice: judged from its answers alone, and with an exact count of its
+// executions.
 func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name   string
-		bugs   bug
-		caught []string
+		name    string
+		bugs    bug
+		profile conformance.Profile
+		caught  []string
+		says    string // in the first caught scenario's Why
+		differs []string
 	}{
-		{"correct", 0, nil},
-		{"check-then-insert race", raceCheckThenInsert, []string{"storm"}},
-		{"no fingerprint", noFingerprint, []string{"mismatch", "in-flight-mismatch"}},
-		{"replay that differs", replayDiffers, []string{"replay", "storm", "dropped-connection"}},
-		{"key not required", keyOptional, []string{"key-missing"}},
-		{"cached 500s", cached500, []string{"server-error"}},
-		{"second execution while the first is in flight", noInFlight, []string{"in-flight", "in-flight-mismatch", "storm"}},
-		{"409 without Retry-After", noRetryAfter, []string{"retry-after"}},
+		{"correct", 0, conformance.Profile{}, nil, "", nil},
+		{"correct, by the atomicphase profile", 0, conformance.AtomicPhase(), nil, "", nil},
+		{"check-then-insert race", raceCheckThenInsert, conformance.Profile{}, []string{"storm"}, "differ from the first, at byte", nil},
+		{"no fingerprint", noFingerprint, conformance.Profile{}, []string{"mismatch"}, "got the first body's answer", nil},
+		{"the body is part of the key", keyWithBody, conformance.Profile{}, []string{"mismatch", "in-flight-mismatch"}, "the kit infers it was executed under the key", nil},
+		{"replay that differs", replayDiffers, conformance.Profile{}, []string{"replay", "storm", "dropped-connection"}, "differs from the first answer's at byte", nil},
+		{"key not required", keyOptional, conformance.Profile{}, []string{"key-missing"}, "executed without a key", nil},
+		{"second execution while the first is in flight", noInFlight, conformance.Profile{}, []string{"in-flight", "in-flight-mismatch", "storm"}, "the kit infers", nil},
+		{"409 without Retry-After", noRetryAfter, conformance.Profile{}, []string{"retry-after"}, "has no Retry-After", nil},
+		{"keys shared across callers", globalKeys, conformance.Profile{}, []string{"scoping"}, "the second caller got the first request's answer: one caller's key answers another's", nil},
+		{"unreadable keys run unprotected", badKeysRun, conformance.Profile{}, []string{"key-too-long", "key-invalid"}, "the kit infers a second execution", nil},
+		{"keys cut to 255 characters", cutKeys, conformance.Profile{}, []string{"key-too-long"}, "answers one key with another's", nil},
+		{"cached 500s", cached500, conformance.Profile{}, nil, "", nil},
+		{"cached 500s, by the atomicphase profile", cached500, conformance.AtomicPhase(), nil, "", []string{"server-error"}},
 	} {
 		for _, counted := range []bool{false, true} {
 			name := tc.name + "/from its answers"
@@ -203,6 +240,7 @@ func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
 					Body:        []byte(`{"amount": 500}`),
 					FailBody:    []byte(`{"amount": 500, "fail": true}`),
 					OtherCaller: http.Header{"Authorization": {"globex"}},
+					Profile:     tc.profile,
 				}
 				if counted {
 					cfg.Executions = func(context.Context) (int64, error) { return m.executions.Load(), nil }
@@ -211,7 +249,15 @@ func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				expectVerdicts(t, rep, tc.caught)
+				expectVerdicts(t, rep, tc.caught, tc.differs)
+				if rep.Failed() != (len(tc.caught) > 0) {
+					t.Errorf("the report failed: %v", rep.Failed())
+				}
+				for _, res := range rep.Results {
+					if len(tc.caught) > 0 && res.Scenario == tc.caught[0] && !strings.Contains(res.Why, tc.says) {
+						t.Errorf("%s says %q, want it to say %q", res.Scenario, res.Why, tc.says)
+					}
+				}
 			})
 		}
 	}
@@ -241,5 +287,5 @@ func TestCredentialsInTheURLGoWithEveryRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectVerdicts(t, rep, nil)
+	expectVerdicts(t, rep, nil, nil)
 }

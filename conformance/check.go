@@ -18,11 +18,28 @@ const (
 	Pass Verdict = "pass"
 	// Fail: it did not; Result.Why says how.
 	Fail Verdict = "fail"
-	// Skip: the scenario could not run, for the reason in Result.Why (an
-	// optional input was not given, or the endpoint answered too fast to
-	// be caught in flight). A skip is not a failure.
+	// Skip: the scenario could not run or judge, for the reason in
+	// Result.Why (an optional input was not given, the endpoint answered
+	// too fast to be caught in flight, a restart could not land on an
+	// execution in flight). A skip is not a failure, nor a pass.
 	Skip Verdict = "skip"
+	// Differs: nothing unsafe was seen, but an answer is spelled otherwise
+	// than the profile says (which 4xx a refusal uses, the problem type,
+	// the replay marker's name, strict key syntax). It fails the check
+	// only when Config.Strict is set.
+	Differs Verdict = "differs"
 )
+
+// Finding is one thing a scenario saw that the profile does not allow.
+type Finding struct {
+	// Verdict is Fail for what is unsafe, or what kept the scenario from
+	// judging the endpoint (the request the scenario builds on failed);
+	// Differs for an answer spelled otherwise than the profile says; Skip
+	// for why the scenario did not run.
+	Verdict Verdict `json:"verdict"`
+	// Why says what was seen, and where the check infers, what it infers.
+	Why string `json:"why"`
+}
 
 // Result is the outcome of one scenario.
 type Result struct {
@@ -35,8 +52,11 @@ type Result struct {
 	// Sent describes the requests, Got the answers.
 	Sent string `json:"sent"`
 	Got  string `json:"got"`
-	// Why says why it failed or was skipped; empty when it passed.
+	// Why says why it failed, differs or was skipped: every finding, joined
+	// by "; ". Empty when it passed.
 	Why string `json:"why,omitempty"`
+	// Findings lists every finding, each with its kind.
+	Findings []Finding `json:"findings,omitempty"`
 }
 
 // Report is the outcome of a check.
@@ -47,14 +67,17 @@ type Report struct {
 	Profile string `json:"profile"`
 	// OtherBody says how the second request was made, or why there is none.
 	OtherBody string `json:"other_body"`
+	// Strict is Config.Strict: a Differs verdict fails the check.
+	Strict bool `json:"strict"`
 	// Results holds one Result per scenario, in the order of Scenarios.
 	Results []Result `json:"results"`
 }
 
-// Failed reports whether a scenario failed.
+// Failed reports whether a scenario failed, or, with Strict, differs from
+// the profile.
 func (r *Report) Failed() bool {
 	for _, res := range r.Results {
-		if res.Verdict == Fail {
+		if res.Verdict == Fail || (r.Strict && res.Verdict == Differs) {
 			return true
 		}
 	}
@@ -99,8 +122,9 @@ func Check(ctx context.Context, cfg Config) (*Report, error) {
 
 // Test runs every scenario against the endpoint cfg names as a subtest of
 // t, named for the scenario: a failed scenario fails its subtest with what
-// was sent, what came back and why; a skipped one skips it with the reason.
-// An invalid cfg fails t.
+// was sent, what came back and why; one that differs from the profile logs
+// the same, and fails its subtest with cfg.Strict; a skipped one skips it
+// with the reason. An invalid cfg fails t.
 func Test(t *testing.T, cfg Config) {
 	t.Helper()
 	rep := &Report{}
@@ -110,6 +134,12 @@ func Test(t *testing.T, cfg Config) {
 			switch res.Verdict {
 			case Fail:
 				t.Errorf("%s (%s)\nsent: %s\ngot:  %s", res.Why, res.Source, res.Sent, res.Got)
+			case Differs:
+				report := t.Logf
+				if cfg.Strict {
+					report = t.Errorf
+				}
+				report("differs from profile %s: %s (%s)\nsent: %s\ngot:  %s", rep.Profile, res.Why, res.Source, res.Sent, res.Got)
 			case Skip:
 				t.Skip(res.Why)
 			default:
@@ -122,11 +152,19 @@ func Test(t *testing.T, cfg Config) {
 	}
 }
 
-// each runs the scenarios against cfg's endpoint one at a time through do.
+// each runs the scenarios against cfg's endpoint one at a time through do,
+// once cfg is valid and its Executions count can be read.
 func each(ctx context.Context, cfg Config, rep *Report, do func(s Scenario, run func() Result)) error {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return err
+	}
+	if cfg.Executions != nil {
+		// Read once before any scenario, so that a count that cannot be
+		// read stops the check with one error, not one per scenario.
+		if _, err := cfg.Executions(ctx); err != nil {
+			return fmt.Errorf("conformance: the Executions count cannot be read: %w", err)
+		}
 	}
 	target := cfg.URL
 	if cfg.Handler != nil {
@@ -136,7 +174,13 @@ func each(ctx context.Context, cfg Config, rep *Report, do func(s Scenario, run 
 	}
 	c := newChecker(cfg, target)
 	defer c.client.CloseIdleConnections()
-	rep.Target, rep.Profile, rep.OtherBody = target, cfg.Profile.Name, c.otherNote
+	if c.other == nil {
+		// The scenarios that reuse a key with another request are the only
+		// ones that see an endpoint without a fingerprint: a check without
+		// them must not pass.
+		return fmt.Errorf("conformance: no other request to reuse a key with: %s", c.otherNote)
+	}
+	rep.Target, rep.Profile, rep.OtherBody, rep.Strict = target, cfg.Profile.Name, c.otherNote, cfg.Strict
 	for _, s := range scenarios {
 		do(s, func() Result {
 			o := &outcome{res: Result{Scenario: s.Name, Source: s.Source, Verdict: Pass}, profile: cfg.Profile}
@@ -153,18 +197,18 @@ func each(ctx context.Context, cfg Config, rep *Report, do func(s Scenario, run 
 
 // outcome collects a scenario's verdict and what it shows of its requests.
 type outcome struct {
-	res     Result
-	profile Profile
-	sent    []string
-	got     []string
-	why     []string
+	res      Result
+	profile  Profile
+	sent     []string
+	got      []string
+	findings []Finding
 }
 
 // show adds exchanges to what the result shows.
 func (o *outcome) show(xs ...*exchange) {
 	for _, x := range xs {
 		o.sent = append(o.sent, x.what)
-		o.got = append(o.got, x.got(o.profile.ReplayHeader))
+		o.got = append(o.got, x.got())
 	}
 }
 
@@ -175,29 +219,51 @@ func (o *outcome) note(sent, got string) {
 	o.got = append(o.got, got)
 }
 
-// fail records a failure; every reason is kept.
-func (o *outcome) fail(format string, args ...any) {
-	o.res.Verdict = Fail
-	if why := fmt.Sprintf(format, args...); !slices.Contains(o.why, why) {
-		o.why = append(o.why, why)
+// find records a finding once.
+func (o *outcome) find(v Verdict, format string, args ...any) {
+	f := Finding{Verdict: v, Why: fmt.Sprintf(format, args...)}
+	if !slices.Contains(o.findings, f) {
+		o.findings = append(o.findings, f)
 	}
 }
 
-// skip ends the scenario as skipped, unless it already failed.
-func (o *outcome) skip(format string, args ...any) {
-	if o.res.Verdict != Fail {
-		o.res.Verdict = Skip
-		o.why = []string{fmt.Sprintf(format, args...)}
-	}
-}
+// fail records what is unsafe, or what kept the scenario from judging.
+func (o *outcome) fail(format string, args ...any) { o.find(Fail, format, args...) }
 
-func (o *outcome) failed() bool { return o.res.Verdict == Fail }
+// differ records an answer spelled otherwise than the profile says.
+func (o *outcome) differ(format string, args ...any) { o.find(Differs, format, args...) }
+
+// skip records why the scenario did not run, or could not judge.
+func (o *outcome) skip(format string, args ...any) { o.find(Skip, format, args...) }
+
+func (o *outcome) failed() bool { return o.has(Fail) }
+
+func (o *outcome) has(v Verdict) bool {
+	return slices.ContainsFunc(o.findings, func(f Finding) bool { return f.Verdict == v })
+}
 
 func isEmpty(s string) bool { return s == "" }
 
+// result returns the scenario's result: it fails on any failure, else
+// differs on any difference, else is skipped on any reason to skip.
 func (o *outcome) result() Result {
+	for _, v := range []Verdict{Fail, Differs, Skip} {
+		if o.has(v) {
+			o.res.Verdict = v
+			break
+		}
+	}
 	o.res.Sent = strings.Join(slices.DeleteFunc(o.sent, isEmpty), "; ")
 	o.res.Got = strings.Join(slices.DeleteFunc(o.got, isEmpty), "; ")
-	o.res.Why = strings.Join(o.why, "; ")
+	// Failures first, then differences, then reasons to skip.
+	slices.SortStableFunc(o.findings, func(a, b Finding) int { return rank(a.Verdict) - rank(b.Verdict) })
+	why := make([]string, len(o.findings))
+	for i, f := range o.findings {
+		why[i] = f.Why
+	}
+	o.res.Why = strings.Join(why, "; ")
+	o.res.Findings = o.findings
 	return o.res
 }
+
+func rank(v Verdict) int { return slices.Index([]Verdict{Fail, Differs, Skip}, v) }

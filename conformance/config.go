@@ -19,7 +19,8 @@ const DefaultStorm = 20
 const DefaultRequestTimeout = 10 * time.Second
 
 // DefaultSettleTimeout bounds how long a scenario retries a key that is in
-// flight (409, 429 or 503), honouring Retry-After, before it fails.
+// flight (409, 429 or 503) before it fails, unless the endpoint's
+// Retry-After asks for longer.
 const DefaultSettleTimeout = 30 * time.Second
 
 // Config names the endpoint to check and the request that it accepts.
@@ -43,8 +44,10 @@ type Config struct {
 	Body []byte
 	// OtherBody is a second, different request the endpoint accepts, sent
 	// under a key already used with Body. Defaults to Body with the last
-	// digit of its first number changed (see OtherBody), and the scenarios
-	// that need one are skipped when none can be made.
+	// digit of its first number changed (see OtherBody); when none can be
+	// made, Check returns an error, since only the scenarios that send it
+	// see an endpoint that does not compare a retry with its key's first
+	// request.
 	OtherBody []byte
 	// OtherCaller, when set, is a second caller's headers (credentials),
 	// which replace Header's of the same names. Without it the scoping
@@ -53,8 +56,13 @@ type Config struct {
 	// FailBody, when set, is a request the endpoint answers with a 5xx.
 	// Without it the server-error scenario is skipped.
 	FailBody []byte
-	// Profile is the policy the endpoint follows. Defaults to AtomicPhase().
+	// Profile is the policy the endpoint follows. Defaults to Generic(),
+	// which any safe endpoint passes.
 	Profile Profile
+	// Strict fails the check on a Differs verdict too: an answer spelled
+	// otherwise than Profile says. Defaults to false: only what is unsafe
+	// fails.
+	Strict bool
 	// Storm is how many identical requests the storm scenarios send at
 	// once. Defaults to DefaultStorm.
 	Storm int
@@ -62,24 +70,32 @@ type Config struct {
 	// executed a request so far (the charges made, the rows inserted). The
 	// scenarios then count executions exactly instead of inferring them from
 	// the answers. Nothing else may execute requests on the endpoint during
-	// the check.
+	// the check. Check reads it once before the first scenario and returns
+	// its error. Without it the restart scenario cannot pass: from the
+	// answers alone an execution resumed after a restart and a second one
+	// look the same.
 	Executions func(ctx context.Context) (int64, error)
 	// Restart, when set, restarts the server behind the endpoint and
 	// returns once it is started again; the restart scenario calls it in the
-	// middle of a storm. Without it that scenario is skipped.
+	// middle of a storm, once an execution is in flight (counted by
+	// Executions, its answer not yet sent), and tries again with a new key
+	// when none was. Without it that scenario is skipped.
 	Restart func(ctx context.Context) error
 	// RequestTimeout bounds each request. Defaults to DefaultRequestTimeout.
 	RequestTimeout time.Duration
 	// SettleTimeout bounds how long a scenario retries a key that is in
-	// flight. Defaults to DefaultSettleTimeout.
+	// flight. The endpoint's Retry-After extends it: a scenario waits at
+	// least as long as the longest Retry-After the key answered, from the
+	// answer that gave it, plus a few seconds. Defaults to
+	// DefaultSettleTimeout.
 	SettleTimeout time.Duration
 }
 
 // withDefaults validates c and returns it with its defaults resolved.
 func (c Config) withDefaults() (Config, error) {
 	c.Method = cmp.Or(strings.ToUpper(c.Method), http.MethodPost)
-	if c.Profile.Name == "" && c.Profile.ReplayHeader == "" {
-		c.Profile = AtomicPhase()
+	if c.Profile.isZero() {
+		c.Profile = Generic()
 	}
 	c.Storm = cmp.Or(c.Storm, DefaultStorm)
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)

@@ -70,5 +70,5 @@ func ExampleCheck() {
 		}
 	}
 	fmt.Println("profile:", report.Profile, "failed:", report.Failed())
-	// Output: profile: atomicphase failed: false
+	// Output: profile: generic failed: false
 }

@@ -71,35 +71,69 @@ func (x *exchange) markedAny() bool {
 	return slices.ContainsFunc(replayHeaders, x.markedBy)
 }
 
-// got describes the answer in one line.
-func (x *exchange) got(replayHeader string) string {
+// marker returns the replay marker x carries, or "".
+func (x *exchange) marker() string {
+	for _, name := range replayHeaders {
+		if x.markedBy(name) {
+			return name
+		}
+	}
+	return ""
+}
+
+// got describes the answer: its status, its whole body, its Retry-After
+// and the replay marker it carries, whichever spelling.
+func (x *exchange) got() string {
 	if x.err != nil {
 		return "no answer: " + x.err.Error()
 	}
 	s := strconv.Itoa(x.status)
 	if len(x.resp) > 0 {
-		s += " " + abbreviate(x.resp, 60)
+		s += " " + shown(x.resp)
 	}
 	if ra := x.header.Get("Retry-After"); ra != "" {
 		s += " (Retry-After " + ra + ")"
 	}
-	if x.markedBy(replayHeader) {
-		s += " [" + replayHeader + "]"
+	if m := x.marker(); m != "" {
+		s += " [" + m + "]"
 	}
 	return s
 }
 
-// abbreviate shows b on one line, cut to about n characters.
-func abbreviate(b []byte, n int) string {
-	s := string(b)
-	if !utf8.ValidString(s) {
+// shown returns b as text, or its length when it is not UTF-8.
+func shown(b []byte) string {
+	if !utf8.Valid(b) {
 		return fmt.Sprintf("<%d bytes>", len(b))
 	}
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		s = string(r[:n]) + "…"
+	return string(b)
+}
+
+// difference shows where a and b first differ: the byte offset and a few
+// bytes of each around it, so that two answers that start alike are told
+// apart.
+func difference(a, b []byte) string {
+	at := len(a)
+	if len(b) < at {
+		at = len(b)
 	}
-	return s
+	for i := range at {
+		if a[i] != b[i] {
+			at = i
+			break
+		}
+	}
+	around := func(s []byte) string {
+		from, to := max(at-16, 0), min(at+16, len(s))
+		out := shown(s[from:to])
+		if from > 0 {
+			out = "…" + out
+		}
+		if to < len(s) {
+			out += "…"
+		}
+		return strconv.Quote(out)
+	}
+	return fmt.Sprintf("at byte %d: %s and %s", at, around(a), around(b))
 }
 
 // checker sends the scenarios' requests to one endpoint.
@@ -229,8 +263,9 @@ func (c *checker) newRequest(ctx context.Context, rq request) (*http.Request, er
 }
 
 // sendTogether sends n copies of rq so that they reach the endpoint at
-// one moment, calls started once they are out, and returns what came back
-// to each. Every copy has a connection of its own, opened beforehand, and
+// one moment, calls during once they are out, with each answer sent on
+// answered as it arrives, and returns what came back to each once during
+// has returned. Every copy has a connection of its own, opened beforehand, and
 // is written whole but for its last byte; then the last bytes go out one
 // after another in a tight loop. No server can read a copy's body before
 // every copy has arrived, so a check-then-insert race a few milliseconds
@@ -238,8 +273,9 @@ func (c *checker) newRequest(ctx context.Context, rq request) (*http.Request, er
 // of their own arrive tens of milliseconds apart. When the connections
 // cannot be opened ahead (the endpoint is reached through a proxy, or a
 // dial fails), the copies are sent at once through the client instead.
-func (c *checker) sendTogether(ctx context.Context, n int, rq request, started func()) []*exchange {
+func (c *checker) sendTogether(ctx context.Context, n int, rq request, during func(answered <-chan *exchange)) []*exchange {
 	xs := make([]*exchange, n)
+	answered := make(chan *exchange, n)
 	req, err := c.newRequest(ctx, rq)
 	var conns []net.Conn
 	if err == nil {
@@ -252,10 +288,11 @@ func (c *checker) sendTogether(ctx context.Context, n int, rq request, started f
 			wg.Go(func() {
 				<-gate
 				xs[i] = c.send(ctx, rq)
+				answered <- xs[i]
 			})
 		}
 		close(gate)
-		started()
+		during(answered)
 		wg.Wait()
 		return xs
 	}
@@ -288,9 +325,9 @@ func (c *checker) sendTogether(ctx context.Context, n int, rq request, started f
 			xs[i].sent = time.Now()
 		}
 	}
-	started()
 	for i, conn := range conns {
 		wg.Go(func() {
+			defer func() { answered <- xs[i] }()
 			defer conn.Close()
 			defer c.record(xs[i])
 			if xs[i].err != nil {
@@ -300,6 +337,7 @@ func (c *checker) sendTogether(ctx context.Context, n int, rq request, started f
 			xs[i].done = time.Now()
 		})
 	}
+	during(answered)
 	wg.Wait()
 	return xs
 }

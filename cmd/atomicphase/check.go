@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,9 +12,9 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/atomicphase/atomicphase/conformance"
@@ -25,9 +26,16 @@ const checkSummary = "prove an Idempotency-Key endpoint from the outside (no dat
 const checkDetail = `Usage: atomicphase check [flags] URL
 
 Send URL the requests of retrying clients, dropped connections and storms
-of concurrent clients, and judge its answers by the Idempotency-Key
-contract of -profile. The request flags are curl's, so that the request a
-client already sends can be pasted: -X, -H, -d.
+of concurrent clients, and judge its answers. What is unsafe fails in every
+profile: a second execution, a replay that differs from the first answer,
+an execution without a key, a reused key with another body executed or
+given the first answer, an answer lost across a restart, one caller's key
+answering another, a missing or absurd Retry-After. An answer spelled
+otherwise than -profile says (the status of a refusal, the problem type,
+the replay marker's name, strict key syntax) is reported as "differs", and
+fails only with -strict. The default profile, generic, is passed by any
+safe endpoint. The request flags are curl's, so that the request a client
+already sends can be pasted: -X, -H, -d.
 
 The check creates real resources (each successful scenario executes the
 request at least once): point it at a test tenant, never at production
@@ -37,9 +45,10 @@ at a time, and gives up on each after -request-timeout.
 Scenarios (docs/conformance.md explains each):
 %s
 Exit status:
-  0  every scenario passed, or was skipped with the reason printed
-  1  a scenario failed, or the check could not run
-  2  usage error
+  0  no scenario failed: each passed, differs from the profile (without
+     -strict) or was skipped with the reason printed
+  1  a scenario failed (or differs, with -strict), or the check could not run
+  2  usage error, -effects unreadable, or no other body can be made (-d2)
 
 Flags:
 `
@@ -94,17 +103,19 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		body, body2, failBody bodyFlag
 	)
 	method := fs.String("X", "POST", "request `METHOD`")
-	fs.Var(&headers, "H", "request header `'Name: value'`, repeatable (credentials, Content-Type)")
+	fs.Var(&headers, "H", "request header `'Name: value'`, repeatable (credentials, Content-Type); without a\nContent-Type, application/json for a JSON body, else application/x-www-form-urlencoded")
 	fs.Var(&body, "d", "request `BODY` the endpoint accepts, or @file")
 	fs.Var(&body2, "d2", "another valid request `BODY`, for a reused key; made from -d when absent (the last digit\nof its first number changed, printed before the table)")
 	fs.Var(&headers2, "H2", "a second caller's header `'Name: value'`, repeatable, replacing -H's of that name;\nwithout it the scoping scenario is skipped")
 	fs.Var(&failBody, "d500", "a request `BODY` the endpoint answers with a 5xx; without it the server-error scenario is skipped")
-	profile := fs.String("profile", "atomicphase", "the endpoint's policy: `ietf`, stripe or atomicphase")
-	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	profile := fs.String("profile", "generic", "the policy answers are compared with: `generic`, ietf, stripe or atomicphase")
+	strict := fs.Bool("strict", false, "fail on an answer that differs from -profile, not only on an unsafe one")
+	jsonOut := fs.Bool("json", false, "print the report as JSON, every body whole")
 	effects := fs.String("effects", "", "`URL` whose GET answers how many times the endpoint executed: a number, or a JSON\nobject whose field is named after '#' (http://127.0.0.1:9090/_stats#charges)")
-	restart := fs.String("restart", "", "shell `COMMAND` that restarts the server and returns once it serves; without it\nthe restart scenario is skipped")
+	restart := fs.String("restart", "", "shell `COMMAND` that restarts the server and returns once it serves, run once an\nexecution is in flight; without it the restart scenario is skipped, and without -effects\nit cannot pass")
 	storm := fs.Int("storm", conformance.DefaultStorm, "`N` identical requests sent at once")
 	requestTimeout := fs.Duration("request-timeout", conformance.DefaultRequestTimeout, "bound on each request")
+	settleTimeout := fs.Duration("settle-timeout", conformance.DefaultSettleTimeout, "bound on retrying a key in flight (409, 429, 503); a longer Retry-After\nfrom the endpoint extends it")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole check")
 
 	usage := func(w io.Writer) {
@@ -118,8 +129,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fs.SetOutput(io.Discard)
 	}
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "atomicphase check: "+format+"\n\n", a...)
-		usage(stderr)
+		fmt.Fprintf(stderr, "atomicphase check: "+format+"\nRun 'atomicphase check -h' for the flags.\n", a...)
 		return exitUsage
 	}
 	// The URL may come anywhere among the flags, as with curl.
@@ -150,16 +160,18 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail("-d is required: the body of a request the endpoint accepts")
 	}
 	h := headers.h
+	if h == nil {
+		h = http.Header{}
+	}
 	if h.Get("Content-Type") == "" {
-		// As curl -d sends it.
-		if h == nil {
-			h = http.Header{}
-		}
-		h.Set("Content-Type", "application/x-www-form-urlencoded")
+		// As curl -d sends it, unless the body is JSON: a JSON body sent
+		// as a form is not the request the user meant, and no other body
+		// can be made from it.
+		h.Set("Content-Type", defaultContentType(body.b))
 	}
 	cfg := conformance.Config{
 		URL: positional[0], Method: *method, Header: h, Body: body.b, OtherCaller: headers2.h,
-		Profile: p, Storm: *storm, RequestTimeout: *requestTimeout,
+		Profile: p, Strict: *strict, Storm: *storm, RequestTimeout: *requestTimeout, SettleTimeout: *settleTimeout,
 	}
 	if body2.set {
 		cfg.OtherBody = body2.b
@@ -169,6 +181,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if *effects != "" {
 		if cfg.Executions, err = effectsProbe(*effects, *requestTimeout); err != nil {
+			return fail("-effects: %v", err)
+		}
+		// Read once now, so that a wrong URL or field is one usage error
+		// rather than a failure of every scenario.
+		if _, err := cfg.Executions(ctx); err != nil {
 			return fail("-effects: %v", err)
 		}
 	}
@@ -194,7 +211,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return exitError
 		}
 	} else {
-		printReport(stdout, rep, cfg.Method)
+		printReport(stdout, rep, cfg.Method, h.Get("Content-Type"))
 	}
 	if rep.Failed() {
 		return exitError
@@ -202,28 +219,59 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
-// printReport prints rep as a table, one scenario a line.
-func printReport(w io.Writer, rep *conformance.Report, method string) {
-	fmt.Fprintf(w, "%s %s, profile %s\nother request: %s\n\n", method, rep.Target, rep.Profile, rep.OtherBody)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tVERDICT\tSENT\tGOT\tWHY")
-	passed, skipped, failed := 0, 0, 0
-	for _, r := range rep.Results {
-		switch r.Verdict {
-		case conformance.Pass:
-			passed++
-		case conformance.Skip:
-			skipped++
-		default:
-			failed++
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Scenario, r.Verdict, cut(r.Sent, 70), cut(r.Got, 90), r.Why)
+// defaultContentType is the Content-Type a body is sent with when -H sets
+// none.
+func defaultContentType(body []byte) string {
+	if b := bytes.TrimSpace(body); len(b) > 0 && (b[0] == '{' || b[0] == '[') && json.Valid(b) {
+		return "application/json"
 	}
-	tw.Flush()
-	fmt.Fprintf(w, "\n%d passed, %d skipped, %d failed\n", passed, skipped, failed)
+	return "application/x-www-form-urlencoded"
 }
 
+// Widths of the report's table, which keeps a line within 100 columns.
+const (
+	scenarioWidth = 20
+	verdictWidth  = 9
+	gotWidth      = 100 - scenarioWidth - verdictWidth
+	detailWidth   = 240
+)
+
+// printReport prints rep as a table, one scenario a line, then what each
+// scenario that did not pass sent, got and found.
+func printReport(w io.Writer, rep *conformance.Report, method, contentType string) {
+	mode := ""
+	if rep.Strict {
+		mode = ", strict"
+	}
+	fmt.Fprintf(w, "%s %s (Content-Type %s), profile %s%s\nother request: %s\n\n", method, rep.Target, contentType, rep.Profile, mode, rep.OtherBody)
+	fmt.Fprintf(w, "%-*s%-*s%s\n", scenarioWidth, "SCENARIO", verdictWidth, "VERDICT", "GOT")
+	counts := map[conformance.Verdict]int{}
+	for _, r := range rep.Results {
+		counts[r.Verdict]++
+		fmt.Fprintf(w, "%-*s%-*s%s\n", scenarioWidth, r.Scenario, verdictWidth, r.Verdict, cut(r.Got, gotWidth))
+	}
+	fmt.Fprintf(w, "\n%d passed, %d differ from the profile, %d skipped, %d failed\n",
+		counts[conformance.Pass], counts[conformance.Differs], counts[conformance.Skip], counts[conformance.Fail])
+	for _, r := range rep.Results {
+		if r.Verdict == conformance.Pass {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s: %s (%s)\n", r.Scenario, r.Verdict, r.Source)
+		if r.Sent != "" {
+			fmt.Fprintf(w, "  sent: %s\n", cut(r.Sent, detailWidth))
+		}
+		if r.Got != "" {
+			fmt.Fprintf(w, "  got:  %s\n", cut(r.Got, detailWidth))
+		}
+		for _, f := range r.Findings {
+			fmt.Fprintf(w, "  %s: %s\n", f.Verdict, f.Why)
+		}
+	}
+}
+
+// cut shows s on one line, cut to n characters.
 func cut(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > n {
 		return string(r[:n-1]) + "…"
 	}
@@ -258,18 +306,47 @@ func effectsProbe(raw string, timeout time.Duration) (func(context.Context) (int
 		if res.StatusCode != http.StatusOK {
 			return 0, fmt.Errorf("GET %s answered %d", u, res.StatusCode)
 		}
-		if field == "" {
-			return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		}
-		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(b, &fields); err != nil {
-			return 0, fmt.Errorf("GET %s: not a JSON object: %w", u, err)
-		}
-		for k, v := range fields {
-			if strings.EqualFold(k, field) {
-				return strconv.ParseInt(string(v), 10, 64)
-			}
-		}
-		return 0, fmt.Errorf("GET %s has no field %q", u, field)
+		return readCount(u.String(), b, field)
 	}, nil
+}
+
+// readCount reads an execution count from body, the answer of GET u: a
+// number, or with field a JSON object's integer field of that name.
+func readCount(u string, body []byte, field string) (int64, error) {
+	text := strings.TrimSpace(string(body))
+	var fields map[string]json.RawMessage
+	isObject := json.Unmarshal(body, &fields) == nil
+	if field == "" {
+		if isObject {
+			return 0, fmt.Errorf("GET %s answered a JSON object; name the field after '#' (%s#FIELD): its fields are %s", u, u, names(fields))
+		}
+		n, err := strconv.ParseInt(text, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("GET %s answered %q, not a number", u, cut(text, 60))
+		}
+		return n, nil
+	}
+	if !isObject {
+		return 0, fmt.Errorf("GET %s answered %q, not a JSON object with a field %q", u, cut(text, 60), field)
+	}
+	for k, v := range fields {
+		if strings.EqualFold(k, field) {
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("GET %s: field %q is %s, not an integer", u, k, cut(string(v), 60))
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("GET %s has no field %q; its fields are %s", u, field, names(fields))
+}
+
+// names lists an object's field names, sorted.
+func names(fields map[string]json.RawMessage) string {
+	out := make([]string, 0, len(fields))
+	for k := range fields {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }

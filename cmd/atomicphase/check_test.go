@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,7 +90,7 @@ func TestCheckPassesAgainstPhaseHandler(t *testing.T) {
 			t.Errorf("scenario %s: %q, want %s", s.Name, lineOf(r.stdout, s.Name), want)
 		}
 	}
-	for _, want := range []string{"other request: made from the request by changing \"amount\" from 500 to 501", "14 passed, 1 skipped, 0 failed"} {
+	for _, want := range []string{"other request: made from the request by changing \"amount\" from 500 to 501", "14 passed, 0 differ from the profile, 1 skipped, 0 failed"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("the report does not say %q", want)
 		}
@@ -104,29 +106,44 @@ func lineOf(out, scenario string) string {
 	return ""
 }
 
-// An endpoint that answers a reused key with 400 fails the atomicphase
-// profile's mismatch scenarios (exit 1, saying why) and passes Stripe's.
+// An endpoint that answers a reused key with 400 passes the default
+// profile; the atomicphase profile reports its mismatch scenarios as
+// differing (exit 0, saying why), and fails them only with -strict (exit
+// 1); Stripe's passes it even strictly.
 func TestCheckJudgesByTheProfile(t *testing.T) {
 	t.Parallel()
 	base := paymentsServer(t, http.StatusBadRequest)
 	args := []string{"check", "-json", "-H", "Authorization: acme", "-H", "Content-Type: application/json", "-d", `{"amount": 500}`}
-	r := runCLI(t, "", append(args, base+"/payments")...)
-	if r.code != exitError {
-		t.Fatalf("atomicphase check = %d, want 1:\n%s%s", r.code, r.stdout, r.stderr)
+	if r := runCLI(t, "", append(args, base+"/payments")...); r.code != exitOK {
+		t.Errorf("atomicphase check = %d, want 0:\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	rep := decode[conformance.Report](t, r.stdout)
-	for _, res := range rep.Results {
-		failing := res.Scenario == "mismatch" || res.Scenario == "in-flight-mismatch"
-		if failing != (res.Verdict == conformance.Fail) {
-			t.Errorf("%s: %s (%s)", res.Scenario, res.Verdict, res.Why)
+	for _, strict := range []bool{false, true} {
+		a := append(slices.Clone(args), "-profile", "atomicphase")
+		want := exitOK
+		if strict {
+			a, want = append(a, "-strict"), exitError
 		}
-		if res.Scenario == "mismatch" && !strings.Contains(res.Why, "want 422 for a key reused with another request, got 400") {
-			t.Errorf("mismatch fails for %q", res.Why)
+		r := runCLI(t, "", append(a, base+"/payments")...)
+		if r.code != want {
+			t.Fatalf("atomicphase %q = %d, want %d:\n%s%s", a, r.code, want, r.stdout, r.stderr)
+		}
+		rep := decode[conformance.Report](t, r.stdout)
+		for _, res := range rep.Results {
+			differs := res.Scenario == "mismatch" || res.Scenario == "in-flight-mismatch"
+			if differs != (res.Verdict == conformance.Differs) || res.Verdict == conformance.Fail {
+				t.Errorf("%s: %s (%s)", res.Scenario, res.Verdict, res.Why)
+			}
+			if res.Scenario == "mismatch" && !strings.Contains(res.Why, "the key reused with another body was answered 400; the profile answers 422") {
+				t.Errorf("mismatch differs for %q", res.Why)
+			}
+			// -json shows every body whole.
+			if res.Scenario == "key-missing" && !strings.Contains(res.Got, `"detail":"Idempotency-Key header is missing"}`) {
+				t.Errorf("key-missing got %q, not the whole problem", res.Got)
+			}
 		}
 	}
-	r = runCLI(t, "", append(args, "-profile", "stripe", base+"/payments")...)
-	if r.code != exitOK {
-		t.Errorf("atomicphase check -profile stripe = %d, want 0:\n%s", r.code, r.stdout)
+	if r := runCLI(t, "", append(args, "-profile", "stripe", "-strict", base+"/payments")...); r.code != exitOK {
+		t.Errorf("atomicphase check -profile stripe -strict = %d, want 0:\n%s", r.code, r.stdout)
 	}
 }
 
@@ -138,23 +155,114 @@ func TestCheckUsage(t *testing.T) {
 	}{
 		{[]string{"check", "-d", "x"}, "want one URL, got 0"},
 		{[]string{"check", "http://127.0.0.1:1/"}, "-d is required"},
-		{[]string{"check", "-d", "x", "-profile", "paypal", "http://127.0.0.1:1/"}, `no profile "paypal"; the profiles are ietf, stripe, atomicphase`},
+		{[]string{"check", "-d", "x", "-profile", "paypal", "http://127.0.0.1:1/"}, `no profile "paypal"; the profiles are generic, ietf, stripe, atomicphase`},
 		{[]string{"check", "-d", "x", "-H", "Authorization", "http://127.0.0.1:1/"}, `header "Authorization" is not 'Name: value'`},
 		{[]string{"check", "-d", "x", "127.0.0.1:1"}, "is not an absolute http or https URL"},
 		{[]string{"check", "-d", "@/nonexistent", "http://127.0.0.1:1/"}, "no such file"},
 	} {
+		// One line says what is wrong, one where the flags are.
 		r := runCLI(t, "", tc.args...)
-		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, "Usage: atomicphase check") {
-			t.Errorf("atomicphase %q = %d, want 2 and %q:\n%s", tc.args, r.code, tc.want, r.stderr)
+		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+		if r.code != exitUsage || len(lines) != 2 || !strings.Contains(lines[0], tc.want) || lines[1] != "Run 'atomicphase check -h' for the flags." {
+			t.Errorf("atomicphase %q = %d, want 2, %q and the hint:\n%s", tc.args, r.code, tc.want, r.stderr)
 		}
 	}
 	r := runCLI(t, "", "check", "-h")
-	for _, want := range []string{"-d2", "-H2", "-d500", "-profile", "-effects", "-restart", "test tenant", "storm"} {
+	for _, want := range []string{"-d2", "-H2", "-d500", "-profile", "-strict", "-settle-timeout", "-effects", "-restart", "test tenant", "storm", "differs"} {
 		if r.code != exitOK || !strings.Contains(r.stdout, want) {
 			t.Errorf("atomicphase check -h (%d) does not document %s", r.code, want)
 		}
 	}
 	if help := runCLI(t, "", "help"); !strings.Contains(help.stdout, "check URL") {
 		t.Error("atomicphase help does not list check")
+	}
+}
+
+// A JSON body pasted without -H 'Content-Type: …' is sent as JSON, which
+// phase.Handler accepts (it refuses a form), and the other request is made
+// from it, so that the scenarios that reuse a key with another body run.
+// The table stays within 100 columns.
+func TestCheckSendsAJSONBodyAsJSON(t *testing.T) {
+	t.Parallel()
+	base := paymentsServer(t, 0)
+	r := runCLI(t, "", "check", "-H", "Authorization: acme", "-d", `{"amount": 500}`, base+"/payments")
+	t.Logf("stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	if r.code != exitOK {
+		t.Fatalf("atomicphase check = %d, want 0", r.code)
+	}
+	for _, want := range []string{"(Content-Type application/json)", `other request: made from the request by changing "amount" from 500 to 501`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("the report does not say %q", want)
+		}
+	}
+	for _, s := range []string{"mismatch", "in-flight-mismatch"} {
+		if !strings.Contains(lineOf(r.stdout, s), " pass ") {
+			t.Errorf("%s: %q, want pass", s, lineOf(r.stdout, s))
+		}
+	}
+	table := r.stdout[strings.Index(r.stdout, "SCENARIO"):strings.Index(r.stdout, " passed, ")]
+	for line := range strings.Lines(table) {
+		if n := len([]rune(strings.TrimSuffix(line, "\n"))); n > 100 {
+			t.Errorf("a line of the table is %d columns wide: %s", n, line)
+		}
+	}
+}
+
+// counting serves /charges, counting the requests it gets, and /_count,
+// which answers body.
+func counting(t *testing.T, body string) (string, *atomic.Int64) {
+	t.Helper()
+	var hits atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("/charges", func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})
+	mux.HandleFunc("/_count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL, &hits
+}
+
+// A mistake that would make every scenario fail alike, or skip the
+// scenarios that see a missing fingerprint, stops the check before its
+// first request, with one line that says what is wrong and a hint.
+func TestCheckStopsBeforeTheFirstRequestOnAWrongInput(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, count string
+		args        []string
+		want        string
+	}{
+		{"a field -effects does not have", `{"payments": 3, "refunds": 0}`, []string{"-effects", "/_count#charges"},
+			`has no field "charges"; its fields are payments, refunds`},
+		{"a JSON object without #field", `{"payments": 3}`, []string{"-effects", "/_count"},
+			"answered a JSON object; name the field after '#'"},
+		{"a field that is not a number", `{"payments": "three"}`, []string{"-effects", "/_count#payments"},
+			`field "payments" is "three", not an integer`},
+		{"no other body can be made", "0", []string{"-d", "hello"}, "no other request to reuse a key with"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			base, hits := counting(t, tc.count)
+			args := []string{"check", "-d", `{"amount": 500}`}
+			for _, a := range tc.args {
+				if strings.HasPrefix(a, "/") {
+					a = base + a
+				}
+				args = append(args, a)
+			}
+			r := runCLI(t, "", append(args, base+"/charges")...)
+			lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+			if r.code != exitUsage || len(lines) != 2 || !strings.Contains(lines[0], tc.want) || r.stdout != "" {
+				t.Errorf("atomicphase %q = %d, want 2 and one line with %q:\n%s%s", args, r.code, tc.want, r.stdout, r.stderr)
+			}
+			if strings.Contains(r.stderr, "strconv") {
+				t.Errorf("the error is Go's, not the command's: %s", r.stderr)
+			}
+			if n := hits.Load(); n != 0 {
+				t.Errorf("the endpoint got %d requests", n)
+			}
+		})
 	}
 }
