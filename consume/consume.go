@@ -91,7 +91,8 @@ func (a Action) String() string {
 type Verdict struct {
 	Action Action
 	// Delay is the least pause before the next delivery, for Retry: the
-	// time the key's lease has left, the pause an error of the run asks
+	// time the key's lease has left (phase.Outcome.LeaseLeft, not capped
+	// as an HTTP Retry-After is), the pause an error of the run asks
 	// for through a method RetryAfter() time.Duration (a provider's
 	// Retry-After, wrapped with %w), or DefaultRetryDelay.
 	Delay time.Duration
@@ -177,5 +178,7 @@ func verdictOf(out *phase.Outcome, err error) Verdict {
 	// In flight, on hold, elsewhere: the key is not this delivery's to run
 	// now. Acknowledging it would lose the message if the run that holds
 	// the key dies before it finishes.
-	return Verdict{Action: Retry, Delay: max(out.RetryAfter, DefaultRetryDelay), Outcome: out}
+	// A key in flight waits out its lease, however long: a consumer that
+	// retried sooner would spend its deliveries on a holder that died.
+	return Verdict{Action: Retry, Delay: max(out.RetryAfter, out.LeaseLeft, DefaultRetryDelay), Outcome: out}
 }

@@ -35,7 +35,10 @@
 // MaxDeliver if lower), publish the message to [Config.DeadLetter] when
 // set and then terminate it with the reason: it is never delivered again,
 // and its key stays as its last run left it. Abandon leaves the message to
-// be delivered again after the consumer's AckWait.
+// be delivered again after the consumer's AckWait. A message whose key is
+// in flight in another run is never given up on; one whose dead letter
+// cannot be stored at its last delivery is left unacknowledged in its
+// stream, and an error names its stream and sequence.
 //
 // A message is dropped only when delivering it again can never help: its
 // payload does not decode, its tenant is refused, or its id was first
@@ -49,7 +52,11 @@
 // lasts is still in progress, so AckWait need not exceed the client's
 // RunTimeout: it is how soon the message of a consumer that died is
 // delivered again (JetStream's default is 30 seconds). With a BackOff,
-// the shortest of its pauses plays AckWait's part. Handler and Handle do
+// the shortest of its pauses plays AckWait's part. Messages JetStream sent
+// behind the one being run wait their turn unreported, and are delivered
+// again once they waited AckWait: set the consumer's MaxAckPending to the
+// number of processes that call Consume, or AckWait above the longest a
+// message can wait. Handler and Handle do
 // not know AckWait: with them, set it above the client's RunTimeout (5
 // minutes by default), or a message still being run is delivered again,
 // and retried while its key is in flight.

@@ -140,7 +140,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Println("transfers:", transfers.Load())
-	fmt.Println("dead letter:", letter.Header.Get(jetstream.MsgIDHeader), "-", letter.Header.Get(natsphase.ReasonHeader))
+	fmt.Println("dead letter:", letter.Header.Get(natsphase.KeyHeader), "-", letter.Header.Get(natsphase.ReasonHeader))
 	// Output:
 	// transfers: 1
 	// dead letter: payout-2 - natsphase: decode: unexpected end of JSON input

@@ -1,11 +1,14 @@
 package natsphase_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,13 +44,21 @@ type carrier struct {
 	calls map[string]int
 	down  map[string]bool
 	slow  map[string]time.Duration
+	// before, when set, is called before each call, and fails it with
+	// its error.
+	before func(order string) error
 }
 
 func (c *carrier) ship(key, order string) (string, error) {
 	c.mu.Lock()
 	c.calls[key]++
-	down, slow := c.down[order], c.slow[order]
+	down, slow, before := c.down[order], c.slow[order], c.before
 	c.mu.Unlock()
+	if before != nil {
+		if err := before(order); err != nil {
+			return "", err
+		}
+	}
 	time.Sleep(slow)
 	if down {
 		return "", errors.New("carrier: cannot ship " + order)
@@ -80,11 +91,38 @@ type env struct {
 	dead     jetstream.Stream
 	carrier  *carrier
 	client   *phase.Client
+	workflow *phase.Workflow[shipment, shipState]
 	consumer *natsphase.Consumer[shipment, shipState]
+	logs     *logs
 	verdicts chan consume.Verdict
 
 	mu         sync.Mutex
 	deliveries map[string][]time.Time // by Nats-Msg-Id, as ID saw them
+}
+
+// logs keeps what the client and the consumer log, from warnings up.
+type logs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// lines returns the logged lines that contain every one of parts.
+func (l *logs) lines(parts ...string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var found []string
+	for line := range strings.Lines(l.buf.String()) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			found = append(found, line)
+		}
+	}
+	return found
 }
 
 // options are what a test changes in setup.
@@ -125,7 +163,7 @@ func setup(t *testing.T, o options) *env {
 	}
 	t.Cleanup(nc.Close)
 	e := &env{carrier: &carrier{calls: map[string]int{}, down: map[string]bool{}, slow: map[string]time.Duration{}}, verdicts: make(chan consume.Verdict, 100),
-		deliveries: map[string][]time.Time{}}
+		deliveries: map[string][]time.Time{}, logs: &logs{}}
 	if e.js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +176,7 @@ func setup(t *testing.T, o options) *env {
 	}
 	cc := o.consumer
 	cc.Durable, cc.AckPolicy = "shipper", jetstream.AckExplicitPolicy
-	if len(cc.BackOff) == 0 {
+	if len(cc.BackOff) == 0 && cc.AckWait == 0 {
 		cc.AckWait = time.Second
 	}
 	if e.cons, err = stream.CreateOrUpdateConsumer(ctx, cc); err != nil {
@@ -167,7 +205,8 @@ func setup(t *testing.T, o options) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
+	e.workflow = w
+	logger := slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), e.logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if e.client, err = phase.NewClient(e.pool, &phase.Config{LeaseTTL: time.Second, Logger: logger}, w); err != nil {
 		t.Fatal(err)
 	}

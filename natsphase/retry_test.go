@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -123,8 +125,11 @@ func TestAMessageThatKeepsFailingBacksOffAndEndsAsADeadLetter(t *testing.T) {
 	}{
 		{"the library's backoff", jetstream.ConsumerConfig{MaxDeliver: 3},
 			[]time.Duration{950 * time.Millisecond, 1450 * time.Millisecond}, []time.Duration{1900 * time.Millisecond, 3 * time.Second}},
-		{"the consumer's BackOff", jetstream.ConsumerConfig{MaxDeliver: 4, BackOff: []time.Duration{400 * time.Millisecond, 800 * time.Millisecond, 1600 * time.Millisecond}},
-			[]time.Duration{350 * time.Millisecond, 750 * time.Millisecond, 1550 * time.Millisecond}, []time.Duration{950 * time.Millisecond, 1900 * time.Millisecond, 3 * time.Second}},
+		// Each pause is its BackOff entry, within 40 %: JetStream adds
+		// BackOff[n-1] - BackOff[0] to a NakWithDelay's delay, which
+		// Consume takes off.
+		{"the consumer's BackOff", jetstream.ConsumerConfig{MaxDeliver: 4, BackOff: []time.Duration{400 * time.Millisecond, 1600 * time.Millisecond, 800 * time.Millisecond}},
+			[]time.Duration{240 * time.Millisecond, 960 * time.Millisecond, 480 * time.Millisecond}, []time.Duration{560 * time.Millisecond, 2240 * time.Millisecond, 1120 * time.Millisecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -150,7 +155,8 @@ func TestAMessageThatKeepsFailingBacksOffAndEndsAsADeadLetter(t *testing.T) {
 			}
 			l := letters[0]
 			want := map[string]string{
-				jetstream.MsgIDHeader:      "order-4",
+				natsphase.KeyHeader:        "order-4",
+				jetstream.MsgIDHeader:      "order-4:SHIPMENTS:1:" + strconv.Itoa(tc.consumer.MaxDeliver),
 				natsphase.TenantHeader:     "shipping",
 				natsphase.SubjectHeader:    "shipments",
 				natsphase.SequenceHeader:   "SHIPMENTS:1",
@@ -178,7 +184,7 @@ func TestAMessageThatKeepsFailingBacksOffAndEndsAsADeadLetter(t *testing.T) {
 			e.carrier.setDown("o4", false)
 			back := nats.NewMsg(l.Header.Get(natsphase.SubjectHeader))
 			back.Data = l.Data
-			back.Header.Set(jetstream.MsgIDHeader, l.Header.Get(jetstream.MsgIDHeader))
+			back.Header.Set(jetstream.MsgIDHeader, l.Header.Get(natsphase.KeyHeader))
 			if _, err := e.js.PublishMsg(t.Context(), back); err != nil {
 				t.Fatal(err)
 			}
@@ -253,16 +259,151 @@ func TestARunLongerThanAckWaitIsDeliveredOnce(t *testing.T) {
 	e.carrier.slow["o7"] = 3 * time.Second
 	e.carrier.mu.Unlock()
 	e.publish(t, "order-7", "o7")
+	e.shippedOnce(t, "order-7")
+	if n := len(e.delivered("order-7")); n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
+	}
+}
+
+// shippedOnce waits until the key finishes and every message is settled,
+// and checks that the carrier shipped once.
+func (e *env) shippedOnce(t *testing.T, key string) {
+	t.Helper()
 	waitFor(t, 20*time.Second, "the key to finish", func() bool {
-		row, err := e.client.Inspect(t.Context(), "shipping", "order-7")
+		row, err := e.client.Inspect(t.Context(), "shipping", key)
 		return err == nil && row.FinishedAt != nil
 	})
 	e.settled(t)
 	e.shipped(t, 1)
-	if n := len(e.delivered("order-7")); n != 1 {
-		t.Errorf("%d deliveries, want 1", n)
-	}
 	if keys, calls := e.carrier.count(); keys != 1 || calls != 1 {
 		t.Errorf("the carrier got %d calls under %d keys, want one", calls, keys)
+	}
+}
+
+// redrive publishes the dead letter l back to its subject, under its key.
+func (e *env) redrive(t *testing.T, l *jetstream.RawStreamMsg) {
+	t.Helper()
+	back := nats.NewMsg(l.Header.Get(natsphase.SubjectHeader))
+	back.Data = l.Data
+	back.Header.Set(jetstream.MsgIDHeader, l.Header.Get(natsphase.KeyHeader))
+	if _, err := e.js.PublishMsg(t.Context(), back); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestARedrivenMessageThatFailsAgainIsASecondDeadLetter publishes back a
+// dead letter that fails again, within the dead-letter stream's duplicate
+// window: its second dead letter is stored too, under the same key, not
+// discarded as a duplicate of the first while the message is terminated.
+func TestARedrivenMessageThatFailsAgainIsASecondDeadLetter(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{duplicates: 100 * time.Millisecond})
+	if _, err := e.js.Publish(t.Context(), "shipments", []byte(`not json`), jetstream.WithMsgID("order-9")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "a dead letter", func() bool { return len(e.deadLetters(t)) == 1 })
+	time.Sleep(200 * time.Millisecond) // past the shipments stream's duplicate window
+	e.redrive(t, e.deadLetters(t)[0])
+	waitFor(t, 20*time.Second, "a second dead letter", func() bool { return len(e.deadLetters(t)) == 2 })
+	e.settled(t)
+	letters := e.deadLetters(t)
+	for _, l := range letters {
+		if k := l.Header.Get(natsphase.KeyHeader); k != "order-9" {
+			t.Errorf("dead letter's key %q, want order-9", k)
+		}
+	}
+	if a, b := letters[0].Header.Get(jetstream.MsgIDHeader), letters[1].Header.Get(jetstream.MsgIDHeader); a == b {
+		t.Errorf("both dead letters have Nats-Msg-Id %q", a)
+	}
+}
+
+// TestAMessageWhoseDeadLetterCannotBeStoredAtItsLastDeliveryStaysInItsStream
+// drops a malformed message while no stream captures the dead-letter
+// subject, on a consumer whose MaxDeliver is 2. At the last delivery the
+// message is neither nakked (JetStream would not deliver it again) nor
+// terminated: an error names its stream and sequence, and the message is
+// still there to read.
+func TestAMessageWhoseDeadLetterCannotBeStoredAtItsLastDeliveryStaysInItsStream(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{deadStreamLater: true, consumer: jetstream.ConsumerConfig{MaxDeliver: 2}})
+	if _, err := e.js.Publish(t.Context(), "shipments", []byte(`not json`), jetstream.WithMsgID("order-10")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the error naming the message", func() bool {
+		return len(e.logs.lines("level=ERROR", "delivers it no more", "stream=SHIPMENTS", "sequence=1", "key=order-10")) == 1
+	})
+	time.Sleep(1500 * time.Millisecond) // no delivery comes after the last
+	if n := len(e.delivered("order-10")); n != 2 {
+		t.Errorf("%d deliveries, want MaxDeliver, 2", n)
+	}
+	stream, err := e.js.Stream(t.Context(), "SHIPMENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetMsg(t.Context(), 1)
+	if err != nil || string(m.Data) != "not json" {
+		t.Fatalf("sequence 1 of SHIPMENTS: %v, %v; want the message", m, err)
+	}
+}
+
+// TestAMessageWhoseKeyIsInFlightAtItsLastDeliveryWaitsForTheLease takes
+// a key with a run that stops as a killed consumer does, keeping a 3 s
+// lease, and then delivers its message to a consumer whose MaxDeliver is
+// 1. The message is not given up on while the key is in flight: it waits
+// for the lease, in progress, and then resumes the key and ships once.
+func TestAMessageWhoseKeyIsInFlightAtItsLastDeliveryWaitsForTheLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{consumer: jetstream.ConsumerConfig{MaxDeliver: 1}})
+	killed, err := phase.NewClient(e.pool, &phase.Config{LeaseTTL: 3 * time.Second, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))}, e.workflow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crash := phase.WithInjector(t.Context(), phase.CrashAt(phase.Point{Phase: "recorded", Stage: phase.AfterCommit}))
+	if _, err := e.workflow.Run(crash, killed, "shipping", "order-11", shipment{Order: "o11"}); !errors.Is(err, phase.ErrCrash) {
+		t.Fatalf("the killed run: %v, want phase.ErrCrash", err)
+	}
+	e.publish(t, "order-11", "o11")
+	e.shippedOnce(t, "order-11")
+	if letters := e.deadLetters(t); len(letters) != 0 {
+		t.Errorf("%d dead letters, want none: %v", len(letters), letters[0].Header)
+	}
+}
+
+// unavailable is a provider's 503 with Retry-After.
+type unavailable struct{ after time.Duration }
+
+func (u *unavailable) Error() string             { return "carrier: 503 service unavailable" }
+func (u *unavailable) RetryAfter() time.Duration { return u.after }
+
+// TestAProviderOutageDuringAStoreOutageIsLoggedAsItIs fails a call with a
+// provider's 503 while the database goes down, so that the run cannot
+// free its lease. The run's log says the lease was not freed, and it is a
+// warning: the message is retried, and ships once the store returns.
+func TestAProviderOutageDuringAStoreOutageIsLoggedAsItIs(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{})
+	var once sync.Once
+	e.carrier.before = func(string) error {
+		var err error
+		once.Do(func() {
+			outage(t, e.pool, true)
+			err = &unavailable{after: time.Second}
+		})
+		return err
+	}
+	t.Cleanup(func() { outage(t, e.pool, false) })
+	e.publish(t, "order-12", "o12")
+	waitFor(t, 20*time.Second, "the failed run's log", func() bool { return len(e.logs.lines("run stopped", "key=order-12")) > 0 })
+	outage(t, e.pool, false)
+	e.settled(t)
+	e.shipped(t, 1)
+	if l := e.logs.lines("freeing the lease failed"); len(l) == 0 {
+		t.Fatalf("no log says freeing the lease failed; the test's outage came too late")
+	}
+	if l := e.logs.lines("run stopped", "lease not freed", "level=WARN"); len(l) != 1 {
+		t.Errorf("%d warnings that the run stopped with its lease not freed, want 1: %q", len(l), e.logs.lines("run stopped"))
+	}
+	if l := e.logs.lines("lease freed"); len(l) != 0 {
+		t.Errorf("logged %q, but the lease was not freed", l)
 	}
 }

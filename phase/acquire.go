@@ -205,7 +205,7 @@ func (w *Workflow[Req, State]) acquire(ctx context.Context, c *Client, info *Run
 				pause = min(2*pause, 500*time.Millisecond)
 				continue
 			}
-			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found, RetryAfter: lockttl.RetryAfter(row.LeaseLeft)}), nil
+			return taken{}, c.refuse(ctx, ev, &Outcome{Kind: found, RetryAfter: lockttl.RetryAfter(row.LeaseLeft), LeaseLeft: row.LeaseLeft}), nil
 		default:
 			return taken{}, nil, fmt.Errorf("phase: acquire: the store found the key %v, which this release does not know", kind)
 		}

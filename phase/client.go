@@ -432,8 +432,8 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 
 // release frees the lease of a run that ends without finishing. It reports
 // whether the lease was no longer the run's, because another run took the
-// key over; any other failure to free it is logged (the lease then expires
-// by itself).
+// key over, and whether it freed the lease; any other failure to free it
+// is logged (the lease then expires by itself).
 //
 // callFailed clears the key's pending call: the run learnt that the call
 // did not happen.
@@ -442,7 +442,7 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 // (not the connection) while lastErr is recorded, the lease is freed again
 // without it, and lastErr goes only to the log. Otherwise every retry would
 // be refused as in flight until the lease expired.
-func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) (lost bool) {
+func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) (lost, freed bool) {
 	err := store.ReleaseDetached(ctx, c.db, row.Holder(), lastErr, hold, byCompleter, callFailed)
 	if err != nil && lastErr != "" && !errors.Is(err, keyrow.ErrLeaseLost) && !storeDown(err) {
 		c.cfg.Logger.Error("storing the run's error failed; freeing the lease without it",
@@ -450,13 +450,14 @@ func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, ho
 		err = store.ReleaseDetached(ctx, c.db, row.Holder(), "", hold, byCompleter, callFailed)
 	}
 	if errors.Is(err, keyrow.ErrLeaseLost) {
-		return true
+		return true, false
 	}
 	if err != nil {
 		c.cfg.Logger.Error("freeing the lease failed; the key resumes when it expires",
 			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "err", err)
+		return false, false
 	}
-	return false
+	return false, true
 }
 
 // Complete runs completer passes until one finds nothing due, and returns

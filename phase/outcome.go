@@ -47,6 +47,11 @@ type Outcome struct {
 	// RetryAfter is how long a client should wait before retrying a key in
 	// progress or on hold.
 	RetryAfter time.Duration
+	// LeaseLeft is the time left on the lease of a key in flight
+	// (OutcomeInFlight), uncapped: RetryAfter bounds a client's wait, but a
+	// consumer that pays for each delivery waits until the lease of a
+	// holder that died can have ended.
+	LeaseLeft time.Duration
 	// Hold says why a key on hold waits.
 	Hold keyrow.Hold
 	// Definition is the definition the key started under, for

@@ -59,6 +59,8 @@ type execution[Req, State any] struct {
 	// callFailed is set when a foreign call failed for sure: its provider
 	// refused it, so it did not happen.
 	callFailed bool
+	// leaseKept is set when failing the run could not free its lease.
+	leaseKept bool
 	// next is the first phase that applies after the last one committed,
 	// found before its commit (see settle); -1 before a phase commits.
 	next int
@@ -366,15 +368,17 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 	case errors.As(err, &pe):
 		ev.Kind = keyrow.EventFailed
 		x.c.observe(ctx, ev)
-		log.Error("panic in user code; lease freed, recovery point kept", append(attrs, "where", pe.Where, "panic", pe.Value, "stack", string(pe.Stack))...)
+		log.Error("panic in user code; "+x.leaseState()+", recovery point kept", append(attrs, "where", pe.Where, "panic", pe.Value, "stack", string(pe.Stack))...)
 	default:
 		ev.Kind = keyrow.EventFailed
 		x.c.observe(ctx, ev)
 		level := slog.LevelError
-		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) {
+		if transient(err) {
+			// Retried by the next request or delivery: a warning, not an
+			// alert.
 			level = slog.LevelWarn
 		}
-		log.Log(ctx, level, "run stopped; lease freed, recovery point kept", append(attrs, "err", err)...)
+		log.Log(ctx, level, "run stopped; "+x.leaseState()+", recovery point kept", append(attrs, "err", err)...)
 	}
 	return err
 }
@@ -386,11 +390,36 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 // taken the key over (most often the rows that run already wrote) is not
 // the key's failure, and the key is in progress elsewhere.
 func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
-	if x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter, x.callFailed) {
+	lost, freed := x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter, x.callFailed)
+	if lost {
 		x.lease.MarkLost()
 		return fmt.Errorf("%w (the run, taken over, then failed: %v)", keyrow.ErrLeaseLost, cause)
 	}
+	x.leaseKept = !freed
 	return cause
+}
+
+// leaseState says, for a log, whether fail freed the run's lease: when the
+// store could not be reached, the lease is kept until it expires.
+func (x *execution[Req, State]) leaseState() string {
+	if x.leaseKept {
+		return "lease not freed (the key resumes when it expires)"
+	}
+	return "lease freed"
+}
+
+// transient reports whether err says a later attempt may succeed: the
+// store or a lookup is down (ErrUnavailable), the run hit its time limit,
+// or a provider asked to be called again later (an error with a method
+// RetryAfter() time.Duration, such as a 503 or 429 with Retry-After, or a
+// method Timeout() bool that returns true).
+func transient(err error) bool {
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRunTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ra interface{ RetryAfter() time.Duration }
+	var to interface{ Timeout() bool }
+	return errors.As(err, &ra) || (errors.As(err, &to) && to.Timeout())
 }
 
 // debugging reports whether debug logs; callers ask first, so that a run
