@@ -15,6 +15,7 @@ import (
 	"github.com/atomicphase/atomicphase/consume"
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/lockttl"
 	"github.com/atomicphase/atomicphase/phase"
 )
 
@@ -161,3 +162,37 @@ type rateLimited time.Duration
 
 func (r rateLimited) Error() string             { return "rate limited" }
 func (r rateLimited) RetryAfter() time.Duration { return time.Duration(r) }
+
+// TestAMessageWhoseKeyIsInFlightWaitsForTheWholeLease: a run killed with
+// its key's 20 s lease (lockttl.DefaultTTL) leaves the key in flight; the
+// message's next delivery is retried after the lease's time left, not
+// after the 5 s an HTTP Retry-After is capped at, so that a consumer does
+// not spend its deliveries on a holder that died.
+func TestAMessageWhoseKeyIsInFlightWaitsForTheWholeLease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	type payout struct{ Cents int }
+	w, err := phase.NewWorkflow("payouts",
+		phase.Local("paid", func(ctx context.Context, tx pgx.Tx, in *phase.Input[payout, struct{}]) (phase.Result, error) {
+			return phase.JSON(200, "paid"), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
+	client, err := phase.NewClient(pgtest.Pool(t), &phase.Config{Logger: logger}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := phase.WithInjector(ctx, phase.CrashAt(phase.Point{Phase: "paid", Stage: phase.BeforeCommit}))
+	if _, err := w.Run(killed, client, "billing", "msg-4", payout{100}); !errors.Is(err, phase.ErrCrash) {
+		t.Fatalf("the killed run: %v, want phase.ErrCrash", err)
+	}
+	v := consume.Run(ctx, client, w, "billing", "msg-4", payout{100})
+	if v.Action != consume.Retry || v.Outcome == nil || v.Outcome.Kind != phase.OutcomeInFlight {
+		t.Fatalf("delivery while the key is held: %v %+v, want a retry of a key in flight", v.Action, v.Outcome)
+	}
+	if v.Delay < 15*time.Second || v.Delay > lockttl.DefaultTTL {
+		t.Errorf("retried after %v, want the lease's time left, about %v", v.Delay, lockttl.DefaultTTL)
+	}
+}
