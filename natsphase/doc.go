@@ -11,10 +11,11 @@
 //		log.Fatal(err)
 //	}
 //	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-//		Durable:    "payouts",
-//		AckPolicy:  jetstream.AckExplicitPolicy,
-//		AckWait:    30 * time.Second, // a dead consumer's message is delivered again after it
-//		MaxDeliver: 20,               // then the message goes to payouts.dead
+//		Durable:       "payouts",
+//		AckPolicy:     jetstream.AckExplicitPolicy,
+//		AckWait:       30 * time.Second, // a dead consumer's message is delivered again after it
+//		MaxDeliver:    20,               // then the message goes to payouts.dead
+//		MaxAckPending: 1,                // one process consumes: no message waits unreported behind another
 //	})
 //	if err != nil {
 //		log.Fatal(err)
