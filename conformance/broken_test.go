@@ -430,3 +430,27 @@ func TestTheCheckDeadlineIsNamed(t *testing.T) {
 		}
 	}
 }
+
+// A count that never moves (-effects reading the wrong counter) fails the
+// scenarios that executed, saying the count did not move, not that the
+// endpoint executed 0 times where it wanted 2.
+func TestACountThatNeverMovesIsNamed(t *testing.T) {
+	t.Parallel()
+	m := newMem(0)
+	m.same = []byte(`{"status":"accepted"}`)
+	rep, err := conformance.Check(t.Context(), conformance.Config{
+		Handler:     m,
+		Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
+		Body:        []byte(`{"amount": 500}`),
+		OtherCaller: http.Header{"Authorization": {"globex"}},
+		Executions:  func(context.Context) (int64, error) { return 0, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		if res.Scenario == "scoping" && (res.Verdict != conformance.Fail || res.Why != "the execution count did not move, though the answers show 2 execution(s): check that the count (-effects) counts this endpoint's executions") {
+			t.Errorf("scoping %s: %s", res.Verdict, res.Why)
+		}
+	}
+}

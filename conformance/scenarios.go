@@ -147,7 +147,12 @@ func (c *checker) expectExecutions(ctx context.Context, o *outcome, before, want
 	}
 	o.res.Executions = &n
 	o.note("", fmt.Sprintf("%d execution(s) counted", n))
-	if n != want {
+	switch {
+	case n == 0 && want > 0:
+		// Requests were answered with success and nothing was counted:
+		// the count, not the endpoint, is the likelier to be wrong.
+		o.fail("the execution count did not move, though the answers show %d execution(s): check that the count (-effects) counts this endpoint's executions", want)
+	case n != want:
 		o.fail("the endpoint executed %d time(s) by its execution count; want %d", n, want)
 	}
 	return n

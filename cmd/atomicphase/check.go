@@ -112,7 +112,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	strict := fs.Bool("strict", false, "fail on an answer that differs from -profile, not only on an unsafe one")
 	jsonOut := fs.Bool("json", false, "print the report as JSON, every body whole")
 	effects := fs.String("effects", "", "`URL` whose GET answers how many times the endpoint executed: a number, or a JSON\nobject whose field is named after '#' (http://127.0.0.1:9090/_stats#charges)")
-	restart := fs.String("restart", "", "shell `COMMAND` that restarts the server and returns once it serves, run once an\nexecution is in flight; without it the restart scenario is skipped, and without -effects\nit cannot pass")
+	restart := fs.String("restart", "", "shell `COMMAND` that restarts the server and returns once it serves, run once an\nexecution is in flight; the server must be seen to go away (its connections closed), else\nthe scenario is not exercised; without it the restart scenario is skipped, and without\n-effects it cannot pass")
 	storm := fs.Int("storm", conformance.DefaultStorm, "`N` identical requests sent at once, 2 to 1000")
 	requestTimeout := fs.Duration("request-timeout", conformance.DefaultRequestTimeout, "bound on each request")
 	settleTimeout := fs.Duration("settle-timeout", conformance.DefaultSettleTimeout, "bound on retrying a key in flight (409, 429, 503); a longer Retry-After\nfrom the endpoint extends it")
