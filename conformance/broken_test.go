@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -56,9 +57,12 @@ const (
 
 // memHandler is an Idempotency-Key handler kept in memory, correct unless
 // told to have bugs. It creates an order per execution, which takes a
-// while, and fails a request whose body asks it to.
+// while, and fails a request whose body asks it to. With same set, every
+// execution answers those bytes, as an endpoint answering
+// {"status":"accepted"} does.
 type memHandler struct {
 	bugs       bug
+	same       []byte
 	executions atomic.Int64
 
 	mu   sync.Mutex
@@ -190,6 +194,9 @@ func (m *memHandler) execute(body []byte) (int, []byte) {
 		return http.StatusInternalServerError, []byte(`{"error":"the order cannot be created"}`)
 	}
 	n := m.executions.Add(1)
+	if m.same != nil {
+		return http.StatusCreated, m.same
+	}
 	return http.StatusCreated, []byte(`{"order":` + strconv.FormatInt(n, 10) + `,"amount":500}`)
 }
 
@@ -215,13 +222,13 @@ func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
 		{"correct, by the atomicphase profile", 0, conformance.AtomicPhase(), nil, "", nil},
 		{"check-then-insert race", raceCheckThenInsert, conformance.Profile{}, []string{"storm"}, "differ from the first, at byte", nil},
 		{"no fingerprint", noFingerprint, conformance.Profile{}, []string{"mismatch"}, "got the first body's answer", nil},
-		{"the body is part of the key", keyWithBody, conformance.Profile{}, []string{"mismatch", "in-flight-mismatch"}, "the kit infers it was executed under the key", nil},
+		{"the body is part of the key", keyWithBody, conformance.Profile{}, []string{"mismatch", "in-flight-mismatch"}, "with an answer of its own", nil},
 		{"replay that differs", replayDiffers, conformance.Profile{}, []string{"replay", "storm", "dropped-connection"}, "differs from the first answer's at byte", nil},
 		{"key not required", keyOptional, conformance.Profile{}, []string{"key-missing"}, "executed without a key", nil},
-		{"second execution while the first is in flight", noInFlight, conformance.Profile{}, []string{"in-flight", "in-flight-mismatch", "storm"}, "the kit infers", nil},
+		{"second execution while the first is in flight", noInFlight, conformance.Profile{}, []string{"in-flight", "in-flight-mismatch", "storm"}, "successful answer(s) for one key differ from the first", nil},
 		{"409 without Retry-After", noRetryAfter, conformance.Profile{}, []string{"retry-after"}, "has no Retry-After", nil},
-		{"keys shared across callers", globalKeys, conformance.Profile{}, []string{"scoping"}, "the second caller got the first request's answer: one caller's key answers another's", nil},
-		{"unreadable keys run unprotected", badKeysRun, conformance.Profile{}, []string{"key-too-long", "key-invalid"}, "the kit infers a second execution", nil},
+		{"keys shared across callers", globalKeys, conformance.Profile{}, []string{"scoping"}, "the second caller got the first request's answer, marked as a replay (Idempotent-Replayed): one caller's key answers another's", nil},
+		{"unreadable keys run unprotected", badKeysRun, conformance.Profile{}, []string{"key-too-long", "key-invalid"}, "the retry's body differs from the first answer's at byte", nil},
 		{"keys cut to 255 characters", cutKeys, conformance.Profile{}, []string{"key-too-long"}, "answers one key with another's", nil},
 		{"cached 500s", cached500, conformance.Profile{}, nil, "", nil},
 		{"cached 500s, by the atomicphase profile", cached500, conformance.AtomicPhase(), nil, "", []string{"server-error"}},
@@ -257,6 +264,16 @@ func TestBrokenHandlersAreCaughtByTheirScenario(t *testing.T) {
 					if len(tc.caught) > 0 && res.Scenario == tc.caught[0] && !strings.Contains(res.Why, tc.says) {
 						t.Errorf("%s says %q, want it to say %q", res.Scenario, res.Why, tc.says)
 					}
+					if !counted {
+						continue
+					}
+					// A count replaces the inference, and answers it shows
+					// were executions are not replays missing a marker.
+					for _, f := range res.Findings {
+						if strings.Contains(f.Why, "infers") || strings.Contains(f.Why, "carry no replay marker") {
+							t.Errorf("%s, counted, says %q", res.Scenario, f.Why)
+						}
+					}
 				}
 			})
 		}
@@ -288,4 +305,152 @@ func TestCredentialsInTheURLGoWithEveryRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectVerdicts(t, rep, nil, nil)
+}
+
+// A correct endpoint whose every execution answers the same bytes passes
+// scoping: the second caller's answer is not marked as a replay, and the
+// count shows it executed; from its answers alone, an unmarked answer from
+// an endpoint that marks its replays is taken for an execution of its own,
+// and the report says it infers so.
+func TestAnEndpointThatAnswersTheSameBytesPassesScoping(t *testing.T) {
+	t.Parallel()
+	for _, counted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("counted=%v", counted), func(t *testing.T) {
+			t.Parallel()
+			m := newMem(0)
+			m.same = []byte(`{"status":"accepted"}`)
+			cfg := conformance.Config{
+				Handler:     m,
+				Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
+				Body:        []byte(`{"amount": 500}`),
+				OtherCaller: http.Header{"Authorization": {"globex"}},
+			}
+			says := "the kit infers an execution of its own"
+			if counted {
+				cfg.Executions = func(context.Context) (int64, error) { return m.executions.Load(), nil }
+				says = "2 execution(s) counted"
+			}
+			rep, err := conformance.Check(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expectVerdicts(t, rep, nil, nil)
+			for _, res := range rep.Results {
+				if res.Scenario == "scoping" && (res.Verdict != conformance.Pass || !strings.Contains(res.Got, says)) {
+					t.Errorf("scoping %s, got %q, want pass saying %q", res.Verdict, res.Got, says)
+				}
+			}
+		})
+	}
+}
+
+// Without an execution count, nor a replay marker anywhere, the same bytes
+// for the second caller cannot be judged from the answers: scoping is
+// skipped, saying so, neither passed nor failed.
+func TestTheSameBytesUnmarkedCannotBeJudgedFromTheAnswers(t *testing.T) {
+	t.Parallel()
+	rep, err := conformance.Check(t.Context(), conformance.Config{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get(keyrow.HeaderName) == "" {
+				http.Error(w, "a key, please", http.StatusBadRequest)
+				return
+			}
+			w.WriteHeader(http.StatusAccepted)
+			_, _ = io.WriteString(w, `{"status":"accepted"}`)
+		}),
+		Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
+		Body:        []byte(`{"amount": 500}`),
+		OtherCaller: http.Header{"Authorization": {"globex"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		if res.Scenario == "scoping" && (res.Verdict != conformance.Skip || !strings.Contains(res.Why, "the kit cannot tell an execution of its own from the first request's answer")) {
+			t.Errorf("scoping %s: %s", res.Verdict, res.Why)
+		}
+	}
+}
+
+// A request that outlasts the request timeout fails the scenario that
+// needs it, naming the timeout, not the request.
+func TestARequestTimeoutIsNamed(t *testing.T) {
+	t.Parallel()
+	rep, err := conformance.Check(t.Context(), conformance.Config{
+		Handler:        newMem(0),
+		Header:         http.Header{"Content-Type": {"application/json"}},
+		Body:           []byte(`{"amount": 500}`),
+		RequestTimeout: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		if res.Scenario == "replay" && (res.Verdict != conformance.Fail || !strings.Contains(res.Why, "did not answer within the request timeout, 50ms (-request-timeout)") || strings.Contains(res.Why, "check the URL")) {
+			t.Errorf("replay %s: %s", res.Verdict, res.Why)
+		}
+	}
+}
+
+// A check whose deadline ends in the middle of a scenario fails that
+// scenario saying so, not with what its cut requests looked like, and
+// skips the rest.
+func TestTheCheckDeadlineIsNamed(t *testing.T) {
+	t.Parallel()
+	m := newMem(0)
+	ctx, cancel := context.WithTimeoutCause(t.Context(), 2*time.Second, errors.New("the test's deadline passed"))
+	defer cancel()
+	rep, err := conformance.Check(ctx, conformance.Config{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.Contains(r.Header.Get(keyrow.HeaderName), "-replay-") {
+				// The replay scenario outlasts the check. Once the body is
+				// read, the server sees the client go.
+				_, _ = io.ReadAll(r.Body)
+				<-r.Context().Done()
+				return
+			}
+			m.ServeHTTP(w, r)
+		}),
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   []byte(`{"amount": 500}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		t.Logf("%s %s: %s", res.Scenario, res.Verdict, res.Why)
+		switch {
+		case res.Scenario == "replay":
+			if res.Verdict != conformance.Fail || res.Why != "the check was stopped during the scenario, before it could judge: the test's deadline passed" {
+				t.Errorf("replay %s: %s", res.Verdict, res.Why)
+			}
+		case strings.HasPrefix(res.Scenario, "key-"):
+		case res.Verdict != conformance.Skip || res.Why != "the check was stopped: the test's deadline passed":
+			t.Errorf("%s %s: %s", res.Scenario, res.Verdict, res.Why)
+		}
+	}
+}
+
+// A count that never moves (-effects reading the wrong counter) fails the
+// scenarios that executed, saying the count did not move, not that the
+// endpoint executed 0 times where it wanted 2.
+func TestACountThatNeverMovesIsNamed(t *testing.T) {
+	t.Parallel()
+	m := newMem(0)
+	m.same = []byte(`{"status":"accepted"}`)
+	rep, err := conformance.Check(t.Context(), conformance.Config{
+		Handler:     m,
+		Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
+		Body:        []byte(`{"amount": 500}`),
+		OtherCaller: http.Header{"Authorization": {"globex"}},
+		Executions:  func(context.Context) (int64, error) { return 0, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		if res.Scenario == "scoping" && (res.Verdict != conformance.Fail || res.Why != "the execution count did not move, though the answers show 2 execution(s): check that the count (-effects) counts this endpoint's executions") {
+			t.Errorf("scoping %s: %s", res.Verdict, res.Why)
+		}
+	}
 }

@@ -57,6 +57,37 @@ type Result struct {
 	Why string `json:"why,omitempty"`
 	// Findings lists every finding, each with its kind.
 	Findings []Finding `json:"findings,omitempty"`
+	// Answers lists each request the scenario sent and what came back,
+	// field by field: every request of a storm included.
+	Answers []Answer `json:"answers,omitempty"`
+	// Executions is how many times the endpoint executed during the
+	// scenario by the Executions count; nil when it was not counted.
+	Executions *int64 `json:"executions,omitempty"`
+}
+
+// Answer is one request a scenario sent and what came back.
+type Answer struct {
+	// Sent describes the request, as Result.Sent does.
+	Sent string `json:"sent"`
+	// Status is the answer's HTTP status, 0 when none came.
+	Status int `json:"status"`
+	// Body is the answer's body, whole; its length when it is not UTF-8.
+	Body string `json:"body"`
+	// Replayed names the replay marker the answer carried, whichever
+	// spelling, or is empty when it carried none.
+	Replayed string `json:"replayed,omitempty"`
+	// RetryAfter is the answer's Retry-After header, if any.
+	RetryAfter string `json:"retry_after,omitempty"`
+	// Error says why no answer came.
+	Error string `json:"error,omitempty"`
+}
+
+// Totals counts a report's scenarios by verdict.
+type Totals struct {
+	Passed  int `json:"passed"`
+	Differs int `json:"differs"`
+	Skipped int `json:"skipped"`
+	Failed  int `json:"failed"`
 }
 
 // Report is the outcome of a check.
@@ -71,6 +102,25 @@ type Report struct {
 	Strict bool `json:"strict"`
 	// Results holds one Result per scenario, in the order of Scenarios.
 	Results []Result `json:"results"`
+	// Totals counts Results by verdict.
+	Totals Totals `json:"totals"`
+}
+
+// total counts r's results by verdict into r.Totals.
+func (r *Report) total() {
+	r.Totals = Totals{}
+	for _, res := range r.Results {
+		switch res.Verdict {
+		case Pass:
+			r.Totals.Passed++
+		case Differs:
+			r.Totals.Differs++
+		case Skip:
+			r.Totals.Skipped++
+		case Fail:
+			r.Totals.Failed++
+		}
+	}
 }
 
 // Failed reports whether a scenario failed, or, with Strict, differs from
@@ -117,6 +167,7 @@ func Check(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	rep.total()
 	return rep, nil
 }
 
@@ -186,8 +237,14 @@ func each(ctx context.Context, cfg Config, rep *Report, do func(s Scenario, run 
 			o := &outcome{res: Result{Scenario: s.Name, Source: s.Source, Verdict: Pass}, profile: cfg.Profile}
 			if ctx.Err() != nil {
 				o.skip("the check was stopped: %v", context.Cause(ctx))
-			} else {
-				s.run(ctx, c, o)
+				return o.result()
+			}
+			s.run(ctx, c, o)
+			if ctx.Err() != nil {
+				// What the scenario saw once its requests were cut is the
+				// cut, not the endpoint.
+				o.findings = nil
+				o.fail("the check was stopped during the scenario, before it could judge: %v", context.Cause(ctx))
 			}
 			return o.result()
 		})
@@ -209,6 +266,21 @@ func (o *outcome) show(xs ...*exchange) {
 	for _, x := range xs {
 		o.sent = append(o.sent, x.what)
 		o.got = append(o.got, x.got())
+	}
+	o.answer(xs...)
+}
+
+// answer adds exchanges to the result's Answers only, for a scenario that
+// summarises them in a note.
+func (o *outcome) answer(xs ...*exchange) {
+	for _, x := range xs {
+		a := Answer{Sent: x.what, Status: x.status, Body: shown(x.resp), Replayed: x.marker()}
+		if x.err != nil {
+			a.Error = x.err.Error()
+		} else {
+			a.RetryAfter = x.header.Get("Retry-After")
+		}
+		o.res.Answers = append(o.res.Answers, a)
 	}
 }
 

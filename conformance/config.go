@@ -79,7 +79,10 @@ type Config struct {
 	// returns once it is started again; the restart scenario calls it in the
 	// middle of a storm, once an execution is in flight (counted by
 	// Executions, its answer not yet sent), and tries again with a new key
-	// when none was. Without it that scenario is skipped.
+	// when none was. The restart must be seen: a connection opened to the
+	// server before it closed after it, or requests of the storm cut;
+	// else the scenario is skipped as not exercised. Without it that
+	// scenario is skipped.
 	Restart func(ctx context.Context) error
 	// RequestTimeout bounds each request. Defaults to DefaultRequestTimeout.
 	RequestTimeout time.Duration

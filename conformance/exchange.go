@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +44,8 @@ type exchange struct {
 	header http.Header
 	resp   []byte
 	err    error
+	// timedOut reports that RequestTimeout ran out before the answer.
+	timedOut bool
 	// sent is when the request was written; done when the answer's
 	// headers arrived (or the request failed).
 	sent, done time.Time
@@ -148,6 +151,9 @@ type checker struct {
 
 	mu   sync.Mutex
 	seen []*exchange // every answer, for the Retry-After scenario
+
+	controlOnce sync.Once
+	control     *exchange // Body under a valid key; see controlRequest
 }
 
 func newChecker(cfg Config, target string) *checker {
@@ -189,6 +195,7 @@ type request struct {
 func (c *checker) send(ctx context.Context, rq request) *exchange {
 	x := c.exchange(rq)
 	defer c.record(x)
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
@@ -207,11 +214,13 @@ func (c *checker) send(ctx context.Context, rq request) *exchange {
 	x.done = time.Now()
 	if err != nil {
 		x.err = err
+		x.timedOut = errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil
 		return x
 	}
 	defer res.Body.Close()
 	x.status, x.header = res.StatusCode, res.Header
 	x.resp, x.err = io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
+	x.timedOut = x.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil
 	return x
 }
 
@@ -335,6 +344,7 @@ func (c *checker) sendTogether(ctx context.Context, n int, rq request, during fu
 			}
 			xs[i].status, xs[i].header, xs[i].resp, xs[i].err = readAnswer(conn, req)
 			xs[i].done = time.Now()
+			xs[i].timedOut = errors.Is(xs[i].err, os.ErrDeadlineExceeded)
 		})
 	}
 	during(answered)
@@ -346,16 +356,10 @@ func (c *checker) sendTogether(ctx context.Context, n int, rq request, during fu
 // returns nil when the client would reach u through a proxy or any of
 // them cannot be opened.
 func (c *checker) dialAhead(ctx context.Context, u *url.URL, n int) []net.Conn {
-	if proxyFor := c.client.Transport.(*http.Transport).Proxy; proxyFor != nil {
-		if proxy, err := proxyFor(&http.Request{URL: u}); proxy != nil || err != nil {
-			return nil
-		}
+	addr, ok := c.direct(u)
+	if !ok {
+		return nil
 	}
-	port := u.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
-	}
-	addr := net.JoinHostPort(u.Hostname(), port)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
 	conns := make([]net.Conn, n)
@@ -382,6 +386,21 @@ func (c *checker) dialAhead(ctx context.Context, u *url.URL, n int) []net.Conn {
 		return nil
 	}
 	return conns
+}
+
+// direct returns the address of u's server, or false when the client
+// would reach u through a proxy.
+func (c *checker) direct(u *url.URL) (string, bool) {
+	if proxyFor := c.client.Transport.(*http.Transport).Proxy; proxyFor != nil {
+		if proxy, err := proxyFor(&http.Request{URL: u}); proxy != nil || err != nil {
+			return "", false
+		}
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	return net.JoinHostPort(u.Hostname(), port), true
 }
 
 // readAnswer reads the answer to req from conn, its body cut at

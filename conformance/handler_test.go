@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,7 +59,8 @@ func orders(t *testing.T) *phase.Workflow[order, orderState] {
 // setup returns a phase.Handler for orders over a database of its own,
 // configured by cfg, and the check's Config for it with every optional
 // input: a second caller, a failing request, the count of orders and a
-// restart that replaces the handler's client by a new one.
+// restart that cuts every connection and replaces the handler's client by
+// a new one.
 func setup(t *testing.T, mismatch int) conformance.Config {
 	t.Helper()
 	ctx := context.Background()
@@ -86,15 +88,21 @@ func setup(t *testing.T, mismatch int) conformance.Config {
 	if err := start(); err != nil {
 		t.Fatal(err)
 	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }))
+	t.Cleanup(srv.Close)
 	return conformance.Config{
-		Handler:     http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }),
-		URL:         "/orders",
+		URL:         srv.URL + "/orders",
 		Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
 		Body:        []byte(`{"amount": 500}`),
 		FailBody:    []byte(`{"amount": 500, "fail": true}`),
 		OtherCaller: http.Header{"Authorization": {"globex"}},
 		Executions:  countRows(pool, `SELECT count(*) FROM conformance_orders`),
-		Restart:     func(context.Context) error { return start() },
+		// As a crash does, the restart cuts every connection, and a new
+		// client serves the endpoint.
+		Restart: func(context.Context) error {
+			srv.CloseClientConnections()
+			return start()
+		},
 	}
 }
 

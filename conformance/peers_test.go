@@ -402,6 +402,11 @@ func TestARequestThatFailsFailsTheScenariosThatNeedIt(t *testing.T) {
 		"405": {Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "use PUT", http.StatusMethodNotAllowed)
 		})},
+		// A refusal of the body is not a refusal of the key: the key
+		// scenarios cannot pass on it.
+		"a 400 to the body": {Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "the body is not a form", http.StatusBadRequest)
+		})},
 		// Port 1 (tcpmux) is closed here, and no test's server can take
 		// it, as one could a port another server just let go.
 		"closed port": {URL: "http://127.0.0.1:1/charges"},
@@ -421,6 +426,13 @@ func TestARequestThatFailsFailsTheScenariosThatNeedIt(t *testing.T) {
 					if res.Verdict != conformance.Fail || !strings.Contains(res.Why, "the scenario needs it to succeed") {
 						t.Errorf("%s: %s %q, want fail saying the request must succeed", res.Scenario, res.Verdict, res.Why)
 					}
+				case "key-missing", "key-empty", "key-twice", "key-too-long", "key-invalid":
+					if name == "a 400 to the body" && !strings.Contains(res.Why, "but so was the same body under a valid key (answered 400)") {
+						t.Errorf("%s: %s %q, want it to say the body was refused too", res.Scenario, res.Verdict, res.Why)
+					}
+				}
+				if res.Scenario == "dropped-connection" && strings.Contains(res.Got, "answered no answer") {
+					t.Errorf("dropped-connection got %q", res.Got)
 				}
 				if res.Verdict == conformance.Pass || strings.Contains(res.Why, "too fast") {
 					t.Errorf("%s: %s %q", res.Scenario, res.Verdict, res.Why)

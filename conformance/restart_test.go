@@ -268,6 +268,11 @@ func TestRestartSafeEndpointPassesWaitingAsRetryAfterSays(t *testing.T) {
 		if res.Verdict != conformance.Skip || !strings.Contains(res.Why, "cannot tell an execution resumed after the restart from a second one") {
 			t.Errorf("restart %s: %s, want a skip saying why", res.Verdict, res.Why)
 		}
+		// It says what it saw, a request refused while the key was held,
+		// and that the restart cut connections; not an execution in flight.
+		if !strings.Contains(res.Sent, "once a request was answered 409") || !strings.Contains(res.Sent, "the server went away") || strings.Contains(res.Sent, "with an execution in flight") {
+			t.Errorf("restart sent %q", res.Sent)
+		}
 	})
 }
 
@@ -294,5 +299,66 @@ func TestRestartNotExercisedIsNotAPass(t *testing.T) {
 		if res.Scenario == "restart" && (res.Verdict != conformance.Skip || !strings.Contains(res.Why, "not exercised: in 5 storms") || restarts.Load() != 0) {
 			t.Errorf("restart %s after %d restarts: %s", res.Verdict, restarts.Load(), res.Why)
 		}
+	}
+}
+
+// restartResult checks the endpoint p serves, counted by executions and
+// restarted by restart, and returns the restart scenario's result.
+func restartResult(t *testing.T, p *process, executions func() int64, restart func(context.Context) error) conformance.Result {
+	t.Helper()
+	rep, err := conformance.Check(t.Context(), conformance.Config{
+		URL:        p.srv.URL + "/charges",
+		Body:       []byte(`{"amount": 500}`),
+		Storm:      5,
+		Executions: func(context.Context) (int64, error) { return executions(), nil },
+		Restart:    restart,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		if res.Scenario == "restart" {
+			t.Logf("restart: %s\nsent: %s\ngot:  %s\nwhy:  %s", res.Verdict, res.Sent, res.Got, res.Why)
+			return res
+		}
+	}
+	t.Fatal("no restart scenario")
+	return conformance.Result{}
+}
+
+// A restart command that restarts nothing (true) does not exercise the
+// restart scenario, however safe the storm looked: an endpoint that keeps
+// its keys in memory is skipped as not exercised, once, never passed; its
+// report does not claim a restart it did not see.
+func TestARestartThatRestartsNothingIsNotExercised(t *testing.T) {
+	t.Parallel()
+	e := crashEndpoint{bank: &bank{keys: map[string]*bankKey{}}, before: 50 * time.Millisecond, lease: time.Second}
+	var calls atomic.Int64
+	res := restartResult(t, newProcess(t, e.start), e.bank.charges.Load, func(context.Context) error {
+		calls.Add(1)
+		return nil
+	})
+	if res.Verdict != conformance.Skip || !strings.Contains(res.Why, "not exercised: the restart command returned, but nothing shows the server went away") || calls.Load() != 1 {
+		t.Errorf("restart %s after %d restarts: %s", res.Verdict, calls.Load(), res.Why)
+	}
+	if strings.Contains(res.Sent, "the server went away") {
+		t.Errorf("the report claims a restart: %s", res.Sent)
+	}
+}
+
+// An execution count kept in the process, which a restart resets, goes
+// down across it: the restart scenario fails saying so, not that the
+// endpoint executed a negative number of times.
+func TestACountThatGoesDownAcrossARestartIsNamed(t *testing.T) {
+	t.Parallel()
+	e := crashEndpoint{bank: &bank{keys: map[string]*bankKey{}}, before: 50 * time.Millisecond, lease: time.Second}
+	p := newProcess(t, e.start)
+	var base atomic.Int64 // the charges made by earlier processes
+	res := restartResult(t, p, func() int64 { return e.bank.charges.Load() - base.Load() }, func(ctx context.Context) error {
+		base.Store(e.bank.charges.Load())
+		return p.restart(ctx)
+	})
+	if res.Verdict != conformance.Fail || !strings.Contains(res.Why, "the execution count went down from") || strings.Contains(res.Why, "executed -") {
+		t.Errorf("restart %s: %s", res.Verdict, res.Why)
 	}
 }

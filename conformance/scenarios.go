@@ -3,9 +3,13 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"mime"
+	"net"
 	"net/http"
+	"net/url"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -83,6 +87,18 @@ const (
 	longKeyKind
 )
 
+// controlRequest returns the answer to Body under a new, valid key, sent
+// once per check: a key scenario's refusal says something of the key only
+// when this one succeeded. It is sent before the first key scenario reads
+// the execution count, so no scenario counts its execution.
+func (c *checker) controlRequest(ctx context.Context) *exchange {
+	c.controlOnce.Do(func() {
+		key := c.key("control")
+		c.control = c.send(ctx, request{what: "key " + key + ", body (the same body under a valid key)", keys: []string{key}, body: c.cfg.Body})
+	})
+	return c.control
+}
+
 // longKey returns a key of keyrow.MaxKeyLength+1 characters that starts
 // with k and ends with last.
 func longKey(k string, last byte) string {
@@ -103,18 +119,56 @@ func (c *checker) executions(ctx context.Context, o *outcome) int64 {
 	return n
 }
 
-// expectExecutions fails o unless want executions happened since before.
-func (c *checker) expectExecutions(ctx context.Context, o *outcome, before, want int64) {
+// since returns how many executions the Executions count shows since
+// before, or -1 without a count. A count that went down fails o: the
+// endpoint lost it, and with it its state, and it cannot judge the
+// scenario.
+func (c *checker) since(ctx context.Context, o *outcome, before int64) int64 {
 	if before < 0 {
-		return
+		return -1
 	}
 	after := c.executions(ctx, o)
 	if after < 0 {
-		return
+		return -1
 	}
-	o.note("", fmt.Sprintf("%d execution(s) counted", after-before))
-	if after-before != want {
-		o.fail("the endpoint executed %d time(s) by its execution count; want %d", after-before, want)
+	if after < before {
+		o.fail("the execution count went down from %d to %d during the scenario: the endpoint lost its state (as across a restart), and the count cannot say how many times it executed", before, after)
+		return -1
+	}
+	return after - before
+}
+
+// expectExecutions fails o unless want executions happened since before,
+// and returns how many did, or -1 without a count.
+func (c *checker) expectExecutions(ctx context.Context, o *outcome, before, want int64) int64 {
+	n := c.since(ctx, o, before)
+	if n < 0 {
+		return n
+	}
+	o.res.Executions = &n
+	o.note("", fmt.Sprintf("%d execution(s) counted", n))
+	switch {
+	case n == 0 && want > 0:
+		// Requests were answered with success and nothing was counted:
+		// the count, not the endpoint, is the likelier to be wrong.
+		o.fail("the execution count did not move, though the answers show %d execution(s): check that the count (-effects) counts this endpoint's executions", want)
+	case n != want:
+		o.fail("the endpoint executed %d time(s) by its execution count; want %d", n, want)
+	}
+	return n
+}
+
+// inferred says what answers that differ for one key show: with n
+// executions counted, what the count shows; without a count (n < 0), the
+// inference the kit draws from the answers alone.
+func inferred(n int64, inference string) string {
+	switch {
+	case n < 0:
+		return "the kit infers " + inference
+	case n <= 1:
+		return fmt.Sprintf("%d execution(s) counted: the endpoint answered a replay that is not its first answer", n)
+	default:
+		return fmt.Sprintf("%d executions counted: the endpoint executed the request more than once", n)
 	}
 }
 
@@ -124,7 +178,7 @@ func (c *checker) first(ctx context.Context, o *outcome, key string) *exchange {
 	x := c.send(ctx, request{what: "key " + key + ", body", keys: []string{key}, body: c.cfg.Body})
 	o.show(x)
 	if !x.success() {
-		o.fail("the first request was %s, not 2xx: the scenario needs it to succeed; check the URL, method, headers and body (-X, -H, -d)", brief(x))
+		o.fail("the first request was %s, not 2xx: the scenario needs it to succeed; %s", brief(x), c.hint(x))
 		return nil
 	}
 	if x.markedAny() {
@@ -140,6 +194,15 @@ func brief(x *exchange) string {
 		return "not answered (" + x.err.Error() + ")"
 	}
 	return "answered " + strconv.Itoa(x.status)
+}
+
+// hint says what to check when a request a scenario needs did not
+// succeed: the request timeout when it ran out, else the request.
+func (c *checker) hint(x *exchange) string {
+	if x.timedOut {
+		return fmt.Sprintf("the endpoint did not answer within the request timeout, %s (-request-timeout)", c.cfg.RequestTimeout)
+	}
+	return "check the URL, method, headers and body (-X, -H, -d)"
 }
 
 // checkProblem notes an error answer that is not the profile's RFC 9457
@@ -165,6 +228,7 @@ func (o *outcome) checkProblem(x *exchange, typ string) {
 // a profile without OpaqueKeys.
 func refusedKey(keys func(*checker) []string, what string, kind int) func(context.Context, *checker, *outcome) {
 	return func(ctx context.Context, c *checker, o *outcome) {
+		control := c.controlRequest(ctx)
 		before := c.executions(ctx, o)
 		sent := keys(c)
 		x := c.send(ctx, request{what: "a request " + what + ", body", keys: sent, body: c.cfg.Body})
@@ -177,7 +241,13 @@ func refusedKey(keys func(*checker) []string, what string, kind int) func(contex
 			o.fail("a request %s was answered %d: it was executed without a key", what, x.status)
 			want = 1
 		case x.success():
-			want = c.acceptedKey(ctx, o, x, sent, what, kind)
+			want = c.acceptedKey(ctx, o, before, x, sent, what, kind)
+		case !control.success():
+			// A refusal says something of the key only when the same body
+			// under a valid key is executed: else it may refuse the body.
+			o.show(control)
+			o.fail("a request %s was answered %d, but so was the same body under a valid key (%s): the refusal cannot be told from a refusal of the body; the scenario needs the body to succeed; %s",
+				what, x.status, brief(control), c.hint(control))
 		case x.busy() || x.status >= 500:
 			o.differ("a request %s was answered %d, which clients retry, with the same key; the profile refuses it for good with 400", what, x.status)
 		case x.status != http.StatusBadRequest:
@@ -200,10 +270,10 @@ func refusedKey(keys func(*checker) []string, what string, kind int) func(contex
 // refuse it: the same request again must be its replay, and a long key
 // must not answer for another that shares its first 255 characters. It
 // returns the executions expected.
-func (c *checker) acceptedKey(ctx context.Context, o *outcome, x *exchange, sent []string, what string, kind int) int64 {
+func (c *checker) acceptedKey(ctx context.Context, o *outcome, before int64, x *exchange, sent []string, what string, kind int) int64 {
 	x2 := c.send(ctx, request{what: "the same again", keys: sent, body: c.cfg.Body})
 	o.show(x2)
-	c.judgeReplay(o, x, x2)
+	c.judgeReplay(ctx, o, before, x, x2)
 	want := int64(1)
 	if kind == longKeyKind {
 		other := longKey(sent[0][:keyrow.MaxKeyLength], 'y')
@@ -221,18 +291,30 @@ func (c *checker) acceptedKey(ctx context.Context, o *outcome, x *exchange, sent
 
 // separate sends rq, a request of its own though it shares x1's key in
 // whole or in part, and fails o when it gets x1's answer; who names its
-// sender, and seen what that shows. It returns the answer, or nil when
-// there is none or it is x1's.
+// sender, and seen what that shows. It returns the answer when it may be
+// one of its own, or nil when there is none or it is x1's.
+//
+// An answer marked as a replay is x1's. An unmarked answer with x1's very
+// bytes may be an execution of its own from an endpoint whose answer is
+// the same every time ({"status":"accepted"}): with an Executions count
+// the count decides (the caller expects an execution); without one it is
+// taken for an execution when the endpoint marks its replays elsewhere,
+// and otherwise nothing can be concluded from the answers.
 func (c *checker) separate(ctx context.Context, o *outcome, x1 *exchange, rq request, who, seen string) *exchange {
 	x := c.send(ctx, rq)
 	o.show(x)
 	switch {
 	case x.err != nil:
 		o.fail("%s got no answer: %v", who, x.err)
-	case x.markedAny() || x.sameAnswer(x1):
-		o.fail("%s got the first request's answer: %s", who, seen)
-	default:
+	case x.markedAny():
+		o.fail("%s got the first request's answer, marked as a replay (%s): %s", who, x.marker(), seen)
+	case !x.sameAnswer(x1) || c.cfg.Executions != nil:
 		return x
+	case c.marksReplays():
+		o.note("", fmt.Sprintf("%s's answer has the first's bytes, unmarked; the endpoint marks its replays, so the kit infers an execution of its own", who))
+		return x
+	default:
+		o.skip("%s got the first request's bytes, unmarked, and the endpoint marked no answer as a replay: from the answers alone the kit cannot tell an execution of its own from the first request's answer (-effects counts executions)", who)
 	}
 	return nil
 }
@@ -246,13 +328,14 @@ func checkReplay(ctx context.Context, c *checker, o *outcome) {
 	}
 	x2 := c.send(ctx, request{what: "the same again", keys: []string{key}, body: c.cfg.Body})
 	o.show(x2)
-	c.judgeReplay(o, x1, x2)
+	c.judgeReplay(ctx, o, before, x1, x2)
 	c.expectExecutions(ctx, o, before, 1)
 }
 
 // judgeReplay judges x2, the retry of x1 once x1 was answered: the same
-// status and bytes, marked as the profile marks a replay.
-func (c *checker) judgeReplay(o *outcome, x1, x2 *exchange) {
+// status and bytes, marked as the profile marks a replay. A retry that
+// differs is judged with the executions counted since before, if counted.
+func (c *checker) judgeReplay(ctx context.Context, o *outcome, before int64, x1, x2 *exchange) {
 	switch {
 	case x2.err != nil:
 		o.fail("the retry got no answer: %v", x2.err)
@@ -261,7 +344,8 @@ func (c *checker) judgeReplay(o *outcome, x1, x2 *exchange) {
 		o.fail("the retry was answered %d, the first request %d: the replay differs from the first answer", x2.status, x1.status)
 		return
 	case !x2.sameAnswer(x1):
-		o.fail("the retry's body differs from the first answer's %s; the kit infers a second execution, or a replay not stored byte for byte", difference(x1.resp, x2.resp))
+		o.fail("the retry's body differs from the first answer's %s; %s", difference(x1.resp, x2.resp),
+			inferred(c.since(ctx, o, before), "a second execution, or a replay not stored byte for byte"))
 		return
 	}
 	c.judgeMarker(o, x2)
@@ -292,8 +376,12 @@ func checkMismatch(ctx context.Context, c *checker, o *outcome) {
 		o.fail("the other body got no answer: %v", x2.err)
 	case x2.markedAny() || x2.sameAnswer(x1):
 		o.fail("the key reused with another body got the first body's answer")
-	case x2.success():
+	case x2.success() && c.cfg.Executions == nil:
 		o.fail("the key reused with another body was answered %d with an answer of its own: the kit infers it was executed under the key", x2.status)
+		want = 2
+	case x2.success():
+		// The count says whether it was executed.
+		o.fail("the key reused with another body was answered %d with an answer of its own, not refused", x2.status)
 		want = 2
 	case !slices.Contains(o.profile.mismatch(), x2.status):
 		o.differ("the key reused with another body was answered %d; the profile answers %s", x2.status, statuses(o.profile.mismatch()))
@@ -349,7 +437,7 @@ func inFlight(ctx context.Context, c *checker, o *outcome, other bool) {
 	}
 	all := append([]*exchange{x1}, during...)
 	if !slices.ContainsFunc(all, (*exchange).success) {
-		o.fail("no request succeeded; the first was %s: the scenario needs it to succeed; check the URL, method, headers and body (-X, -H, -d)", brief(x1))
+		o.fail("no request succeeded; the first was %s: the scenario needs it to succeed; %s", brief(x1), c.hint(x1))
 		return
 	}
 	if len(overlapped) == 0 {
@@ -357,9 +445,9 @@ func inFlight(ctx context.Context, c *checker, o *outcome, other bool) {
 		return
 	}
 	if !other {
-		c.judgeSameKey(o, append([]*exchange{x1}, overlapped...), false)
+		c.judgeSameKey(ctx, o, before, append([]*exchange{x1}, overlapped...), false)
 	} else {
-		c.judgeOtherInFlight(o, x1, overlapped)
+		c.judgeOtherInFlight(ctx, o, before, x1, overlapped)
 	}
 	c.expectExecutions(ctx, o, before, 1)
 }
@@ -382,8 +470,10 @@ func (c *checker) marksReplays() bool {
 // judgeSameKey judges the answers to requests that share a key and a body:
 // every success identical, at most one not marked as a replay, the rest
 // 409, 429 or 503. With cut, requests that got no answer are allowed (a
-// restart cut them). Every finding is recorded, not only the first.
-func (c *checker) judgeSameKey(o *outcome, xs []*exchange, cut bool) {
+// restart cut them). Every finding is recorded, not only the first. With
+// an Executions count (since before), the count says what the answers
+// show; without one, the kit infers it and says so.
+func (c *checker) judgeSameKey(ctx context.Context, o *outcome, before int64, xs []*exchange, cut bool) {
 	var ref *exchange
 	unmarked, differing, noAnswer := 0, 0, 0
 	var diff string
@@ -414,22 +504,27 @@ func (c *checker) judgeSameKey(o *outcome, xs []*exchange, cut bool) {
 			o.differ("a request for the key in flight was answered %d; the profile answers 409 with Retry-After, or the first answer", x.status)
 		}
 	}
-	if differing > 0 {
-		o.fail("%d successful answer(s) for one key differ from the first, %s; the kit infers more than one execution", differing, diff)
+	n := int64(-1)
+	if differing > 0 || unmarked > 1 {
+		n = c.since(ctx, o, before)
 	}
-	if unmarked > 1 {
-		// With an execution count the count decides; without one, an
-		// unmarked answer from an endpoint that marks its replays is an
-		// execution.
-		if c.cfg.Executions == nil && c.marksReplays() {
-			o.fail("%d successful answers for one key carry no replay marker, though the endpoint marks its replays: the kit infers %d executions", unmarked, unmarked)
-		} else {
-			hint := ""
-			if c.cfg.Executions == nil {
-				hint = " (-effects counts executions exactly)"
-			}
-			o.differ("%d successful answers for one key carry no replay marker; the profile marks replays %s: true%s", unmarked, o.profile.marker(), hint)
-		}
+	if differing > 0 {
+		o.fail("%d successful answer(s) for one key differ from the first, %s; %s", differing, diff, inferred(n, "more than one execution"))
+	}
+	switch {
+	case unmarked <= 1:
+	case n >= int64(unmarked):
+		// The count shows these answers were executions, each of its own:
+		// that is the count's finding, not a missing marker.
+	case n >= 0:
+		o.differ("%d successful answers for one key carry no replay marker, and %d execution(s) counted: %d replay(s) unmarked; the profile marks replays %s: true",
+			unmarked, n, int64(unmarked)-max(n, 1), o.profile.marker())
+	case c.marksReplays():
+		// An unmarked answer from an endpoint that marks its replays is
+		// an execution.
+		o.fail("%d successful answers for one key carry no replay marker, though the endpoint marks its replays: the kit infers %d executions", unmarked, unmarked)
+	default:
+		o.differ("%d successful answers for one key carry no replay marker; the profile marks replays %s: true (-effects counts executions exactly)", unmarked, o.profile.marker())
 	}
 	if noAnswer > 0 && !cut {
 		o.fail("%d request(s) for the key got no answer", noAnswer)
@@ -438,7 +533,7 @@ func (c *checker) judgeSameKey(o *outcome, xs []*exchange, cut bool) {
 
 // judgeOtherInFlight judges two payloads sent under one key while the first
 // was in flight: exactly one ran, and the other got the profile's answer.
-func (c *checker) judgeOtherInFlight(o *outcome, x1 *exchange, others []*exchange) {
+func (c *checker) judgeOtherInFlight(ctx context.Context, o *outcome, before int64, x1 *exchange, others []*exchange) {
 	ran := 0
 	for _, x := range append([]*exchange{x1}, others...) {
 		switch {
@@ -453,7 +548,7 @@ func (c *checker) judgeOtherInFlight(o *outcome, x1 *exchange, others []*exchang
 		}
 	}
 	if ran > 1 {
-		o.fail("both payloads were answered with success under one key: the kit infers both were executed")
+		o.fail("both payloads were answered with success under one key; %s", inferred(c.since(ctx, o, before), "both were executed"))
 	}
 }
 
@@ -471,13 +566,17 @@ func checkStorm(ctx context.Context, c *checker, o *outcome) {
 func (c *checker) judgeStorm(ctx context.Context, o *outcome, before int64, key string, xs []*exchange, sent string, cut bool) {
 	final := c.settle(ctx, key, "then a retry until answered", cut)
 	o.note(sent, tally(xs))
+	for i, x := range xs {
+		x.what = fmt.Sprintf("request %d of the storm", i+1)
+	}
+	o.answer(xs...)
 	o.show(final)
 	if !final.success() {
 		o.fail("the retry after the storm was %s, not with the key's answer", brief(final))
 	} else if final.markedAny() {
 		c.judgeMarker(o, final)
 	}
-	c.judgeSameKey(o, append(xs, final), cut)
+	c.judgeSameKey(ctx, o, before, append(xs, final), cut)
 	c.expectExecutions(ctx, o, before, 1)
 }
 
@@ -491,9 +590,11 @@ const restartAttempts = 5
 // been answered with success; without Executions, when a request was
 // refused as in flight (409, 429 or 503) and none was answered with
 // success. A storm whose restart could not land so is sent again under a
-// new key; the scenario never passes without such a restart, nor without
-// Executions, since from the answers alone an execution resumed after the
-// restart and a second one look the same.
+// new key. A restart must be seen to happen: a connection opened to the
+// server before it is closed after it, or requests of the storm are cut;
+// else it is not exercised. The scenario never passes without such a
+// restart, nor without Executions, since from the answers alone an
+// execution resumed after the restart and a second one look the same.
 func checkRestart(ctx context.Context, c *checker, o *outcome) {
 	if c.cfg.Restart == nil {
 		o.skip("no restart command given (-restart); nothing restarts the server")
@@ -502,7 +603,7 @@ func checkRestart(ctx context.Context, c *checker, o *outcome) {
 	var missed []string
 	for attempt := 1; attempt <= restartAttempts && ctx.Err() == nil; attempt++ {
 		landed, why := c.restartStorm(ctx, o)
-		if o.failed() {
+		if o.failed() || o.has(Skip) {
 			return
 		}
 		if landed {
@@ -526,18 +627,21 @@ func (c *checker) restartStorm(ctx context.Context, o *outcome) (bool, string) {
 		return false, "the execution count could not be read"
 	}
 	key := c.key("restart")
-	var landed bool
-	var missed string
-	var killed time.Time
+	var landed, closed bool
+	var missed, seen string
+	var killed, restarted time.Time
 	xs := c.sendTogether(ctx, c.cfg.Storm, request{keys: []string{key}, body: c.cfg.Body}, func(answered <-chan *exchange) {
-		landed, missed = c.awaitInFlight(ctx, answered, before)
+		landed, missed, seen = c.awaitInFlight(ctx, answered, before)
 		if !landed {
 			return
 		}
+		probe := c.probe(ctx)
 		killed = time.Now()
 		if err := c.cfg.Restart(ctx); err != nil {
 			o.fail("the restart failed: %v", err)
 		}
+		restarted = time.Now()
+		closed = probe.closed()
 	})
 	if !landed {
 		// The key was answered, or never held: settle it so that its
@@ -545,40 +649,96 @@ func (c *checker) restartStorm(ctx context.Context, o *outcome) (bool, string) {
 		c.settle(ctx, key, "", true)
 		return false, missed
 	}
-	c.judgeStorm(ctx, o, before, key, xs, fmt.Sprintf("%d× key %s, body, at once; the server restarted %s after they were sent, with an execution in flight",
-		c.cfg.Storm, key, killed.Sub(xs[0].sent).Round(time.Millisecond)), true)
+	cut := 0
+	for _, x := range xs {
+		if x.err != nil {
+			cut++
+		}
+	}
+	var went []string
+	if closed {
+		went = append(went, "a connection opened before it was closed")
+	}
+	if cut > 0 {
+		went = append(went, fmt.Sprintf("it cut %d request(s) of the storm", cut))
+	}
+	sent := fmt.Sprintf("%d× key %s, body, at once; -restart ran %s after they were sent, %s, and returned %s later",
+		c.cfg.Storm, key, killed.Sub(xs[0].sent).Round(time.Millisecond), seen, restarted.Sub(killed).Round(time.Millisecond))
+	if len(went) > 0 {
+		sent += "; the server went away: " + strings.Join(went, ", ")
+	}
+	c.judgeStorm(ctx, o, before, key, xs, sent, true)
+	if len(went) == 0 && !o.failed() {
+		o.skip("not exercised: the restart command returned, but nothing shows the server went away: a connection opened to it before the restart was still open after it, and every request of the storm was answered; the command must restart the server behind the URL and return once it serves again")
+	}
 	return true, ""
+}
+
+// probe is a connection opened to the endpoint's server just before a
+// restart: a server that restarts closes it.
+type probe struct{ conn net.Conn }
+
+// probe opens a probe, or returns one that shows nothing when the server
+// is reached through a proxy or cannot be reached.
+func (c *checker) probe(ctx context.Context) probe {
+	u, err := url.Parse(c.target)
+	if err != nil {
+		return probe{}
+	}
+	addr, ok := c.direct(u)
+	if !ok {
+		return probe{}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return probe{}
+	}
+	return probe{conn: conn}
+}
+
+// closed reports whether the server closed the probe, and closes it.
+func (p probe) closed() bool {
+	if p.conn == nil {
+		return false
+	}
+	defer p.conn.Close()
+	_ = p.conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	_, err := p.conn.Read(make([]byte, 1))
+	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // awaitInFlight watches a storm's answers, and its Executions count, until
 // an execution is in flight: counted, or without a count shown by a request
 // refused as in flight, while none was answered with success. It reports
-// false, and why, when a success comes first or nothing shows within
-// RequestTimeout.
-func (c *checker) awaitInFlight(ctx context.Context, answered <-chan *exchange, before int64) (bool, string) {
+// whether one was, and what showed it; or false, and why, when a success
+// comes first or nothing shows within RequestTimeout.
+func (c *checker) awaitInFlight(ctx context.Context, answered <-chan *exchange, before int64) (landed bool, missed, seen string) {
 	deadline := time.NewTimer(c.cfg.RequestTimeout)
 	defer deadline.Stop()
 	poll := time.NewTicker(2 * time.Millisecond)
 	defer poll.Stop()
-	held := false
+	held := 0
 	for {
 		select {
 		case x := <-answered:
 			switch {
 			case x.success():
-				return false, fmt.Sprintf("a request was answered %d before an execution was seen in flight", x.status)
+				return false, fmt.Sprintf("a request was answered %d before an execution was seen in flight", x.status), ""
 			case x.busy():
-				held = true
+				held = x.status
 			}
 		case <-poll.C:
 		case <-deadline.C:
-			return false, "no execution was seen in flight within the request timeout"
+			return false, "no execution was seen in flight within the request timeout", ""
 		case <-ctx.Done():
-			return false, "the check was stopped"
+			return false, "the check was stopped", ""
 		}
 		if c.cfg.Executions == nil {
-			if held {
-				return true, ""
+			if held != 0 {
+				return true, "", fmt.Sprintf("once a request was answered %d (its key held) and none with success; no execution count shows one was in flight", held)
 			}
 			continue
 		}
@@ -589,11 +749,11 @@ func (c *checker) awaitInFlight(ctx context.Context, answered <-chan *exchange, 
 			select {
 			case x := <-answered:
 				if x.success() {
-					return false, fmt.Sprintf("a request was answered %d as its execution was counted", x.status)
+					return false, fmt.Sprintf("a request was answered %d as its execution was counted", x.status), ""
 				}
 			default:
 			}
-			return true, ""
+			return true, "", "once an execution was counted and no request answered with success"
 		}
 	}
 }
@@ -720,18 +880,22 @@ func checkDropped(ctx context.Context, c *checker, o *outcome) {
 		return
 	}
 	up := fwd[0]
-	o.note(x1.what, "dropped; the endpoint had answered "+up.got())
+	if up.err != nil {
+		o.note(x1.what, "the proxy could not reach the endpoint: "+up.err.Error())
+	} else {
+		o.note(x1.what, "dropped; the endpoint had answered "+up.got())
+	}
 	if x1.err == nil {
 		o.fail("the proxy did not drop the answer")
 		return
 	}
 	if !up.success() {
-		o.fail("the request was %s, not 2xx: the scenario needs it to succeed; check -X, -H, -d", brief(up))
+		o.fail("the request was %s, not 2xx: the scenario needs it to succeed; %s", brief(up), c.hint(up))
 		return
 	}
 	x2 := c.settle(ctx, key, "the same again, directly", false)
 	o.show(x2)
-	c.judgeReplay(o, up, x2)
+	c.judgeReplay(ctx, o, before, up, x2)
 	c.expectExecutions(ctx, o, before, 1)
 }
 
@@ -758,7 +922,9 @@ func checkScoping(ctx context.Context, c *checker, o *outcome) {
 	default:
 		o.differ("the second caller's request under the first caller's key was refused (%d): keys are shared across callers, not scoped to each", x2.status)
 	}
-	c.expectExecutions(ctx, o, before, want)
+	if n := c.expectExecutions(ctx, o, before, want); n == 1 && x2 != nil && x2.sameAnswer(x1) {
+		o.fail("the second caller got the first request's bytes, and the count shows no execution of its own: one caller's key answers another's")
+	}
 }
 
 // maxRetryAfter is the longest Retry-After the check takes for sane.

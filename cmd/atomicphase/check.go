@@ -112,8 +112,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	strict := fs.Bool("strict", false, "fail on an answer that differs from -profile, not only on an unsafe one")
 	jsonOut := fs.Bool("json", false, "print the report as JSON, every body whole")
 	effects := fs.String("effects", "", "`URL` whose GET answers how many times the endpoint executed: a number, or a JSON\nobject whose field is named after '#' (http://127.0.0.1:9090/_stats#charges)")
-	restart := fs.String("restart", "", "shell `COMMAND` that restarts the server and returns once it serves, run once an\nexecution is in flight; without it the restart scenario is skipped, and without -effects\nit cannot pass")
-	storm := fs.Int("storm", conformance.DefaultStorm, "`N` identical requests sent at once")
+	restart := fs.String("restart", "", "shell `COMMAND` that restarts the server and returns once it serves, run once an\nexecution is in flight; the server must be seen to go away (its connections closed), else\nthe scenario is not exercised; without it the restart scenario is skipped, and without\n-effects it cannot pass")
+	storm := fs.Int("storm", conformance.DefaultStorm, "`N` identical requests sent at once, 2 to 1000")
 	requestTimeout := fs.Duration("request-timeout", conformance.DefaultRequestTimeout, "bound on each request")
 	settleTimeout := fs.Duration("settle-timeout", conformance.DefaultSettleTimeout, "bound on retrying a key in flight (409, 429, 503); a longer Retry-After\nfrom the endpoint extends it")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole check")
@@ -129,7 +129,9 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fs.SetOutput(io.Discard)
 	}
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "atomicphase check: "+format+"\nRun 'atomicphase check -h' for the flags.\n", a...)
+		// The package's errors name it; the command's name is enough.
+		msg := strings.ReplaceAll(fmt.Sprintf(format, a...), "conformance: ", "")
+		fmt.Fprintf(stderr, "atomicphase check: %s\nRun 'atomicphase check -h' for the flags.\n", msg)
 		return exitUsage
 	}
 	// The URL may come anywhere among the flags, as with curl.
@@ -158,6 +160,9 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if !body.set {
 		return fail("-d is required: the body of a request the endpoint accepts")
+	}
+	if *storm < 2 || *storm > 1000 {
+		return fail("-storm %d: send 2 to 1000 requests at once", *storm)
 	}
 	h := headers.h
 	if h == nil {
@@ -191,12 +196,21 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if *restart != "" {
 		cfg.Restart = func(ctx context.Context) error {
+			var out tail
 			cmd := exec.CommandContext(ctx, "sh", "-c", *restart)
-			cmd.Stdout, cmd.Stderr = stderr, stderr
-			return cmd.Run()
+			// One writer for both, so that exec copies them on one pipe.
+			both := io.MultiWriter(stderr, &out)
+			cmd.Stdout, cmd.Stderr = both, both
+			if err := cmd.Run(); err != nil {
+				if s := out.String(); s != "" {
+					return fmt.Errorf("-restart %q: %w: %s", *restart, err, s)
+				}
+				return fmt.Errorf("-restart %q: %w", *restart, err)
+			}
+			return nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, *timeout, fmt.Errorf("the check's -timeout %s ran out", *timeout))
 	defer cancel()
 	rep, err := conformance.Check(ctx, cfg)
 	if err != nil {
@@ -219,6 +233,24 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
+// tailBytes is how much of a failed -restart command's output its error
+// shows.
+const tailBytes = 400
+
+// tail keeps the last tailBytes written to it.
+type tail struct{ b []byte }
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > tailBytes {
+		t.b = t.b[len(t.b)-tailBytes:]
+	}
+	return len(p), nil
+}
+
+// String returns what was kept, on one line.
+func (t *tail) String() string { return strings.Join(strings.Fields(string(t.b)), " ") }
+
 // defaultContentType is the Content-Type a body is sent with when -H sets
 // none.
 func defaultContentType(body []byte) string {
@@ -228,11 +260,13 @@ func defaultContentType(body []byte) string {
 	return "application/x-www-form-urlencoded"
 }
 
-// Widths of the report's table, which keeps a line within 100 columns.
+// Widths of the report, which keeps every line within reportWidth
+// columns: the table's lines are cut, the others wrapped.
 const (
+	reportWidth   = 100
 	scenarioWidth = 20
 	verdictWidth  = 9
-	gotWidth      = 100 - scenarioWidth - verdictWidth
+	gotWidth      = reportWidth - scenarioWidth - verdictWidth
 	detailWidth   = 240
 )
 
@@ -243,30 +277,56 @@ func printReport(w io.Writer, rep *conformance.Report, method, contentType strin
 	if rep.Strict {
 		mode = ", strict"
 	}
-	fmt.Fprintf(w, "%s %s (Content-Type %s), profile %s%s\nother request: %s\n\n", method, rep.Target, contentType, rep.Profile, mode, rep.OtherBody)
-	fmt.Fprintf(w, "%-*s%-*s%s\n", scenarioWidth, "SCENARIO", verdictWidth, "VERDICT", "GOT")
-	counts := map[conformance.Verdict]int{}
+	wrap(w, "", "  ", fmt.Sprintf("%s %s (Content-Type %s), profile %s%s", method, rep.Target, contentType, rep.Profile, mode))
+	wrap(w, "other request: ", "  ", rep.OtherBody)
+	fmt.Fprintf(w, "\n%-*s%-*s%s\n", scenarioWidth, "SCENARIO", verdictWidth, "VERDICT", "GOT")
 	for _, r := range rep.Results {
-		counts[r.Verdict]++
 		fmt.Fprintf(w, "%-*s%-*s%s\n", scenarioWidth, r.Scenario, verdictWidth, r.Verdict, cut(r.Got, gotWidth))
 	}
-	fmt.Fprintf(w, "\n%d passed, %d differ from the profile, %d skipped, %d failed\n",
-		counts[conformance.Pass], counts[conformance.Differs], counts[conformance.Skip], counts[conformance.Fail])
+	t := rep.Totals
+	fmt.Fprintf(w, "\n%d passed, %d differ from the profile, %d skipped, %d failed\n", t.Passed, t.Differs, t.Skipped, t.Failed)
 	for _, r := range rep.Results {
 		if r.Verdict == conformance.Pass {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s: %s (%s)\n", r.Scenario, r.Verdict, r.Source)
+		fmt.Fprintln(w)
+		wrap(w, "", "  ", fmt.Sprintf("%s: %s (%s)", r.Scenario, r.Verdict, r.Source))
 		if r.Sent != "" {
-			fmt.Fprintf(w, "  sent: %s\n", cut(r.Sent, detailWidth))
+			wrap(w, "  sent: ", "        ", cut(r.Sent, detailWidth))
 		}
 		if r.Got != "" {
-			fmt.Fprintf(w, "  got:  %s\n", cut(r.Got, detailWidth))
+			wrap(w, "  got:  ", "        ", cut(r.Got, detailWidth))
 		}
 		for _, f := range r.Findings {
-			fmt.Fprintf(w, "  %s: %s\n", f.Verdict, f.Why)
+			first := "  " + string(f.Verdict) + ": "
+			wrap(w, first, strings.Repeat(" ", len(first)), f.Why)
 		}
 	}
+}
+
+// wrap prints first and s on lines of at most reportWidth columns, the
+// lines after the first starting with indent; a word wider than a line
+// (a long URL) is broken where the line ends.
+func wrap(w io.Writer, first, indent, s string) {
+	line := []rune(first)
+	blank := true // nothing of s on the line yet
+	for _, word := range strings.Fields(s) {
+		r := []rune(word)
+		if !blank && len(line)+1+len(r) > reportWidth {
+			fmt.Fprintln(w, string(line))
+			line, blank = []rune(indent), true
+		}
+		if !blank {
+			line = append(line, ' ')
+		}
+		for len(line)+len(r) > reportWidth {
+			n := reportWidth - len(line)
+			fmt.Fprintln(w, string(append(line, r[:n]...)))
+			line, r = []rune(indent), r[n:]
+		}
+		line, blank = append(line, r...), false
+	}
+	fmt.Fprintln(w, string(line))
 }
 
 // cut shows s on one line, cut to n characters.

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -159,12 +160,17 @@ func TestCheckUsage(t *testing.T) {
 		{[]string{"check", "-d", "x", "-H", "Authorization", "http://127.0.0.1:1/"}, `header "Authorization" is not 'Name: value'`},
 		{[]string{"check", "-d", "x", "127.0.0.1:1"}, "is not an absolute http or https URL"},
 		{[]string{"check", "-d", "@/nonexistent", "http://127.0.0.1:1/"}, "no such file"},
+		{[]string{"check", "-d", "x", "-storm", "0", "http://127.0.0.1:1/"}, "-storm 0: send 2 to 1000 requests at once"},
+		{[]string{"check", "-d", "x", "-storm", "1", "http://127.0.0.1:1/"}, "-storm 1: send 2 to 1000 requests at once"},
 	} {
 		// One line says what is wrong, one where the flags are.
 		r := runCLI(t, "", tc.args...)
 		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
 		if r.code != exitUsage || len(lines) != 2 || !strings.Contains(lines[0], tc.want) || lines[1] != "Run 'atomicphase check -h' for the flags." {
 			t.Errorf("atomicphase %q = %d, want 2, %q and the hint:\n%s", tc.args, r.code, tc.want, r.stderr)
+		}
+		if strings.Contains(r.stderr, "conformance:") {
+			t.Errorf("atomicphase %q names the package: %s", tc.args, r.stderr)
 		}
 	}
 	r := runCLI(t, "", "check", "-h")
@@ -264,5 +270,117 @@ func TestCheckStopsBeforeTheFirstRequestOnAWrongInput(t *testing.T) {
 				t.Errorf("the endpoint got %d requests", n)
 			}
 		})
+	}
+}
+
+// slowOrders serves an in-memory Idempotency-Key endpoint at /orders that
+// takes 300 ms per order and answers 409 with Retry-After while a key is
+// in flight; a request whose key contains hang is never answered.
+func slowOrders(t *testing.T, hang string) string {
+	t.Helper()
+	var mu sync.Mutex
+	type order struct {
+		body   string
+		answer []byte
+	}
+	keys := map[string]*order{}
+	var orders atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		switch {
+		case hang != "" && strings.Contains(key, hang):
+			<-r.Context().Done()
+			return
+		case key == "" || len(r.Header.Values("Idempotency-Key")) > 1:
+			http.Error(w, "one Idempotency-Key, please", http.StatusBadRequest)
+			return
+		}
+		key = r.Header.Get("Authorization") + " " + key
+		mu.Lock()
+		k, seen := keys[key]
+		if !seen {
+			k = &order{body: string(body)}
+			keys[key] = k
+		}
+		stored := k.answer
+		mu.Unlock()
+		switch {
+		case seen && k.body != string(body):
+			http.Error(w, "the key was used with another body", http.StatusUnprocessableEntity)
+		case seen && stored == nil:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "in progress", http.StatusConflict)
+		case seen:
+			w.Header().Set("Idempotent-Replayed", "true")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(stored)
+		default:
+			time.Sleep(300 * time.Millisecond)
+			b := fmt.Appendf(nil, `{"order": %d}`, orders.Add(1))
+			mu.Lock()
+			k.answer = b
+			mu.Unlock()
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(b)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A failing -restart command fails the restart scenario with the end of
+// what it wrote to stderr; the report, a long URL's header and the lines
+// of the scenarios that did not pass included, keeps within 100 columns;
+// -json gives each answer field by field, every request of a storm
+// included, and the totals.
+func TestCheckReportsARestartThatFailsWithin100Columns(t *testing.T) {
+	t.Parallel()
+	url := slowOrders(t, "") + "/orders?tenant=" + strings.Repeat("acme", 30)
+	args := []string{"check", "-d", `{"amount": 500}`, "-storm", "4", "-restart", "echo 'restart: no such service: orders' >&2; exit 3", url}
+	r := runCLI(t, "", args...)
+	t.Logf("stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	if r.code != exitError || !strings.Contains(lineOf(r.stdout, "restart"), " fail ") {
+		t.Fatalf("atomicphase check = %d, want 1 and restart failed", r.code)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), `exit status 3: restart: no such service: orders`) {
+		t.Error("the report does not show what the restart command wrote")
+	}
+	for line := range strings.Lines(r.stdout) {
+		if n := len([]rune(strings.TrimSuffix(line, "\n"))); n > 100 {
+			t.Errorf("a line is %d columns wide: %s", n, line)
+		}
+	}
+	r = runCLI(t, "", append([]string{"check", "-json"}, args[1:]...)...)
+	rep := decode[conformance.Report](t, r.stdout)
+	if rep.Totals.Failed == 0 || rep.Totals.Passed+rep.Totals.Differs+rep.Totals.Skipped+rep.Totals.Failed != len(rep.Results) {
+		t.Errorf("totals %+v for %d results", rep.Totals, len(rep.Results))
+	}
+	for _, res := range rep.Results {
+		switch res.Scenario {
+		case "replay":
+			if len(res.Answers) != 2 || res.Answers[1].Status != http.StatusCreated || res.Answers[1].Replayed != "Idempotent-Replayed" || res.Answers[1].Body != res.Answers[0].Body {
+				t.Errorf("replay answers %+v", res.Answers)
+			}
+		case "storm":
+			if len(res.Answers) != 5 || !strings.HasPrefix(res.Answers[0].Body, `{"order": `) && res.Answers[0].Status != http.StatusConflict {
+				t.Errorf("storm answers %+v, want the 4 of the storm and the retry", res.Answers)
+			}
+		}
+	}
+}
+
+// A check that -timeout ends in the middle of a scenario says so, not
+// what its cut requests looked like.
+func TestCheckNamesItsTimeout(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "", "check", "-d", `{"amount": 500}`, "-timeout", "3s", slowOrders(t, "-replay-")+"/orders")
+	t.Logf("stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	out := strings.Join(strings.Fields(r.stdout), " ")
+	if r.code != exitError || !strings.Contains(out, "replay: fail") || !strings.Contains(out, "the check was stopped during the scenario, before it could judge: the check's -timeout 3s ran out") {
+		t.Errorf("atomicphase check = %d, want 1 naming -timeout", r.code)
+	}
+	if strings.Contains(out, "check the URL") || strings.Contains(out, "-d500") {
+		t.Error("the report blames the request")
 	}
 }
