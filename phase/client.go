@@ -312,6 +312,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	for i, k := range keys {
 		names[i], defs[i] = k.workflow, k.definition
 	}
+	for name := range c.Completer.InFlight {
+		if !slices.Contains(names, name) {
+			return nil, fmt.Errorf("phase: Config.Completer.InFlight names %q, which is not a registered workflow", name)
+		}
+	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
 	cl.completer = maintenance.NewCompleter(c.Completer, cl.db, cl.resume, names, defs, c.LeaseTTL, c.Logger)
 	if len(cl.hooks.passes) > 0 {
