@@ -40,7 +40,13 @@
 // within the lease the claim gave it. After a pass that failed (store
 // trouble) or whose keys mostly failed (provider trouble) the pause
 // doubles, up to a minute, and provider trouble halves the keys run at
-// once; each pass that goes well restores one. [CompleterConfig.InFlight]
+// once; each pass that goes well restores one. Live requests keep
+// priority: when the keys of a pass took, in the median and their foreign
+// calls left out, over 1.5 times the quickest median seen, the store or
+// the process is busy, and the next pass runs a quarter fewer keys at once
+// (at least one). A slow provider does not count: only the time a key
+// spends outside its calls, in the queues live requests wait in too.
+// [CompleterConfig.InFlight]
 // caps the keys of one workflow run at once, for a provider that
 // rate-limits. Several processes share a backlog through the SKIP LOCKED
 // claim: each key is claimed by one of them, and each claims full batches

@@ -13,10 +13,11 @@ import (
 )
 
 // Resumer continues a claimed key with its workflow, within the client's
-// run limits. It must free or keep the key's lease as any run does. The
-// claimed row is the library's own type: a phase.Client gives the
-// Resumer, and builds the completer.
-type Resumer func(ctx context.Context, row *store.Row) error
+// run limits, and returns the time the run spent in foreign calls and
+// reconcile functions. It must free or keep the key's lease as any run
+// does. The claimed row is the library's own type: a phase.Client gives
+// the Resumer, and builds the completer.
+type Resumer func(ctx context.Context, row *store.Row) (calls time.Duration, err error)
 
 // Completer finishes keys that no client is waiting for. A phase.Client
 // builds one from Config.Completer and runs it; see package recovery's
@@ -113,6 +114,9 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		wg  sync.WaitGroup
 		mu  sync.Mutex
 		sem = make(chan struct{}, running)
+		// own holds each run's time but its calls': the store's and this
+		// process's, which grow when they are busy.
+		own = make([]time.Duration, 0, len(rows))
 	)
 	for _, row := range rows {
 		wg.Go(func() {
@@ -124,9 +128,11 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 			}
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			err := c.resume(ctx, row)
+			began := time.Now()
+			calls, err := c.resume(ctx, row)
 			mu.Lock()
 			defer mu.Unlock()
+			own = append(own, time.Since(began)-calls)
 			switch {
 			case errors.Is(err, recovery.ErrHandedBack):
 				res.HandedBack++
@@ -138,24 +144,25 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		})
 	}
 	wg.Wait()
+	c.pace.observe(own)
 	return res, nil
 }
 
-func (c *Completer) resume(ctx context.Context, row *store.Row) error {
-	err := c.resumer(ctx, row)
+func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Duration, err error) {
+	calls, err = c.resumer(ctx, row)
 	ev := keyrow.Event{Kind: keyrow.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
 	if err != nil {
 		ev.Kind, ev.Err = keyrow.EventCompleterFailed, err
 	}
 	if errors.Is(err, recovery.ErrHandedBack) {
-		return err
+		return calls, err
 	}
 	c.observe(ctx, ev)
 	if err != nil && c.log.Enabled(ctx, slog.LevelWarn) {
 		c.log.Warn("completer could not finish key", "workflow", row.Workflow, "tenant", row.Tenant,
 			"key", row.Key, "recovery_point", row.RecoveryPoint, "attempt", row.Attempts, "err", err)
 	}
-	return err
+	return calls, err
 }
 
 // Drain runs passes until one finds nothing to claim, and returns the sum.

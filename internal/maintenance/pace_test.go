@@ -42,4 +42,21 @@ func TestPaceFollowsThePasses(t *testing.T) {
 	step("the store down for long", 100, recovery.PassResult{}, time.Millisecond, store, maxPause, 100, 1)
 	step("recovered", 100, full, time.Second, nil, 0, 100, 2)
 	step("recovered further", 100, full, time.Second, nil, 0, 100, 3)
+	step("recovered fully", 100, full, time.Second, nil, 0, 100, 4)
+
+	// Keys' own times, their calls left out: 2 ms at best, then a busy
+	// store at 4 ms, more than 1.5 times the best.
+	own := func(d time.Duration) []time.Duration { return []time.Duration{d / 2, d, d, d * 10} }
+	p.observe(own(2 * time.Millisecond))
+	step("a quick store", 100, full, time.Second, nil, 0, 100, 4)
+	for _, want := range []int{3, 2, 1, 1} {
+		p.observe(own(4 * time.Millisecond))
+		step("a busy store", 100, full, time.Second, nil, 0, 100, want)
+	}
+	p.observe(own(2500 * time.Microsecond))
+	step("a store quick again", 100, full, time.Second, nil, 0, 100, 2)
+	// A pass without keys of its own judges nothing.
+	p.observe(own(4 * time.Millisecond))
+	p.record(100, full, time.Second, nil)
+	step("an empty pass after a busy one", 100, recovery.PassResult{}, time.Second, nil, cfg.Interval, 100, 2)
 }
