@@ -31,8 +31,9 @@ const (
 // CompleterConfig configures the completer of a phase.Client. Zero values
 // mean the default.
 type CompleterConfig struct {
-	// Interval is the pause after a pass that found no due keys. A pass
-	// that ran keys is followed at once by the next, so a backlog drains as fast as its keys finish (see
+	// Interval is the pause after a pass that found fewer due keys than it
+	// asked for. A pass that claimed all it asked for is followed at once
+	// by the next, so a backlog drains as fast as its keys finish (see
 	// # Pace in the package documentation). After a pass that failed (the
 	// store) or whose keys mostly failed (their providers) the pause
 	// doubles, up to a minute or Interval, whichever is longer. -1 disables

@@ -49,8 +49,8 @@
 // [CompleterConfig.InFlight]
 // caps the keys of one workflow run at once, for a provider that
 // rate-limits. Several processes share a backlog through the SKIP LOCKED
-// claim: each key is claimed by one of them, and each runs pass after pass
-// while keys are due. docs/operating.md says how long a backlog
+// claim: each key is claimed by one of them, and each claims full batches
+// while enough keys are due. docs/operating.md says how long a backlog
 // takes to drain.
 //
 // # Unknown outcomes

@@ -179,7 +179,7 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 }
 
 // Start runs passes in the background until Stop or ctx ends: one at
-// once after a pass that ran keys, otherwise after
+// once after a pass that claimed all it asked for, otherwise after
 // Interval, longer after trouble (see pace).
 func (c *Completer) Start(ctx context.Context) error {
 	return c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {

@@ -16,10 +16,9 @@ const maxPause = time.Minute
 // many it runs at once, and how long it waits before the next pass. It
 // follows the keys rather than a clock:
 //
-//   - A pass that ran keys is followed at once by the next, so a backlog
-//     drains as fast as its keys finish, however its keys are shared with
-//     other nodes; a pass that found none is followed by a pause of
-//     Interval.
+//   - A pass that claimed all it asked for is followed at once by the
+//     next, so a backlog drains as fast as its keys finish; a pass that
+//     found fewer is followed by a pause of Interval.
 //   - A pass claims as many keys as finished in half a lease at the last
 //     pass's rate (between Concurrency and BatchSize), so that the last
 //     key of a batch starts long before its lease, taken at the claim,
@@ -116,12 +115,7 @@ func (p *pace) record(asked int, res recovery.PassResult, took time.Duration, er
 	if p.trouble > 0 {
 		return min(p.cfg.Interval<<min(p.trouble-1, 10), max(p.cfg.Interval, maxPause))
 	}
-	// A pass that ran keys is followed at once by the next, even when it
-	// got fewer than it asked for: other nodes take keys from the same
-	// backlog (on Citus, from the same proposed candidates), so a short
-	// batch does not mean the backlog is empty. The pass that finds none
-	// pauses.
-	if res.Claimed > 0 && ran > 0 {
+	if asked > 0 && res.Claimed >= asked && ran > 0 {
 		return 0
 	}
 	return p.cfg.Interval

@@ -103,7 +103,7 @@ VALUES (date_trunc('minute', now()) - interval '3 minutes', 'payments', 'stuck',
 		screenshot("console-overview-backlog"))
 	card := get(t, ctx, chromedp.Evaluate[[]string](`(c => [c.querySelector(".n").textContent, c.querySelector(".rate").textContent,
 		new URL(c.querySelector("a").href).search])(document.querySelector(".card.backlog"))`))
-	if wantCard := []string{fmt.Sprint(want.Keys), want.Rate(), "?state=stuck"}; !slices.Equal(card, wantCard) {
+	if wantCard := []string{fmt.Sprint(want.Keys), want.Rate(), "?status=stuck"}; !slices.Equal(card, wantCard) {
 		t.Errorf("the backlog card reads %q; want %q", card, wantCard)
 	}
 	if !strings.Contains(card[1], "draining 5.0 a second") {
