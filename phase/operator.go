@@ -40,9 +40,6 @@ type Overview struct {
 	// History is the last hour's unfinished keys of each workflow by
 	// status, as the completers recorded them (see Client.History).
 	History []StatusMinute
-	// Backlog is the stuck keys of every workflow and how fast they drain
-	// (see Client.Backlog).
-	Backlog Backlog
 }
 
 // Minute is what happened to the keys in one minute, read through indexes
@@ -64,8 +61,8 @@ func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts
 }
 
 // Overview returns the counts of every workflow, the age of the oldest
-// unfinished key not on hold, the keys of the last hour, the status
-// history of the last hour and the backlog. None of it reads the finished keys of a large
+// unfinished key not on hold, the keys of the last hour and the status
+// history of the last hour. None of it reads the finished keys of a large
 // table.
 func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	counts, err := c.CountsByWorkflow(ctx)
@@ -85,16 +82,7 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	var stuck int
-	for _, n := range counts {
-		stuck += n.Stuck
-	}
-	backlog, err := c.backlog(ctx, stuck)
-	if err != nil {
-		return nil, err
-	}
-	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)),
-		History: history, Backlog: backlog}
+	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)), History: history}
 	for i, m := range minutes {
 		o.Minutes[i] = Minute(m)
 	}
@@ -335,8 +323,7 @@ func (c *Client) runNow(ctx context.Context, tenant, key string) error {
 		return err
 	}
 	row.Distributed = c.distributed.Load()
-	_, err = c.resume(ctx, row)
-	return err
+	return c.resume(ctx, row)
 }
 
 // BulkPreview counts the keys that Bulk with the same arguments would

@@ -208,11 +208,18 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 	}
 	res.AcquireBefore = acquireResult(res.Before, clock.take())
 
-	stop := load.start(ctx)
+	stop := make(chan time.Time)
+	traffic := make(chan error, 1)
+	go func() {
+		var err error
+		res.During, err = load.run(ctx, 0, stop)
+		traffic <- err
+	}()
 	start := time.Now()
 	reaped, reapErr := reaper.Reap(ctx)
 	res.Reap, res.Deleted = time.Since(start), reaped.Reaped
-	if res.During, err = stop(); err != nil {
+	close(stop)
+	if err := <-traffic; err != nil {
 		return res, err
 	}
 	if reapErr != nil {
