@@ -3,6 +3,7 @@ package recovery
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -30,16 +31,32 @@ const (
 // CompleterConfig configures the completer of a phase.Client. Zero values
 // mean the default.
 type CompleterConfig struct {
-	// Interval between passes. -1 disables the completer in Start, for a
-	// process that only serves. The client's Complete still runs a pass on
-	// demand. Defaults to DefaultInterval.
+	// Interval is the pause after a pass that found no due keys. A pass
+	// that ran keys is followed at once by the next, so a backlog drains as fast as its keys finish (see
+	// # Pace in the package documentation). After a pass that failed (the
+	// store) or whose keys mostly failed (their providers) the pause
+	// doubles, up to a minute or Interval, whichever is longer. -1 disables
+	// the completer in Start, for a process that only serves. The client's
+	// Complete still runs passes on demand. Defaults to DefaultInterval.
 	Interval time.Duration
-	// BatchSize caps the keys claimed per pass. Defaults to
-	// DefaultBatchSize.
+	// BatchSize caps the keys claimed per pass. A pass claims fewer when
+	// the keys finish too slowly for the last of them to start within half
+	// their lease. Defaults to DefaultBatchSize.
 	BatchSize int
-	// Concurrency caps the claimed keys run at once. Defaults to
+	// Concurrency caps the claimed keys run at once. After a pass whose keys
+	// mostly failed the completer runs half as many at once, and one more
+	// after each pass that went well, back up to Concurrency. Defaults to
 	// DefaultConcurrency.
 	Concurrency int
+	// InFlight caps, by workflow name, how many of that workflow's keys
+	// the completer runs at once, and so how many calls it has in flight
+	// to that workflow's provider (a run makes one call at a time): set it
+	// for a provider that rate-limits. The cap holds per process: N
+	// processes running completers have up to N times it in flight.
+	// Requests that clients send are not counted. A workflow not in the
+	// map, or mapped to 0 or -1, is capped by Concurrency alone. The
+	// client's NewClient refuses a name it has no workflow of.
+	InFlight map[string]int
 	// StuckAfter is how long a key must be idle before the completer takes
 	// it, and before it can be given up on. -1 means no wait. Defaults to
 	// DefaultStuckAfter.
@@ -60,6 +77,11 @@ func (c CompleterConfig) WithDefaults() (CompleterConfig, error) {
 	if c.Interval < -1 || c.BatchSize < 0 || c.Concurrency < 0 || c.StuckAfter < -1 ||
 		c.Backoff < -1 || c.MaxBackoff < 0 || c.MaxAttempts < 0 {
 		return c, errors.New("recovery: CompleterConfig values must not be negative (except -1 where documented)")
+	}
+	for name, n := range c.InFlight {
+		if n < -1 {
+			return c, fmt.Errorf("recovery: CompleterConfig.InFlight[%q] must not be negative (except -1)", name)
+		}
 	}
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)

@@ -13,10 +13,11 @@ import (
 )
 
 // Resumer continues a claimed key with its workflow, within the client's
-// run limits. It must free or keep the key's lease as any run does. The
-// claimed row is the library's own type: a phase.Client gives the
-// Resumer, and builds the completer.
-type Resumer func(ctx context.Context, row *store.Row) error
+// run limits, and returns the time the run spent in foreign calls and
+// reconcile functions. It must free or keep the key's lease as any run
+// does. The claimed row is the library's own type: a phase.Client gives
+// the Resumer, and builds the completer.
+type Resumer func(ctx context.Context, row *store.Row) (calls time.Duration, err error)
 
 // Completer finishes keys that no client is waiting for. A phase.Client
 // builds one from Config.Completer and runs it; see package recovery's
@@ -31,6 +32,10 @@ type Completer struct {
 	log                    *slog.Logger
 	bg                     background
 	history                history
+	pace                   *pace
+	// slots holds, for each workflow with a cap of its own
+	// (CompleterConfig.InFlight), a token per key it may run at once.
+	slots map[string]chan struct{}
 	// Around, when set, wraps every pass (the client's pass wrappers).
 	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
 	// Observe, when set, receives the completer's events (the client's
@@ -47,19 +52,45 @@ func distributed(f func() bool) bool { return f != nil && f() }
 // given pairwise by workflows and definitions, run by r, with leases of
 // ttl. cfg must have its defaults applied. phase.NewClient calls it.
 func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
-	return &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
+	slots := map[string]chan struct{}{}
+	for name, n := range cfg.InFlight {
+		if n > 0 {
+			slots[name] = make(chan struct{}, n)
+		}
+	}
+	return &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log,
+		pace: newPace(cfg, ttl), slots: slots}
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts, claims up
-// to BatchSize due keys, and resumes them.
+// to BatchSize due keys, and resumes them, at the pace the passes before it
+// set.
 func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
-	if c.Around != nil {
-		return c.Around(ctx, c.pass)
-	}
-	return c.pass(ctx)
+	res, _, err := c.runOnce(ctx)
+	return res, err
 }
 
-func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
+// runOnce is RunOnce that also returns the pause the pace sets before the
+// next pass.
+func (c *Completer) runOnce(ctx context.Context) (recovery.PassResult, time.Duration, error) {
+	claim, running := c.pace.plan()
+	pass := func(ctx context.Context) (recovery.PassResult, error) { return c.pass(ctx, claim, running) }
+	began := time.Now()
+	var (
+		res recovery.PassResult
+		err error
+	)
+	if c.Around != nil {
+		res, err = c.Around(ctx, pass)
+	} else {
+		res, err = pass(ctx)
+	}
+	return res, c.pace.record(claim, res, time.Since(began), err), err
+}
+
+// pass claims up to claim due keys and runs up to running of them at
+// once, each workflow's within its own cap.
+func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.PassResult, error) {
 	var res recovery.PassResult
 	buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
 	if err != nil {
@@ -72,7 +103,7 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	}
 	c.recordHistory(ctx)
 	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
-		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, StuckAfter: c.cfg.StuckAfter,
+		Workflows: c.workflows, Definitions: c.definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
 	})
 	if err != nil {
@@ -82,15 +113,26 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 	var (
 		wg  sync.WaitGroup
 		mu  sync.Mutex
-		sem = make(chan struct{}, c.cfg.Concurrency)
+		sem = make(chan struct{}, running)
+		// own holds each run's time but its calls': the store's and this
+		// process's, which grow when they are busy.
+		own = make([]time.Duration, 0, len(rows))
 	)
 	for _, row := range rows {
-		sem <- struct{}{}
 		wg.Go(func() {
+			// The workflow's slot first: a key waiting for it holds no
+			// slot that a key of another workflow could use.
+			if slot := c.slots[row.Workflow]; slot != nil {
+				slot <- struct{}{}
+				defer func() { <-slot }()
+			}
+			sem <- struct{}{}
 			defer func() { <-sem }()
-			err := c.resume(ctx, row)
+			began := time.Now()
+			calls, err := c.resume(ctx, row)
 			mu.Lock()
 			defer mu.Unlock()
+			own = append(own, time.Since(began)-calls)
 			switch {
 			case errors.Is(err, recovery.ErrHandedBack):
 				res.HandedBack++
@@ -102,24 +144,25 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 		})
 	}
 	wg.Wait()
+	c.pace.observe(own)
 	return res, nil
 }
 
-func (c *Completer) resume(ctx context.Context, row *store.Row) error {
-	err := c.resumer(ctx, row)
+func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Duration, err error) {
+	calls, err = c.resumer(ctx, row)
 	ev := keyrow.Event{Kind: keyrow.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
 	if err != nil {
 		ev.Kind, ev.Err = keyrow.EventCompleterFailed, err
 	}
 	if errors.Is(err, recovery.ErrHandedBack) {
-		return err
+		return calls, err
 	}
 	c.observe(ctx, ev)
 	if err != nil && c.log.Enabled(ctx, slog.LevelWarn) {
 		c.log.Warn("completer could not finish key", "workflow", row.Workflow, "tenant", row.Tenant,
 			"key", row.Key, "recovery_point", row.RecoveryPoint, "attempt", row.Attempts, "err", err)
 	}
-	return err
+	return calls, err
 }
 
 // Drain runs passes until one finds nothing to claim, and returns the sum.
@@ -135,13 +178,16 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 	}
 }
 
-// Start runs passes every Interval in the background until Stop or ctx
-// ends.
+// Start runs passes in the background until Stop or ctx ends: one at
+// once after a pass that ran keys, otherwise after
+// Interval, longer after trouble (see pace).
 func (c *Completer) Start(ctx context.Context) error {
-	return c.bg.Start(ctx, "completer", c.cfg.Interval, func(ctx context.Context) {
-		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			c.log.Error("completer pass failed", "err", err)
+	return c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
+		_, wait, err := c.runOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.log.Error("completer pass failed", "err", err, "next_pass_in", wait)
 		}
+		return wait
 	})
 }
 

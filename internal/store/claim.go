@@ -51,12 +51,28 @@ type ClaimParams struct {
 // stays open.
 //
 // Keys on hold for an unknown outcome are claimed for reconciliation besides
-// runnable ones. The scan is served by idempotency_keys_unfinished and
-// idempotency_keys_held, which contain no finished rows.
+// runnable ones, first: they are few, and a backlog of runnable keys must
+// not keep them waiting. The runnable scan runs, and locks, only as far as
+// the batch needs after them: a CTE is read on demand, and the LIMIT of
+// the union stops reading it. Each kind has a scan of its own, so that each
+// walks its own partial index in order, idempotency_keys_held for the held
+// keys and idempotency_keys_unfinished for the runnable ones, and stops
+// after the keys it takes: a claim reads about as many keys as it takes,
+// however long the backlog. (One scan of both, with hold IS NULL OR hold =
+// 'unknown', is planned as a bitmap of both indexes that reads and sorts
+// every due key, 100,000 of them for a batch of 100 after an outage.)
+// Neither index contains finished rows.
 const claimSQL = `
-WITH due AS (
+WITH held AS (
     SELECT id FROM idempotency_keys
-    WHERE ` + dueWhere + `
+    WHERE ` + dueWhere + ` AND hold = 'unknown'
+      AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
+    ORDER BY last_run_at
+    LIMIT $1
+    FOR NO KEY UPDATE SKIP LOCKED
+), runnable AS (
+    SELECT id FROM idempotency_keys
+    WHERE ` + dueWhere + ` AND hold IS NULL
       AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
     ORDER BY last_run_at
     LIMIT $1
@@ -65,7 +81,7 @@ WITH due AS (
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_random_uuid(),
     last_run_at = now(), attempts = k.attempts + 1
-FROM due
+FROM (SELECT id FROM held UNION ALL SELECT id FROM runnable LIMIT $1) AS due
 WHERE k.id = due.id
 RETURNING ` + claimedColumns
 

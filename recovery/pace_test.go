@@ -1,0 +1,238 @@
+package recovery_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
+)
+
+// provider is a stub payment provider: it counts the calls sent with each
+// downstream key, and the calls in flight at once.
+type provider struct {
+	took     time.Duration
+	mu       sync.Mutex
+	sends    map[string]int
+	inFlight atomic.Int64
+	maxSeen  atomic.Int64
+}
+
+func (p *provider) charge(ctx context.Context, downstreamKey string) error {
+	n := p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	for seen := p.maxSeen.Load(); n > seen && !p.maxSeen.CompareAndSwap(seen, n); seen = p.maxSeen.Load() {
+	}
+	p.mu.Lock()
+	p.sends[downstreamKey]++
+	p.mu.Unlock()
+	select {
+	case <-time.After(p.took):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ridesWorkflow is shaped like the rides example: a local phase that
+// records an effect row per run, a charge through p, and a local answer.
+func ridesWorkflow(t testing.TB, db *pgxpool.Pool, name string, p *provider) *phase.Workflow[job, struct{}] {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS effects (ikey text NOT NULL, n int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	type run = phase.Input[job, struct{}]
+	w, err := phase.NewWorkflow(name,
+		phase.Local("ride_created", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, in.Key, in.Req.N)
+			return phase.Next(), err
+		}),
+		phase.Foreign("charge_created",
+			func(ctx context.Context, in *run) (bool, error) { return true, p.charge(ctx, in.DownstreamKey()) },
+			func(ctx context.Context, tx pgx.Tx, in *run, _ bool) (phase.Result, error) { return phase.Next(), nil }),
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *run) (phase.Result, error) {
+			return phase.JSON(201, in.Req), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// abandonMany stores n keys of workflow that requests started and left
+// before their first phase. One statement per key would take a while; it
+// stores them in one batch, with the columns Acquire writes.
+func abandonMany(t testing.TB, db *pgxpool.Pool, workflow string, n int) {
+	t.Helper()
+	b := &pgx.Batch{}
+	for i := range n {
+		req := fmt.Sprintf(`{"n":%d}`, i)
+		fp, err := keyrow.Fingerprint(workflow, []byte(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Queue(`INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params, attempts)
+			VALUES ('acme', $1, $2, $3, $4, 1)`, fmt.Sprintf("%s-%05d", workflow, i), workflow, fp[:], req)
+	}
+	if err := db.SendBatch(context.Background(), b).Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitUnfinished waits until no key is left unfinished, or fails t after
+// limit.
+func waitUnfinished(t *testing.T, db *pgxpool.Pool, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		var left int
+		if err := db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE finished_at IS NULL`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys still unfinished after %s", left, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkEachKeyRanOnce checks the protocol after a drain of keys keys: one
+// effect row per key (no committed phase ran again), one charge per
+// downstream key, and no lease left on any key.
+func checkEachKeyRanOnce(t *testing.T, db *pgxpool.Pool, p *provider, keys int) {
+	t.Helper()
+	ctx := context.Background()
+	var rows, distinct, leased int
+	if err := db.QueryRow(ctx, `SELECT count(*), count(DISTINCT ikey),
+		(SELECT count(*) FROM idempotency_keys WHERE lock_expires_at IS NOT NULL OR lock_token IS NOT NULL) FROM effects`).
+		Scan(&rows, &distinct, &leased); err != nil {
+		t.Fatal(err)
+	}
+	if rows != keys || distinct != keys || leased != 0 {
+		t.Errorf("%d effects over %d keys, %d keys still leased; want each of %d keys run once and no lease left", rows, distinct, leased, keys)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.sends) != keys {
+		t.Errorf("%d downstream keys charged, want %d", len(p.sends), keys)
+	}
+	for k, n := range p.sends {
+		if n != 1 {
+			t.Errorf("downstream key %s charged %d times, want once", k, n)
+		}
+	}
+}
+
+func TestTwoNodesDrainOneBacklogInBackToBackPassesEachKeyOnce(t *testing.T) {
+	t.Parallel()
+	for _, route := range pgtest.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			db := route.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 20 })
+			p := &provider{took: 2 * time.Millisecond, sends: map[string]int{}}
+			w := ridesWorkflow(t, db, "rides", p)
+			const keys = 600
+			abandonMany(t, db, w.Name(), keys)
+			// An Interval of an hour: the backlog drains only because a
+			// pass that came back full is followed at once by the next.
+			var completed [2]atomic.Int64
+			for i := range 2 {
+				count := phase.ObserverFunc(func(_ context.Context, ev keyrow.Event) {
+					if ev.Kind == keyrow.EventCompleted {
+						completed[i].Add(int64(ev.Count))
+					}
+				})
+				c := client(t, db, func(c *phase.Config) {
+					c.Completer.Interval, c.Completer.BatchSize = time.Hour, 25
+					c.Reaper.Interval = -1
+					c.Hooks = []phase.Hook{count}
+				}, w)
+				if err := c.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := c.Stop(context.Background()); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			waitUnfinished(t, db, 2*time.Minute)
+			checkEachKeyRanOnce(t, db, p, keys)
+			a, b := completed[0].Load(), completed[1].Load()
+			if a+b != keys || a == 0 || b == 0 {
+				t.Errorf("the nodes completed %d and %d keys; want %d in all, some by each", a, b, keys)
+			}
+		})
+	}
+}
+
+func TestInFlightCapsTheCallsToARateLimitedProvider(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 20 })
+	limited := &provider{took: 20 * time.Millisecond, sends: map[string]int{}}
+	free := &provider{took: 20 * time.Millisecond, sends: map[string]int{}}
+	wl := ridesWorkflow(t, db, "limited", limited)
+	wf := ridesWorkflow(t, db, "free", free)
+	const keys = 40
+	abandonMany(t, db, wl.Name(), keys)
+	abandonMany(t, db, wf.Name(), keys)
+	c := client(t, db, func(c *phase.Config) {
+		c.Completer.Concurrency = 8
+		c.Completer.InFlight = map[string]int{wl.Name(): 2}
+	}, wl, wf)
+	res, err := c.Complete(ctx)
+	if err != nil || res.Completed != 2*keys {
+		t.Fatalf("drain: %+v %v, want %d keys completed", res, err, 2*keys)
+	}
+	// The cap is reached and never passed; the other workflow's keys run
+	// beside them, more at once than the cap.
+	if got := limited.maxSeen.Load(); got != 2 {
+		t.Errorf("at most %d calls in flight to the capped provider, want 2", got)
+	}
+	if got := free.maxSeen.Load(); got <= 2 {
+		t.Errorf("at most %d calls in flight to the uncapped provider, want more than 2", got)
+	}
+	for _, p := range []*provider{limited, free} {
+		for k, n := range p.sends {
+			if n != 1 {
+				t.Errorf("downstream key %s charged %d times, want once", k, n)
+			}
+		}
+	}
+}
+
+func TestInFlightNamingNoWorkflowIsRefusedAtConstruction(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	w := ridesWorkflow(t, db, "rides", &provider{sends: map[string]int{}})
+	for _, tc := range []struct {
+		inFlight map[string]int
+		want     string
+	}{
+		{map[string]int{"ridez": 2}, `"ridez", which is not a registered workflow`},
+		{map[string]int{"rides": -2}, `InFlight["rides"] must not be negative`},
+	} {
+		cfg := phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{InFlight: tc.inFlight}}
+		_, err := phase.NewClient(db, &cfg, w)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("InFlight %v: %v, want an error saying %s", tc.inFlight, err, tc.want)
+		}
+	}
+	if _, err := (recovery.CompleterConfig{InFlight: map[string]int{"rides": -1}}).WithDefaults(); err != nil {
+		t.Errorf("InFlight -1 (no cap of its own): %v", err)
+	}
+}
