@@ -236,3 +236,67 @@ func TestInFlightNamingNoWorkflowIsRefusedAtConstruction(t *testing.T) {
 		t.Errorf("InFlight -1 (no cap of its own): %v", err)
 	}
 }
+
+// TestKeysWaitingForAnOperatorKeepNoDueKeyWaiting leaves more keys on hold
+// for an operator than a batch holds, idle longer than a few crashed keys:
+// a drain and the background passes both finish the crashed keys, and hand
+// the held ones back untouched.
+func TestKeysWaitingForAnOperatorKeepNoDueKeyWaiting(t *testing.T) {
+	t.Parallel()
+	for _, background := range []bool{false, true} {
+		t.Run(fmt.Sprintf("background=%v", background), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.Pool(t)
+			p := &provider{sends: map[string]int{}}
+			w := ridesWorkflow(t, db, "rides", p)
+			// The charge has no reconcile function: a key whose charge's
+			// outcome is unknown waits for an operator.
+			const held, crashed = 250, 5
+			abandonMany(t, db, w.Name(), held+crashed)
+			if _, err := db.Exec(ctx, `
+UPDATE idempotency_keys SET hold = 'unknown', recovery_point = 'ride_created', last_run_at = now() - interval '1 hour'
+WHERE idempotency_key < $1`, fmt.Sprintf("%s-%05d", w.Name(), held)); err != nil {
+				t.Fatal(err)
+			}
+			c := client(t, db, func(c *phase.Config) { c.Reaper.Interval = -1 }, w)
+			if background {
+				if err := c.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := c.Stop(ctx); err != nil {
+						t.Error(err)
+					}
+				})
+			} else {
+				res, err := c.Complete(ctx)
+				if err != nil || res.Completed != crashed {
+					t.Fatalf("drain: %+v %v, want the %d crashed keys completed", res, err, crashed)
+				}
+			}
+			deadline := time.Now().Add(time.Minute)
+			for {
+				var done, waiting int
+				if err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
+					count(*) FILTER (WHERE hold = 'unknown' AND recovery_point = 'ride_created') FROM idempotency_keys`).
+					Scan(&done, &waiting); err != nil {
+					t.Fatal(err)
+				}
+				if done == crashed && waiting == held {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d keys finished and %d on hold; want the %d crashed keys finished and the %d held ones left",
+						done, waiting, crashed, held)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if len(p.sends) != crashed {
+				t.Errorf("%d downstream keys charged, want the %d crashed keys' only", len(p.sends), crashed)
+			}
+		})
+	}
+}

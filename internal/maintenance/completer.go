@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -66,15 +68,23 @@ func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, wor
 // to BatchSize due keys, and resumes them, at the pace the passes before it
 // set.
 func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
-	res, _, err := c.runOnce(ctx)
+	res, _, _, err := c.runOnce(ctx)
 	return res, err
 }
 
 // runOnce is RunOnce that also returns the pause the pace sets before the
-// next pass.
-func (c *Completer) runOnce(ctx context.Context) (recovery.PassResult, time.Duration, error) {
+// next pass, and the keys the pass handed back.
+func (c *Completer) runOnce(ctx context.Context) (recovery.PassResult, time.Duration, []uuid.UUID, error) {
 	claim, running := c.pace.plan()
-	pass := func(ctx context.Context) (recovery.PassResult, error) { return c.pass(ctx, claim, running) }
+	var back []uuid.UUID
+	pass := func(ctx context.Context) (recovery.PassResult, error) {
+		var (
+			res recovery.PassResult
+			err error
+		)
+		res, back, err = c.pass(ctx, claim, running)
+		return res, err
+	}
 	began := time.Now()
 	var (
 		res recovery.PassResult
@@ -85,16 +95,20 @@ func (c *Completer) runOnce(ctx context.Context) (recovery.PassResult, time.Dura
 	} else {
 		res, err = pass(ctx)
 	}
-	return res, c.pace.record(claim, res, time.Since(began), err), err
+	return res, c.pace.record(claim, res, time.Since(began), err), back, err
 }
 
 // pass claims up to claim due keys and runs up to running of them at
-// once, each workflow's within its own cap.
-func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.PassResult, error) {
-	var res recovery.PassResult
+// once, each workflow's within its own cap. It returns the keys it handed
+// back besides the sums.
+func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.PassResult, []uuid.UUID, error) {
+	var (
+		res  recovery.PassResult
+		back []uuid.UUID
+	)
 	buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
 	if err != nil {
-		return res, err
+		return res, nil, err
 	}
 	res.Dead = buried
 	if buried > 0 {
@@ -107,7 +121,7 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
 	})
 	if err != nil {
-		return res, err
+		return res, nil, err
 	}
 	res.Claimed = len(rows)
 	var (
@@ -136,6 +150,7 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 			switch {
 			case errors.Is(err, recovery.ErrHandedBack):
 				res.HandedBack++
+				back = append(back, row.ID)
 			case err != nil:
 				res.Failed++
 			default:
@@ -145,7 +160,7 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 	}
 	wg.Wait()
 	c.pace.observe(own)
-	return res, nil
+	return res, back, nil
 }
 
 func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Duration, err error) {
@@ -165,15 +180,30 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Dura
 	return calls, err
 }
 
-// Drain runs passes until one finds nothing to claim, and returns the sum.
+// Drain runs passes until one finds nothing to claim but keys it handed
+// back before, and returns the sum.
 func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 	var total recovery.PassResult
+	handedBack := map[uuid.UUID]bool{}
 	for {
-		res, err := c.RunOnce(ctx)
+		res, _, back, err := c.runOnce(ctx)
 		total = total.Add(res)
-		// Keys handed back would be claimed again at once.
-		if err != nil || res.Claimed == res.HandedBack {
+		if err != nil || res.Claimed == 0 {
 			return total, err
+		}
+		// A key handed back goes behind every other due key, so a pass
+		// can claim nothing but keys that wait for an operator or for
+		// another process while others are due after them. Only when it
+		// claims those a second time has Drain seen every due key.
+		again := 0
+		for _, id := range back {
+			if handedBack[id] {
+				again++
+			}
+			handedBack[id] = true
+		}
+		if res.Claimed == res.HandedBack && again == len(back) {
+			return total, nil
 		}
 	}
 }
@@ -183,7 +213,7 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 // Interval, longer after trouble (see pace).
 func (c *Completer) Start(ctx context.Context) error {
 	return c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
-		_, wait, err := c.runOnce(ctx)
+		_, wait, _, err := c.runOnce(ctx)
 		if err != nil && ctx.Err() == nil {
 			c.log.Error("completer pass failed", "err", err, "next_pass_in", wait)
 		}

@@ -51,27 +51,29 @@ type ClaimParams struct {
 // stays open.
 //
 // Keys on hold for an unknown outcome are claimed for reconciliation besides
-// runnable ones, first: they are few, and a backlog of runnable keys must
-// not keep them waiting. The runnable scan runs, and locks, only as far as
-// the batch needs after them: a CTE is read on demand, and the LIMIT of
-// the union stops reading it. Each kind has a scan of its own, so that each
-// walks its own partial index in order, idempotency_keys_held for the held
-// keys and idempotency_keys_unfinished for the runnable ones, and stops
-// after the keys it takes: a claim reads about as many keys as it takes,
-// however long the backlog. (One scan of both, with hold IS NULL OR hold =
-// 'unknown', is planned as a bitmap of both indexes that reads and sorts
-// every due key, 100,000 of them for a batch of 100 after an outage.)
-// Neither index contains finished rows.
+// runnable ones, and both kinds in one order, the longest idle first: a
+// key handed back (one that waits for an operator) has its last run set
+// to now, so it goes behind every other due key, and neither kind can
+// keep the other waiting however many of it there are. Each kind has a
+// scan of its own, so that each walks its own partial index in order,
+// idempotency_keys_held for the held keys and idempotency_keys_unfinished
+// for the runnable ones, and stops after the batch: a claim reads at most
+// twice as many keys as it takes, however long the backlog. (One scan of
+// both, with hold IS NULL OR hold = 'unknown', is planned as a bitmap of
+// both indexes that reads and sorts every due key, 100,000 of them for a
+// batch of 100 after an outage.) The keys a scan locked but the merge
+// left are free again when the statement ends. Neither index contains
+// finished rows.
 const claimSQL = `
 WITH held AS (
-    SELECT id FROM idempotency_keys
+    SELECT id, last_run_at FROM idempotency_keys
     WHERE ` + dueWhere + ` AND hold = 'unknown'
       AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
     ORDER BY last_run_at
     LIMIT $1
     FOR NO KEY UPDATE SKIP LOCKED
 ), runnable AS (
-    SELECT id FROM idempotency_keys
+    SELECT id, last_run_at FROM idempotency_keys
     WHERE ` + dueWhere + ` AND hold IS NULL
       AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
     ORDER BY last_run_at
@@ -81,7 +83,8 @@ WITH held AS (
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_random_uuid(),
     last_run_at = now(), attempts = k.attempts + 1
-FROM (SELECT id FROM held UNION ALL SELECT id FROM runnable LIMIT $1) AS due
+FROM (SELECT id FROM (SELECT * FROM held UNION ALL SELECT * FROM runnable) AS both_kinds
+      ORDER BY last_run_at LIMIT $1) AS due
 WHERE k.id = due.id
 RETURNING ` + claimedColumns
 
