@@ -58,7 +58,8 @@ type Backlog struct {
 	// oldest to the newest minute the completers recorded in the last
 	// DrainWindow (see History), negative when they rose: the completers'
 	// pace less the keys that became stuck meanwhile. It is measured only
-	// when two minutes or more were recorded; Measured says so.
+	// from minutes that follow a recorded minute, so it needs three
+	// minutes recorded in a row; Measured says so.
 	PerSecond float64 `json:"per_second"`
 	Measured  bool    `json:"measured"`
 }
@@ -83,7 +84,7 @@ func (b Backlog) Rate() string {
 	empty, ok := b.EmptyIn()
 	switch {
 	case !b.Measured:
-		return "drain rate unknown: fewer than two minutes of status history " + over
+		return "drain rate unknown: fewer than three minutes in a row of status history " + over
 	case b.PerSecond < 0:
 		return fmt.Sprintf("growing by %.1f a second %s", -b.PerSecond, over)
 	case ok && b.Keys > 0:
@@ -116,15 +117,34 @@ func (c *Client) backlog(ctx context.Context, stuck int) (Backlog, error) {
 }
 
 // drainRate returns how many stuck keys a second the oldest and the
-// newest minute of ms, summed over their workflows, are apart, and false
-// when ms holds fewer than two minutes. Each minute is recorded by the
-// first completer pass in it, so two recorded minutes are about as far
-// apart as their starts.
+// newest minute of ms that follow a recorded minute, summed over their
+// workflows, are apart, and false when ms holds fewer than two such
+// minutes. Each minute is recorded by the first completer pass in it: in
+// a minute that follows a recorded one, passes ran across its start, and
+// the record was made within about a pass of it; the first minute of a
+// series (a completer started, or passes resumed after a pause) may have
+// been recorded at any second of it, so its record is not placed in time
+// well enough to measure from.
 func drainRate(ms []StatusMinute) (float64, bool) {
-	if len(ms) == 0 || ms[0].At.Equal(ms[len(ms)-1].At) {
+	recorded := map[time.Time]bool{}
+	for _, m := range ms {
+		recorded[m.At] = true
+	}
+	var first, last time.Time
+	for _, m := range ms {
+		if !recorded[m.At.Add(-time.Minute)] {
+			continue
+		}
+		if first.IsZero() || m.At.Before(first) {
+			first = m.At
+		}
+		if m.At.After(last) {
+			last = m.At
+		}
+	}
+	if first.IsZero() || first.Equal(last) {
 		return 0, false
 	}
-	first, last := ms[0].At, ms[len(ms)-1].At
 	var then, now int
 	for _, m := range ms {
 		switch {

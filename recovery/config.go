@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -74,9 +73,11 @@ type CompleterConfig struct {
 // WithDefaults returns c with every zero field set to its default, or an
 // error naming a field whose value is invalid.
 func (c CompleterConfig) WithDefaults() (CompleterConfig, error) {
-	if c.Interval < -1 || c.BatchSize < 0 || c.Concurrency < 0 || c.StuckAfter < -1 ||
-		c.Backoff < -1 || c.MaxBackoff < 0 || c.MaxAttempts < 0 {
-		return c, errors.New("recovery: CompleterConfig values must not be negative (except -1 where documented)")
+	if err := checkFields("CompleterConfig",
+		field{"Interval", c.Interval, -1}, field{"BatchSize", c.BatchSize, 0}, field{"Concurrency", c.Concurrency, 0},
+		field{"StuckAfter", c.StuckAfter, -1}, field{"Backoff", c.Backoff, -1}, field{"MaxBackoff", c.MaxBackoff, 0},
+		field{"MaxAttempts", c.MaxAttempts, 0}); err != nil {
+		return c, err
 	}
 	for name, n := range c.InFlight {
 		if n < -1 {
@@ -133,8 +134,10 @@ type ReaperConfig struct {
 // WithDefaults returns c with every zero field set to its default, or an
 // error naming a field whose value is invalid.
 func (c ReaperConfig) WithDefaults() (ReaperConfig, error) {
-	if c.Retention < 0 || c.BatchSize < 0 || c.Interval < -1 || c.Pause < -1 {
-		return c, errors.New("recovery: ReaperConfig values must not be negative (except -1 where documented)")
+	if err := checkFields("ReaperConfig",
+		field{"Retention", c.Retention, 0}, field{"BatchSize", c.BatchSize, 0}, field{"Interval", c.Interval, -1},
+		field{"Pause", c.Pause, -1}); err != nil {
+		return c, err
 	}
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultReapBatch)
@@ -175,4 +178,35 @@ type ReapResult struct {
 	Abandoned int
 	// Reaped keys were finished and past retention, and are deleted.
 	Reaped int
+}
+
+// field is a Config field's name, value and least valid value: 0, or -1
+// where -1 has a meaning of its own.
+type field struct {
+	name  string
+	value any
+	least int64
+}
+
+// checkFields returns an error naming the first of config's fields whose
+// value is below its least.
+func checkFields(config string, fields ...field) error {
+	for _, f := range fields {
+		var v int64
+		switch x := f.value.(type) {
+		case int:
+			v = int64(x)
+		case time.Duration:
+			v = int64(x)
+		}
+		switch {
+		case v >= f.least:
+		case f.least == 0:
+			return fmt.Errorf("recovery: %s.%s is %v; it must not be negative", config, f.name, f.value)
+		default:
+			return fmt.Errorf("recovery: %s.%s is %v; it must not be negative but for -1, which has a meaning of its own",
+				config, f.name, f.value)
+		}
+	}
+	return nil
 }

@@ -259,7 +259,10 @@ UPDATE idempotency_keys SET hold = 'unknown', recovery_point = 'ride_created', l
 WHERE idempotency_key < $1`, fmt.Sprintf("%s-%05d", w.Name(), held)); err != nil {
 				t.Fatal(err)
 			}
-			c := client(t, db, func(c *phase.Config) { c.Reaper.Interval = -1 }, w)
+			// An Interval of a minute: the crashed keys finish in time only
+			// if the passes that claim nothing but held keys are followed
+			// at once by the next.
+			c := client(t, db, func(c *phase.Config) { c.Completer.Interval, c.Reaper.Interval = time.Minute, -1 }, w)
 			if background {
 				if err := c.Start(ctx); err != nil {
 					t.Fatal(err)
@@ -275,7 +278,7 @@ WHERE idempotency_key < $1`, fmt.Sprintf("%s-%05d", w.Name(), held)); err != nil
 					t.Fatalf("drain: %+v %v, want the %d crashed keys completed", res, err, crashed)
 				}
 			}
-			deadline := time.Now().Add(time.Minute)
+			deadline := time.Now().Add(30 * time.Second)
 			for {
 				var done, waiting int
 				if err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
@@ -298,5 +301,30 @@ WHERE idempotency_key < $1`, fmt.Sprintf("%s-%05d", w.Name(), held)); err != nil
 				t.Errorf("%d downstream keys charged, want the %d crashed keys' only", len(p.sends), crashed)
 			}
 		})
+	}
+}
+
+func TestAnInvalidConfigValueIsRefusedByName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  func() error
+		want string
+	}{
+		{func() error { _, err := (recovery.CompleterConfig{BatchSize: -100}).WithDefaults(); return err }, "CompleterConfig.BatchSize is -100"},
+		{func() error {
+			_, err := (recovery.CompleterConfig{Interval: -2 * time.Second}).WithDefaults()
+			return err
+		}, "CompleterConfig.Interval is -2s"},
+		{func() error { _, err := (recovery.CompleterConfig{MaxAttempts: -1}).WithDefaults(); return err }, "CompleterConfig.MaxAttempts is -1"},
+		{func() error { _, err := (recovery.ReaperConfig{Pause: -3}).WithDefaults(); return err }, "ReaperConfig.Pause is -3ns"},
+	} {
+		if err := tc.err(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v, want an error saying %s", err, tc.want)
+		}
+	}
+	for _, c := range []recovery.CompleterConfig{{Interval: -1}, {StuckAfter: -1}, {Backoff: -1}} {
+		if _, err := c.WithDefaults(); err != nil {
+			t.Errorf("%+v: %v, want -1 accepted", c, err)
+		}
 	}
 }

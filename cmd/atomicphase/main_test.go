@@ -592,13 +592,24 @@ func TestCountsShowTheBacklogAndHowFastItDrains(t *testing.T) {
 	if text := ok(t, dsn, "counts"); !strings.Contains(text, "backlog    10  stuck keys, drain rate unknown") {
 		t.Errorf("counts with no history lacks the unknown rate:\n%s", text)
 	}
+	// The first minute of a series may have been recorded at any second of
+	// it: the rate is not measured from it, and two minutes are not enough.
+	if _, err := db.Exec(context.Background(), `
+INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
+VALUES (date_trunc('minute', now()) - interval '4 minutes', 'a', 'stuck', 5000),
+       (date_trunc('minute', now()) - interval '3 minutes', 'a', 'stuck', 700)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got.Measured {
+		t.Errorf("counts -json backlog over two recorded minutes = %+v, want the rate not measured", got)
+	}
 	// The completers recorded 1000 stuck keys three minutes ago and 400 a
 	// minute ago, over two workflows: 600 keys in 120 s.
 	if _, err := db.Exec(context.Background(), `
 INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
-VALUES (date_trunc('minute', now()) - interval '3 minutes', 'a', 'stuck', 700),
-       (date_trunc('minute', now()) - interval '3 minutes', 'b', 'stuck', 300),
+VALUES (date_trunc('minute', now()) - interval '3 minutes', 'b', 'stuck', 300),
        (date_trunc('minute', now()) - interval '3 minutes', 'b', 'waiting', 5000),
+       (date_trunc('minute', now()) - interval '2 minutes', 'a', 'stuck', 600),
        (date_trunc('minute', now()) - interval '1 minute', 'a', 'stuck', 400),
        (date_trunc('minute', now()) - interval '1 minute', 'b', 'stuck', 0),
        (date_trunc('minute', now()) - interval '20 minutes', 'a', 'stuck', 90000)`); err != nil {

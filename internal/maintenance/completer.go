@@ -68,13 +68,34 @@ func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, wor
 // to BatchSize due keys, and resumes them, at the pace the passes before it
 // set.
 func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
-	res, _, _, err := c.runOnce(ctx)
+	res, _, _, err := c.runOnce(ctx, streak{})
 	return res, err
 }
 
-// runOnce is RunOnce that also returns the pause the pace sets before the
-// next pass, and the keys the pass handed back.
-func (c *Completer) runOnce(ctx context.Context) (recovery.PassResult, time.Duration, []uuid.UUID, error) {
+// streak holds the keys that the passes of a streak, passes run back to
+// back, handed back. A key handed back goes behind every other due key
+// (its last run is now), and, handed back by a completer, counts as a
+// failure that backs it off; so a streak can claim batches of nothing but
+// keys that wait for an operator or for another process while others are
+// due behind them, and goes on. Once a pass claims nothing, or nothing but
+// keys the streak handed back already, it has seen every due key.
+type streak map[uuid.UUID]bool
+
+// fresh records the keys a pass handed back and reports whether it claimed
+// any key the streak had not handed back before.
+func (s streak) fresh(res recovery.PassResult, back []uuid.UUID) bool {
+	fresh := res.Claimed > res.HandedBack
+	for _, id := range back {
+		fresh = fresh || !s[id]
+		s[id] = true
+	}
+	return fresh
+}
+
+// runOnce is RunOnce within streak s. It also returns the pause the pace
+// sets before the next pass, and whether the pass claimed keys that s had
+// not handed back.
+func (c *Completer) runOnce(ctx context.Context, s streak) (recovery.PassResult, time.Duration, bool, error) {
 	claim, running := c.pace.plan()
 	var back []uuid.UUID
 	pass := func(ctx context.Context) (recovery.PassResult, error) {
@@ -95,7 +116,8 @@ func (c *Completer) runOnce(ctx context.Context) (recovery.PassResult, time.Dura
 	} else {
 		res, err = pass(ctx)
 	}
-	return res, c.pace.record(claim, res, time.Since(began), err), back, err
+	fresh := err == nil && s.fresh(res, back)
+	return res, c.pace.record(claim, res, time.Since(began), fresh, err), fresh, err
 }
 
 // pass claims up to claim due keys and runs up to running of them at
@@ -180,42 +202,32 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Dura
 	return calls, err
 }
 
-// Drain runs passes until one finds nothing to claim but keys it handed
-// back before, and returns the sum.
+// Drain runs passes, one streak, until one claims nothing or nothing but
+// keys it handed back before, and returns the sum.
 func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 	var total recovery.PassResult
-	handedBack := map[uuid.UUID]bool{}
+	s := streak{}
 	for {
-		res, _, back, err := c.runOnce(ctx)
+		res, _, fresh, err := c.runOnce(ctx, s)
 		total = total.Add(res)
-		if err != nil || res.Claimed == 0 {
+		if err != nil || !fresh {
 			return total, err
-		}
-		// A key handed back goes behind every other due key, so a pass
-		// can claim nothing but keys that wait for an operator or for
-		// another process while others are due after them. Only when it
-		// claims those a second time has Drain seen every due key.
-		again := 0
-		for _, id := range back {
-			if handedBack[id] {
-				again++
-			}
-			handedBack[id] = true
-		}
-		if res.Claimed == res.HandedBack && again == len(back) {
-			return total, nil
 		}
 	}
 }
 
 // Start runs passes in the background until Stop or ctx ends: one at
-// once after a pass that ran keys, otherwise after
-// Interval, longer after trouble (see pace).
+// once after a pass that claimed keys it had not handed back, otherwise
+// after Interval, longer after trouble (see pace).
 func (c *Completer) Start(ctx context.Context) error {
+	s := streak{}
 	return c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
-		_, wait, _, err := c.runOnce(ctx)
+		_, wait, _, err := c.runOnce(ctx, s)
 		if err != nil && ctx.Err() == nil {
 			c.log.Error("completer pass failed", "err", err, "next_pass_in", wait)
+		}
+		if wait > 0 {
+			clear(s)
 		}
 		return wait
 	})

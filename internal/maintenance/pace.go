@@ -16,17 +16,20 @@ const maxPause = time.Minute
 // many it runs at once, and how long it waits before the next pass. It
 // follows the keys rather than a clock:
 //
-//   - A pass that ran keys is followed at once by the next, so a backlog
-//     drains as fast as its keys finish, however its keys are shared with
-//     other nodes; a pass that found none is followed by a pause of
-//     Interval.
+//   - A pass that claimed keys is followed at once by the next, so a
+//     backlog drains as fast as its keys finish, however its keys are
+//     shared with other nodes; a pass that found none, or only keys its
+//     streak handed back already, is followed by a pause of Interval.
 //   - A pass claims as many keys as finished in half a lease at the last
 //     pass's rate (between Concurrency and BatchSize), so that the last
 //     key of a batch starts long before its lease, taken at the claim,
-//     runs out.
+//     runs out. The first pass, which knows no rate yet, claims
+//     Concurrency.
 //   - A pass that failed (store trouble) or whose keys mostly failed
 //     (provider trouble) doubles the pause, from Interval up to maxPause;
-//     provider trouble also halves the keys run at once. Each pass that
+//     provider trouble also halves the keys run at once, and the next pass
+//     claims only as many as it runs at once: a provider still down gets
+//     a few calls a pass, not a batch. Each pass that
 //     goes well ends the pause and runs one key more at once, up to
 //     Concurrency.
 //   - Live requests keep priority: a pass whose keys took, in the median,
@@ -58,7 +61,7 @@ type pace struct {
 const busyFactor = 1.5
 
 func newPace(cfg recovery.CompleterConfig, ttl time.Duration) *pace {
-	return &pace{cfg: cfg, ttl: ttl, claim: cfg.BatchSize, running: cfg.Concurrency}
+	return &pace{cfg: cfg, ttl: ttl, claim: min(cfg.Concurrency, cfg.BatchSize), running: cfg.Concurrency}
 }
 
 // plan returns how many keys the next pass claims and how many it runs at
@@ -87,17 +90,19 @@ func (p *pace) observe(own []time.Duration) {
 }
 
 // record takes the outcome of a pass that asked for asked keys and took
-// took, and returns the pause before the next pass.
-func (p *pace) record(asked int, res recovery.PassResult, took time.Duration, err error) time.Duration {
+// took, whether it claimed keys its streak had not handed back (fresh), and
+// returns the pause before the next pass.
+func (p *pace) record(asked int, res recovery.PassResult, took time.Duration, fresh bool, err error) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// A key the completer handed back ran nothing of its own workflow;
 	// only the keys that ran tell how the providers and the store are.
 	ran := res.Completed + res.Failed
+	failing := err == nil && res.Failed > 0 && res.Failed >= res.Completed
 	switch {
 	case err != nil:
 		p.trouble++
-	case res.Failed > 0 && res.Failed >= res.Completed:
+	case failing:
 		p.trouble++
 		p.running = max(p.running/2, 1)
 	case float64(p.own) > busyFactor*float64(p.floor):
@@ -109,19 +114,24 @@ func (p *pace) record(asked int, res recovery.PassResult, took time.Duration, er
 	}
 	// A pass judges only its own keys.
 	p.own = 0
-	if ran > 0 && took > 0 {
+	switch {
+	case failing:
+		p.claim = min(p.running, p.cfg.BatchSize)
+	case ran > 0 && took > 0:
 		perLease := float64(ran) / took.Seconds() * (p.ttl / 2).Seconds()
 		p.claim = int(min(max(perLease, float64(p.cfg.Concurrency)), float64(p.cfg.BatchSize)))
 	}
 	if p.trouble > 0 {
 		return min(p.cfg.Interval<<min(p.trouble-1, 10), max(p.cfg.Interval, maxPause))
 	}
-	// A pass that ran keys is followed at once by the next, even when it
-	// got fewer than it asked for: other nodes take keys from the same
+	// A pass that claimed keys is followed at once by the next, even when
+	// it got fewer than it asked for: other nodes take keys from the same
 	// backlog (on Citus, from the same proposed candidates), so a short
-	// batch does not mean the backlog is empty. The pass that finds none
-	// pauses.
-	if res.Claimed > 0 && ran > 0 {
+	// batch does not mean the backlog is empty. So is one whose keys were
+	// all handed back, when they were new to its streak: they now wait
+	// behind the other due keys. The pass that finds none, or only keys
+	// handed back already, pauses.
+	if fresh {
 		return 0
 	}
 	return p.cfg.Interval

@@ -84,10 +84,13 @@ func TestTheOverviewShowsTheBacklogAndHowFastItDrains(t *testing.T) {
 	t.Parallel()
 	f, srv, ctx := setup(t)
 	// The completers recorded 1000 stuck keys three minutes ago and 400 a
-	// minute ago: 600 keys in 120 s.
+	// minute ago: 600 keys in 120 s. The rate is not measured from the
+	// minute that began the series.
 	if _, err := f.Pool.Exec(context.Background(), `
 INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
-VALUES (date_trunc('minute', now()) - interval '3 minutes', 'payments', 'stuck', 1000),
+VALUES (date_trunc('minute', now()) - interval '4 minutes', 'payments', 'stuck', 5000),
+       (date_trunc('minute', now()) - interval '3 minutes', 'payments', 'stuck', 1000),
+       (date_trunc('minute', now()) - interval '2 minutes', 'payments', 'stuck', 700),
        (date_trunc('minute', now()) - interval '1 minute', 'payments', 'stuck', 400)`); err != nil {
 		t.Fatal(err)
 	}
