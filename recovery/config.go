@@ -30,9 +30,10 @@ const (
 // CompleterConfig configures the completer of a phase.Client. Zero values
 // mean the default.
 type CompleterConfig struct {
-	// Interval is the pause after a pass that found no due keys. A pass
-	// that ran keys is followed at once by the next, so a backlog drains as fast as its keys finish (see
-	// # Pace in the package documentation). After a pass that failed (the
+	// Interval is the pause after a pass that found no due keys, or only
+	// keys it had handed back already. A pass that claimed keys is
+	// followed at once by the next, so a backlog drains as fast as its
+	// keys finish (see # Pace in the package documentation). After a pass that failed (the
 	// store) or whose keys mostly failed (their providers) the pause
 	// doubles, up to a minute or Interval, whichever is longer. -1 disables
 	// the completer in Start, for a process that only serves. The client's
@@ -40,11 +41,16 @@ type CompleterConfig struct {
 	Interval time.Duration
 	// BatchSize caps the keys claimed per pass. A pass claims fewer when
 	// the keys finish too slowly for the last of them to start within half
-	// their lease. Defaults to DefaultBatchSize.
+	// their lease; the first pass, and a pass after one whose keys mostly
+	// failed, claim only as many as they run at once. Defaults to
+	// DefaultBatchSize.
 	BatchSize int
 	// Concurrency caps the claimed keys run at once. After a pass whose keys
 	// mostly failed the completer runs half as many at once, and one more
-	// after each pass that went well, back up to Concurrency. Defaults to
+	// after each pass that went well, back up to Concurrency. Each key
+	// running holds one of the pool's connections while it is in the
+	// store: keep Concurrency well below the pool's MaxConns, or live
+	// requests wait for connections behind the completer. Defaults to
 	// DefaultConcurrency.
 	Concurrency int
 	// InFlight caps, by workflow name, how many of that workflow's keys

@@ -328,3 +328,34 @@ func TestAnInvalidConfigValueIsRefusedByName(t *testing.T) {
 		}
 	}
 }
+
+// TestADrainReadsTheStuckKeysForBurialOnlyWhenKeysFailed drains a backlog
+// in many passes: the statement that buries keys out of attempts reads
+// every stuck key, so it runs in the first pass, and again only after a
+// pass in which keys failed.
+func TestADrainReadsTheStuckKeysForBurialOnlyWhenKeysFailed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	counter := &pgtest.StatementCounter{}
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = counter })
+	p := &provider{sends: map[string]int{}}
+	w := ridesWorkflow(t, db, "rides", p)
+	const keys = 300
+	abandonMany(t, db, w.Name(), keys)
+	c := client(t, db, func(c *phase.Config) { c.Completer.BatchSize = 25 }, w)
+	counter.Reset()
+	res, err := c.Complete(ctx)
+	if err != nil || res.Completed != keys {
+		t.Fatalf("drain: %+v %v, want %d keys completed", res, err, keys)
+	}
+	burials := 0
+	for _, sql := range counter.SQL() {
+		if strings.Contains(sql, "SET hold = 'dead'") {
+			burials++
+		}
+	}
+	if burials != 1 {
+		t.Errorf("a drain of %d keys in passes of at most 25 buried %d times; want once, in its first pass", keys, burials)
+	}
+	checkEachKeyRanOnce(t, db, p, keys)
+}

@@ -35,6 +35,7 @@ type Completer struct {
 	bg                     background
 	history                history
 	pace                   *pace
+	burial                 burial
 	// slots holds, for each workflow with a cap of its own
 	// (CompleterConfig.InFlight), a token per key it may run at once.
 	slots map[string]chan struct{}
@@ -64,9 +65,9 @@ func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, wor
 		pace: newPace(cfg, ttl), slots: slots}
 }
 
-// RunOnce makes one pass: buries abandoned keys out of attempts, claims up
-// to BatchSize due keys, and resumes them, at the pace the passes before it
-// set.
+// RunOnce makes one pass: buries abandoned keys out of attempts when some
+// may be (see burial), claims up to BatchSize due keys, and resumes them,
+// at the pace the passes before it set.
 func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
 	res, _, _, err := c.runOnce(ctx, streak{})
 	return res, err
@@ -128,11 +129,15 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		res  recovery.PassResult
 		back []uuid.UUID
 	)
-	buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
-	if err != nil {
-		return res, nil, err
+	if c.burial.due() {
+		buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
+		if err != nil {
+			return res, nil, err
+		}
+		c.burial.done()
+		res.Dead = buried
 	}
-	res.Dead = buried
+	buried := res.Dead
 	if buried > 0 {
 		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: buried})
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
@@ -141,6 +146,7 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
+		MaxAttempts: c.cfg.MaxAttempts,
 	})
 	if err != nil {
 		return res, nil, err
@@ -181,6 +187,9 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		})
 	}
 	wg.Wait()
+	if res.Failed > 0 {
+		c.burial.failed()
+	}
 	c.pace.observe(own)
 	return res, back, nil
 }
@@ -246,3 +255,43 @@ func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {
 
 // errAlreadyStarted is returned by Start on a running service.
 var errAlreadyStarted = errors.New("already started")
+
+// buryEvery is how often a completer buries keys it did not fail itself:
+// keys that other processes failed out of attempts, and left.
+const buryEvery = time.Minute
+
+// burial says when a pass buries abandoned keys out of attempts. Bury
+// reads every stuck key (their failures are not indexed), so after an
+// outage it costs as much as the backlog is long: a pass runs it only when
+// keys may have run out of attempts since the last burial, after a pass
+// of this completer in which keys failed, and every buryEvery for the
+// keys of other processes. The claim leaves such keys alone meanwhile
+// (ClaimParams.MaxAttempts), so a key is never run again for being buried
+// late.
+type burial struct {
+	mu   sync.Mutex
+	last time.Time
+	// keysFailed: keys of a pass failed since the last burial.
+	keysFailed bool
+}
+
+// due reports whether the pass should bury.
+func (b *burial) due() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.last.IsZero() || b.keysFailed || time.Since(b.last) >= buryEvery
+}
+
+// done records a burial.
+func (b *burial) done() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.last, b.keysFailed = time.Now(), false
+}
+
+// failed records that keys of a pass failed.
+func (b *burial) failed() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.keysFailed = true
+}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
@@ -30,6 +31,10 @@ type ClaimParams struct {
 	MaxBackoff time.Duration
 	// TTL is the lease each claimed key gets.
 	TTL time.Duration
+	// MaxAttempts: a runnable key the completer failed this many times
+	// is not claimed but left for Bury, which the completer runs less
+	// often than it claims. Zero means no limit.
+	MaxAttempts int
 	// Distributed: the key table is distributed with Citus (see
 	// Request.Distributed).
 	Distributed bool
@@ -74,7 +79,7 @@ WITH held AS (
     FOR NO KEY UPDATE SKIP LOCKED
 ), runnable AS (
     SELECT id, last_run_at FROM idempotency_keys
-    WHERE ` + dueWhere + ` AND hold IS NULL
+    WHERE ` + dueWhere + ` AND hold IS NULL AND failures < $8
       AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
     ORDER BY last_run_at
     LIMIT $1
@@ -120,7 +125,8 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	var rows []*Row
 	sent := time.Now()
 	err := pgxscan.Select(ctx, q, &rows, claimSQL,
-		p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions))
+		p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions),
+		p.attemptsLeft())
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
 	}
@@ -128,6 +134,14 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 		r.TakenAt = sent
 	}
 	return rows, nil
+}
+
+// attemptsLeft is the failures below which a runnable key is claimed.
+func (p ClaimParams) attemptsLeft() int {
+	if p.MaxAttempts <= 0 {
+		return math.MaxInt32
+	}
+	return p.MaxAttempts
 }
 
 // definitionsFor returns definitions, or the empty definition for each of

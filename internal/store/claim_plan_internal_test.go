@@ -41,7 +41,7 @@ FROM generate_series(1, 5000) AS i`)
 	var plan []struct{ Plan planNode }
 	var text string
 	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+claimSQL,
-		10, time.Minute, time.Duration(0), time.Hour, time.Minute, []string{"test"}, []string{""}).Scan(&text); err != nil {
+		10, time.Minute, time.Duration(0), time.Hour, time.Minute, []string{"test"}, []string{""}, 10).Scan(&text); err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal([]byte(text), &plan); err != nil || len(plan) != 1 {

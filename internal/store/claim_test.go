@@ -366,3 +366,34 @@ SELECT 'acme', 'k' || i, 'test', '\x00', '{}' FROM generate_series(1, $1) AS i`,
 		}
 	}
 }
+
+func TestAClaimLeavesRunnableKeysOutOfAttemptsForBurial(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "out", "runnable")
+	keyIn(t, db, "acme", "left", "runnable")
+	keyIn(t, db, "acme", "reconciling", "unknown")
+	age(t, db, "acme", "out", "failures = 3, last_run_at = now() - interval '1 hour'")
+	age(t, db, "acme", "left", "failures = 2, last_run_at = now() - interval '1 hour'")
+	// A held key is claimed for reconciliation however often it failed:
+	// burial is for runnable keys only.
+	age(t, db, "acme", "reconciling", "failures = 5, last_run_at = now() - interval '1 hour'")
+	rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10,
+		StuckAfter: time.Minute, TTL: ttl, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rows {
+		got = append(got, r.Key)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"left", "reconciling"}) {
+		t.Errorf("claimed %v; want the key with attempts left and the held one, not the key out of attempts", got)
+	}
+	n, err := store.Bury(ctx, db, []string{"test"}, nil, 3, time.Minute)
+	if err != nil || n != 1 {
+		t.Errorf("bury = %d, %v; want the key out of attempts buried", n, err)
+	}
+}
