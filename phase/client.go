@@ -312,6 +312,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	for i, k := range keys {
 		names[i], defs[i] = k.workflow, k.definition
 	}
+	for name := range c.Completer.InFlight {
+		if !slices.Contains(names, name) {
+			return nil, fmt.Errorf("phase: Config.Completer.InFlight names %q, which is not a registered workflow", name)
+		}
+	}
 	cl.halt, cl.haltRuns = context.WithCancel(context.Background())
 	cl.completer = maintenance.NewCompleter(c.Completer, cl.db, cl.resume, names, defs, c.LeaseTTL, c.Logger)
 	if len(cl.hooks.passes) > 0 {
@@ -405,11 +410,16 @@ func (c *Client) registered(w Registered) error {
 }
 
 // resume continues a key the completer claimed, with its registered
-// workflow.
-func (c *Client) resume(ctx context.Context, row *store.Row) error {
+// workflow, and returns the time the run spent in foreign calls and
+// reconcile functions: the completer paces itself on the rest, the time
+// the store and this process took.
+func (c *Client) resume(ctx context.Context, row *store.Row) (calls time.Duration, err error) {
+	clock := &callClock{}
+	ctx = context.WithValue(ctx, callClockKey{}, clock)
+	defer func() { calls = time.Duration(clock.spent.Load()) }()
 	info := &RunInfo{Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key, ByCompleter: true,
 		RecoveryPoint: row.RecoveryPoint, Attempt: row.Attempts}
-	_, err := c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) {
+	_, err = c.throughRun(ctx, info, func(ctx context.Context) (*Outcome, error) {
 		rt, ok := c.routes[defKey{row.Workflow, row.Definition}]
 		if !ok {
 			// Claims select registered definitions only; a miss is a bug,
@@ -427,8 +437,18 @@ func (c *Client) resume(ctx context.Context, row *store.Row) error {
 		}
 		return &Outcome{Kind: OutcomeResumed, Response: resp}, nil
 	})
-	return err
+	return 0, err
 }
+
+// callClock sums the time a completer's run spends in foreign calls and
+// reconcile functions (see Client.resume).
+type callClock struct{ spent atomic.Int64 }
+
+// callClockKey is the context key of a completer run's callClock.
+type callClockKey struct{}
+
+// since adds the time since start.
+func (k *callClock) since(start time.Time) { k.spent.Add(int64(time.Since(start))) }
 
 // release frees the lease of a run that ends without finishing. It reports
 // whether the lease was no longer the run's, because another run took the

@@ -3,6 +3,7 @@ package phase
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -41,4 +42,117 @@ func (c *Client) History(ctx context.Context, window time.Duration) ([]StatusMin
 		out[i] = StatusMinute(m)
 	}
 	return out, nil
+}
+
+// DrainWindow is how far back Backlog looks for the rate at which the
+// backlog drains.
+const DrainWindow = 5 * time.Minute
+
+// Backlog is the completer's backlog, the stuck keys, and how fast it
+// drains.
+type Backlog struct {
+	// Keys are the stuck keys now: unfinished, not on hold, free, and idle
+	// for longer than the completer's StuckAfter.
+	Keys int `json:"keys"`
+	// PerSecond is how many keys a second the stuck keys fell by from the
+	// oldest to the newest minute the completers recorded in the last
+	// DrainWindow (see History), negative when they rose: the completers'
+	// pace less the keys that became stuck meanwhile. It is measured only
+	// from minutes that follow a recorded minute, so it needs three
+	// minutes recorded in a row; Measured says so.
+	PerSecond float64 `json:"per_second"`
+	Measured  bool    `json:"measured"`
+}
+
+// EmptyIn is how long the backlog takes to drain at PerSecond: zero for
+// an empty backlog, and ok false for one that is not draining or whose
+// rate is not measured.
+func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
+	switch {
+	case b.Keys == 0:
+		return 0, true
+	case !b.Measured || b.PerSecond <= 0:
+		return 0, false
+	}
+	return time.Duration(float64(b.Keys) / b.PerSecond * float64(time.Second)), true
+}
+
+// Rate says, for people, how fast the backlog drains and when it will be
+// empty: "draining 5.0 a second over the last 5m0s, empty in about 2s".
+func (b Backlog) Rate() string {
+	over := "over the last " + DrainWindow.String()
+	empty, ok := b.EmptyIn()
+	switch {
+	case !b.Measured:
+		return "drain rate unknown: fewer than three minutes in a row of status history " + over
+	case b.PerSecond < 0:
+		return fmt.Sprintf("growing by %.1f a second %s", -b.PerSecond, over)
+	case ok && b.Keys > 0:
+		return fmt.Sprintf("draining %.1f a second %s, empty in about %s", b.PerSecond, over, empty.Round(time.Second))
+	}
+	return fmt.Sprintf("drained %.1f a second %s", b.PerSecond, over)
+}
+
+// Backlog returns the stuck keys now and how fast they drained over the
+// last DrainWindow. Like Counts, it reads no finished key; the rate comes
+// from the status history, so it is not measured where none is recorded
+// (no completer ran, or the key table is distributed with Citus).
+func (c *Client) Backlog(ctx context.Context) (Backlog, error) {
+	counts, err := c.Counts(ctx)
+	if err != nil {
+		return Backlog{}, err
+	}
+	return c.backlog(ctx, counts.Stuck)
+}
+
+// backlog is Backlog with the stuck keys counted.
+func (c *Client) backlog(ctx context.Context, stuck int) (Backlog, error) {
+	ms, err := c.History(ctx, DrainWindow)
+	if err != nil {
+		return Backlog{}, err
+	}
+	b := Backlog{Keys: stuck}
+	b.PerSecond, b.Measured = drainRate(ms)
+	return b, nil
+}
+
+// drainRate returns how many stuck keys a second the oldest and the
+// newest minute of ms that follow a recorded minute, summed over their
+// workflows, are apart, and false when ms holds fewer than two such
+// minutes. Each minute is recorded by the first completer pass in it: in
+// a minute that follows a recorded one, passes ran across its start, and
+// the record was made within about a pass of it; the first minute of a
+// series (a completer started, or passes resumed after a pause) may have
+// been recorded at any second of it, so its record is not placed in time
+// well enough to measure from.
+func drainRate(ms []StatusMinute) (float64, bool) {
+	recorded := map[time.Time]bool{}
+	for _, m := range ms {
+		recorded[m.At] = true
+	}
+	var first, last time.Time
+	for _, m := range ms {
+		if !recorded[m.At.Add(-time.Minute)] {
+			continue
+		}
+		if first.IsZero() || m.At.Before(first) {
+			first = m.At
+		}
+		if m.At.After(last) {
+			last = m.At
+		}
+	}
+	if first.IsZero() || first.Equal(last) {
+		return 0, false
+	}
+	var then, now int
+	for _, m := range ms {
+		switch {
+		case m.At.Equal(first):
+			then += m.Stuck
+		case m.At.Equal(last):
+			now += m.Stuck
+		}
+	}
+	return float64(then-now) / last.Sub(first).Seconds(), true
 }

@@ -3,6 +3,7 @@ package phase
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
@@ -200,6 +201,9 @@ func (c *Client) throughPhase(ctx context.Context, info *PhaseInfo, step func(co
 // throughCall runs step, a foreign call or reconcile function, through c's
 // call wrappers.
 func (c *Client) throughCall(ctx context.Context, info *PhaseInfo, step func(context.Context) error) error {
+	if clock, ok := ctx.Value(callClockKey{}).(*callClock); ok {
+		defer clock.since(time.Now())
+	}
 	return throughStep(ctx, c.hooks.calls, CallWrapper.WrapCall, info, step)
 }
 

@@ -40,6 +40,9 @@ type Overview struct {
 	// History is the last hour's unfinished keys of each workflow by
 	// status, as the completers recorded them (see Client.History).
 	History []StatusMinute
+	// Backlog is the stuck keys of every workflow and how fast they drain
+	// (see Client.Backlog).
+	Backlog Backlog
 }
 
 // Minute is what happened to the keys in one minute, read through indexes
@@ -61,8 +64,8 @@ func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts
 }
 
 // Overview returns the counts of every workflow, the age of the oldest
-// unfinished key not on hold, the keys of the last hour and the status
-// history of the last hour. None of it reads the finished keys of a large
+// unfinished key not on hold, the keys of the last hour, the status
+// history of the last hour and the backlog. None of it reads the finished keys of a large
 // table.
 func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	counts, err := c.CountsByWorkflow(ctx)
@@ -82,7 +85,16 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)), History: history}
+	var stuck int
+	for _, n := range counts {
+		stuck += n.Stuck
+	}
+	backlog, err := c.backlog(ctx, stuck)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)),
+		History: history, Backlog: backlog}
 	for i, m := range minutes {
 		o.Minutes[i] = Minute(m)
 	}
@@ -323,7 +335,8 @@ func (c *Client) runNow(ctx context.Context, tenant, key string) error {
 		return err
 	}
 	row.Distributed = c.distributed.Load()
-	return c.resume(ctx, row)
+	_, err = c.resume(ctx, row)
+	return err
 }
 
 // BulkPreview counts the keys that Bulk with the same arguments would

@@ -2,7 +2,7 @@ package recovery
 
 import (
 	"cmp"
-	"errors"
+	"fmt"
 	"time"
 )
 
@@ -30,16 +30,38 @@ const (
 // CompleterConfig configures the completer of a phase.Client. Zero values
 // mean the default.
 type CompleterConfig struct {
-	// Interval between passes. -1 disables the completer in Start, for a
-	// process that only serves. The client's Complete still runs a pass on
-	// demand. Defaults to DefaultInterval.
+	// Interval is the pause after a pass that found no due keys, or only
+	// keys it had handed back already. A pass that claimed keys is
+	// followed at once by the next, so a backlog drains as fast as its
+	// keys finish (see # Pace in the package documentation). After a pass that failed (the
+	// store) or whose keys mostly failed (their providers) the pause
+	// doubles, up to a minute or Interval, whichever is longer. -1 disables
+	// the completer in Start, for a process that only serves. The client's
+	// Complete still runs passes on demand. Defaults to DefaultInterval.
 	Interval time.Duration
-	// BatchSize caps the keys claimed per pass. Defaults to
+	// BatchSize caps the keys claimed per pass. A pass claims fewer when
+	// the keys finish too slowly for the last of them to start within half
+	// their lease; the first pass, and a pass after one whose keys mostly
+	// failed, claim only as many as they run at once. Defaults to
 	// DefaultBatchSize.
 	BatchSize int
-	// Concurrency caps the claimed keys run at once. Defaults to
+	// Concurrency caps the claimed keys run at once. After a pass whose keys
+	// mostly failed the completer runs half as many at once, and one more
+	// after each pass that went well, back up to Concurrency. Each key
+	// running holds one of the pool's connections while it is in the
+	// store: keep Concurrency well below the pool's MaxConns, or live
+	// requests wait for connections behind the completer. Defaults to
 	// DefaultConcurrency.
 	Concurrency int
+	// InFlight caps, by workflow name, how many of that workflow's keys
+	// the completer runs at once, and so how many calls it has in flight
+	// to that workflow's provider (a run makes one call at a time): set it
+	// for a provider that rate-limits. The cap holds per process: N
+	// processes running completers have up to N times it in flight.
+	// Requests that clients send are not counted. A workflow not in the
+	// map, or mapped to 0 or -1, is capped by Concurrency alone. The
+	// client's NewClient refuses a name it has no workflow of.
+	InFlight map[string]int
 	// StuckAfter is how long a key must be idle before the completer takes
 	// it, and before it can be given up on. -1 means no wait. Defaults to
 	// DefaultStuckAfter.
@@ -57,9 +79,16 @@ type CompleterConfig struct {
 // WithDefaults returns c with every zero field set to its default, or an
 // error naming a field whose value is invalid.
 func (c CompleterConfig) WithDefaults() (CompleterConfig, error) {
-	if c.Interval < -1 || c.BatchSize < 0 || c.Concurrency < 0 || c.StuckAfter < -1 ||
-		c.Backoff < -1 || c.MaxBackoff < 0 || c.MaxAttempts < 0 {
-		return c, errors.New("recovery: CompleterConfig values must not be negative (except -1 where documented)")
+	if err := checkFields("CompleterConfig",
+		field{"Interval", c.Interval, -1}, field{"BatchSize", c.BatchSize, 0}, field{"Concurrency", c.Concurrency, 0},
+		field{"StuckAfter", c.StuckAfter, -1}, field{"Backoff", c.Backoff, -1}, field{"MaxBackoff", c.MaxBackoff, 0},
+		field{"MaxAttempts", c.MaxAttempts, 0}); err != nil {
+		return c, err
+	}
+	for name, n := range c.InFlight {
+		if n < -1 {
+			return c, fmt.Errorf("recovery: CompleterConfig.InFlight[%q] must not be negative (except -1)", name)
+		}
 	}
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
@@ -111,8 +140,10 @@ type ReaperConfig struct {
 // WithDefaults returns c with every zero field set to its default, or an
 // error naming a field whose value is invalid.
 func (c ReaperConfig) WithDefaults() (ReaperConfig, error) {
-	if c.Retention < 0 || c.BatchSize < 0 || c.Interval < -1 || c.Pause < -1 {
-		return c, errors.New("recovery: ReaperConfig values must not be negative (except -1 where documented)")
+	if err := checkFields("ReaperConfig",
+		field{"Retention", c.Retention, 0}, field{"BatchSize", c.BatchSize, 0}, field{"Interval", c.Interval, -1},
+		field{"Pause", c.Pause, -1}); err != nil {
+		return c, err
 	}
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultReapBatch)
@@ -153,4 +184,35 @@ type ReapResult struct {
 	Abandoned int
 	// Reaped keys were finished and past retention, and are deleted.
 	Reaped int
+}
+
+// field is a Config field's name, value and least valid value: 0, or -1
+// where -1 has a meaning of its own.
+type field struct {
+	name  string
+	value any
+	least int64
+}
+
+// checkFields returns an error naming the first of config's fields whose
+// value is below its least.
+func checkFields(config string, fields ...field) error {
+	for _, f := range fields {
+		var v int64
+		switch x := f.value.(type) {
+		case int:
+			v = int64(x)
+		case time.Duration:
+			v = int64(x)
+		}
+		switch {
+		case v >= f.least:
+		case f.least == 0:
+			return fmt.Errorf("recovery: %s.%s is %v; it must not be negative", config, f.name, f.value)
+		default:
+			return fmt.Errorf("recovery: %s.%s is %v; it must not be negative but for -1, which has a meaning of its own",
+				config, f.name, f.value)
+		}
+	}
+	return nil
 }

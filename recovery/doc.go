@@ -28,6 +28,35 @@
 // Each run of the completer is bounded by the client's RunTimeout, so one
 // hung key cannot stall a pass.
 //
+// # Pace
+//
+// The completer's pace follows its keys, not a clock. A pass that claimed
+// keys is followed at once by the next, so after an outage a backlog
+// drains as fast as its keys finish: at about Concurrency keys per
+// duration of one key, per process. Only a pass that found none, or only
+// keys it had handed back already, waits [CompleterConfig.Interval]. A key
+// handed back (one that waits for an operator, or for a process that runs
+// its definition) goes behind every other due key and is backed off like a
+// failure, so such keys never hold up the keys due behind them. A pass
+// claims as many keys as finished in half a lease at the last pass's rate
+// (at most [CompleterConfig.BatchSize]), so the last key of a batch starts
+// well within the lease the claim gave it; the first pass, which knows no
+// rate, claims Concurrency. After a pass that failed (store trouble) or
+// whose keys mostly failed (provider trouble) the pause doubles, up to a
+// minute; provider trouble halves the keys run at once, and the next pass
+// claims no more than it runs, so a provider still down gets a few calls a
+// pass; each pass that goes well restores one. Live requests keep
+// priority: when the keys of a pass took, in the median and their foreign
+// calls left out, over 1.5 times the quickest median seen, the store or
+// the process is busy, and the next pass runs a quarter fewer keys at once
+// (at least one). A slow provider does not count: only the time a key
+// spends outside its calls, in the queues live requests wait in too.
+// [CompleterConfig.InFlight] caps the keys of one workflow run at once,
+// for a provider that rate-limits. Several processes share a backlog
+// through the SKIP LOCKED claim: each key is claimed by one of them, and
+// each runs pass after pass while keys are due. docs/operating.md says how
+// long a backlog takes to drain.
+//
 // # Unknown outcomes
 //
 // A foreign call can end without telling whether it happened. Unless its

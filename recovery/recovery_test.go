@@ -102,23 +102,7 @@ func twoCompletersRacing(t *testing.T, db *pgxpool.Pool) {
 	ctx := context.Background()
 	w := effectsWorkflow(t, db)
 	const keys = 1000
-	// One statement per key would take a while; store them in bulk with
-	// the same columns Acquire writes.
-	fp := func(n int) []byte {
-		f, err := keyrow.Fingerprint(w.Name(), fmt.Appendf(nil, `{"n":%d}`, n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f[:]
-	}
-	b := &pgx.Batch{}
-	for i := range keys {
-		b.Queue(`INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params, attempts)
-			VALUES ('acme', $1, $2, $3, $4, 1)`, fmt.Sprintf("k%04d", i), w.Name(), fp(i), fmt.Sprintf(`{"n":%d}`, i))
-	}
-	if err := db.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatal(err)
-	}
+	abandonMany(t, db, w.Name(), keys)
 
 	var (
 		wg      sync.WaitGroup

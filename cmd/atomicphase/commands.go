@@ -210,7 +210,15 @@ to the total:
   unknown    awaiting reconciliation of a foreign call
   dead       given up on by the completer
 
-'atomicphase list' shows the keys behind the last three.`,
+'atomicphase list' shows the keys behind the last three.
+
+The backlog line says how fast the stuck keys drained over the last five
+minutes (the completers' pace less the keys that became stuck meanwhile)
+and when, at that rate, none will be left. The rate comes from the status
+history the completers record once a minute: it needs three minutes
+recorded in a row, as the first minute of a series may be recorded at any
+second of it, so it is unknown in a completer's first minutes, where no
+completer runs, and on a key table distributed with Citus.`,
 		define: defineStats,
 	},
 	{
@@ -439,6 +447,8 @@ type countsReport struct {
 	Total int `json:"total"`
 	// Definitions counts the unfinished keys of each workflow definition.
 	Definitions []keyrow.DefinitionCount `json:"definitions"`
+	// Backlog is the stuck keys and how fast they drain.
+	Backlog phase.Backlog `json:"backlog"`
 }
 
 func defineStats(fs *flag.FlagSet) action {
@@ -459,10 +469,14 @@ func defineStats(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if s.json {
-			return s.writeJSON(countsReport{Counts: counts, Total: counts.Total(), Definitions: defs})
+		backlog, err := c.Backlog(ctx)
+		if err != nil {
+			return err
 		}
-		return printStats(s.stdout, counts, defs, *stuckAfter, time.Now())
+		if s.json {
+			return s.writeJSON(countsReport{Counts: counts, Total: counts.Total(), Definitions: defs, Backlog: backlog})
+		}
+		return printStats(s.stdout, counts, defs, backlog, *stuckAfter, time.Now())
 	}
 }
 

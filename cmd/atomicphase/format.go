@@ -15,6 +15,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
@@ -150,7 +151,7 @@ func printReap(w io.Writer, r reapReport) error {
 	return tw.Flush()
 }
 
-func printStats(w io.Writer, c keyrow.Counts, defs []keyrow.DefinitionCount, stuckAfter time.Duration, now time.Time) error {
+func printStats(w io.Writer, c keyrow.Counts, defs []keyrow.DefinitionCount, b phase.Backlog, stuckAfter time.Duration, now time.Time) error {
 	tw := newTable(w)
 	if c.FinishedEstimated {
 		fmt.Fprintf(tw, "finished\t~%d\testimated from the table's statistics\n", c.Finished)
@@ -163,6 +164,7 @@ func printStats(w io.Writer, c keyrow.Counts, defs []keyrow.DefinitionCount, stu
 	fmt.Fprintf(tw, "unknown\t%d\n", c.Unknown)
 	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
 	fmt.Fprintf(tw, "total\t%d\n", c.Total())
+	fmt.Fprintf(tw, "backlog\t%d\tstuck keys, %s\n", b.Keys, b.Rate())
 	if err := tw.Flush(); err != nil {
 		return err
 	}

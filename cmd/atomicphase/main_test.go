@@ -22,6 +22,7 @@ import (
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
+	"github.com/atomicphase/atomicphase/phase"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -573,6 +574,53 @@ func TestStatsCountsEveryKeyInExactlyOneState(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("stats output lacks %q:\n%s", want, text)
 		}
+	}
+}
+
+func TestCountsShowTheBacklogAndHowFastItDrains(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	for i := range 10 {
+		key := fmt.Sprintf("stuck-%d", i)
+		keyIn(t, db, "acme", key, "runnable")
+		age(t, db, "acme", key, "last_run_at = now() - interval '2 minutes'")
+	}
+	// Before any minute was recorded the rate is unknown.
+	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got != (phase.Backlog{Keys: 10}) {
+		t.Errorf("counts -json backlog with no history = %+v, want 10 keys, rate not measured", got)
+	}
+	if text := ok(t, dsn, "counts"); !strings.Contains(text, "backlog    10  stuck keys, drain rate unknown") {
+		t.Errorf("counts with no history lacks the unknown rate:\n%s", text)
+	}
+	// The first minute of a series may have been recorded at any second of
+	// it: the rate is not measured from it, and two minutes are not enough.
+	if _, err := db.Exec(context.Background(), `
+INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
+VALUES (date_trunc('minute', now()) - interval '4 minutes', 'a', 'stuck', 5000),
+       (date_trunc('minute', now()) - interval '3 minutes', 'a', 'stuck', 700)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got.Measured {
+		t.Errorf("counts -json backlog over two recorded minutes = %+v, want the rate not measured", got)
+	}
+	// The completers recorded 1000 stuck keys three minutes ago and 400 a
+	// minute ago, over two workflows: 600 keys in 120 s.
+	if _, err := db.Exec(context.Background(), `
+INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
+VALUES (date_trunc('minute', now()) - interval '3 minutes', 'b', 'stuck', 300),
+       (date_trunc('minute', now()) - interval '3 minutes', 'b', 'waiting', 5000),
+       (date_trunc('minute', now()) - interval '2 minutes', 'a', 'stuck', 600),
+       (date_trunc('minute', now()) - interval '1 minute', 'a', 'stuck', 400),
+       (date_trunc('minute', now()) - interval '1 minute', 'b', 'stuck', 0),
+       (date_trunc('minute', now()) - interval '20 minutes', 'a', 'stuck', 90000)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got != (phase.Backlog{Keys: 10, PerSecond: 5, Measured: true}) {
+		t.Errorf("counts -json backlog = %+v, want 10 keys draining 5 a second", got)
+	}
+	want := "backlog    10  stuck keys, draining 5.0 a second over the last 5m0s, empty in about 2s"
+	if text := ok(t, dsn, "counts"); !strings.Contains(text, want) {
+		t.Errorf("counts lacks %q:\n%s", want, text)
 	}
 }
 

@@ -121,6 +121,34 @@ func TestReaperDeletesEveryExpiredKeyUnderTraffic(t *testing.T) {
 	}
 }
 
+// TestDrainFinishesABacklogOnTwoNodesEachKeyOnce runs the drain
+// measurement on a small backlog: two completers finish every key while
+// live requests keep being answered, each key charged and its order
+// created once (DrainUnderTraffic checks both), and both nodes do some of
+// the work.
+func TestDrainFinishesABacklogOnTwoNodesEachKeyOnce(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	const keys = 400
+	res, err := env.DrainUnderTraffic(context.Background(), DrainParams{Keys: keys, Nodes: 2, CallTook: 5 * time.Millisecond,
+		Live: 2, LiveEvery: 10 * time.Millisecond, Before: 200 * time.Millisecond, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Completed[0]+res.Completed[1] != keys || res.Completed[0] == 0 || res.Completed[1] == 0 {
+		t.Errorf("the nodes completed %v keys; want %d in all, some by each", res.Completed, keys)
+	}
+	if res.Before.Requests() == 0 || res.During.Requests() == 0 {
+		t.Errorf("live requests: %d before, %d during the drain; want some of each", res.Before.Requests(), res.During.Requests())
+	}
+	// A key costs its run's statements but the acquire (12 of the rides
+	// shape's 13: the claim took the lease) and its share of its pass's
+	// (the bury, the claim, now and then the history), under one.
+	if per := res.StatementsPerKey(); per < 12 || per >= 13 {
+		t.Errorf("%.2f statements per drained key, want 12 and its share of a pass's 2 or 3", per)
+	}
+}
+
 // TestWarmReadsTheTableAndEveryIndex checks that the large-table
 // benchmarks measure a table whose every block was read into shared
 // buffers.

@@ -80,6 +80,20 @@
 //
 // benchtable -large prints the same in tables.
 //
+// # Draining a backlog
+//
+// Env.DrainUnderTraffic abandons a backlog of rides-shaped keys before
+// their first phase, the stub's charge taking a set time, runs live
+// three-phase requests paced as live traffic arrives, and times how long
+// one or more completers (each a client over a pool of its own, as
+// separate processes) with the default configuration take to finish every
+// key, checking that each key was charged and created its order once. It
+// reports keys a second, the time to empty, the live p50 and p99 before and
+// during, the server's CPU time and the completers' statements per drained
+// key, and how busy the whole machine was. benchtable -drain 10000,100000
+// prints it for 1 and 2 nodes; TestDrainFinishesABacklogOnTwoNodesEachKeyOnce
+// runs it on a small backlog.
+//
 // # Citus
 //
 // On a Citus coordinator, Open distributes the library's key table

@@ -208,18 +208,11 @@ func (e *Env) ReapUnderTraffic(ctx context.Context, concurrency int, before time
 	}
 	res.AcquireBefore = acquireResult(res.Before, clock.take())
 
-	stop := make(chan time.Time)
-	traffic := make(chan error, 1)
-	go func() {
-		var err error
-		res.During, err = load.run(ctx, 0, stop)
-		traffic <- err
-	}()
+	stop := load.start(ctx)
 	start := time.Now()
 	reaped, reapErr := reaper.Reap(ctx)
 	res.Reap, res.Deleted = time.Since(start), reaped.Reaped
-	close(stop)
-	if err := <-traffic; err != nil {
+	if res.During, err = stop(); err != nil {
 		return res, err
 	}
 	if reapErr != nil {

@@ -47,9 +47,11 @@ type Env struct {
 	client   *phase.Client
 	workflow *phase.Workflow[Order, orderState]
 	rides    *phase.Workflow[Order, orderState]
-	// stub is the provider the rides-shaped workflow calls over http.
-	stub *httptest.Server
-	http *http.Client
+	// stub is the provider the rides-shaped workflow calls over http, and
+	// charges its delay and count.
+	stub    *httptest.Server
+	charges charges
+	http    *http.Client
 	// stats is set when pg_stat_statements can be read: Results then
 	// hold the server time and WAL of their statements.
 	stats bool
@@ -85,7 +87,7 @@ func Open(ctx context.Context, cfg *pgxpool.Config) (*Env, error) {
 	if e.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	e.stub = chargeStub()
+	e.stub = chargeStub(&e.charges)
 	e.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: MaxConns}}
 	if err := e.open(ctx); err != nil {
 		e.Close()
@@ -255,8 +257,12 @@ func (k Kind) Baseline() (Kind, bool) {
 type Load struct {
 	Kind        Kind
 	Concurrency int
-	env         *Env
-	send        func(ctx context.Context, client int) error
+	// Every, when set, paces each client to one request per Every, as
+	// live traffic arrives, rather than one as soon as the last is
+	// answered; a client that falls behind sends at once.
+	Every time.Duration
+	env   *Env
+	send  func(ctx context.Context, client int) error
 }
 
 // warmRequests is how many requests each client sends before a Load is
@@ -430,6 +436,26 @@ func (l *Load) Run(ctx context.Context, n int, d time.Duration) (Result, error) 
 	return l.run(ctx, n, stop)
 }
 
+// start sends requests in the background until the returned function is
+// called, which returns what they measured.
+func (l *Load) start(ctx context.Context) (stop func() (Result, error)) {
+	halt := make(chan time.Time)
+	var (
+		res Result
+		err error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res, err = l.run(ctx, 0, halt)
+	}()
+	return func() (Result, error) {
+		close(halt)
+		<-done
+		return res, err
+	}
+}
+
 // run is Run until n requests or a value on stop.
 func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, error) {
 	var (
@@ -470,7 +496,12 @@ func (l *Load) run(ctx context.Context, n int, stop <-chan time.Time) (Result, e
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			next := time.Now()
 			for !stopped.Load() && (n <= 0 || sent.Add(1) <= int64(n)) {
+				if l.Every > 0 {
+					time.Sleep(time.Until(next))
+					next = next.Add(l.Every)
+				}
 				t := time.Now()
 				if err := l.send(ctx, c); err != nil {
 					errOnce.Do(func() { runErr = err })

@@ -11,6 +11,9 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -176,14 +179,48 @@ func recordCharge(ctx context.Context, tx pgx.Tx, tenant string, id int64, charg
 	return err
 }
 
+// charges is what the charge stub does besides answering: how long each
+// charge takes, and, while counting, how many charges came with each
+// idempotency key.
+type charges struct {
+	took atomic.Int64 // a time.Duration
+	mu   sync.Mutex
+	sent map[string]int // nil while not counting
+}
+
+// count starts counting the charges of each key afresh.
+func (c *charges) count() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sent = map[string]int{}
+}
+
+// counted returns the charges counted per key, and stops counting.
+func (c *charges) counted() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sent := c.sent
+	c.sent = nil
+	return sent
+}
+
 // chargeStub is the provider the rides-shaped workflow calls: it answers
 // every charge with an id derived from its idempotency key, as a provider
-// that honours the key would.
-func chargeStub() *httptest.Server {
+// that honours the key would, after c's delay.
+func chargeStub(c *charges) *httptest.Server {
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		c.mu.Lock()
+		if c.sent != nil {
+			c.sent[key]++
+		}
+		c.mu.Unlock()
+		if d := time.Duration(c.took.Load()); d > 0 {
+			time.Sleep(d)
+		}
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"ch_`+strconv.Itoa(len(r.Header.Get("Idempotency-Key")))+`","status":"succeeded"}`)
+		_, _ = io.WriteString(w, `{"id":"ch_`+strconv.Itoa(len(key))+`","status":"succeeded"}`)
 	}))
 }
 

@@ -7,16 +7,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/atomicphase/atomicphase/internal/store"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // Resumer continues a claimed key with its workflow, within the client's
-// run limits. It must free or keep the key's lease as any run does. The
-// claimed row is the library's own type: a phase.Client gives the
-// Resumer, and builds the completer.
-type Resumer func(ctx context.Context, row *store.Row) error
+// run limits, and returns the time the run spent in foreign calls and
+// reconcile functions. It must free or keep the key's lease as any run
+// does. The claimed row is the library's own type: a phase.Client gives
+// the Resumer, and builds the completer.
+type Resumer func(ctx context.Context, row *store.Row) (calls time.Duration, err error)
 
 // Completer finishes keys that no client is waiting for. A phase.Client
 // builds one from Config.Completer and runs it; see package recovery's
@@ -31,6 +34,11 @@ type Completer struct {
 	log                    *slog.Logger
 	bg                     background
 	history                history
+	pace                   *pace
+	burial                 burial
+	// slots holds, for each workflow with a cap of its own
+	// (CompleterConfig.InFlight), a token per key it may run at once.
+	slots map[string]chan struct{}
 	// Around, when set, wraps every pass (the client's pass wrappers).
 	Around func(ctx context.Context, pass func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)
 	// Observe, when set, receives the completer's events (the client's
@@ -47,53 +55,130 @@ func distributed(f func() bool) bool { return f != nil && f() }
 // given pairwise by workflows and definitions, run by r, with leases of
 // ttl. cfg must have its defaults applied. phase.NewClient calls it.
 func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, workflows, definitions []string, ttl time.Duration, log *slog.Logger) *Completer {
-	return &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log}
-}
-
-// RunOnce makes one pass: buries abandoned keys out of attempts, claims up
-// to BatchSize due keys, and resumes them.
-func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
-	if c.Around != nil {
-		return c.Around(ctx, c.pass)
+	slots := map[string]chan struct{}{}
+	for name, n := range cfg.InFlight {
+		if n > 0 {
+			slots[name] = make(chan struct{}, n)
+		}
 	}
-	return c.pass(ctx)
+	return &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log,
+		pace: newPace(cfg, ttl), slots: slots}
 }
 
-func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
-	var res recovery.PassResult
-	buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
-	if err != nil {
+// RunOnce makes one pass: buries abandoned keys out of attempts when some
+// may be (see burial), claims up to BatchSize due keys, and resumes them,
+// at the pace the passes before it set.
+func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
+	res, _, _, err := c.runOnce(ctx, streak{})
+	return res, err
+}
+
+// streak holds the keys that the passes of a streak, passes run back to
+// back, handed back. A key handed back goes behind every other due key
+// (its last run is now), and, handed back by a completer, counts as a
+// failure that backs it off; so a streak can claim batches of nothing but
+// keys that wait for an operator or for another process while others are
+// due behind them, and goes on. Once a pass claims nothing, or nothing but
+// keys the streak handed back already, it has seen every due key.
+type streak map[uuid.UUID]bool
+
+// fresh records the keys a pass handed back and reports whether it claimed
+// any key the streak had not handed back before.
+func (s streak) fresh(res recovery.PassResult, back []uuid.UUID) bool {
+	fresh := res.Claimed > res.HandedBack
+	for _, id := range back {
+		fresh = fresh || !s[id]
+		s[id] = true
+	}
+	return fresh
+}
+
+// runOnce is RunOnce within streak s. It also returns the pause the pace
+// sets before the next pass, and whether the pass claimed keys that s had
+// not handed back.
+func (c *Completer) runOnce(ctx context.Context, s streak) (recovery.PassResult, time.Duration, bool, error) {
+	claim, running := c.pace.plan()
+	var back []uuid.UUID
+	pass := func(ctx context.Context) (recovery.PassResult, error) {
+		var (
+			res recovery.PassResult
+			err error
+		)
+		res, back, err = c.pass(ctx, claim, running)
 		return res, err
 	}
-	res.Dead = buried
+	began := time.Now()
+	var (
+		res recovery.PassResult
+		err error
+	)
+	if c.Around != nil {
+		res, err = c.Around(ctx, pass)
+	} else {
+		res, err = pass(ctx)
+	}
+	fresh := err == nil && s.fresh(res, back)
+	return res, c.pace.record(claim, res, time.Since(began), fresh, err), fresh, err
+}
+
+// pass claims up to claim due keys and runs up to running of them at
+// once, each workflow's within its own cap. It returns the keys it handed
+// back besides the sums.
+func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.PassResult, []uuid.UUID, error) {
+	var (
+		res  recovery.PassResult
+		back []uuid.UUID
+	)
+	if c.burial.due() {
+		buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
+		if err != nil {
+			return res, nil, err
+		}
+		c.burial.done()
+		res.Dead = buried
+	}
+	buried := res.Dead
 	if buried > 0 {
 		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: buried})
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
 	c.recordHistory(ctx)
 	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
-		Workflows: c.workflows, Definitions: c.definitions, Limit: c.cfg.BatchSize, StuckAfter: c.cfg.StuckAfter,
+		Workflows: c.workflows, Definitions: c.definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
+		MaxAttempts: c.cfg.MaxAttempts,
 	})
 	if err != nil {
-		return res, err
+		return res, nil, err
 	}
 	res.Claimed = len(rows)
 	var (
 		wg  sync.WaitGroup
 		mu  sync.Mutex
-		sem = make(chan struct{}, c.cfg.Concurrency)
+		sem = make(chan struct{}, running)
+		// own holds each run's time but its calls': the store's and this
+		// process's, which grow when they are busy.
+		own = make([]time.Duration, 0, len(rows))
 	)
 	for _, row := range rows {
-		sem <- struct{}{}
 		wg.Go(func() {
+			// The workflow's slot first: a key waiting for it holds no
+			// slot that a key of another workflow could use.
+			if slot := c.slots[row.Workflow]; slot != nil {
+				slot <- struct{}{}
+				defer func() { <-slot }()
+			}
+			sem <- struct{}{}
 			defer func() { <-sem }()
-			err := c.resume(ctx, row)
+			began := time.Now()
+			calls, err := c.resume(ctx, row)
 			mu.Lock()
 			defer mu.Unlock()
+			own = append(own, time.Since(began)-calls)
 			switch {
 			case errors.Is(err, recovery.ErrHandedBack):
 				res.HandedBack++
+				back = append(back, row.ID)
 			case err != nil:
 				res.Failed++
 			default:
@@ -102,46 +187,58 @@ func (c *Completer) pass(ctx context.Context) (recovery.PassResult, error) {
 		})
 	}
 	wg.Wait()
-	return res, nil
+	if res.Failed > 0 {
+		c.burial.failed()
+	}
+	c.pace.observe(own)
+	return res, back, nil
 }
 
-func (c *Completer) resume(ctx context.Context, row *store.Row) error {
-	err := c.resumer(ctx, row)
+func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Duration, err error) {
+	calls, err = c.resumer(ctx, row)
 	ev := keyrow.Event{Kind: keyrow.EventCompleted, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key}
 	if err != nil {
 		ev.Kind, ev.Err = keyrow.EventCompleterFailed, err
 	}
 	if errors.Is(err, recovery.ErrHandedBack) {
-		return err
+		return calls, err
 	}
 	c.observe(ctx, ev)
 	if err != nil && c.log.Enabled(ctx, slog.LevelWarn) {
 		c.log.Warn("completer could not finish key", "workflow", row.Workflow, "tenant", row.Tenant,
 			"key", row.Key, "recovery_point", row.RecoveryPoint, "attempt", row.Attempts, "err", err)
 	}
-	return err
+	return calls, err
 }
 
-// Drain runs passes until one finds nothing to claim, and returns the sum.
+// Drain runs passes, one streak, until one claims nothing or nothing but
+// keys it handed back before, and returns the sum.
 func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 	var total recovery.PassResult
+	s := streak{}
 	for {
-		res, err := c.RunOnce(ctx)
+		res, _, fresh, err := c.runOnce(ctx, s)
 		total = total.Add(res)
-		// Keys handed back would be claimed again at once.
-		if err != nil || res.Claimed == res.HandedBack {
+		if err != nil || !fresh {
 			return total, err
 		}
 	}
 }
 
-// Start runs passes every Interval in the background until Stop or ctx
-// ends.
+// Start runs passes in the background until Stop or ctx ends: one at
+// once after a pass that claimed keys it had not handed back, otherwise
+// after Interval, longer after trouble (see pace).
 func (c *Completer) Start(ctx context.Context) error {
-	return c.bg.Start(ctx, "completer", c.cfg.Interval, func(ctx context.Context) {
-		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			c.log.Error("completer pass failed", "err", err)
+	s := streak{}
+	return c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
+		_, wait, _, err := c.runOnce(ctx, s)
+		if err != nil && ctx.Err() == nil {
+			c.log.Error("completer pass failed", "err", err, "next_pass_in", wait)
 		}
+		if wait > 0 {
+			clear(s)
+		}
+		return wait
 	})
 }
 
@@ -158,3 +255,43 @@ func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {
 
 // errAlreadyStarted is returned by Start on a running service.
 var errAlreadyStarted = errors.New("already started")
+
+// buryEvery is how often a completer buries keys it did not fail itself:
+// keys that other processes failed out of attempts, and left.
+const buryEvery = time.Minute
+
+// burial says when a pass buries abandoned keys out of attempts. Bury
+// reads every stuck key (their failures are not indexed), so after an
+// outage it costs as much as the backlog is long: a pass runs it only when
+// keys may have run out of attempts since the last burial, after a pass
+// of this completer in which keys failed, and every buryEvery for the
+// keys of other processes. The claim leaves such keys alone meanwhile
+// (ClaimParams.MaxAttempts), so a key is never run again for being buried
+// late.
+type burial struct {
+	mu   sync.Mutex
+	last time.Time
+	// keysFailed: keys of a pass failed since the last burial.
+	keysFailed bool
+}
+
+// due reports whether the pass should bury.
+func (b *burial) due() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.last.IsZero() || b.keysFailed || time.Since(b.last) >= buryEvery
+}
+
+// done records a burial.
+func (b *burial) done() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.last, b.keysFailed = time.Now(), false
+}
+
+// failed records that keys of a pass failed.
+func (b *burial) failed() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.keysFailed = true
+}

@@ -158,10 +158,12 @@ func (r *Reaper) pause(ctx context.Context, batch time.Duration) error {
 // Start runs the reaper every Interval in the background until Stop or ctx
 // ends.
 func (r *Reaper) Start(ctx context.Context) error {
-	return r.bg.Start(ctx, "reaper", r.cfg.Interval, func(ctx context.Context) {
+	return r.bg.Start(ctx, "reaper", func(ctx context.Context) time.Duration {
+		began := time.Now()
 		if res, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
 			r.log.Error("reaper run failed", "err", err, "deleted", res.Reaped)
 		}
+		return r.cfg.Interval - time.Since(began)
 	})
 }
 
@@ -183,8 +185,9 @@ type background struct {
 	done   chan struct{}
 }
 
-// Start calls pass at once and then every interval until Stop or ctx ends.
-func (b *background) Start(ctx context.Context, name string, interval time.Duration, pass func(context.Context)) error {
+// Start calls pass at once, and again each time the wait pass returns has
+// passed, until Stop or ctx ends.
+func (b *background) Start(ctx context.Context, name string, pass func(context.Context) (wait time.Duration)) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.cancel != nil {
@@ -195,13 +198,11 @@ func (b *background) Start(ctx context.Context, name string, interval time.Durat
 	b.done = make(chan struct{})
 	go func() {
 		defer close(b.done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			pass(ctx)
+		for ctx.Err() == nil {
+			t := time.NewTimer(pass(ctx))
 			select {
 			case <-ctx.Done():
-				return
+				t.Stop()
 			case <-t.C:
 			}
 		}

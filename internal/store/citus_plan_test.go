@@ -36,7 +36,7 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 		"adopt":          {id, token, "d2", "charged", "acme"},
 		"mark call":      {id, token, ttl, "charge", "acme"},
 		"renew":          {id, token, ttl, "acme"},
-		"claim one":      {ttl, time.Minute, time.Second, time.Minute, token, "acme", id},
+		"claim one":      {ttl, time.Minute, time.Second, time.Minute, token, "acme", id, 10},
 		"read decision":  {id, token, "acme"},
 		"clear decision": {id, token, []byte(`{}`), "acme"},
 		"claim key":      {"acme", "k1", ttl, token},

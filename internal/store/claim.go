@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
@@ -30,6 +31,10 @@ type ClaimParams struct {
 	MaxBackoff time.Duration
 	// TTL is the lease each claimed key gets.
 	TTL time.Duration
+	// MaxAttempts: a runnable key the completer failed this many times
+	// is not claimed but left for Bury, which the completer runs less
+	// often than it claims. Zero means no limit.
+	MaxAttempts int
 	// Distributed: the key table is distributed with Citus (see
 	// Request.Distributed).
 	Distributed bool
@@ -51,12 +56,30 @@ type ClaimParams struct {
 // stays open.
 //
 // Keys on hold for an unknown outcome are claimed for reconciliation besides
-// runnable ones. The scan is served by idempotency_keys_unfinished and
-// idempotency_keys_held, which contain no finished rows.
+// runnable ones, and both kinds in one order, the longest idle first: a
+// key handed back (one that waits for an operator) has its last run set
+// to now, so it goes behind every other due key, and neither kind can
+// keep the other waiting however many of it there are. Each kind has a
+// scan of its own, so that each walks its own partial index in order,
+// idempotency_keys_held for the held keys and idempotency_keys_unfinished
+// for the runnable ones, and stops after the batch: a claim reads at most
+// twice as many keys as it takes, however long the backlog. (One scan of
+// both, with hold IS NULL OR hold = 'unknown', is planned as a bitmap of
+// both indexes that reads and sorts every due key, 100,000 of them for a
+// batch of 100 after an outage.) The keys a scan locked but the merge
+// left are free again when the statement ends. Neither index contains
+// finished rows.
 const claimSQL = `
-WITH due AS (
-    SELECT id FROM idempotency_keys
-    WHERE ` + dueWhere + `
+WITH held AS (
+    SELECT id, last_run_at FROM idempotency_keys
+    WHERE ` + dueWhere + ` AND hold = 'unknown'
+      AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
+    ORDER BY last_run_at
+    LIMIT $1
+    FOR NO KEY UPDATE SKIP LOCKED
+), runnable AS (
+    SELECT id, last_run_at FROM idempotency_keys
+    WHERE ` + dueWhere + ` AND hold IS NULL AND failures < $8
       AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
     ORDER BY last_run_at
     LIMIT $1
@@ -65,7 +88,8 @@ WITH due AS (
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_random_uuid(),
     last_run_at = now(), attempts = k.attempts + 1
-FROM due
+FROM (SELECT id FROM (SELECT * FROM held UNION ALL SELECT * FROM runnable) AS both_kinds
+      ORDER BY last_run_at LIMIT $1) AS due
 WHERE k.id = due.id
 RETURNING ` + claimedColumns
 
@@ -101,7 +125,8 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	var rows []*Row
 	sent := time.Now()
 	err := pgxscan.Select(ctx, q, &rows, claimSQL,
-		p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions))
+		p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions),
+		p.attemptsLeft())
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
 	}
@@ -109,6 +134,14 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 		r.TakenAt = sent
 	}
 	return rows, nil
+}
+
+// attemptsLeft is the failures below which a runnable key is claimed.
+func (p ClaimParams) attemptsLeft() int {
+	if p.MaxAttempts <= 0 {
+		return math.MaxInt32
+	}
+	return p.MaxAttempts
 }
 
 // definitionsFor returns definitions, or the empty definition for each of

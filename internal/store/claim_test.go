@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -320,5 +321,79 @@ func TestClaimTakesAKeyReferencedByAStalledHoldersOpenTransaction(t *testing.T) 
 	}
 	if rows[0].LockToken == row.LockToken {
 		t.Fatal("the claim kept the stalled holder's token")
+	}
+}
+
+func TestCountAddsUpWhileKeysFinish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const keys = 300
+	if _, err := db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params)
+SELECT 'acme', 'k' || i, 'test', '\x00', '{}' FROM generate_series(1, $1) AS i`, keys); err != nil {
+		t.Fatal(err)
+	}
+	// Keys finish one at a time while the counts are read: each read
+	// must see every key once, unfinished or finished.
+	done := make(chan error, 1)
+	go func() {
+		for i := range keys {
+			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET finished_at = now(), recovery_point = 'finished',
+				response_status = 200, response_body = '' WHERE idempotency_key = $1`, "k"+strconv.Itoa(i+1))
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for {
+		c, err := store.Count(ctx, db, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Total() != keys {
+			t.Fatalf("Count = %+v, adding up to %d; want the %d keys each counted once", c, c.Total(), keys)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		default:
+		}
+	}
+}
+
+func TestAClaimLeavesRunnableKeysOutOfAttemptsForBurial(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "out", "runnable")
+	keyIn(t, db, "acme", "left", "runnable")
+	keyIn(t, db, "acme", "reconciling", "unknown")
+	age(t, db, "acme", "out", "failures = 3, last_run_at = now() - interval '1 hour'")
+	age(t, db, "acme", "left", "failures = 2, last_run_at = now() - interval '1 hour'")
+	// A held key is claimed for reconciliation however often it failed:
+	// burial is for runnable keys only.
+	age(t, db, "acme", "reconciling", "failures = 5, last_run_at = now() - interval '1 hour'")
+	rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10,
+		StuckAfter: time.Minute, TTL: ttl, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rows {
+		got = append(got, r.Key)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"left", "reconciling"}) {
+		t.Errorf("claimed %v; want the key with attempts left and the held one, not the key out of attempts", got)
+	}
+	n, err := store.Bury(ctx, db, []string{"test"}, nil, 3, time.Minute)
+	if err != nil || n != 1 {
+		t.Errorf("bury = %d, %v; want the key out of attempts buried", n, err)
 	}
 }

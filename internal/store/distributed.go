@@ -157,7 +157,7 @@ func leaseLeftAt(expires pgtype.Timestamptz, now time.Time) time.Duration {
 // due.
 const dueCandidatesSQL = `
 SELECT tenant, id FROM idempotency_keys
-WHERE ` + dueWhere + `
+WHERE ` + dueWhere + ` AND (hold IS NOT NULL OR failures < $7)
   AND (workflow, definition) IN (SELECT * FROM unnest($5::text[], $6::text[]))
 ORDER BY last_run_at
 LIMIT $1`
@@ -173,7 +173,7 @@ const claimOneSQL = `
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $1::interval, lock_token = $5,
     last_run_at = now(), attempts = k.attempts + 1
-WHERE tenant = $6 AND id = $7 AND ` + dueWhere + `
+WHERE tenant = $6 AND id = $7 AND ` + dueWhere + ` AND (hold IS NOT NULL OR failures < $8)
 RETURNING ` + claimedColumns
 
 // claimDistributed is Claim on a distributed key table: one unlocked scan
@@ -182,7 +182,7 @@ RETURNING ` + claimedColumns
 // claim per candidate.
 func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	rows, err := q.Query(ctx, dueCandidatesSQL, p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff,
-		p.Workflows, definitionsFor(p.Workflows, p.Definitions))
+		p.Workflows, definitionsFor(p.Workflows, p.Definitions), p.attemptsLeft())
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
 	}
@@ -203,7 +203,7 @@ func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, er
 		var got []*Row
 		sent := time.Now()
 		err := pgxscan.Select(ctx, q, &got, claimOneSQL, p.TTL, p.StuckAfter, p.Backoff, p.MaxBackoff,
-			uuidArg(uuid.New()), c.tenant, uuidArg(c.id))
+			uuidArg(uuid.New()), c.tenant, uuidArg(c.id), p.attemptsLeft())
 		if err != nil {
 			return claimed, fmt.Errorf("store: claim: %w", err)
 		}

@@ -28,7 +28,7 @@ INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
 SELECT date_trunc('minute', now()), c.workflow, s.status, sum(s.keys)::int
 FROM (` + countUnfinishedSQL + `
       UNION ALL
-      SELECT w, 0, 0, 0, 0, 0 FROM unnest($2::text[]) AS w) AS c
+      SELECT w, 0, 0, 0, 0, 0, 0 FROM unnest($2::text[]) AS w) AS c
 CROSS JOIN LATERAL (VALUES ('in_flight', c.in_flight), ('waiting', c.waiting), ('stuck', c.stuck),
                            ('unknown', c.unknown), ('dead', c.dead)) AS s(status, keys)
 GROUP BY c.workflow, s.status

@@ -229,7 +229,7 @@ WHERE c.oid = 'idempotency_keys'::regclass`
 // Each half reads one partial index's rows only (the runnable keys, the
 // keys on hold), never a finished key.
 const countUnfinishedSQL = `
-SELECT workflow,
+SELECT workflow, 0 AS finished,
        count(*) FILTER (WHERE lock_expires_at > now()) AS in_flight,
        count(*) FILTER (WHERE (lock_expires_at IS NULL OR lock_expires_at <= now())
                           AND last_run_at > now() - $1::interval) AS waiting,
@@ -240,15 +240,18 @@ FROM idempotency_keys
 WHERE finished_at IS NULL AND hold IS NULL
 GROUP BY workflow
 UNION ALL
-SELECT workflow, 0, 0, 0, count(*) FILTER (WHERE hold = 'unknown'), count(*) FILTER (WHERE hold = 'dead')
+SELECT workflow, 0, 0, 0, 0, count(*) FILTER (WHERE hold = 'unknown'), count(*) FILTER (WHERE hold = 'dead')
 FROM idempotency_keys
 WHERE hold IS NOT NULL
 GROUP BY workflow`
 
-// countFinishedSQL counts finished keys by workflow, reading every one: for
-// small tables only.
-const countFinishedSQL = `
-SELECT workflow, count(*) FROM idempotency_keys WHERE finished_at IS NOT NULL GROUP BY workflow`
+// countAllSQL is countUnfinishedSQL that also counts the finished keys by
+// workflow, reading every one: for small tables only. One statement sees
+// one snapshot, so a key that finishes meanwhile is counted once, and
+// the counts add up to the keys there were.
+const countAllSQL = countUnfinishedSQL + `
+UNION ALL
+SELECT workflow, count(*), 0, 0, 0, 0, 0 FROM idempotency_keys WHERE finished_at IS NOT NULL GROUP BY workflow`
 
 // workflowShareSQL is the share of the table's rows each common workflow
 // has, from the statistics ANALYZE keeps. It finds the table's statistics
@@ -271,8 +274,22 @@ WHERE c.oid = 'idempotency_keys'::regclass`
 // workflow's share of them, less its unfinished keys), so that the count
 // costs the same at ten million keys as at ten thousand.
 func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (map[string]keyrow.Counts, error) {
+	var (
+		perPage *float64
+		pages   int64
+	)
+	if err := q.QueryRow(ctx, tableSizeSQL).Scan(&perPage, &pages); err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
+	// Without statistics (the table was never analyzed) there is nothing
+	// to estimate from; autovacuum analyzes a table soon after it grows.
+	exact := pages <= exactCountPages || perPage == nil
+	sql := countUnfinishedSQL
+	if exact {
+		sql = countAllSQL
+	}
 	counts := map[string]keyrow.Counts{}
-	rows, err := q.Query(ctx, countUnfinishedSQL, stuckAfter)
+	rows, err := q.Query(ctx, sql, stuckAfter)
 	if err != nil {
 		return nil, fmt.Errorf("store: count: %w", err)
 	}
@@ -280,8 +297,9 @@ func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (
 		workflow string
 		c        keyrow.Counts
 	)
-	_, err = pgx.ForEachRow(rows, []any{&workflow, &c.InFlight, &c.Waiting, &c.Stuck, &c.Unknown, &c.Dead}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&workflow, &c.Finished, &c.InFlight, &c.Waiting, &c.Stuck, &c.Unknown, &c.Dead}, func() error {
 		sum := counts[workflow]
+		sum.Finished += c.Finished
 		sum.InFlight += c.InFlight
 		sum.Waiting += c.Waiting
 		sum.Stuck += c.Stuck
@@ -293,31 +311,7 @@ func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (
 	if err != nil {
 		return nil, fmt.Errorf("store: count: %w", err)
 	}
-	var (
-		perPage *float64
-		pages   int64
-	)
-	if err := q.QueryRow(ctx, tableSizeSQL).Scan(&perPage, &pages); err != nil {
-		return nil, fmt.Errorf("store: count: %w", err)
-	}
-	if pages <= exactCountPages || perPage == nil {
-		// Without statistics (the table was never analyzed) there is
-		// nothing to estimate from; autovacuum analyzes a table soon after
-		// it grows.
-		rows, err := q.Query(ctx, countFinishedSQL)
-		if err != nil {
-			return nil, fmt.Errorf("store: count: %w", err)
-		}
-		var n int
-		_, err = pgx.ForEachRow(rows, []any{&workflow, &n}, func() error {
-			sum := counts[workflow]
-			sum.Finished = n
-			counts[workflow] = sum
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("store: count: %w", err)
-		}
+	if exact {
 		return counts, nil
 	}
 	total := *perPage * float64(pages)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -75,6 +76,41 @@ func TestTheOverviewDrawsUnfinishedKeysByStatePerWorkflow(t *testing.T) {
 		.querySelectorAll("rect.bar.stuck")].map(r => r.height.baseVal.value)`))
 	if len(heights) == 0 || slices.Max(heights) < 40 {
 		t.Errorf("the stuck bars are %v units high; want the peak of 12 at least 40 of the chart's 100", heights)
+	}
+	noScriptRan(t, ctx, "overview")
+}
+
+func TestTheOverviewShowsTheBacklogAndHowFastItDrains(t *testing.T) {
+	t.Parallel()
+	f, srv, ctx := setup(t)
+	// The completers recorded 1000 stuck keys three minutes ago and 400 a
+	// minute ago: 600 keys in 120 s. The rate is not measured from the
+	// minute that began the series.
+	if _, err := f.Pool.Exec(context.Background(), `
+INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
+VALUES (date_trunc('minute', now()) - interval '4 minutes', 'payments', 'stuck', 5000),
+       (date_trunc('minute', now()) - interval '3 minutes', 'payments', 'stuck', 1000),
+       (date_trunc('minute', now()) - interval '2 minutes', 'payments', 'stuck', 700),
+       (date_trunc('minute', now()) - interval '1 minute', 'payments', 'stuck', 400)`); err != nil {
+		t.Fatal(err)
+	}
+	want, err := f.Client.Backlog(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !want.Measured || want.PerSecond != 5 {
+		t.Fatalf("the client's backlog is %+v; want a rate of 5 a second", want)
+	}
+	signIn(t, ctx, srv, "alice")
+	run(t, ctx, "overview", chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitVisible(css(`.card.backlog`)),
+		screenshot("console-overview-backlog"))
+	card := get(t, ctx, chromedp.Evaluate[[]string](`(c => [c.querySelector(".n").textContent, c.querySelector(".rate").textContent,
+		new URL(c.querySelector("a").href).search])(document.querySelector(".card.backlog"))`))
+	if wantCard := []string{fmt.Sprint(want.Keys), want.Rate(), "?state=stuck"}; !slices.Equal(card, wantCard) {
+		t.Errorf("the backlog card reads %q; want %q", card, wantCard)
+	}
+	if !strings.Contains(card[1], "draining 5.0 a second") {
+		t.Errorf("the backlog card's rate reads %q; want it draining 5.0 a second", card[1])
 	}
 	noScriptRan(t, ctx, "overview")
 }

@@ -5,7 +5,8 @@
 // Usage:
 //
 //	go run ./internal/bench/cmd/benchtable [-rounds 5] [-round 2s] [-configs fast,durable,citus]
-//		[-runs 1] [-large [-compare=false]] [-settings name=value,...] [-database-url URL]
+//		[-runs 1] [-large [-compare=false]] [-drain 10000,100000 [-compare=false]]
+//		[-settings name=value,...] [-database-url URL]
 //
 // Each kind of request is measured in rounds, library and baseline
 // alternating (and swapping which goes first every round), so that drift in
@@ -41,6 +42,17 @@
 // reads from the operating system's cache, and without huge pages every
 // backend maps the pages it reads one 4 kB page at a time.
 //
+// -drain adds, on the first configuration of the first run, the drain of
+// a backlog of each size given: that many rides-shaped keys abandoned
+// before their first phase, the stub's charge taking 20 ms, finished by one
+// and then by two completers with the default configuration while live
+// traffic (the three-phase request from 4 clients, each sending one every
+// 20 ms) runs. It prints the keys drained a second, the time to empty, the
+// live requests' p50 and p99 before and during the drain, the server's CPU
+// time and the completers' statements per drained key, and whether the
+// machine's CPU was saturated meanwhile (then the rate is this machine's,
+// not the calls' latency's).
+//
 // With -database-url, the one configuration is that database, which must be
 // a scratch database: the command creates its tables there (for -large also
 // in the schemas bench_10000_keys and bench_10000000_keys) and empties them
@@ -57,6 +69,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -112,6 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	round := fs.Duration("round", 2*time.Second, "length of one round of one kind")
 	configList := fs.String("configs", "fast,durable", "server configurations to start, in order: fast, durable, citus")
 	large := fs.Bool("large", false, "also measure acquire with 10 million keys and the reaper under traffic")
+	drainList := fs.String("drain", "", "also measure the drain of backlogs of these sizes, comma-separated (10000,100000), on 1 and 2 nodes")
 	compare := fs.Bool("compare", true, "compare the library with the baseline (-compare=false with -large measures only the large tables)")
 	extra := fs.String("settings", "", "more server settings for the servers benchtable starts, comma-separated (shared_buffers=2GB)")
 	dbURL := fs.String("database-url", "", "scratch Postgres database to use instead of starting servers; its benchmark tables are emptied")
@@ -122,13 +136,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *runs < 1 {
 		return errors.New("-runs must be at least 1")
 	}
+	var drain []int
+	for _, f := range strings.FieldsFunc(*drainList, func(r rune) bool { return r == ',' }) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return fmt.Errorf("-drain: %q is not a number of keys", f)
+		}
+		drain = append(drain, n)
+	}
 	var all ratios
 	for run := range *runs {
 		if *runs > 1 {
 			fmt.Fprintf(stdout, "## Run %d of %d\n\n", run+1, *runs)
 		}
 		if *dbURL != "" {
-			results, err := measure(ctx, "the given database", *dbURL, nil, *rounds, *round, *compare, *large && run == 0, stdout, stderr)
+			results, err := measure(ctx, "the given database", *dbURL, nil, *rounds, *round, *compare, *large && run == 0,
+				drainOnce(drain, run == 0), stdout, stderr)
 			if err != nil {
 				return err
 			}
@@ -151,7 +174,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("%w\n(or pass -database-url with a scratch database)", err)
 			}
-			results, err := measure(ctx, name, nodes[0].dsn, nodes, *rounds, *round, *compare, *large && i == 0 && run == 0, stdout, stderr)
+			results, err := measure(ctx, name, nodes[0].dsn, nodes, *rounds, *round, *compare, *large && i == 0 && run == 0,
+				drainOnce(drain, i == 0 && run == 0), stdout, stderr)
 			if stopErr := stop(); err == nil {
 				err = stopErr
 			}
@@ -198,11 +222,19 @@ func startServer(ctx context.Context, name string, citus bool, settings []string
 	return nodes, cluster.Stop, nil
 }
 
-// measure runs the comparison, and with large the large-table measurements,
-// on the database at dsn, which nodes are when they are servers benchtable
-// started (one, or a Citus cluster's; none otherwise). It returns the
-// comparison's results.
-func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, w, progress io.Writer) ([]*measured, error) {
+// drainOnce returns the backlog sizes to drain when first, none otherwise.
+func drainOnce(sizes []int, first bool) []int {
+	if !first {
+		return nil
+	}
+	return sizes
+}
+
+// measure runs the comparison, with large the large-table measurements,
+// and the drain of a backlog of each size of drain, on the database at
+// dsn, which nodes are when they are servers benchtable started (one, or a
+// Citus cluster's; none otherwise). It returns the comparison's results.
+func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, drain []int, w, progress io.Writer) ([]*measured, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
@@ -239,6 +271,11 @@ func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, ro
 			if err := nodeCosts(ctx, env, nodes, rounds, round, w, progress); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if len(drain) > 0 {
+		if err := drainBacklogs(ctx, env, drain, w, progress); err != nil {
+			return nil, err
 		}
 	}
 	if !large {
@@ -624,6 +661,40 @@ func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writ
 	fmt.Fprintf(w, "Reaper (batch %d, pause %v): deleted %d keys in %.1f s (%d batches; first 10 batches %.1f ms each, last 10 %.1f ms each). One search for abandoned keys: %.1f ms. Acquire p99 while it ran: %.1f× the p99 before.\n\n",
 		res.BatchSize, res.Pause, res.Deleted, res.Reap.Seconds(), len(res.Batches), ms(first), ms(last), ms(scan),
 		float64(res.AcquireDuring.Quantile(0.99))/float64(res.AcquireBefore.Quantile(0.99)))
+	return nil
+}
+
+// drainBacklogs measures the drain of a backlog of each size, on 1 and
+// then 2 nodes, and prints them in one table.
+func drainBacklogs(ctx context.Context, env *bench.Env, sizes []int, w, progress io.Writer) error {
+	fmt.Fprintln(w, "Drain of a backlog of rides-shaped keys (charge 20 ms), completers with the default configuration, live traffic of the three-phase request from 4 clients at one each per 20 ms:")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| backlog | nodes | drained in | keys/s | live p50 before → during (ms) | live p99 before → during (ms) | p99 ratio | server CPU per key | statements per key | round trips per key | machine busy | bound |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	for _, n := range sizes {
+		for _, nodes := range []int{1, 2} {
+			fmt.Fprintf(progress, "draining %d keys on %d node(s)\n", n, nodes)
+			r, err := env.DrainUnderTraffic(ctx, bench.DrainParams{Keys: n, Nodes: nodes, CallTook: 20 * time.Millisecond,
+				Live: 4, LiveEvery: 20 * time.Millisecond, Before: 10 * time.Second, Timeout: time.Hour})
+			if err != nil {
+				return err
+			}
+			bound := "the calls' latency"
+			if r.CPUBound() {
+				bound = "this machine's CPU"
+			}
+			cpu := "–"
+			if env.CPU != nil {
+				cpu = fmt.Sprintf("%.0f µs", us(r.ServerCPUPerKey()))
+			}
+			fmt.Fprintf(w, "| %d | %d | %.1f s | %.0f | %.1f → %.1f | %.1f → %.1f | %.2f | %s | %.2f | %.2f | %.0f %% | %s |\n",
+				n, nodes, r.Drain.Seconds(), r.PerSecond(),
+				ms(r.Before.Quantile(0.5)), ms(r.During.Quantile(0.5)), ms(r.Before.Quantile(0.99)), ms(r.During.Quantile(0.99)),
+				float64(r.During.Quantile(0.99))/float64(r.Before.Quantile(0.99)),
+				cpu, r.StatementsPerKey(), r.RoundTripsPerKey(), 100*r.MachineBusy, bound)
+		}
+	}
+	fmt.Fprintln(w)
 	return nil
 }
 
