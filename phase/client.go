@@ -480,8 +480,9 @@ func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, ho
 	return false, true
 }
 
-// Complete runs completer passes until one finds nothing due, and returns
-// what they did. It finishes due keys now, in a test or a one-off job,
+// Complete runs completer passes until one finds nothing due but keys it
+// handed back already (keys that wait for an operator or for a process
+// that runs their definition), and returns what they did. It finishes due keys now, in a test or a one-off job,
 // whether or not Start runs the completer. It also works after Stop, as a
 // final drain. Keys are due under the completer's StuckAfter and backoff.
 func (c *Client) Complete(ctx context.Context) (recovery.PassResult, error) {
