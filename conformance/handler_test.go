@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -88,8 +89,7 @@ func setup(t *testing.T, mismatch int) conformance.Config {
 	if err := start(); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }))
-	t.Cleanup(srv.Close)
+	srv, cut := loopback(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }))
 	return conformance.Config{
 		URL:         srv.URL + "/orders",
 		Header:      http.Header{"Authorization": {"acme"}, "Content-Type": {"application/json"}},
@@ -100,9 +100,36 @@ func setup(t *testing.T, mismatch int) conformance.Config {
 		// As a crash does, the restart cuts every connection, and a new
 		// client serves the endpoint.
 		Restart: func(context.Context) error {
-			srv.CloseClientConnections()
+			cut()
 			return start()
 		},
+	}
+}
+
+// loopback serves h on a loopback server closed when t ends, and returns
+// it with cut, which closes its connections as a crash does. A crash also
+// resets the connections still in the listen queue, where closing the
+// server's connections reaches only those it took; the check dials a
+// connection just before it restarts a server, so on a busy machine cut
+// first waits (a second at most) for the server to have taken one lately.
+func loopback(t *testing.T, h http.Handler) (srv *httptest.Server, cut func()) {
+	t.Helper()
+	srv = httptest.NewUnstartedServer(h)
+	// taken is when the server last took a connection.
+	var taken atomic.Int64
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			taken.Store(time.Now().UnixNano())
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, func() {
+		began := time.Now()
+		for taken.Load() < began.Add(-50*time.Millisecond).UnixNano() && time.Since(began) < time.Second {
+			time.Sleep(time.Millisecond)
+		}
+		srv.CloseClientConnections()
 	}
 }
 
