@@ -178,7 +178,7 @@ func TestClaimBacksOffPerCompleterFailure(t *testing.T) {
 	for _, tc := range []struct {
 		idle string
 		due  bool
-	}{{"90 seconds", false}, {"119 seconds", false}, {"121 seconds", true}} {
+	}{{"90 seconds", false}, {"115 seconds", false}, {"121 seconds", true}} {
 		age(t, db, "acme", "k1", "last_run_at = now() - interval '"+tc.idle+"'")
 		rows, err := store.Claim(ctx, db, claim)
 		if err != nil {

@@ -179,12 +179,30 @@ RETURNING ` + claimedColumns
 // claimDistributed is Claim on a distributed key table: one unlocked scan
 // for candidates, in random order so that completers scanning at once
 // rarely propose each other the same keys first, then one single-shard
-// claim per candidate.
+// claim per candidate. A scan whose candidates another completer took
+// first, every one, is followed by another, at most claimRounds in all: a
+// completer that claims nothing waits its Interval, and would leave the
+// backlog to the other meanwhile.
 func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
+	for range claimRounds {
+		claimed, proposed, err := claimDistributedOnce(ctx, q, p)
+		if err != nil || len(claimed) > 0 || proposed == 0 {
+			return claimed, err
+		}
+	}
+	return nil, nil
+}
+
+// claimRounds caps the scans of one claim on a distributed key table.
+const claimRounds = 3
+
+// claimDistributedOnce is one round of claimDistributed: it returns the
+// keys it took and how many it proposed.
+func claimDistributedOnce(ctx context.Context, q Querier, p ClaimParams) ([]*Row, int, error) {
 	rows, err := q.Query(ctx, dueCandidatesSQL, p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff,
 		p.Workflows, definitionsFor(p.Workflows, p.Definitions), p.attemptsLeft())
 	if err != nil {
-		return nil, fmt.Errorf("store: claim: %w", err)
+		return nil, 0, fmt.Errorf("store: claim: %w", err)
 	}
 	type candidate struct {
 		tenant string
@@ -195,7 +213,7 @@ func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, er
 		return c, r.Scan(&c.tenant, &c.id)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: claim: %w", err)
+		return nil, 0, fmt.Errorf("store: claim: %w", err)
 	}
 	rand.Shuffle(len(candidates), func(i, j int) { candidates[i], candidates[j] = candidates[j], candidates[i] })
 	var claimed []*Row
@@ -205,14 +223,14 @@ func claimDistributed(ctx context.Context, q Querier, p ClaimParams) ([]*Row, er
 		err := pgxscan.Select(ctx, q, &got, claimOneSQL, p.TTL, p.StuckAfter, p.Backoff, p.MaxBackoff,
 			uuidArg(uuid.New()), c.tenant, uuidArg(c.id), p.attemptsLeft())
 		if err != nil {
-			return claimed, fmt.Errorf("store: claim: %w", err)
+			return claimed, len(candidates), fmt.Errorf("store: claim: %w", err)
 		}
 		for _, r := range got {
 			r.TakenAt, r.Distributed = sent, true
 			claimed = append(claimed, r)
 		}
 	}
-	return claimed, nil
+	return claimed, len(candidates), nil
 }
 
 // The reaper's and expiry's statements for a distributed key table, where
