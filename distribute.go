@@ -22,12 +22,22 @@ var ErrNoCitus = errors.New("the citus extension is not installed in this databa
 // transaction; for tables in a schema of their own ([Migrator.Schema]),
 // with that schema first on the search_path (SET LOCAL search_path).
 //
+// The completer does not walk a distributed key table: Citus would draw
+// each key's created_xid on the coordinator, in a transaction that writes
+// nothing there. Its keys have none, and the completer reads the index of
+// unfinished keys this script creates instead, which keeps a finish there
+// from being a HOT update.
+//
 // The primary key of idempotency_keys becomes (tenant, id), because Citus
 // requires every unique constraint to include the distribution column; id
 // stays unique on its own (a UUIDv7 the library draws). An application
 // table that refers to a key must be distributed by the same tenant,
 // co-located with idempotency_keys, and refer to (tenant, key_id).
 const DistributeSQL = `
+ALTER TABLE idempotency_keys ALTER COLUMN created_xid DROP DEFAULT;
+CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished
+    ON idempotency_keys (last_run_at)
+    WHERE finished_at IS NULL AND hold IS NULL;
 ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey, ADD PRIMARY KEY (tenant, id);
 SELECT create_distributed_table('idempotency_keys', 'tenant');
 ALTER TABLE atomicphase_audit DROP CONSTRAINT atomicphase_audit_pkey, ADD PRIMARY KEY (tenant, id);

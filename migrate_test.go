@@ -498,6 +498,7 @@ func ExampleMigrations() {
 	// 009_audit_refusals
 	// 010_status_history
 	// 011_commit_functions
+	// 012_hot_finish
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {
@@ -638,4 +639,38 @@ func ExampleMigrator_Migrations() {
 	// CREATE TABLE IF NOT EXISTS "payments".idempotency_keys (
 	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_audit (
 	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_status_history (
+	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_watch (
+	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_walk (
+}
+
+// TestTheHOTFinishMigrationRefusesAnIndexLeftInvalid: a team that builds
+// migration 012's indexes by hand, online, may see a concurrent build
+// fail, which leaves an invalid index of the name behind. The migration
+// would skip it (IF NOT EXISTS) and the index would never be used; it
+// refuses instead, naming it, and changes nothing.
+func TestTheHOTFinishMigrationRefusesAnIndexLeftInvalid(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := emptyConn(t)
+	ms := atomicphase.Migrations()
+	i := slices.IndexFunc(ms, func(m atomicphase.Migration) bool { return m.Name == "hot_finish" })
+	if i < 0 {
+		t.Fatal("no migration hot_finish")
+	}
+	if _, err := atomicphase.MigrateWith(ctx, conn, ms[:i]); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, conn, keysInFlight)
+	// A unique build over keys that share a workflow fails, as a build
+	// stopped by a timeout does, and leaves the index invalid.
+	if _, err := conn.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY idempotency_keys_by_workflow ON idempotency_keys (workflow)`); err == nil {
+		t.Fatal("the unique build over shared workflows succeeded")
+	}
+	_, err := atomicphase.MigrateWith(ctx, conn, ms)
+	if err == nil || !strings.Contains(err.Error(), "idempotency_keys_by_workflow") || !strings.Contains(err.Error(), "invalid") {
+		t.Fatalf("migrate over an invalid index: %v; want it refused, naming the index", err)
+	}
+	if got := version(t, conn); got != i {
+		t.Fatalf("version after the refusal = %d, want %d", got, i)
+	}
 }

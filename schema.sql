@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     call_pending        text,
     resolution          jsonb,
     retain_for          interval,
+    created_xid         xid8        DEFAULT pg_current_xact_id(),
 
     CONSTRAINT idempotency_keys_tenant_key UNIQUE (tenant, idempotency_key)
 )
@@ -52,9 +53,9 @@ COMMENT ON COLUMN idempotency_keys.id IS
 COMMENT ON COLUMN idempotency_keys.created_at IS
     'When the key was first seen; for operators and for the age of abandoned keys.';
 COMMENT ON COLUMN idempotency_keys.last_run_at IS
-    'When a run last took the lease or gave it back; the completer waits for it to age before picking the key up, and backs off from it.';
+    'When a run last took the lease or gave it back unfinished; the completer waits for it to age before picking the key up, and backs off from it. A finish leaves it as it was: finished_at says when.';
 COMMENT ON COLUMN idempotency_keys.finished_at IS
-    'When the response was stored (NULL until then); the reaper measures retention from it, and the partial indexes tell finished keys by it.';
+    'When the response was stored (NULL until then); the reaper measures retention from it. No index names it, so that storing the response is a HOT update.';
 COMMENT ON COLUMN idempotency_keys.tenant IS
     'Whose key this is (account, user); keys are unique per tenant, never globally, so tenants cannot collide or probe each other.';
 COMMENT ON COLUMN idempotency_keys.idempotency_key IS
@@ -96,28 +97,72 @@ COMMENT ON COLUMN idempotency_keys.call_pending IS
 COMMENT ON COLUMN idempotency_keys.retain_for IS
     'How long the key is kept once finished, recorded when it was created (phase.StoreConfig.Retention); no reaper deletes it sooner. NULL for keys written before retentions were recorded: the reaper of their workflow applies its own.';
 
+COMMENT ON COLUMN idempotency_keys.created_xid IS
+    'The transaction that created the key; the completer walks keys in this order, once each. NULL for keys written before it was recorded, and on a key table distributed with Citus.';
+
 COMMENT ON COLUMN idempotency_keys.resolution IS
     'An operator''s resolution of an unknown outcome, for the phase after the recovery point it names: happened (with the call''s output) or not happened. The next run takes it (and clears it) instead of calling the phase''s reconcile function. NULL almost always.';
 
--- The completer's scan: unfinished, runnable keys by age of their last run.
--- Finished keys (the vast majority) are not in this index at all. The
--- predicates test finished_at, which a phase commit does not change, rather
--- than recovery_point, which it does: a column in an index predicate would
--- rule out HOT updates.
-CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished
-    ON idempotency_keys (last_run_at)
-    WHERE finished_at IS NULL AND hold IS NULL;
+-- No index names a column that storing the response changes (finished_at,
+-- the response, the lease), so that the finish, like a phase commit, is a
+-- HOT update: the row is rewritten in its page, and no index gains an
+-- entry. A column in an index predicate counts too.
 
--- Keys parked for operators or reconciliation, listed by the ops tooling.
+-- The completer's walk: keys in the order of the transactions that created
+-- them. Never updated.
+CREATE INDEX IF NOT EXISTS idempotency_keys_created_xid
+    ON idempotency_keys (created_xid)
+    WHERE created_xid IS NOT NULL;
+
+-- Keys parked for operators or reconciliation, listed by the ops tooling,
+-- and claimed for reconciliation by age of their last run. Neither column
+-- changes when a runnable key finishes.
 CREATE INDEX IF NOT EXISTS idempotency_keys_held
     ON idempotency_keys (hold, last_run_at)
     WHERE hold IS NOT NULL;
 
--- The reaper's scan: finished keys of one workflow by age. Each reaper
--- deletes only the keys of the workflows its process runs.
-CREATE INDEX IF NOT EXISTS idempotency_keys_finished_by_workflow
-    ON idempotency_keys (workflow, finished_at)
-    WHERE finished_at IS NOT NULL;
+-- The reaper's scan: the keys of one workflow by age. A key finishes after
+-- it is created, so the keys whose retention is over are among the oldest.
+-- Each reaper deletes only the keys of the workflows its process runs.
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_workflow
+    ON idempotency_keys (workflow, created_at);
+
+-- The keys the completer may have to finish: those still unfinished when
+-- its walk passed them, with when each is next due. Small: a key that
+-- finishes in time is never in it.
+CREATE TABLE IF NOT EXISTS atomicphase_watch (
+    id         uuid        PRIMARY KEY,
+    due_at     timestamptz NOT NULL,
+    created_at timestamptz NOT NULL,
+    workflow   text        NOT NULL,
+    definition text        NOT NULL
+);
+
+COMMENT ON TABLE atomicphase_watch IS
+    'The keys the completer may have to finish: unfinished when its walk passed them. A row goes once the completer finds its key finished or gone.';
+COMMENT ON COLUMN atomicphase_watch.due_at IS
+    'No earlier than this the key may be due for the completer; its claim reads keys in this order, and moves it to the key''s next due time when it finds the key not due.';
+
+CREATE INDEX IF NOT EXISTS atomicphase_watch_due
+    ON atomicphase_watch (due_at);
+
+CREATE INDEX IF NOT EXISTS atomicphase_watch_created
+    ON atomicphase_watch (created_at);
+
+-- Where the walk is. It never passes a transaction that may still commit,
+-- so a key whose creating transaction commits late is walked all the same.
+CREATE TABLE IF NOT EXISTS atomicphase_walk (
+    walk     boolean PRIMARY KEY DEFAULT true,
+    position xid8    NOT NULL,
+    bound    xid8    NOT NULL
+);
+
+COMMENT ON TABLE atomicphase_walk IS
+    'Where the completer''s walk of the keys is: it has passed every key created by a transaction before position, and will pass none created at or after bound, the oldest transaction running when it last moved.';
+
+INSERT INTO atomicphase_walk (position, bound)
+SELECT x, x FROM pg_snapshot_xmin(pg_current_snapshot()) AS x
+ON CONFLICT DO NOTHING;
 
 -- Operator actions, one row per key changed, written in the statement that
 -- changed it, and one per action refused.
@@ -215,7 +260,7 @@ CREATE OR REPLACE FUNCTION atomicphase_finish(uuid, uuid, jsonb, integer, jsonb,
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE idempotency_keys
-    SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
+    SET recovery_point = 'finished', phase_state = $3, finished_at = now(),
         response_status = $4, response_headers = $5, response_body = $6,
         locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
         failures = 0, call_pending = NULL

@@ -110,7 +110,7 @@ func TestAClientWithTablesInASchemaOffTheSearchPathRunsRecoversAndOperates(t *te
 	}
 
 	// The reaper deletes a finished key past its retention.
-	if _, err := db.Exec(ctx, `UPDATE payments.idempotency_keys SET finished_at = now() - interval '400 days', retain_for = NULL
+	if _, err := db.Exec(ctx, `UPDATE payments.idempotency_keys SET finished_at = now() - interval '400 days', created_at = now() - interval '400 days', retain_for = NULL
 		WHERE idempotency_key = 'k1'`); err != nil {
 		t.Fatal(err)
 	}

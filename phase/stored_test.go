@@ -319,7 +319,7 @@ func created() phase.Result { return phase.JSON(http.StatusCreated, map[string]i
 func finishedAgo(t *testing.T, db *pgxpool.Pool, workflow, age string) {
 	t.Helper()
 	if _, err := db.Exec(context.Background(),
-		`UPDATE idempotency_keys SET finished_at = now() - $2::interval, last_run_at = now() - $2::interval WHERE workflow = $1`,
+		`UPDATE idempotency_keys SET finished_at = now() - $2::interval, last_run_at = now() - $2::interval, created_at = now() - $2::interval WHERE workflow = $1`,
 		workflow, age); err != nil {
 		t.Fatal(err)
 	}
@@ -395,8 +395,8 @@ func TestAReaperLeavesAbandonedKeysOfOtherWorkflowsAlone(t *testing.T) {
 	orders := newAnswering(t, db, "orders", nil, created)
 	// A payout key abandoned unfinished two days ago.
 	if _, err := db.Exec(ctx, `
-		INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, definition, request_fingerprint, request_params, last_run_at, retain_for)
-		VALUES ('acme', 'p1', 'payouts', $1, sha256('p1'), '{}', now() - interval '2 days', interval '30 days')`,
+		INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, definition, request_fingerprint, request_params, created_at, last_run_at, retain_for)
+		VALUES ('acme', 'p1', 'payouts', $1, sha256('p1'), '{}', now() - interval '2 days', now() - interval '2 days', interval '30 days')`,
 		payouts.w.Definition()); err != nil {
 		t.Fatal(err)
 	}

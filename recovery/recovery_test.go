@@ -417,6 +417,7 @@ func TestReaperUnderTrafficDeletesOnlyExpiredFinishedKeys(t *testing.T) {
 		     lock_token = gen_random_uuid(), locked_at = now(), lock_expires_at = now() + interval '1 hour' WHERE idempotency_key = 'in-flight'`,
 		`UPDATE idempotency_keys SET last_run_at = now() - interval '2 days', hold = 'unknown' WHERE idempotency_key = 'unknown'`,
 		`UPDATE idempotency_keys SET last_run_at = now() - interval '2 days', hold = 'dead' WHERE idempotency_key = 'dead'`,
+		pgtest.TimePassedSQL,
 	} {
 		if _, err := db.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -516,6 +517,7 @@ func TestOneObserverSeesRunsTheCompleterAndTheReaper(t *testing.T) {
 	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET finished_at = now() - interval '2 days'`); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.TimePassed(t, db)
 	if res, err := rn.Reap(ctx); err != nil || res.Reaped != 2 {
 		t.Fatalf("reap: %+v %v, want both keys deleted", res, err)
 	}

@@ -141,6 +141,7 @@ func age(t *testing.T, db *pgxpool.Pool, tenant, key, set string) {
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("age %s/%s: %v", tenant, key, err)
 	}
+	pgtest.TimePassed(t, db)
 }
 
 func stored(t *testing.T, db *pgxpool.Pool, tenant, key string) *keyrow.Row {

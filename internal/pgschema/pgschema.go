@@ -31,6 +31,8 @@ var Objects = []string{
 	"idempotency_keys",
 	"atomicphase_audit",
 	"atomicphase_status_history",
+	"atomicphase_watch",
+	"atomicphase_walk",
 	"atomicphase_migration",
 	"atomicphase_lease_lost",
 	"atomicphase_advance",

@@ -150,6 +150,7 @@ func expireLease(t testing.TB, db *pgxpool.Pool, tenant, key string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	timePassed(t, db)
 }
 
 // TestCitusTwoCompletersClaimEveryKeyOnce: Citus refuses the claim's
@@ -230,8 +231,8 @@ func TestCitusReaperAndExpiryWork(t *testing.T) {
 	ctx := context.Background()
 	_, err := db.Exec(ctx, `
 INSERT INTO idempotency_keys (id, tenant, idempotency_key, workflow, request_fingerprint, request_params,
-    last_run_at, finished_at, recovery_point, response_status)
-SELECT gen_random_uuid(), 'tenant-' || (i % 7), 'k' || i, 'test', '\x00', '{}', now() - interval '3 days',
+    created_at, last_run_at, finished_at, recovery_point, response_status)
+SELECT gen_random_uuid(), 'tenant-' || (i % 7), 'k' || i, 'test', '\x00', '{}', now() - interval '3 days', now() - interval '3 days',
        CASE WHEN i % 3 = 0 THEN now() - interval '3 days' WHEN i % 3 = 1 THEN now() END,
        CASE WHEN i % 3 = 2 THEN 'started' ELSE 'finished' END,
        CASE WHEN i % 3 = 2 THEN NULL ELSE 201 END

@@ -55,43 +55,80 @@ type ClaimParams struct {
 // completer, even after its lease ran out, for as long as its transaction
 // stays open.
 //
-// Keys on hold for an unknown outcome are claimed for reconciliation besides
-// runnable ones, and both kinds in one order, the longest idle first: a
-// key handed back (one that waits for an operator) has its last run set
-// to now, so it goes behind every other due key, and neither kind can
-// keep the other waiting however many of it there are. Each kind has a
-// scan of its own, so that each walks its own partial index in order,
-// idempotency_keys_held for the held keys and idempotency_keys_unfinished
-// for the runnable ones, and stops after the batch: a claim reads at most
-// twice as many keys as it takes, however long the backlog. (One scan of
-// both, with hold IS NULL OR hold = 'unknown', is planned as a bitmap of
-// both indexes that reads and sorts every due key, 100,000 of them for a
-// batch of 100 after an outage.) The keys a scan locked but the merge
-// left are free again when the statement ends. Neither index contains
-// finished rows.
+// The keys come from the watch (see walkSQL), in order of when each is
+// next due: a claim reads the first $9 whose due time has come (cand),
+// locked SKIP LOCKED so that two completers read different ones, and
+// judges each by its key row. A key that finished, or is gone, leaves the
+// watch (dropped). Of the due keys it takes the longest idle first, at
+// most $1, keys on hold for an unknown outcome (claimed for
+// reconciliation) and runnable ones alike, but not runnable keys out of
+// attempts, which are left for Bury: so a key handed back (one that waits
+// for an operator) has its last run set to now, and goes behind every
+// other due key. Each key it read and did not take because it is not due
+// moves in the watch to when it is next due by its lease, its last run
+// and its backoff (moved), or, dead or out of attempts, to a later look;
+// each key it takes, to when its lease ends. A due key it did not take
+// (beyond $1, or locked) stays where it is, for the next claim. So a claim
+// reads about as many keys as it takes, however long the backlog, and
+// never a finished key but once. Each candidate's key row is read by the
+// primary key: OFFSET 0 keeps the planner from joining the few candidates
+// to a scan of the whole key table, which it may find cheaper while the
+// table is small and its statistics old.
 const claimSQL = `
-WITH held AS (
-    SELECT id, last_run_at FROM idempotency_keys
-    WHERE ` + dueWhere + ` AND hold = 'unknown'
-      AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
-    ORDER BY last_run_at
+WITH cand AS (
+    SELECT w.id FROM atomicphase_watch w
+    WHERE w.due_at <= now()
+      AND (w.workflow, w.definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
+    ORDER BY w.due_at
+    LIMIT $9
+    FOR UPDATE SKIP LOCKED
+), seen AS (
+    SELECT c.id, k.id IS NULL OR k.finished_at IS NOT NULL AS gone,
+           CASE WHEN k.hold = 'dead' OR (k.hold IS NULL AND k.failures >= $8) THEN now() + $10::interval
+                ELSE greatest(k.lock_expires_at, k.last_run_at + $2::interval + ` + backoff + `) END AS next_due
+    FROM cand c LEFT JOIN LATERAL (
+        SELECT id, finished_at, hold, failures, lock_expires_at, last_run_at FROM idempotency_keys
+        WHERE id = c.id
+        OFFSET 0
+    ) AS k ON true
+), dropped AS (
+    DELETE FROM atomicphase_watch w USING seen s WHERE w.id = s.id AND s.gone
+), due AS (
+    SELECT k.id, k.last_run_at FROM idempotency_keys k JOIN seen s ON s.id = k.id
+    WHERE NOT s.gone AND ` + dueWhere + `
+      AND (k.hold = 'unknown' OR (k.hold IS NULL AND k.failures < $8))
+    ORDER BY k.last_run_at
     LIMIT $1
-    FOR NO KEY UPDATE SKIP LOCKED
-), runnable AS (
-    SELECT id, last_run_at FROM idempotency_keys
-    WHERE ` + dueWhere + ` AND hold IS NULL AND failures < $8
-      AND (workflow, definition) IN (SELECT * FROM unnest($6::text[], $7::text[]))
-    ORDER BY last_run_at
-    LIMIT $1
-    FOR NO KEY UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE OF k SKIP LOCKED
+), moved AS (
+    UPDATE atomicphase_watch w
+    SET due_at = CASE WHEN d.id IS NOT NULL THEN now() + $5::interval ELSE s.next_due END
+    FROM seen s LEFT JOIN due d ON d.id = s.id
+    WHERE w.id = s.id AND NOT s.gone AND (d.id IS NOT NULL OR s.next_due > now())
 )
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_random_uuid(),
     last_run_at = now(), attempts = k.attempts + 1
-FROM (SELECT id FROM (SELECT * FROM held UNION ALL SELECT * FROM runnable) AS both_kinds
-      ORDER BY last_run_at LIMIT $1) AS due
+FROM due
 WHERE k.id = due.id
 RETURNING ` + claimedColumns
+
+// backoff is the completer's backoff of a key, by its failures: none
+// before its first, then $3 doubling with each further one, capped at $4.
+const backoff = `CASE WHEN failures = 0 THEN interval '0'
+          ELSE least($3::interval * (2 ^ least(failures - 1, 30)), $4::interval) END`
+
+// laterLook is how long a claim leaves a key that is dead, or out of
+// attempts and waiting for Bury, before it looks at it again: it is not
+// due until an operator revives it, and a revival moves it in the watch.
+const laterLook = 10 * time.Minute
+
+// candidates is how many keys of the watch one claim statement reads for
+// limit: twice as many, so that keys not due or finished among them leave
+// room for the due ones.
+func candidates(limit int) int {
+	return 2*limit + 8
+}
 
 // claimedColumns are the columns a claim returns, named after Row's fields.
 const claimedColumns = `k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
@@ -107,8 +144,7 @@ const claimedColumns = `k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.
 const dueWhere = `finished_at IS NULL
       AND (hold IS NULL OR hold = 'unknown')
       AND last_run_at <= now() - $2::interval
-      AND last_run_at <= now() - $2::interval - CASE WHEN failures = 0 THEN interval '0'
-          ELSE least($3::interval * (2 ^ least(failures - 1, 30)), $4::interval) END
+      AND last_run_at <= now() - $2::interval - ` + backoff + `
       AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
 
 // Claim takes the lease on up to p.Limit due keys of p.Workflows and returns
@@ -120,21 +156,60 @@ func Claim(ctx context.Context, q Querier, p ClaimParams) ([]*Row, error) {
 	if p.Distributed {
 		return claimDistributed(ctx, q, p)
 	}
-	// The statement's column names match Row's fields; the fields it does
-	// not return (LeaseLeft, Response, TakenAt) stay zero.
-	var rows []*Row
-	sent := time.Now()
-	err := pgxscan.Select(ctx, q, &rows, claimSQL,
-		p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitionsFor(p.Workflows, p.Definitions),
-		p.attemptsLeft())
-	if err != nil {
+	if err := walkUp(ctx, q, walkGrace(p.StuckAfter)); err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
 	}
-	for _, r := range rows {
-		r.TakenAt = sent
+	// A statement that takes fewer keys than the limit may have spent its
+	// candidates on keys that finished meanwhile, or are not due: it moved
+	// them out of the way, and the next statement reads the keys behind
+	// them. Claim goes on while the due part of the watch shrinks.
+	definitions := definitionsFor(p.Workflows, p.Definitions)
+	var (
+		claimed []*Row
+		left    = -1
+	)
+	for range claimStatements {
+		// The statement's column names match Row's fields; the fields it
+		// does not return (LeaseLeft, Response, TakenAt) stay zero.
+		var rows []*Row
+		sent := time.Now()
+		limit := p.Limit - len(claimed)
+		err := pgxscan.Select(ctx, q, &rows, claimSQL,
+			limit, p.StuckAfter, p.Backoff, p.MaxBackoff, p.TTL, p.Workflows, definitions,
+			p.attemptsLeft(), candidates(limit), laterLook)
+		if err != nil {
+			return nil, fmt.Errorf("store: claim: %w", err)
+		}
+		for _, r := range rows {
+			r.TakenAt = sent
+		}
+		claimed = append(claimed, rows...)
+		if len(claimed) >= p.Limit {
+			break
+		}
+		var now int
+		if err := q.QueryRow(ctx, dueLeftSQL, p.Workflows, definitions, candidates(p.Limit)).Scan(&now); err != nil {
+			return nil, fmt.Errorf("store: claim: %w", err)
+		}
+		if now == 0 || (left >= 0 && now >= left && len(rows) == 0) {
+			break
+		}
+		left = now
 	}
-	return rows, nil
+	return claimed, nil
 }
+
+// claimStatements caps the statements of one Claim.
+const claimStatements = 8
+
+// dueLeftSQL counts the keys of the watch due for the workflows ($1, $2),
+// up to $3.
+const dueLeftSQL = `
+SELECT count(*) FROM (
+    SELECT FROM atomicphase_watch
+    WHERE due_at <= now() AND (workflow, definition) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+    LIMIT $3
+) AS due`
 
 // attemptsLeft is the failures below which a runnable key is claimed.
 func (p ClaimParams) attemptsLeft() int {
@@ -165,7 +240,7 @@ SET hold = 'dead'
 WHERE finished_at IS NULL AND hold IS NULL AND failures >= $1
   AND (workflow, definition) IN (SELECT * FROM unnest($2::text[], $4::text[]))
   AND last_run_at <= now() - $3::interval
-  AND (lock_expires_at IS NULL OR lock_expires_at <= now())`
+  AND (lock_expires_at IS NULL OR lock_expires_at <= now()){unfinished}`
 
 // Bury moves every abandoned key of workflows that the completer failed
 // maxFailures times to the dead hold, and reports how many it moved.
@@ -174,7 +249,11 @@ func Bury(ctx context.Context, q Querier, workflows, definitions []string, maxFa
 	if len(workflows) == 0 {
 		return 0, nil
 	}
-	tag, err := q.Exec(ctx, burySQL, maxFailures, workflows, minIdle, definitionsFor(workflows, definitions))
+	sql, err := routedFor(ctx, q, burySQL)
+	if err != nil {
+		return 0, fmt.Errorf("store: bury: %w", err)
+	}
+	tag, err := q.Exec(ctx, sql, maxFailures, workflows, minIdle, definitionsFor(workflows, definitions))
 	if err != nil {
 		return 0, fmt.Errorf("store: bury: %w", err)
 	}
@@ -186,21 +265,25 @@ func Bury(ctx context.Context, q Querier, workflows, definitions []string, maxFa
 // ($1). A key is thus never deleted before the retention it was created
 // with, whichever process reaps it. reapSQL deletes them and ReapCandidates
 // counts them, so a dry run reports what a run deletes.
-const reapableWhere = `finished_at < now() - $1::interval
+const reapableWhere = `created_at < now() - $1::interval
+      AND finished_at < now() - $1::interval
       AND finished_at < now() - coalesce(retain_for, $1::interval)`
 
 // reapSQL deletes one batch of finished keys of one workflow past their
-// retention. The index idempotency_keys_finished_by_workflow serves it in
-// order, from the workflow's oldest key up to the reaper's retention, so a
-// batch reads only that workflow's keys, never those of workflows kept
-// longer. SKIP LOCKED keeps it from waiting on, or blocking, a request that
+// retention. The index idempotency_keys_by_workflow serves it in order,
+// from the workflow's oldest key up to the reaper's retention (a key
+// finishes after it is created), so a batch reads only that workflow's
+// keys, never those of workflows kept longer. Keys in that range that are
+// not yet reapable (unfinished, finished late, or kept longer by the
+// retention they recorded) are read again by each batch: few, as most
+// keys finish within seconds of being created. SKIP LOCKED keeps it from waiting on, or blocking, a request that
 // is replaying one of them; a small LIMIT keeps each transaction short.
 const reapSQL = `
 DELETE FROM idempotency_keys
 WHERE id IN (
     SELECT id FROM idempotency_keys
     WHERE workflow = $2 AND ` + reapableWhere + `
-    ORDER BY finished_at
+    ORDER BY created_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )`
@@ -223,22 +306,24 @@ func Reap(ctx context.Context, q Querier, workflow string, retention time.Durati
 	return int(tag.RowsAffected()), nil
 }
 
-// finishedWorkflowsSQL lists the workflows that have finished keys, reading
-// one index entry per workflow (a loose index scan over
-// idempotency_keys_finished_by_workflow) however many keys each has.
+// finishedWorkflowsSQL lists the workflows that have keys, reading one
+// index entry per workflow (a loose index scan over
+// idempotency_keys_by_workflow) however many keys each has. A workflow
+// whose keys are all unfinished is listed too; the reaper finds nothing to
+// delete there.
 const finishedWorkflowsSQL = `
 WITH RECURSIVE w AS (
-    (SELECT workflow FROM idempotency_keys WHERE finished_at IS NOT NULL ORDER BY workflow LIMIT 1)
+    (SELECT workflow FROM idempotency_keys ORDER BY workflow LIMIT 1)
     UNION ALL
     SELECT (SELECT k.workflow FROM idempotency_keys k
-            WHERE k.finished_at IS NOT NULL AND k.workflow > w.workflow
+            WHERE k.workflow > w.workflow
             ORDER BY k.workflow LIMIT 1)
     FROM w WHERE w.workflow IS NOT NULL
 )
 SELECT workflow FROM w WHERE workflow IS NOT NULL`
 
-// FinishedWorkflows returns the names of the workflows that have finished
-// keys, for a reaper that judges every workflow's keys.
+// FinishedWorkflows returns the names of the workflows that have keys, for
+// a reaper that judges every workflow's keys.
 func FinishedWorkflows(ctx context.Context, q Querier) ([]string, error) {
 	rows, err := q.Query(ctx, finishedWorkflowsSQL)
 	if err != nil {
@@ -275,7 +360,7 @@ UPDATE idempotency_keys
 SET ` + expireSet + `
 WHERE id IN (
     SELECT id FROM idempotency_keys
-    WHERE ` + abandonedWhere + `
+    WHERE ` + abandonedWhere + abandonedMark + `
     LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED
 )`
@@ -302,17 +387,13 @@ func Expire(ctx context.Context, q Querier, workflow string, retention time.Dura
 	if distributed {
 		return changeProposed(ctx, q, "expire", expireCandidatesDistributedSQL, expireDistributedSQL, retention, workflow, limit)
 	}
-	tag, err := q.Exec(ctx, expireSQL, retention, workflow, limit)
+	sql, err := routed(ctx, q, expireSQL, false)
+	if err != nil {
+		return 0, fmt.Errorf("store: expire: %w", err)
+	}
+	tag, err := q.Exec(ctx, sql, retention, workflow, limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: expire: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
-
-// stuckWhere selects the completer's backlog: unfinished, runnable keys
-// with no live lease, idle for longer than $1. Count counts them and List
-// lists them, so the two agree; it implies the predicate of the partial
-// index idempotency_keys_unfinished.
-const stuckWhere = `finished_at IS NULL AND hold IS NULL
-    AND (lock_expires_at IS NULL OR lock_expires_at <= now())
-    AND last_run_at <= now() - $1::interval`

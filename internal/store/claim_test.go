@@ -204,6 +204,7 @@ func TestConcurrentClaimsNeverTakeAKeyTwice(t *testing.T) {
 	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET last_run_at = now() - interval '1 hour'`); err != nil {
 		t.Fatal(err)
 	}
+	timePassed(t, db)
 
 	var (
 		wg      sync.WaitGroup

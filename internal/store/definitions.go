@@ -18,7 +18,7 @@ const countDefinitionsSQL = `
 SELECT workflow, definition, count(*) AS unfinished, sum(held) AS held, min(created_at) AS oldest
 FROM (
     SELECT workflow, definition, 0 AS held, created_at FROM idempotency_keys
-    WHERE finished_at IS NULL AND hold IS NULL
+    WHERE finished_at IS NULL AND hold IS NULL{unfinished}
     UNION ALL
     SELECT workflow, definition, 1, created_at FROM idempotency_keys
     WHERE hold IS NOT NULL
@@ -30,7 +30,11 @@ ORDER BY workflow, definition`
 // definition has.
 func CountDefinitions(ctx context.Context, q Querier) ([]keyrow.DefinitionCount, error) {
 	counts := []keyrow.DefinitionCount{}
-	if err := pgxscan.Select(ctx, q, &counts, countDefinitionsSQL); err != nil {
+	sql, err := routedFor(ctx, q, countDefinitionsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("store: count definitions: %w", err)
+	}
+	if err := pgxscan.Select(ctx, q, &counts, sql); err != nil {
 		return nil, fmt.Errorf("store: count definitions: %w", err)
 	}
 	return counts, nil

@@ -243,7 +243,7 @@ const (
 	reapCandidatesDistributedSQL = `
 SELECT tenant, id FROM idempotency_keys
 WHERE workflow = $2 AND ` + reapableWhere + `
-ORDER BY finished_at
+ORDER BY created_at
 LIMIT $3`
 	reapDistributedSQL = `
 DELETE FROM idempotency_keys
@@ -342,7 +342,7 @@ func actDistributed(ctx context.Context, q Querier, x action, detail []byte) (in
 	// The scan takes only the arguments its conditions use: those of the
 	// action's assignments would reach Postgres with no type.
 	var scan args
-	where := placeholder.ReplaceAllStringFunc(strings.Join(x.where, " AND "), func(p string) string {
+	where := placeholder.ReplaceAllStringFunc(stripped(strings.Join(x.where, " AND ")), func(p string) string {
 		n, _ := strconv.Atoi(p[1:])
 		return scan.add(x.a[n-1])
 	})
@@ -367,7 +367,7 @@ func actDistributed(ctx context.Context, q Querier, x action, detail []byte) (in
 		one.a = slices.Clone(x.a)
 		one.where = append(slices.Clone(x.where), `tenant = `+one.a.add(t.tenant), `idempotency_key = `+one.a.add(t.key))
 		one.limit = 1
-		n, err := actStatement(ctx, tx, one, detail)
+		n, err := actStatement(ctx, tx, one, detail, true)
 		if err != nil {
 			return 0, err
 		}

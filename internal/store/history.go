@@ -17,7 +17,7 @@ const HistoryRetention = 24 * time.Hour
 
 // recordHistorySQL records the current minute's unfinished keys of each
 // workflow by status: the counts of countUnfinishedSQL, which reads the
-// partial indexes of the unfinished keys only, one row per workflow and
+// unfinished keys only, one row per workflow and
 // status, with a zero row set for each workflow $2 names (the recording
 // process's) so that a workflow drained to no unfinished keys draws as
 // zero rather than as a minute nobody recorded. ON CONFLICT DO NOTHING
@@ -41,7 +41,11 @@ ON CONFLICT DO NOTHING`
 // key.
 func RecordHistory(ctx context.Context, q Querier, workflows []string, stuckAfter time.Duration) (int, error) {
 	workflows = slices.Compact(slices.Sorted(slices.Values(workflows)))
-	tag, err := q.Exec(ctx, recordHistorySQL, stuckAfter, workflows)
+	sql, err := routedFor(ctx, q, recordHistorySQL)
+	if err != nil {
+		return 0, fmt.Errorf("store: record history: %w", err)
+	}
+	tag, err := q.Exec(ctx, sql, stuckAfter, workflows)
 	if err != nil {
 		return 0, fmt.Errorf("store: record history: %w", err)
 	}

@@ -136,7 +136,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	_, row := acquire(t, db, request(t, "acme", "k1", `{}`))
-	age(t, db, "acme", "k1", "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '2 days'")
+	age(t, db, "acme", "k1", "lock_expires_at = now() - interval '1 second', last_run_at = now() - interval '2 days', created_at = now() - interval '2 days'")
 	if n, err := store.Expire(ctx, db, "", 24*time.Hour, 10, pgtest.OnCitus()); err != nil || n != 1 {
 		t.Fatalf("expire = %d, %v; want the key closed", n, err)
 	}
@@ -148,6 +148,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = $1, lock_expires_at = now() - interval '1 second'`, row.LockToken); err != nil {
 		t.Fatal(err)
 	}
+	timePassed(t, db)
 	for name, write := range map[string]func() error{
 		"advance": func() error { return store.Advance(ctx, db, row.Holder(), "charged", nil, ttl) },
 		"finish": func() error {

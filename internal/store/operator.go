@@ -55,11 +55,11 @@ func filterWhere(f keyrow.ListFilter, a *args) ([]string, error) {
 	case keyrow.StatusFinished:
 		w = append(w, `finished_at IS NOT NULL`)
 	case keyrow.StatusInFlight:
-		w = append(w, `finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()`)
+		w = append(w, `finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()`+unfinishedMark)
 	case keyrow.StatusWaiting:
-		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at > now() - `+a.add(f.StuckAfter)+`::interval`)
+		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at > now() - `+a.add(f.StuckAfter)+`::interval`+unfinishedMark)
 	case keyrow.StatusStuck:
-		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at <= now() - `+a.add(f.StuckAfter)+`::interval`)
+		w = append(w, `finished_at IS NULL AND hold IS NULL AND `+free+` AND last_run_at <= now() - `+a.add(f.StuckAfter)+`::interval`+unfinishedMark)
 	case keyrow.StatusUnknown, keyrow.StatusDead:
 		w = append(w, `hold = '`+string(f.Status)+`'`)
 	default:
@@ -175,6 +175,9 @@ func parseCursor(s string, byIdle bool) (time.Time, [16]byte, error) {
 func List(ctx context.Context, q Querier, f keyrow.ListFilter) (keyrow.Page, error) {
 	limit := cmp.Or(f.Limit, keyrow.DefaultListLimit)
 	sql, a, err := listSQL(f, limit)
+	if err == nil {
+		sql, err = routedFor(ctx, q, sql)
+	}
 	if err != nil {
 		return keyrow.Page{}, fmt.Errorf("store: list: %w", err)
 	}
@@ -203,6 +206,9 @@ func CountMatching(ctx context.Context, q Querier, f keyrow.ListFilter, upTo int
 		sql += ` WHERE ` + strings.Join(w, ` AND `)
 	}
 	sql += ` LIMIT ` + a.add(upTo) + `) AS matching`
+	if sql, err = routedFor(ctx, q, sql); err != nil {
+		return 0, fmt.Errorf("store: count matching: %w", err)
+	}
 	var n int
 	if err := q.QueryRow(ctx, sql, a...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: count matching: %w", err)
@@ -237,7 +243,7 @@ SELECT workflow, 0 AS finished,
                           AND last_run_at <= now() - $1::interval) AS stuck,
        0 AS unknown, 0 AS dead
 FROM idempotency_keys
-WHERE finished_at IS NULL AND hold IS NULL
+WHERE finished_at IS NULL AND hold IS NULL{unfinished}
 GROUP BY workflow
 UNION ALL
 SELECT workflow, 0, 0, 0, 0, count(*) FILTER (WHERE hold = 'unknown'), count(*) FILTER (WHERE hold = 'dead')
@@ -287,6 +293,10 @@ func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (
 	sql := countUnfinishedSQL
 	if exact {
 		sql = countAllSQL
+	}
+	sql, err := routedFor(ctx, q, sql)
+	if err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
 	}
 	counts := map[string]keyrow.Counts{}
 	rows, err := q.Query(ctx, sql, stuckAfter)
@@ -364,7 +374,7 @@ func Count(ctx context.Context, q Querier, stuckAfter time.Duration) (keyrow.Cou
 // counted from the index alone: the lower bound is the UUID of the hour's
 // first millisecond with every other bit zero.
 const activitySQL = `
-SELECT (SELECT now() - min(created_at) FROM idempotency_keys WHERE finished_at IS NULL AND hold IS NULL),
+SELECT (SELECT now() - min(created_at) FROM idempotency_keys WHERE finished_at IS NULL AND hold IS NULL{unfinished}),
        (SELECT count(*) FROM idempotency_keys
         WHERE id >= (SELECT (substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-0000-0000-000000000000')::uuid
                      FROM lpad(to_hex((extract(epoch FROM now() - interval '1 hour') * 1000)::bigint), 12, '0') AS h))`
@@ -374,7 +384,11 @@ SELECT (SELECT now() - min(created_at) FROM idempotency_keys WHERE finished_at I
 // seen in the last hour.
 func Activity(ctx context.Context, q Querier) (oldest time.Duration, lastHour int, err error) {
 	var age *time.Duration
-	if err := q.QueryRow(ctx, activitySQL).Scan(&age, &lastHour); err != nil {
+	sql, err := routedFor(ctx, q, activitySQL)
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: activity: %w", err)
+	}
+	if err := q.QueryRow(ctx, sql).Scan(&age, &lastHour); err != nil {
 		return 0, 0, fmt.Errorf("store: activity: %w", err)
 	}
 	if age != nil {
@@ -445,14 +459,24 @@ func act(ctx context.Context, q Querier, x action) (int, error) {
 	if distributed {
 		return actDistributed(ctx, q, x, detail)
 	}
-	return actStatement(ctx, q, x, detail)
+	return actStatement(ctx, q, x, detail, false)
 }
 
 // actStatement is act's one statement. The audit's snapshot of the changed
 // row is built outside RETURNING, where Citus refuses functions.
-func actStatement(ctx context.Context, q Querier, x action, detail []byte) (int, error) {
+//
+// Every action may make a key due sooner (a revived key, a freed lease):
+// each changed key that is unfinished is due at once in the watch, so
+// that the completer's next claim looks at it. A key the walk has yet to
+// pass gets its row there already, which the walk leaves. A key table
+// distributed with Citus (distributed true) has no watch.
+func actStatement(ctx context.Context, q Querier, x action, detail []byte, distributed bool) (int, error) {
 	a := x.a
 	where := strings.Join(x.where, " AND ")
+	scan, err := routed(ctx, q, where, distributed)
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", x.name, err)
+	}
 	skip := ""
 	if x.bulk {
 		skip = " SKIP LOCKED"
@@ -461,7 +485,7 @@ func actStatement(ctx context.Context, q Querier, x action, detail []byte) (int,
 WITH target AS (
     SELECT id, ` + snapshot("t") + ` AS before
     FROM idempotency_keys t
-    WHERE ` + where + `
+    WHERE ` + scan + `
     ORDER BY id
     LIMIT ` + a.add(x.limit) + `
     FOR NO KEY UPDATE` + skip + `
@@ -469,9 +493,11 @@ WITH target AS (
     UPDATE idempotency_keys k
     SET ` + x.set + `
     FROM target
-    WHERE k.id = target.id AND ` + where + `
-    RETURNING k.tenant, k.idempotency_key, target.before, k.recovery_point, k.hold, k.locked_at,
-        k.lock_expires_at, k.last_run_at, k.attempts, k.failures, k.last_error, k.resolution
+    WHERE k.id = target.id AND ` + stripped(where) + `
+    RETURNING k.id, k.tenant, k.idempotency_key, target.before, k.recovery_point, k.hold, k.locked_at,
+        k.lock_expires_at, k.last_run_at, k.attempts, k.failures, k.last_error, k.resolution,
+        k.finished_at, k.created_at, k.workflow, k.definition
+` + watchChanged(distributed) + `
 )
 INSERT INTO atomicphase_audit (actor, action, tenant, idempotency_key, before, after, detail)
 SELECT ` + a.add(storableText(Actor(ctx))) + `::text, ` + a.add(x.name) + `::text, tenant, idempotency_key, before, ` + snapshot("changed") + `, ` + a.add(detail) + `::jsonb
@@ -481,6 +507,19 @@ FROM changed`
 		return 0, fmt.Errorf("store: %s: %w", x.name, err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// watchChanged is the part of actStatement's statement that makes the
+// unfinished keys it changed due at once in the watch, on a single
+// Postgres.
+func watchChanged(distributed bool) string {
+	if distributed {
+		return ""
+	}
+	return `), watched AS (
+    INSERT INTO atomicphase_watch (id, due_at, created_at, workflow, definition)
+    SELECT id, now(), created_at, workflow, definition FROM changed WHERE finished_at IS NULL
+    ON CONFLICT (id) DO UPDATE SET due_at = least(atomicphase_watch.due_at, excluded.due_at)`
 }
 
 // seenWhere returns the conditions that hold while the key is as seen:
@@ -771,6 +810,9 @@ func BulkPreview(ctx context.Context, q Querier, b Bulk, f keyrow.ListFilter, co
 	}
 	sql := `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE ` + strings.Join(x.where, " AND ") +
 		` LIMIT ` + x.a.add(x.limit) + `) AS matching`
+	if sql, err = routedFor(ctx, q, sql); err != nil {
+		return 0, fmt.Errorf("store: preview %s: %w", b, err)
+	}
 	var n int
 	if err := q.QueryRow(ctx, sql, x.a...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: preview %s: %w", b, err)

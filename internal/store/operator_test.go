@@ -54,6 +54,7 @@ func TestListPagesThroughEveryKeyOnceWithFilters(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `UPDATE idempotency_keys SET last_run_at = now() - interval '1 hour' WHERE hold = 'dead'`); err != nil {
 		t.Fatal(err)
 	}
+	timePassed(t, db)
 	deadByID := listAll(t, db, keyrow.ListFilter{Status: keyrow.StatusDead})
 
 	for _, tc := range []struct {

@@ -50,7 +50,7 @@ const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1
 // counts rows that a request happens to hold locked at that moment.
 const reapCandidatesSQL = `
 SELECT (SELECT count(*) FROM idempotency_keys WHERE ($2 = '' OR workflow = $2) AND ` + reapableWhere + `),
-       (SELECT count(*) FROM idempotency_keys WHERE ` + abandonedWhere + `)`
+       (SELECT count(*) FROM idempotency_keys WHERE ` + abandonedWhere + abandonedMark + `)`
 
 // ReapCandidates reports what a reaper run over workflow's keys (every
 // workflow's when it is empty) with this retention would do if it started
@@ -63,7 +63,11 @@ func ReapCandidates(ctx context.Context, q Querier, workflow string, retention t
 	if retention <= 0 {
 		return 0, 0, errors.New("store: reap candidates: retention must be positive")
 	}
-	if err := q.QueryRow(ctx, reapCandidatesSQL, retention, workflow).Scan(&finished, &abandoned); err != nil {
+	sql, err := routedFor(ctx, q, reapCandidatesSQL)
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: reap candidates: %w", err)
+	}
+	if err := q.QueryRow(ctx, sql, retention, workflow).Scan(&finished, &abandoned); err != nil {
 		return 0, 0, fmt.Errorf("store: reap candidates: %w", err)
 	}
 	return finished, abandoned, nil

@@ -157,7 +157,7 @@ func TestEveryStatementReachesTheTablesOfItsSchema(t *testing.T) {
 	}
 	_, err = store.Expire(ctx, q, "orders", time.Hour, 10, false)
 	must("Expire", err)
-	_, err = db.Exec(ctx, `UPDATE keys.idempotency_keys SET finished_at = now() - interval '2 hours', retain_for = NULL WHERE idempotency_key = 'k1'`)
+	_, err = db.Exec(ctx, `UPDATE keys.idempotency_keys SET finished_at = now() - interval '2 hours', created_at = now() - interval '2 hours', retain_for = NULL WHERE idempotency_key = 'k1'`)
 	must("age k1", err)
 	reaped, err := store.Reap(ctx, q, "orders", time.Hour, 10, false)
 	if err != nil || reaped != 1 {

@@ -585,7 +585,7 @@ var finishSQL = committingByID(finishUpdate, 7, "atomicphase_finish")
 // Citus.
 const finishUpdate = `
 UPDATE idempotency_keys
-SET recovery_point = 'finished', phase_state = $3, finished_at = now(), last_run_at = now(),
+SET recovery_point = 'finished', phase_state = $3, finished_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0, call_pending = NULL
@@ -596,13 +596,27 @@ WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}`
 // $5 is 1 when the run that failed was the completer's, so that only the
 // completer's own failures count towards giving up on a key. $6 clears the
 // pending call, when the run learnt that it did not happen.
-var releaseSQL = fencedByID(`
+//
+// On a single Postgres it also makes the key due at once in the
+// completer's watch, when it is there: a run that made progress reset the
+// key's failures, so the key may be due sooner than the watch said, by
+// the backoff of failures it no longer counts. The completer's next claim
+// looks at the key and moves it to when it is due.
+var releaseSQL = watchingRelease(fencedByID(`
 UPDATE idempotency_keys
 SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
     last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int,
     call_pending = CASE WHEN $6 THEN NULL ELSE call_pending END
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`, 7)
+RETURNING 1`, 7))
+
+// watchingRelease adds to s's single-Postgres form the update of the
+// watch that releaseSQL describes.
+func watchingRelease(s keySQL) keySQL {
+	s.plain = strings.Replace(s.plain, "WITH fenced AS (",
+		"WITH watched AS (UPDATE atomicphase_watch SET due_at = now() WHERE id = $1 AND due_at > now()), fenced AS (", 1)
+	return s
+}
 
 // adoptSQL moves a key the caller holds to the definition of the workflow
 // that adopted it, at the recovery point it resumes from. It is fenced like

@@ -53,6 +53,7 @@ func expire(t testing.TB, db *pgxpool.Pool, tenant, key string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	timePassed(t, db)
 }
 
 type snapshot struct {

@@ -1,0 +1,211 @@
+package store_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/internal/pgtest"
+	"github.com/atomicphase/atomicphase/internal/store"
+	"github.com/atomicphase/atomicphase/keyrow"
+)
+
+// TestAKeyWhoseTransactionCommitsLateIsStillFound: a key's creating
+// transaction draws its xid when it first writes and may commit long after
+// keys of later xids have committed. The walk must not pass it while it
+// may still commit, or the completer would never see the key: it stays
+// behind the oldest running transaction, and finds the key once it has
+// committed, with the keys committed after it.
+func TestAKeyWhoseTransactionCommitsLateIsStillFound(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipOnCitus(t, "a distributed key table is not walked; the completer reads its index of unfinished keys")
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const abandoned = `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+    created_at, last_run_at)
+VALUES ('acme', $1, 'test', '\x00', '{}', now() - interval '1 hour', now() - interval '1 hour')`
+	late, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	var lateXid uint64
+	if _, err := late.Exec(ctx, abandoned, "late"); err != nil {
+		t.Fatal(err)
+	}
+	if err := late.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&lateXid); err != nil {
+		t.Fatal(err)
+	}
+	// Keys of later transactions commit first, and are due.
+	for _, key := range []string{"early-1", "early-2"} {
+		if _, err := db.Exec(ctx, abandoned, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := store.ClaimParams{Workflows: []string{"test"}, Limit: 10, StuckAfter: time.Minute, TTL: ttl}
+	for range 3 {
+		rows, err := store.Claim(ctx, db, claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != 0 {
+			t.Fatalf("claimed %d keys behind a running transaction that created a key; the walk passed it", len(rows))
+		}
+		var position uint64
+		if err := db.QueryRow(ctx, `SELECT position::text::bigint FROM atomicphase_walk`).Scan(&position); err != nil {
+			t.Fatal(err)
+		}
+		if position > lateXid {
+			t.Fatalf("the walk is at %d, past %d, a transaction still running", position, lateXid)
+		}
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := store.Claim(ctx, db, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range rows {
+		got[r.Key] = true
+	}
+	if len(rows) != 3 || !got["late"] || !got["early-1"] || !got["early-2"] {
+		t.Fatalf("claimed %v once the late transaction committed; want late, early-1 and early-2", got)
+	}
+}
+
+// TestTheWalkWatchesOnlyKeysUnfinishedAfterTheGrace: keys that finish
+// within the grace never enter the watch, and a watched key leaves it once
+// a claim finds it finished.
+func TestTheWalkWatchesOnlyKeysUnfinishedAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipOnCitus(t, "a distributed key table is not walked")
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for _, key := range []string{"done-1", "done-2", "done-3"} {
+		_, row := acquire(t, db, request(t, "acme", key, `{"amount":100}`))
+		if err := store.Finish(ctx, db, row.Holder(), []byte(`{}`), keyrow.Response{Status: http.StatusCreated, Body: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, crashed := acquire(t, db, request(t, "acme", "crashed", `{"amount":100}`))
+	young, err := store.Walk(ctx, db, 100, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if young.Passed != 0 || young.Watched != 0 {
+		t.Fatalf("a walk with an hour's grace passed %d and watched %d keys a second old", young.Passed, young.Watched)
+	}
+	passed, watched := 0, 0
+	for range 3 {
+		s, err := store.Walk(ctx, db, 100, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		passed, watched = passed+s.Passed, watched+s.Watched
+	}
+	if passed != 4 || watched != 1 {
+		t.Fatalf("the walk passed %d keys and watched %d; want 4 passed, the crashed one watched", passed, watched)
+	}
+	var watchedID string
+	if err := db.QueryRow(ctx, `SELECT id::text FROM atomicphase_watch`).Scan(&watchedID); err != nil {
+		t.Fatal(err)
+	}
+	if watchedID != crashed.ID.String() {
+		t.Fatalf("the watch holds %s, want the crashed key %s", watchedID, crashed.ID)
+	}
+	// The crashed key's client comes back and finishes it: the next claim
+	// drops it from the watch.
+	expire(t, db, "acme", "crashed")
+	out, resumed := acquire(t, db, request(t, "acme", "crashed", `{"amount":100}`))
+	if out != store.Resumed {
+		t.Fatalf("acquire of the crashed key = %v, want resumed", out)
+	}
+	if err := store.Finish(ctx, db, resumed.Holder(), []byte(`{}`), keyrow.Response{Status: http.StatusCreated, Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	timePassed(t, db)
+	if _, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 10, TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM atomicphase_watch`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d keys left in the watch after a claim found the only one finished", left)
+	}
+}
+
+// TestAFinishIsAHOTUpdate: no index of the key table names a column the
+// finish changes, so storing a key's response rewrites its row in the same
+// page and adds no index entry; so does a phase commit. Counted in the
+// transaction's own statistics, which are exact.
+func TestAFinishIsAHOTUpdate(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipOnCitus(t, "on a distributed key table the index of unfinished keys names finished_at")
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	_, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`))
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if err := store.Advance(ctx, tx, row.Holder(), "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Finish(ctx, tx, row.Holder(), []byte(`{"charge":"ch_1"}`), keyrow.Response{Status: http.StatusCreated, Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	var updates, hot int
+	if err := tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables
+        WHERE relid = 'idempotency_keys'::regclass`).Scan(&updates, &hot); err != nil {
+		t.Fatal(err)
+	}
+	if updates != 2 || hot != 2 {
+		t.Fatalf("a phase commit and a finish made %d updates, %d of them HOT; want both HOT", updates, hot)
+	}
+}
+
+// TestAnOpenTransactionInAnotherDatabaseHoldsNothingBack: a write
+// transaction of another database of the cluster cannot create a key
+// here, so the walk passes it, and a key that crashed meanwhile is found.
+func TestAnOpenTransactionInAnotherDatabaseHoldsNothingBack(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipOnCitus(t, "a distributed key table is not walked")
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	otherDSN, drop, err := pgtest.NewDatabase(ctx, "elsewhere")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = drop() })
+	other, err := pgx.Connect(ctx, otherDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close(context.Background()) })
+	open, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx) //nolint:errcheck // the transaction stays open until the test ends
+	if _, err := open.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params, created_at, last_run_at)
+VALUES ('acme', 'crashed', 'test', '\x00', '{}', now() - interval '1 hour', now() - interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 10, StuckAfter: time.Minute, TTL: ttl})
+	if err != nil || len(rows) != 1 || rows[0].Key != "crashed" {
+		t.Fatalf("claim = %+v, %v, while another database holds a transaction open; want the crashed key", rows, err)
+	}
+}
