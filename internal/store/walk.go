@@ -30,8 +30,8 @@ import (
 // before it that could write a key had ended, so a later statement sees
 // its keys, whatever order they committed in. Transactions of the
 // cluster's other databases write no key here and hold nothing back; a
-// transaction of this one left open does: keys created after it began are
-// walked once it ends.
+// transaction of this one left open does: keys created after it drew its
+// xid are walked once it ends.
 //
 // The bound is the least xid of the step's snapshot that a backend of
 // this database holds (pg_stat_activity, read after the snapshot, so a
