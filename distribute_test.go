@@ -83,7 +83,7 @@ func TestDistributeKeepsKeysInFlight(t *testing.T) {
 	}
 
 	h := holding.Holder()
-	h.Distributed = true
+	h.Distributed, h.Point = true, "charged" // advanced above
 	if _, err := store.Renew(ctx, db, h, time.Minute); err != nil {
 		t.Fatalf("renew of the holder from before: %v", err)
 	}

@@ -499,6 +499,7 @@ func ExampleMigrations() {
 	// 010_status_history
 	// 011_commit_functions
 	// 012_hot_finish
+	// 013_commit_checks_recovery_point
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {

@@ -273,3 +273,40 @@ $$;
 
 COMMENT ON FUNCTION atomicphase_finish(uuid, uuid, jsonb, integer, jsonb, bytea, text) IS
     'Stores the response of the key (id, lease token, state, status, headers, body, tenant) and frees its lease on a key table distributed with Citus; raises AP001 when the lease is lost.';
+
+-- The same writes, which also match the recovery point the run leaves (see
+-- migrations/013_commit_checks_recovery_point.up.sql); those above serve
+-- the processes of earlier releases.
+CREATE OR REPLACE FUNCTION atomicphase_advance_from(uuid, uuid, text, jsonb, interval, text, text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE idempotency_keys
+    SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
+        lock_expires_at = now() + $5::interval
+    WHERE id = $1 AND lock_token = $2 AND recovery_point = $6 AND finished_at IS NULL AND tenant = $7;
+    IF NOT FOUND THEN
+        PERFORM atomicphase_lease_lost();
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION atomicphase_advance_from(uuid, uuid, text, jsonb, interval, text, text) IS
+    'Commits a phase of the key (id, lease token, recovery point, state, lease TTL, the recovery point it leaves, tenant) on a key table distributed with Citus; raises AP001 when the lease is lost or the key is not at the recovery point it leaves.';
+
+CREATE OR REPLACE FUNCTION atomicphase_finish_from(uuid, uuid, jsonb, integer, jsonb, bytea, text, text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE idempotency_keys
+    SET recovery_point = 'finished', phase_state = $3, finished_at = now(),
+        response_status = $4, response_headers = $5, response_body = $6,
+        locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
+        failures = 0, call_pending = NULL
+    WHERE id = $1 AND lock_token = $2 AND recovery_point = $7 AND finished_at IS NULL AND tenant = $8;
+    IF NOT FOUND THEN
+        PERFORM atomicphase_lease_lost();
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION atomicphase_finish_from(uuid, uuid, jsonb, integer, jsonb, bytea, text, text) IS
+    'Stores the response of the key (id, lease token, state, status, headers, body, the recovery point it leaves, tenant) and frees its lease on a key table distributed with Citus; raises AP001 when the lease is lost or the key is not at the recovery point it leaves.';

@@ -210,7 +210,14 @@ func (x *execution[Req, State]) commitOnce(ctx context.Context, i int, body Loca
 	if err := x.inject(ctx, Point{p.name, BeforeCommit}); err != nil {
 		return Result{}, x.endPrior(ctx, tx, err)
 	}
-	w, err := x.fencedWrite(p, res, state)
+	// The write matches the recovery point the key is at once the commit
+	// before it has been made: the held-back phase's when it travels with
+	// this one.
+	from := x.rp
+	if prior != nil {
+		from = x.w.phases[x.priorAt].identity()
+	}
+	w, err := x.fencedWrite(p, from, res, state)
 	if err != nil {
 		return Result{}, x.endPrior(ctx, tx, err)
 	}
@@ -329,16 +336,16 @@ func (x *execution[Req, State]) settle(i int, res Result) (next int, state []byt
 }
 
 // fencedWrite is the lease's fenced write that commits phase p: the advance
-// to p, or the finish with res's response.
-func (x *execution[Req, State]) fencedWrite(p *Phase[Req, State], res Result, state []byte) (store.Write, error) {
+// from recovery point from to p, or the finish with res's response.
+func (x *execution[Req, State]) fencedWrite(p *Phase[Req, State], from string, res Result, state []byte) (store.Write, error) {
 	var (
 		w   store.Write
 		err error
 	)
 	if res.response != nil {
-		w, err = x.lease.Finish(state, x.w.store.stored(*res.response))
+		w, err = x.lease.Finish(from, state, x.w.store.stored(*res.response))
 	} else {
-		w, err = x.lease.Advance(p.identity(), state)
+		w, err = x.lease.Advance(from, p.identity(), state)
 	}
 	if err != nil {
 		return store.Write{}, fmt.Errorf("phase %s: %w", p.name, err)

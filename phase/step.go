@@ -287,7 +287,7 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	if !p.foreign.repeatable {
 		mark = p.identity()
 	}
-	callCtx, stop, err := x.lease.Keep(ctx, x.c.db, x.c.cfg.CallTimeout, mark)
+	callCtx, stop, err := x.lease.Keep(ctx, x.c.db, x.c.cfg.CallTimeout, x.rp, mark)
 	if err != nil {
 		if errors.Is(err, keyrow.ErrLeaseLost) {
 			return nil, err

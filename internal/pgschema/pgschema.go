@@ -37,6 +37,8 @@ var Objects = []string{
 	"atomicphase_lease_lost",
 	"atomicphase_advance",
 	"atomicphase_finish",
+	"atomicphase_advance_from",
+	"atomicphase_finish_from",
 }
 
 // maxLen is the longest identifier Postgres keeps whole (NAMEDATALEN - 1

@@ -30,11 +30,11 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 		"acquire":        {"acme", "k1", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil},
 		"read the key":   {"acme", "k1", []byte{0}},
 		"take over":      {"acme", "k1", "test", []byte{0}, ttl, token, ""},
-		"advance":        {id, token, "charged", []byte("{}"), ttl, "acme"},
-		"finish":         {id, token, []byte("{}"), 201, []byte(nil), []byte{}, "acme"},
+		"advance":        {id, token, "charged", []byte("{}"), ttl, "started", "acme"},
+		"finish":         {id, token, []byte("{}"), 201, []byte(nil), []byte{}, "started", "acme"},
 		"release":        {id, token, "", "", 0, false, "acme"},
 		"adopt":          {id, token, "d2", "charged", "acme"},
-		"mark call":      {id, token, ttl, "charge", "acme"},
+		"mark call":      {id, token, ttl, "charge", "started", "acme"},
 		"renew":          {id, token, ttl, "acme"},
 		"claim one":      {ttl, time.Minute, time.Second, time.Minute, token, "acme", id, 10},
 		"read decision":  {id, token, "acme"},
@@ -42,7 +42,7 @@ func TestCitusEveryPerKeyStatementReachesOneShard(t *testing.T) {
 		"claim key":      {"acme", "k1", ttl, token},
 	}
 	sqls := map[string]string{
-		"acquire": acquireDistributedSQL, "read the key": foundDistributedSQL, "take over": takeOverDistributedSQL, "advance": byID(advanceUpdate, 6).distributed, "finish": byID(finishUpdate, 7).distributed,
+		"acquire": acquireDistributedSQL, "read the key": foundDistributedSQL, "take over": takeOverDistributedSQL, "advance": byID(advanceUpdate, 7).distributed, "finish": byID(finishUpdate, 8).distributed,
 		"release": releaseSQL.distributed, "adopt": adoptSQL.distributed, "mark call": markCallSQL.distributed,
 		"renew": renewDistributedSQL, "claim one": claimOneSQL, "read decision": readResolutionDistributedSQL, "clear decision": clearResolutionDistributedSQL,
 		"claim key": claimKeySQL,
@@ -130,13 +130,21 @@ func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
 		{"acquire", acquireDistributedSQL, func(int) []any { return []any{"acme", "k0", "test", []byte{0}, []byte("{}"), ttl, token, id, "", nil} }},
 		{"read the key", foundDistributedSQL, func(int) []any { return []any{"acme", "k0", []byte{0}} }},
 		{"take over", takeOverDistributedSQL, func(int) []any { return []any{"acme", "k0", "test", []byte{0}, ttl, token, ""} }},
-		{"advance", advanceSQL.distributed, func(int) []any { return []any{id, token, "charged", []byte("{}"), ttl, "acme"} }},
+		{"advance", advanceSQL.distributed, func(run int) []any {
+			// The first run moves the key from started to charged, and
+			// each later one from charged to charged.
+			from := "charged"
+			if run == 0 {
+				from = "started"
+			}
+			return []any{id, token, "charged", []byte("{}"), ttl, from, "acme"}
+		}},
 		{"finish", finishSQL.distributed, func(run int) []any {
-			return []any{uuidArg(held[run].ID), uuidArg(held[run].LockToken), []byte("{}"), 201, []byte(nil), []byte{}, "acme"}
+			return []any{uuidArg(held[run].ID), uuidArg(held[run].LockToken), []byte("{}"), 201, []byte(nil), []byte{}, "started", "acme"}
 		}},
 		{"release", releaseSQL.distributed, func(int) []any { return []any{id, token, "", "", 0, false, "acme"} }},
 		{"adopt", adoptSQL.distributed, func(int) []any { return []any{id, token, "d2", "charged", "acme"} }},
-		{"mark call", markCallSQL.distributed, func(int) []any { return []any{id, token, ttl, "charge", "acme"} }},
+		{"mark call", markCallSQL.distributed, func(int) []any { return []any{id, token, ttl, "charge", "started", "acme"} }},
 		{"renew", renewDistributedSQL, func(int) []any { return []any{id, token, ttl, "acme"} }},
 	}
 	for _, s := range statements {
@@ -200,7 +208,7 @@ func TestCitusHoldersStatementsArePlannedOnTheFastPathOnce(t *testing.T) {
 }
 
 // TestCitusCommitFunctionsRunTheStatementsOfTheStore: the functions that
-// commit a phase on Citus (migration 011) run, word for word, the UPDATE
+// commit a phase on Citus (migration 013) run, word for word, the UPDATE
 // of the store's distributed form, and raise AP001 when it matched no row;
 // a change to one of the statements without a migration fails here.
 func TestCitusCommitFunctionsRunTheStatementsOfTheStore(t *testing.T) {
@@ -209,8 +217,8 @@ func TestCitusCommitFunctionsRunTheStatementsOfTheStore(t *testing.T) {
 	ctx := context.Background()
 	space := regexp.MustCompile(`\s+`)
 	for function, update := range map[string]string{
-		"atomicphase_advance": byID(advanceUpdate, 6).distributed,
-		"atomicphase_finish":  byID(finishUpdate, 7).distributed,
+		"atomicphase_advance_from": byID(advanceUpdate, 7).distributed,
+		"atomicphase_finish_from":  byID(finishUpdate, 8).distributed,
 	} {
 		var body string
 		if err := db.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regproc($1)`, function).Scan(&body); err != nil {

@@ -123,7 +123,7 @@ func TestCitusLostLeaseRollsBackTheBusinessRow(t *testing.T) {
 }
 
 // TestCitusASchemaWithoutTheCommitFunctionsIsRefusedBeforeAnyRun: on a
-// distributed key table whose schema predates migration 011, every phase's
+// distributed key table whose schema predates migration 013, every phase's
 // commit would fail; the client's first check says to migrate instead.
 func TestCitusASchemaWithoutTheCommitFunctionsIsRefusedBeforeAnyRun(t *testing.T) {
 	t.Parallel()
@@ -132,12 +132,12 @@ func TestCitusASchemaWithoutTheCommitFunctionsIsRefusedBeforeAnyRun(t *testing.T
 	if ok, err := store.IsDistributed(ctx, db); !ok || err != nil {
 		t.Fatalf("IsDistributed = %v, %v; want true, nil", ok, err)
 	}
-	if _, err := db.Exec(ctx, `DROP FUNCTION atomicphase_advance`); err != nil {
+	if _, err := db.Exec(ctx, `DROP FUNCTION atomicphase_advance_from`); err != nil {
 		t.Fatal(err)
 	}
 	_, err := store.IsDistributed(ctx, db)
 	if err == nil || !strings.Contains(err.Error(), "atomicphase.Migrate") {
-		t.Fatalf("IsDistributed without atomicphase_advance = %v, want an error that says to migrate", err)
+		t.Fatalf("IsDistributed without atomicphase_advance_from = %v, want an error that says to migrate", err)
 	}
 }
 

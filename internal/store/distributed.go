@@ -292,7 +292,7 @@ func changeProposed(ctx context.Context, q Querier, what, scan, change string, r
 // IsDistributed reports whether the key table that q reaches (by its
 // search_path, or in the Schema q is a Querier of) is distributed with
 // Citus. It returns an error when the table is distributed but its schema
-// lacks the functions that commit a phase there (migration 011), which
+// lacks the functions that commit a phase there (migration 013), which
 // every run would then fail on. On a database without Citus it costs one
 // statement. Its statements go through the simple protocol: they
 // prepare nothing, so they run behind any pooler, before the client has
@@ -308,13 +308,13 @@ func IsDistributed(ctx context.Context, q Querier) (bool, error) {
 	}
 	var distributed, committing bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-        WHERE logicalrelid = to_regclass('idempotency_keys')), to_regproc('atomicphase_advance') IS NOT NULL`, simple).Scan(&distributed, &committing)
+        WHERE logicalrelid = to_regclass('idempotency_keys')), to_regproc('atomicphase_advance_from') IS NOT NULL`, simple).Scan(&distributed, &committing)
 	if err != nil {
 		return false, fmt.Errorf("store: look for citus: %w", err)
 	}
 	if distributed && !committing {
 		return false, errors.New("store: the key table is distributed with Citus, but its schema is older than this release: " +
-			"it lacks the functions that commit a phase there (migration 011); migrate it (atomicphase.Migrate) before this release runs")
+			"it lacks the functions that commit a phase there (migration 013); migrate it (atomicphase.Migrate) before this release runs")
 	}
 	return distributed, nil
 }

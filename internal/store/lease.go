@@ -37,27 +37,39 @@ func NewLease(h Holder, ttl time.Duration) *Lease {
 }
 
 // Advance is AdvanceWrite for this lease: it commits point and state and
-// renews the lease for its TTL.
-func (l *Lease) Advance(point string, state []byte) (Write, error) {
-	return advanceWrite(l.Distributed, l.idArg, l.tokenArg, l.tenantArg, point, state, l.TTL, l.ttlArg)
+// renews the lease for its TTL, when the key is at from, the recovery point
+// the holder last committed or found.
+//
+// The token proves that no other run took the key over; from proves that
+// the database still holds what the holder committed last. After a failover
+// to an asynchronous standby, the standby may hold the lease but not the
+// holder's last commit: the write then changes nothing and reads as a lost
+// lease, so the holder stops and the key resumes from the recovery point the
+// database holds, instead of committing a phase over one it lost.
+func (l *Lease) Advance(from, point string, state []byte) (Write, error) {
+	return advanceWrite(l.Distributed, l.idArg, l.tokenArg, l.tenantArg, from, point, state, l.TTL, l.ttlArg)
 }
 
-// Finish is FinishWrite for this lease.
-func (l *Lease) Finish(state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite(l.Distributed, l.idArg, l.tokenArg, l.tenantArg, state, resp)
+// Finish is FinishWrite for this lease, from the recovery point from (see
+// Advance).
+func (l *Lease) Finish(from string, state []byte, resp keyrow.Response) (Write, error) {
+	return finishWrite(l.Distributed, l.idArg, l.tokenArg, l.tenantArg, from, state, resp)
 }
 
 // Renew extends the lease to TTL from now by the database clock. When the
 // key was taken over it returns keyrow.ErrLeaseLost and marks the lease lost.
 func (l *Lease) Renew(ctx context.Context, q Querier) error {
-	return l.renew(ctx, q, "")
+	return l.renew(ctx, q, "", "")
 }
 
 // renew is Renew, which also marks the foreign call of phase as possibly
-// under way when phase is not empty (see markCallSQL).
-func (l *Lease) renew(ctx context.Context, q Querier, phase string) error {
+// under way when phase is not empty (see markCallSQL), if the key is at
+// the recovery point from.
+func (l *Lease) renew(ctx context.Context, q Querier, from, phase string) error {
 	sent := time.Now()
-	_, err := renew(ctx, q, l.Holder, l.TTL, phase)
+	h := l.Holder
+	h.Point = from
+	_, err := renew(ctx, q, h, l.TTL, phase)
 	switch {
 	case err == nil:
 		l.Proven(sent)
@@ -146,13 +158,16 @@ func (l *Lease) MarkLost() {
 // A non-empty mark names a phase whose call is not safe to repeat: Keep
 // then always renews first, in a statement that also records the call as
 // possibly under way (see markCallSQL), so that a run after a crash during the
-// work reconciles the call instead of making it again.
-func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration, mark string) (workCtx context.Context, stop func(), err error) {
+// work reconciles the call instead of making it again. The mark is made only
+// while the key is at from, the recovery point the holder last committed
+// or found (see Advance): a holder whose last commit the database lost
+// makes no call.
+func (l *Lease) Keep(ctx context.Context, q Querier, limit time.Duration, from, mark string) (workCtx context.Context, stop func(), err error) {
 	if err := l.Err(); err != nil {
 		return nil, nil, err
 	}
 	if age, ok := l.proofAge(); mark != "" || !ok || age >= ProofWindow(l.TTL) {
-		if err := l.renew(ctx, q, mark); err != nil {
+		if err := l.renew(ctx, q, from, mark); err != nil {
 			return nil, nil, err
 		}
 	}

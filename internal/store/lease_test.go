@@ -56,7 +56,7 @@ func TestKeepRenewsALeaseThatOutlivesItsTTL(t *testing.T) {
 	const ttl = 1200 * time.Millisecond
 	_, l := lease(t, db, "k1", ttl)
 
-	work, stop, err := l.Keep(context.Background(), db, 0, "")
+	work, stop, err := l.Keep(context.Background(), db, 0, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestKeepCancelsTheWorkWhenTheLeaseIsTakenOver(t *testing.T) {
 	db := pgtest.Pool(t)
 	const ttl = 1200 * time.Millisecond
 	row, l := lease(t, db, "k1", ttl)
-	work, stop, err := l.Keep(context.Background(), db, 0, "")
+	work, stop, err := l.Keep(context.Background(), db, 0, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestKeepWithAZeroOrTinyTTLRenewsWithoutPanicking(t *testing.T) {
 		if l.TTL < lockttl.MinTTL {
 			t.Fatalf("NewLease with TTL %v kept %v, want at least %v", tiny, l.TTL, lockttl.MinTTL)
 		}
-		work, stop, err := l.Keep(context.Background(), db, 0, "")
+		work, stop, err := l.Keep(context.Background(), db, 0, "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func TestKeepOnATakenOverLeaseFailsAtOnceAndStartsNothing(t *testing.T) {
 	taker, _ := lease(t, db, "k1", ttl)
 
 	counter.Reset()
-	work, stop, err := stale.Keep(ctx, db, 0, "")
+	work, stop, err := stale.Keep(ctx, db, 0, "", "")
 	if !errors.Is(err, keyrow.ErrLeaseLost) || work != nil || stop != nil {
 		t.Fatalf("Keep of a taken-over lease = %v, %v, %v; want ErrLeaseLost and nothing to stop", work, stop != nil, err)
 	}
@@ -187,7 +187,7 @@ func TestKeepTakesAFreshProofAndRenewsAfterAStall(t *testing.T) {
 	}
 	fresh.Proven(row.TakenAt)
 	counter.Reset()
-	_, stop, err := fresh.Keep(ctx, db, 0, "")
+	_, stop, err := fresh.Keep(ctx, db, 0, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestKeepTakesAFreshProofAndRenewsAfterAStall(t *testing.T) {
 	}
 	lease(t, db, "stale", ttl)
 	counter.Reset()
-	if _, _, err := stale.Keep(ctx, db, 0, ""); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if _, _, err := stale.Keep(ctx, db, 0, "", ""); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("Keep after a stall, the key taken over = %v, want ErrLeaseLost", err)
 	}
 	if n := counter.Statements(); n != 1 {
@@ -215,7 +215,7 @@ func TestKeepTakesAFreshProofAndRenewsAfterAStall(t *testing.T) {
 	// A lease never proven renews too.
 	_, unproven := lease(t, db, "unproven", ttl)
 	counter.Reset()
-	_, stop, err = unproven.Keep(ctx, db, 0, "")
+	_, stop, err = unproven.Keep(ctx, db, 0, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestKeepRenewsAnIntervalAfterTheProof(t *testing.T) {
 	l.Proven(proof)
 	time.Sleep(900 * time.Millisecond)
 	counter.Reset()
-	_, stop, err := l.Keep(ctx, db, 0, "")
+	_, stop, err := l.Keep(ctx, db, 0, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestKeepStartsNoGoroutineUntilARenewalIsDue(t *testing.T) {
 	for range 10 {
 		l.Proven(time.Now())
 		before := runtime.NumGoroutine()
-		work, stop, err := l.Keep(context.Background(), nil, time.Minute, "")
+		work, stop, err := l.Keep(context.Background(), nil, time.Minute, "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,7 +289,7 @@ func BenchmarkKeepRightAfterACommit(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		l.Proven(time.Now())
-		_, stop, err := l.Keep(ctx, nil, time.Minute, "")
+		_, stop, err := l.Keep(ctx, nil, time.Minute, "", "")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -28,7 +28,7 @@ func TestAHoldersStatementsFindTheRowByItsIDOnANewTable(t *testing.T) {
 	pgtest.SkipOnCitus(t, "the plans of a single Postgres; the Citus forms name the tenant (TestCitusEveryPerKeyStatementReachesOneShard)")
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	h := Holder{Tenant: "acme", ID: uuid.New(), Token: uuid.New()}
+	h := Holder{Tenant: "acme", ID: uuid.New(), Token: uuid.New(), Point: "started"}
 	ttl := 30 * time.Second
 	advance, err := AdvanceWrite(h, "charged", []byte(`{}`), ttl)
 	if err != nil {
@@ -48,7 +48,7 @@ func TestAHoldersStatementsFindTheRowByItsIDOnANewTable(t *testing.T) {
 		{"finish", finish.sql, finish.args},
 		{"release", releaseSQL.plain, keyArgs(false, []any{id, token, "", "", 0, false, h.Tenant})},
 		{"adopt", adoptSQL.plain, keyArgs(false, []any{id, token, "d2", "charged", h.Tenant})},
-		{"mark call", markCallSQL.plain, keyArgs(false, []any{id, token, ttl, "charge", h.Tenant})},
+		{"mark call", markCallSQL.plain, keyArgs(false, []any{id, token, ttl, "charge", h.Point, h.Tenant})},
 		{"renew", renewSQL, []any{id, token, ttl}},
 		{"take resolution", takeResolutionSQL, []any{id, token}},
 	}

@@ -54,7 +54,7 @@ func TestEveryStatementReachesTheTablesOfItsSchema(t *testing.T) {
 	must("Renew", err)
 	lease := store.NewLease(h, ttl)
 	must("Lease.Renew", lease.Renew(ctx, q))
-	w, err := lease.Advance("charged", []byte(`{"n":1}`))
+	w, err := lease.Advance(keyrow.Started, "charged", []byte(`{"n":1}`))
 	must("Advance", err)
 	queued := w.In(s).QueuedQuery()
 	must("advance in a batch", db.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{&queued}}).Close())

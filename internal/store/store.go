@@ -77,13 +77,17 @@ type Holder struct {
 	Tenant string
 	ID     uuid.UUID
 	Token  uuid.UUID
+	// Point is the recovery point the holder found the key at. The writes
+	// that commit a phase, and the mark before a foreign call, match it as
+	// well as the token (see Lease.Advance).
+	Point string
 	// Distributed: see Row.Distributed.
 	Distributed bool
 }
 
 // Holder returns the holder of the lease that the caller took with r.
 func (r *Row) Holder() Holder {
-	return Holder{Tenant: r.Tenant, ID: r.ID, Token: r.LockToken, Distributed: r.Distributed}
+	return Holder{Tenant: r.Tenant, ID: r.ID, Token: r.LockToken, Point: r.RecoveryPoint, Distributed: r.Distributed}
 }
 
 // Outcome tells what Acquire found.
@@ -565,23 +569,23 @@ func keyArgs(distributed bool, args []any) []any {
 // It keeps the row's rules by construction: the lease it renews has a token
 // (the one it matched), and the recovery point it sets is a phase name,
 // never keyrow.Finished (checked by AdvanceArgs).
-var advanceSQL = committingByID(advanceUpdate, 6, "atomicphase_advance")
+var advanceSQL = committingByID(advanceUpdate, 7, "atomicphase_advance_from")
 
-// advanceUpdate is advanceSQL's UPDATE, which atomicphase_advance runs on
-// Citus.
+// advanceUpdate is advanceSQL's UPDATE, which atomicphase_advance_from runs
+// on Citus.
 const advanceUpdate = `
 UPDATE idempotency_keys
 SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
     lock_expires_at = now() + $5::interval
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}`
+WHERE id = $1 AND lock_token = $2 AND recovery_point = $6 AND finished_at IS NULL{tenant}`
 
 // finishSQL stores the response, marks the key finished and frees the lease.
 // It sets the recovery point, the finish time and the response status (never
 // NULL: checked by finishArgs) together, and clears the token and its expiry
 // together.
-var finishSQL = committingByID(finishUpdate, 7, "atomicphase_finish")
+var finishSQL = committingByID(finishUpdate, 8, "atomicphase_finish_from")
 
-// finishUpdate is finishSQL's UPDATE, which atomicphase_finish runs on
+// finishUpdate is finishSQL's UPDATE, which atomicphase_finish_from runs on
 // Citus.
 const finishUpdate = `
 UPDATE idempotency_keys
@@ -589,7 +593,7 @@ SET recovery_point = 'finished', phase_state = $3, finished_at = now(),
     response_status = $4, response_headers = $5, response_body = $6,
     locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_error = NULL, hold = NULL,
     failures = 0, call_pending = NULL
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}`
+WHERE id = $1 AND lock_token = $2 AND recovery_point = $7 AND finished_at IS NULL{tenant}`
 
 // releaseSQL frees the lease and keeps the recovery point, so the next run
 // resumes after the last committed phase. A non-empty hold parks the key.
@@ -646,8 +650,8 @@ func Adopt(ctx context.Context, q Querier, h Holder, definition, point string) e
 var markCallSQL = byID(`
 UPDATE idempotency_keys
 SET lock_expires_at = now() + $3::interval, call_pending = $4
-WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
-RETURNING 1`, 5)
+WHERE id = $1 AND lock_token = $2 AND recovery_point = $5 AND finished_at IS NULL{tenant}
+RETURNING 1`, 6)
 
 // renewSQL extends a live lease by ttl from now. It is fenced like every
 // other write. It returns a row when it matched, not the time left: that is
@@ -716,15 +720,17 @@ func (w Write) Exec(ctx context.Context, q Querier) error {
 func (w Write) QueuedQuery() pgx.QueuedQuery { return pgx.QueuedQuery{SQL: w.sql, Arguments: w.args} }
 
 // AdvanceWrite is the write that commits the recovery point and state of the
-// holder identified by token, and renews its lease for ttl. point must be a
-// phase name: neither keyrow.Started nor keyrow.Finished.
+// holder identified by token, and renews its lease for ttl, when the key is
+// still at h.Point. point must be a phase name: neither keyrow.Started nor
+// keyrow.Finished.
 func AdvanceWrite(h Holder, point string, state []byte, ttl time.Duration) (Write, error) {
-	return advanceWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, point, state, ttl, intervalArg(ttl))
+	return advanceWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, h.Point, point, state, ttl, intervalArg(ttl))
 }
 
 // id and token are uuidArg values, tenant a string and ttlArg ttl's intervalArg, passed
 // as they are to pgx; distributed selects the statement's form (keySQL).
-func advanceWrite(distributed bool, id, token, tenant any, point string, state []byte, ttl time.Duration, ttlArg any) (Write, error) {
+// from is the recovery point the write leaves, which the key must be at.
+func advanceWrite(distributed bool, id, token, tenant any, from, point string, state []byte, ttl time.Duration, ttlArg any) (Write, error) {
 	if err := keyrow.CheckName(point); err != nil {
 		return Write{}, fmt.Errorf("store: advance: recovery point %w", err)
 	}
@@ -734,7 +740,7 @@ func advanceWrite(distributed bool, id, token, tenant any, point string, state [
 	if ttl <= 0 {
 		return Write{}, errors.New("store: advance: lease TTL must be positive")
 	}
-	return holderWrite(advanceSQL, distributed, []any{id, token, point, jsonOrNull(state), ttlArg, tenant}), nil
+	return holderWrite(advanceSQL, distributed, []any{id, token, point, jsonOrNull(state), ttlArg, from, tenant}), nil
 }
 
 // Advance sends AdvanceWrite on its own. It returns ErrLeaseLost, and
@@ -749,12 +755,13 @@ func Advance(ctx context.Context, q Querier, h Holder, point string, state []byt
 
 // FinishWrite is the write that stores resp as the key's final response,
 // marks the key finished and frees the lease of the holder identified by
-// token. resp.Status must be a valid HTTP status (100 to 599).
+// token, when the key is still at h.Point. resp.Status must be a valid HTTP
+// status (100 to 599).
 func FinishWrite(h Holder, state []byte, resp keyrow.Response) (Write, error) {
-	return finishWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, state, resp)
+	return finishWrite(h.Distributed, uuidArg(h.ID), uuidArg(h.Token), h.Tenant, h.Point, state, resp)
 }
 
-func finishWrite(distributed bool, id, token, tenant any, state []byte, resp keyrow.Response) (Write, error) {
+func finishWrite(distributed bool, id, token, tenant any, from string, state []byte, resp keyrow.Response) (Write, error) {
 	if resp.Status < 100 || resp.Status > 599 {
 		return Write{}, fmt.Errorf("store: finish: invalid status %d", resp.Status)
 	}
@@ -766,7 +773,7 @@ func finishWrite(distributed bool, id, token, tenant any, state []byte, resp key
 	if body == nil {
 		body = []byte{}
 	}
-	return holderWrite(finishSQL, distributed, []any{id, token, jsonOrNull(state), resp.Status, headers, body, tenant}), nil
+	return holderWrite(finishSQL, distributed, []any{id, token, jsonOrNull(state), resp.Status, headers, body, from, tenant}), nil
 }
 
 // Finish sends FinishWrite on its own. It returns ErrLeaseLost, and changes
@@ -859,7 +866,7 @@ func renew(ctx context.Context, q Querier, h Holder, ttl time.Duration, phase st
 	switch {
 	case phase != "":
 		err = q.QueryRow(ctx, markCallSQL.form(h.Distributed),
-			keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), intervalArg(ttl), phase, h.Tenant})...).Scan(&one)
+			keyArgs(h.Distributed, []any{uuidArg(h.ID), uuidArg(h.Token), intervalArg(ttl), phase, h.Point, h.Tenant})...).Scan(&one)
 	case h.Distributed:
 		err = q.QueryRow(ctx, renewDistributedSQL, uuidArg(h.ID), uuidArg(h.Token), intervalArg(ttl), h.Tenant).Scan(&one)
 	default:

@@ -500,6 +500,7 @@ func TestAPhasesAdvanceIsAHOTUpdate(t *testing.T) {
 			if err := store.Advance(ctx, tx, h, point, []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 				t.Fatal(err)
 			}
+			h.Point = point
 		}
 	}
 	var updated, hot int64

@@ -160,7 +160,9 @@ func TestAFinishIsAHOTUpdate(t *testing.T) {
 	if err := store.Advance(ctx, tx, row.Holder(), "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Finish(ctx, tx, row.Holder(), []byte(`{"charge":"ch_1"}`), keyrow.Response{Status: http.StatusCreated, Body: []byte("{}")}); err != nil {
+	h := row.Holder()
+	h.Point = "charged"
+	if err := store.Finish(ctx, tx, h, []byte(`{"charge":"ch_1"}`), keyrow.Response{Status: http.StatusCreated, Body: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
 	var updates, hot int

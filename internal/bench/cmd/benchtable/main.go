@@ -441,10 +441,10 @@ var roles = []struct{ name, fragment string }{
 	// advance under two entries, one with its constants as written and one
 	// with them numbered; the fragment matches both.
 	{"advance: fenced / plain", "SET recovery_point = $3, phase_state = $4, hold ="},
-	{"advance: fenced / plain", "atomicphase_advance("}, // on Citus
+	{"advance: fenced / plain", "atomicphase_advance_from("}, // on Citus
 	{"advance: fenced / plain", "UPDATE baseline_keys SET recovery_point = $2"},
 	{"finish: fenced / plain", "finished_at = now()"},
-	{"finish: fenced / plain", "atomicphase_finish("}, // on Citus
+	{"finish: fenced / plain", "atomicphase_finish_from("}, // on Citus
 	{"finish: fenced / plain", "response_code"},
 }
 

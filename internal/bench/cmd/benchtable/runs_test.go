@@ -99,13 +99,13 @@ func TestT975MatchesTheTable(t *testing.T) {
 }
 
 // TestTheCommitFunctionsOfCitusAreTheAdvanceAndTheFinish: on Citus the
-// library's advance and finish are calls of atomicphase_advance and
-// atomicphase_finish, which the per-statement table counts as the advance
+// library's advance and finish are calls of atomicphase_advance_from and
+// atomicphase_finish_from, which the per-statement table counts as the advance
 // and the finish, beside the baseline's plain UPDATEs, not as others.
 func TestTheCommitFunctionsOfCitusAreTheAdvanceAndTheFinish(t *testing.T) {
 	for query, want := range map[string]string{
-		"SELECT atomicphase_advance($1, $2, $3, $4, $5, $6) IS NULL":                 "advance: fenced / plain",
-		"SELECT atomicphase_finish($1, $2, $3, $4, $5, $6, $7) IS NULL":              "finish: fenced / plain",
+		"SELECT atomicphase_advance_from($1, $2, $3, $4, $5, $6, $7) IS NULL":        "advance: fenced / plain",
+		"SELECT atomicphase_finish_from($1, $2, $3, $4, $5, $6, $7, $8) IS NULL":     "finish: fenced / plain",
 		"UPDATE baseline_keys SET recovery_point = $2 WHERE id = $1 AND tenant = $3": "advance: fenced / plain",
 	} {
 		if got := role(query); got != want {
