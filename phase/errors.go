@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
+
+	"github.com/atomicphase/atomicphase/keyrow"
 )
 
 // ErrUnavailable is returned when the key store cannot be reached or was
@@ -18,6 +20,25 @@ import (
 // response was stored: retrying with the same key is safe, and resumes after
 // the last committed phase. The HTTP handler answers 503 with Retry-After.
 var ErrUnavailable = errors.New("phase: idempotency key store unavailable")
+
+// commitLostError ends a run whose key is no longer at the recovery point
+// the run committed last, though the run still held its lease: the database
+// lost that commit, as a failover to an asynchronous standby can. The run
+// commits nothing more, frees its lease, and the key resumes from the
+// recovery point the database holds. It is both ErrUnavailable (the store
+// the run wrote to was lost; a retry resumes the key) and
+// keyrow.ErrLeaseLost (the run stopped without committing).
+type commitLostError struct{ point string }
+
+func (e *commitLostError) Error() string {
+	return fmt.Sprintf("phase: the key is no longer at recovery point %q, which this run committed: "+
+		"the database lost that commit, as a failover to an asynchronous standby can; the run stopped and freed its lease, "+
+		"and the key resumes from the recovery point the database holds", e.point)
+}
+
+func (e *commitLostError) Is(target error) bool {
+	return target == ErrUnavailable || target == keyrow.ErrLeaseLost
+}
 
 // ErrRunTimeout is returned when a run exceeded Config.RunTimeout. Its
 // committed phases are kept and its lease freed; a retry resumes it. The

@@ -343,7 +343,17 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 		log.Warn("run crashed by fault injection; lease kept", attrs...)
 		return err
 	}
-	if !errors.Is(err, keyrow.ErrLeaseLost) {
+	if errors.Is(err, keyrow.ErrLeaseLost) {
+		// A fenced write matches the token and the recovery point the run
+		// committed last. When freeing the lease finds the token still the
+		// run's, it was the recovery point that did not match: the
+		// database lost the run's last commit. The lease is freed, so the
+		// next run resumes the key at once rather than when it expires.
+		lost := &commitLostError{point: x.rp}
+		if _, freed := x.c.release(ctx, x.row, lost.Error(), "", false, false); freed {
+			err, ev.Err = lost, lost
+		}
+	} else {
 		hold := keyrow.Hold("")
 		if errors.Is(err, ErrOutcomeUnknown) {
 			hold = keyrow.HoldUnknown
@@ -355,8 +365,15 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 		err = x.release(ctx, err, hold)
 		ev.Err = err
 	}
-	var pe *PanicError
+	var (
+		pe   *PanicError
+		lost *commitLostError
+	)
 	switch {
+	case errors.As(err, &lost):
+		ev.Kind = keyrow.EventLeaseLost
+		x.c.observe(ctx, ev)
+		log.Warn("the database lost this run's last commit; stopped without committing, lease freed", append(attrs, "err", err)...)
 	case errors.Is(err, keyrow.ErrLeaseLost):
 		ev.Kind = keyrow.EventLeaseLost
 		x.c.observe(ctx, ev)

@@ -121,14 +121,20 @@ func TestConcurrentRequestWithTheKeyGets409(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t)
-	if err := e.srv.SetFaults(payoutprovider.Faults{Delay: 300 * time.Millisecond}); err != nil {
+	// Each request holds the key for the delay. The second is sent once
+	// the first has reached the provider, so that the two overlap however
+	// slowly a busy machine schedules them: whichever takes the key first,
+	// the other meets it held.
+	if err := e.srv.SetFaults(payoutprovider.Faults{Delay: 2 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
-	for i := range errs {
-		wg.Go(func() { _, errs[i] = e.client.CreatePayout(ctx, "k1", params) })
+	wg.Go(func() { _, errs[0] = e.client.CreatePayout(ctx, "k1", params) })
+	for e.srv.Stats().Requests == 0 {
+		time.Sleep(5 * time.Millisecond)
 	}
+	wg.Go(func() { _, errs[1] = e.client.CreatePayout(ctx, "k1", params) })
 	wg.Wait()
 	var apiErr *payoutprovider.Error
 	conflicts := 0
