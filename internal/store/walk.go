@@ -46,10 +46,13 @@ import (
 
 // walkSQL takes one step of the walk from position $3, with the bound $4
 // its previous step recorded: it passes the keys created before the first
-// one younger than $2, at most $1 of them (or every key of one
+// unfinished one younger than $2, at most $1 of them (or every key of one
 // transaction, however many), puts those that are unfinished into the
 // watch, moves the position past them, and records the bound of the next
-// step. Of the keys it read but did not pass, it watches those that are
+// step. A finished key stays finished, so the walk passes young finished
+// keys at once: it waits only for keys that may still need the completer,
+// and then only for those of the grace, so it keeps up with the keys that
+// live requests finish, and reads each about once. Of the keys it read but did not pass, it watches those that are
 // unfinished and old enough already, out of order (a key's age is when it
 // was created or last run, whichever came first): the step that passes
 // them finds them there. It moves the position only if it is still $3:
@@ -84,7 +87,8 @@ WITH nth AS (
     FROM idempotency_keys k
     WHERE k.created_xid >= $3::xid8 AND k.created_xid < $4::xid8 AND k.created_xid < (SELECT x FROM edge)
 ), stop AS (
-    SELECT coalesce((SELECT created_xid FROM batch WHERE young ORDER BY created_xid LIMIT 1), (SELECT x FROM edge)) AS x
+    SELECT coalesce((SELECT created_xid FROM batch WHERE young AND finished_at IS NULL ORDER BY created_xid LIMIT 1),
+                    (SELECT x FROM edge)) AS x
 ), watched AS (
     INSERT INTO atomicphase_watch (id, due_at, created_at, workflow, definition)
     SELECT b.id, b.last_run_at, b.created_at, b.workflow, b.definition
