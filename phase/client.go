@@ -225,6 +225,21 @@ func reapScopes(routes map[defKey]route, retention time.Duration) []maintenance.
 	return scopes
 }
 
+// warnShortRetention logs a warning for each workflow whose keys are kept
+// for less than a lease and the completer's StuckAfter: the reaper gives
+// such a key, left unfinished by a crash, its terminal "request abandoned"
+// response before the completer may take it, so crashed requests are
+// closed rather than finished. The setting stays allowed, as it was: a
+// workflow may prefer that.
+func warnShortRetention(c Config, scopes []maintenance.Scope) {
+	for _, s := range scopes {
+		if need := c.LeaseTTL + c.Completer.StuckAfter; s.Retention < need {
+			c.Logger.Warn("retention is shorter than the lease and the completer's stuck-after: the reaper closes crashed keys as abandoned before the completer can finish them",
+				"workflow", s.Workflow, "retention", s.Retention, "lease_ttl", c.LeaseTTL, "stuck_after", c.Completer.StuckAfter)
+		}
+	}
+}
+
 // Client runs workflows under idempotency keys. It owns the services that
 // finish and clean up keys without a client: the completer and the reaper.
 // One Client serves every request of a process. It is safe for concurrent
@@ -322,7 +337,9 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 	if len(cl.hooks.passes) > 0 {
 		cl.completer.Around = cl.throughPass
 	}
-	cl.reaper = maintenance.NewReaper(c.Reaper, cl.db, c.Logger, reapScopes(routes, c.Reaper.Retention))
+	scopes := reapScopes(routes, c.Reaper.Retention)
+	cl.reaper = maintenance.NewReaper(c.Reaper, cl.db, c.Logger, scopes)
+	warnShortRetention(c, scopes)
 	if len(cl.hooks.observers) > 0 {
 		cl.completer.Observe, cl.reaper.Observe = cl.observe, cl.observe
 	}

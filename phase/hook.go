@@ -201,10 +201,19 @@ func (c *Client) throughPhase(ctx context.Context, info *PhaseInfo, step func(co
 // throughCall runs step, a foreign call or reconcile function, through c's
 // call wrappers.
 func (c *Client) throughCall(ctx context.Context, info *PhaseInfo, step func(context.Context) error) error {
-	if clock, ok := ctx.Value(callClockKey{}).(*callClock); ok {
-		defer clock.since(time.Now())
-	}
+	defer timeCall(ctx)()
 	return throughStep(ctx, c.hooks.calls, CallWrapper.WrapCall, info, step)
+}
+
+// timeCall starts timing a foreign call or reconcile function for the
+// run's callClock, and returns the function that ends it.
+func timeCall(ctx context.Context) (end func()) {
+	clock, ok := ctx.Value(callClockKey{}).(*callClock)
+	if !ok {
+		return func() {}
+	}
+	start := time.Now()
+	return func() { clock.since(start) }
 }
 
 // throughStep runs step, described by info, through hs, each applied with

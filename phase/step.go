@@ -208,6 +208,7 @@ func (x *execution[Req, State]) throughPhase(ctx context.Context, i int, rec rec
 func (x *execution[Req, State]) throughCall(ctx context.Context, i int) (recordFn[Req, State], error) {
 	p := &x.w.phases[i]
 	if len(x.c.hooks.calls) == 0 {
+		defer timeCall(ctx)()
 		return x.call(ctx, p)
 	}
 	// Declared here, not as named results, so that only runs with call

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 type signup struct {
@@ -464,4 +466,88 @@ func TestAPanicInAdjustReplaySaysTheRequestWasProcessed(t *testing.T) {
 	if retry.Code != http.StatusInternalServerError || !strings.Contains(retry.Body.String(), "already processed") || a.runs.Load() != 1 {
 		t.Errorf("retry: %d %q after %d runs; want a 500 that says the request was processed", retry.Code, retry.Body, a.runs.Load())
 	}
+}
+
+// TestAClientWarnsOfARetentionShorterThanTheCompletersWait checks that
+// NewClient warns, naming the workflow, when its keys are kept for less
+// than a lease and the completer's StuckAfter (the reaper would close a
+// crashed key as abandoned before the completer may finish it), and says
+// nothing for one kept long enough.
+func TestAClientWarnsOfARetentionShorterThanTheCompletersWait(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	newW := func(name string, retention time.Duration) phase.Registered {
+		w, err := phase.NewWorkflow(name, phase.Local("answered",
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[signup, struct{}]) (phase.Result, error) {
+				return created(), nil
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.StoreResponses(phase.StoreConfig{Retention: retention}); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	var logs syncBuffer
+	cfg := &phase.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), LeaseTTL: 20 * time.Second,
+		Completer: recovery.CompleterConfig{StuckAfter: time.Minute}}
+	if _, err := phase.NewClient(db, cfg, newW("brief", 30*time.Second), newW("kept", 81*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "level=WARN") || !strings.Contains(out, "workflow=brief") || !strings.Contains(out, "retention=30s") {
+		t.Errorf("no warning naming workflow brief and its 30s retention; logs:\n%s", out)
+	}
+	if strings.Contains(out, "workflow=kept") {
+		t.Errorf("a warning for workflow kept, whose 81s retention outlasts a 20s lease and a 1m stuck-after; logs:\n%s", out)
+	}
+}
+
+// TestTheCompleterTimesARunsCallsApart checks the time the completer's
+// pace leaves out of a key's own: a run's foreign call is summed on its
+// clock, with call wrappers or without (the run then calls directly), and
+// nothing else is.
+func TestTheCompleterTimesARunsCallsApart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const call = 300 * time.Millisecond
+	type run = phase.Input[signup, struct{}]
+	w, err := phase.NewWorkflow("slowcall", phase.Foreign("called",
+		func(ctx context.Context, in *run) (string, error) {
+			time.Sleep(call)
+			return "ok", nil
+		},
+		func(ctx context.Context, tx pgx.Tx, in *run, id string) (phase.Result, error) {
+			return created(), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		hooks []phase.Hook
+	}{{"without call wrappers", nil}, {"with a call wrapper", []phase.Hook{passCall{}}}} {
+		c, err := phase.NewClient(db, &phase.Config{Logger: quiet, Hooks: tc.hooks}, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clocked, spent := phase.WithCallClock(ctx)
+		began := time.Now()
+		if _, err := w.Run(clocked, c, "acme", tc.name, signup{Email: "a@example.com"}); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(began)
+		if got := spent(); got < call || got > took {
+			t.Errorf("%s: the clock summed %s of a run that took %s with a %s call; want the call's time", tc.name, got, took, call)
+		}
+	}
+}
+
+// passCall is a call wrapper that only calls on.
+type passCall struct{ phase.HookDefaults }
+
+func (passCall) WrapCall(ctx context.Context, _ *phase.PhaseInfo, next func(context.Context) error) error {
+	return next(ctx)
 }
