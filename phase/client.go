@@ -379,10 +379,12 @@ func (c *Client) Start(ctx context.Context) error {
 
 // Stop shuts the client down gracefully: new runs are refused with
 // ErrStopped, the completer and reaper stop, and runs in flight are given
-// until ctx ends to finish. Runs still going then are cancelled: each stops
-// at its next step, keeps its committed phases and frees its lease, so a
-// retry or another process's completer resumes it at once. Stop returns
-// ctx's error when it had to cancel runs.
+// until ctx ends to finish; the completer starts no other pass, and its
+// keys under way are such runs. Runs still going then are cancelled: each
+// stops at its next step, keeps its committed phases and frees its lease,
+// so a retry resumes it at once, and another process's completer once its
+// backoff has passed (a cut run counts as an attempt). Stop returns ctx's
+// error when it had to cancel runs.
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	c.stopping = true

@@ -275,20 +275,9 @@ func TestPausedHolderDoesNotSendItsCallAfterATakeover(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	var calls atomic.Int32
-	w, err := phase.NewWorkflow("payout",
-		phase.Local("created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
-			return phase.Next(), nil
-		}),
-		phase.Foreign("paid",
-			func(ctx context.Context, in *phase.Input[order, struct{}]) (int32, error) {
-				return calls.Add(1), nil // a provider that ignores idempotency keys
-			},
-			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], n int32) (phase.Result, error) {
-				return phase.JSON(200, n), nil
-			}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := payoutWorkflow(t, func(ctx context.Context) (int32, error) {
+		return calls.Add(1), nil // a provider that ignores idempotency keys
+	})
 	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, LeaseTTL: time.Second}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -678,4 +667,181 @@ func TestCompleterLeasesWithTheClientsTTL(t *testing.T) {
 	if err != nil || ttl <= 5*time.Second || ttl > 7*time.Second {
 		t.Fatalf("lease left under the completer: %v %v, want the client's 7s TTL", ttl, err)
 	}
+}
+
+// TestACallCutShortBeforeItBeginsIsNotMade: the run's context ends (the
+// client gave up, or shutdown cancelled the run) after the mark before a
+// call that is not safe to repeat, and before the call. The call is not
+// made, the key is not held as an unknown outcome, and the retry makes the
+// call once.
+func TestACallCutShortBeforeItBeginsIsNotMade(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	var calls atomic.Int32
+	w := payoutWorkflow(t, func(ctx context.Context) (int32, error) {
+		if ctx.Err() != nil {
+			return 0, phase.MaybeHappened(ctx.Err()) // as a transport error would say
+		}
+		return calls.Add(1), nil
+	})
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cut := phase.InjectorFunc(func(_ context.Context, at phase.Point) error {
+		if at == (phase.Point{Phase: "paid", Stage: phase.InCall}) {
+			cancel()
+		}
+		return nil
+	})
+	if _, err := w.Run(phase.WithInjector(ctx, cut), c, "acme", "k1", order{}); err == nil || errors.Is(err, phase.ErrOutcomeUnknown) {
+		t.Fatalf("run cut short before its call: %v, want an error that is not an unknown outcome", err)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("the provider saw %d calls, want none", n)
+	}
+	row, err := c.Inspect(context.Background(), "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.CallPending != "" || row.Hold != "" {
+		t.Fatalf("the key keeps pending call %q and hold %q; want neither: the call was not made", row.CallPending, row.Hold)
+	}
+	out, err := w.Run(context.Background(), c, "acme", "k1", order{})
+	if err != nil || out.Kind != phase.OutcomeResumed {
+		t.Fatalf("retry: %v, %v; want it resumed", out, err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the provider saw %d calls, want 1", n)
+	}
+}
+
+// TestStopLetsTheCompletersKeysFinish: Client.Stop during a drain starts no
+// other pass, and gives the keys the completer is running until its
+// context ends: they finish, none is cut short and left for later, and
+// Stop reports no error. A Stop whose context ends first cancels them and
+// says so.
+func TestStopLetsTheCompletersKeysFinish(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	called := make(chan struct{}, 100)
+	w, err := phase.NewWorkflow("payout",
+		phase.Foreign("paid",
+			func(ctx context.Context, in *phase.Input[order, struct{}]) (int32, error) {
+				called <- struct{}{}
+				select {
+				case <-time.After(300 * time.Millisecond):
+				case <-ctx.Done():
+					return 0, phase.MaybeHappened(ctx.Err())
+				}
+				return calls.Add(1), nil
+			},
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], n int32) (phase.Result, error) {
+				return phase.JSON(200, n), nil
+			}).Repeatable())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A key cut short counts as an attempt, and backs off before the next.
+	cfg := &phase.Config{Logger: quiet, LeaseTTL: time.Second, Completer: recovery.CompleterConfig{StuckAfter: -1,
+		Interval: 50 * time.Millisecond, Backoff: 100 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}}
+	for i := range 12 {
+		crashed := phase.WithInjector(ctx, phase.CrashAt(phase.Point{Phase: "paid", Stage: phase.BeforeCall}))
+		c, err := phase.NewClient(db, cfg, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Run(crashed, c, "acme", fmt.Sprint("k", i), order{}); !errors.Is(err, phase.ErrCrash) {
+			t.Fatalf("crash of key %d: %v", i, err)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond) // the crashed runs' leases run out
+	unfinishedClaimed := func() (n int) {
+		t.Helper()
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE finished_at IS NULL AND attempts > 1`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	c, err := phase.NewClient(db, cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-called
+	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := c.Stop(stopCtx); err != nil {
+		t.Fatalf("Stop: %v, want the completer's keys finished in time", err)
+	}
+	if n := unfinishedClaimed(); n != 0 {
+		t.Errorf("%d keys the completer claimed were left unfinished by Stop; want none", n)
+	}
+	if n := calls.Load(); n == 0 {
+		t.Fatal("the completer finished no key before Stop")
+	}
+
+	// A Stop whose context ends first cancels the keys, and says so.
+	for len(called) > 0 {
+		<-called
+	}
+	c, err = phase.NewClient(db, cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-called
+	short, cancelShort := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancelShort()
+	if err := c.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop past its context: %v, want DeadlineExceeded", err)
+	}
+	// Every key finishes with one more client, each call made once.
+	c, err = phase.NewClient(db, cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+		if _, err := c.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var left int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE finished_at IS NULL`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := calls.Load(); n != 12 {
+		t.Errorf("%d calls answered for 12 keys; want one each", n)
+	}
+}
+
+// payoutWorkflow returns a workflow of a local phase, created, and a
+// foreign phase, paid, that is not safe to repeat and calls call.
+func payoutWorkflow(t *testing.T, call func(ctx context.Context) (int32, error)) *phase.Workflow[order, struct{}] {
+	t.Helper()
+	w, err := phase.NewWorkflow("payout",
+		phase.Local("created", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
+			return phase.Next(), nil
+		}),
+		phase.Foreign("paid",
+			func(ctx context.Context, in *phase.Input[order, struct{}]) (int32, error) { return call(ctx) },
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], n int32) (phase.Result, error) {
+				return phase.JSON(200, n), nil
+			}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

@@ -299,6 +299,16 @@ func (x *execution[Req, State]) call(ctx context.Context, p *Phase[Req, State]) 
 	if err := x.inject(callCtx, Point{p.name, InCall}); err != nil {
 		return nil, err
 	}
+	if callCtx.Err() != nil {
+		// Cut short before it began (the run's limit, or shutdown): the
+		// call did not happen, and its mark goes with the lease.
+		stop()
+		if lost := x.lease.Err(); lost != nil {
+			return nil, lost
+		}
+		x.callFailed = true
+		return nil, x.storeError(ctx, fmt.Errorf("phase %s: call not made: %w", p.name, context.Cause(callCtx)))
+	}
 	err = protect("foreign call of phase", p.name, func() (err error) {
 		rec, err = p.foreign.call(callCtx, x.run)
 		return err

@@ -242,10 +242,11 @@ func (c *Completer) Start(ctx context.Context) error {
 	})
 }
 
-// Stop ends the background passes and waits for the current one, or for
-// ctx. Keys a cancelled pass was running keep their recovery point and are
-// resumed later.
-func (c *Completer) Stop(ctx context.Context) error { return c.bg.Stop(ctx) }
+// Stop ends the background passes: it starts no other, and lets the keys
+// of the current one run until ctx ends. It then cancels them, waits for
+// them to stop, and returns ctx's error. A cancelled key keeps its
+// recovery point, frees its lease and is resumed later.
+func (c *Completer) Stop(ctx context.Context) error { return c.bg.StopGracefully(ctx) }
 
 func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {
 	if c.Observe != nil {

@@ -182,7 +182,10 @@ type background struct {
 	mu     sync.Mutex
 	name   string
 	cancel context.CancelFunc
-	done   chan struct{}
+	// stop, closed by a graceful Stop, ends the passes after the current
+	// one.
+	stop chan struct{}
+	done chan struct{}
 }
 
 // Start calls pass at once, and again each time the wait pass returns has
@@ -195,14 +198,23 @@ func (b *background) Start(ctx context.Context, name string, pass func(context.C
 	}
 	b.name = name
 	ctx, b.cancel = context.WithCancel(ctx)
-	b.done = make(chan struct{})
+	b.stop, b.done = make(chan struct{}), make(chan struct{})
+	stop := b.stop
 	go func() {
 		defer close(b.done)
 		for ctx.Err() == nil {
+			select {
+			case <-stop:
+				return
+			default:
+			}
 			t := time.NewTimer(pass(ctx))
 			select {
 			case <-ctx.Done():
 				t.Stop()
+			case <-stop:
+				t.Stop()
+				return
 			case <-t.C:
 			}
 		}
@@ -211,19 +223,35 @@ func (b *background) Start(ctx context.Context, name string, pass func(context.C
 }
 
 // Stop cancels the passes and waits for the current one, or for ctx.
-func (b *background) Stop(ctx context.Context) error {
+func (b *background) Stop(ctx context.Context) error { return b.end(ctx, false) }
+
+// StopGracefully lets the current pass finish, until ctx ends, and starts
+// no other; when ctx ends first, it cancels the pass and waits for it.
+func (b *background) StopGracefully(ctx context.Context) error { return b.end(ctx, true) }
+
+func (b *background) end(ctx context.Context, graceful bool) error {
 	b.mu.Lock()
-	cancel, done := b.cancel, b.done
+	cancel, stop, done := b.cancel, b.stop, b.done
 	b.cancel = nil
 	b.mu.Unlock()
 	if cancel == nil {
 		return nil
 	}
-	cancel()
+	defer cancel()
+	if !graceful {
+		cancel()
+	}
+	close(stop)
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("stop %s: %w", b.name, ctx.Err())
 	}
+	if graceful {
+		// The pass's runs stop at their next step and free their leases
+		// within the store's timeouts.
+		cancel()
+		<-done
+	}
+	return fmt.Errorf("stop %s: %w", b.name, ctx.Err())
 }
