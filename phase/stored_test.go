@@ -476,23 +476,12 @@ func TestAPanicInAdjustReplaySaysTheRequestWasProcessed(t *testing.T) {
 func TestAClientWarnsOfARetentionShorterThanTheCompletersWait(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
-	newW := func(name string, retention time.Duration) phase.Registered {
-		w, err := phase.NewWorkflow(name, phase.Local("answered",
-			func(ctx context.Context, tx pgx.Tx, in *phase.Input[signup, struct{}]) (phase.Result, error) {
-				return created(), nil
-			}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.StoreResponses(phase.StoreConfig{Retention: retention}); err != nil {
-			t.Fatal(err)
-		}
-		return w
-	}
+	brief := newAnswering(t, db, "brief", &phase.StoreConfig{Retention: 30 * time.Second}, created)
+	kept := newAnswering(t, db, "kept", &phase.StoreConfig{Retention: 81 * time.Second}, created)
 	var logs syncBuffer
 	cfg := &phase.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), LeaseTTL: 20 * time.Second,
 		Completer: recovery.CompleterConfig{StuckAfter: time.Minute}}
-	if _, err := phase.NewClient(db, cfg, newW("brief", 30*time.Second), newW("kept", 81*time.Second)); err != nil {
+	if _, err := phase.NewClient(db, cfg, brief.w, kept.w); err != nil {
 		t.Fatal(err)
 	}
 	out := logs.String()
