@@ -382,9 +382,9 @@ func (c *Client) Start(ctx context.Context) error {
 // until ctx ends to finish; the completer starts no other pass, and its
 // keys under way are such runs. Runs still going then are cancelled: each
 // stops at its next step, keeps its committed phases and frees its lease,
-// so a retry resumes it at once, and another process's completer once its
-// backoff has passed (a cut run counts as an attempt). Stop returns ctx's
-// error when it had to cancel runs.
+// so a retry resumes it at once, and another process's completer once it
+// has been idle for StuckAfter (a cut run counts no failed attempt). Stop
+// returns ctx's error when it had to cancel runs.
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	c.stopping = true

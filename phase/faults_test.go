@@ -265,6 +265,15 @@ func TestCompleterPassIsBoundedPerKey(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Fatalf("%d runs, want 2", calls.Load())
 	}
+	// A run past its time limit failed the key, unlike one cut short by a
+	// stop (TestStopLetsTheCompletersKeysFinish).
+	row, err := c.Inspect(ctx, "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.Failures != 1 {
+		t.Fatalf("the key counts %d failures after the completer's run timed out; want 1", row.Failures)
+	}
 }
 
 // TestPausedHolderDoesNotSendItsCallAfterATakeover: process A commits its
@@ -745,7 +754,6 @@ func TestStopLetsTheCompletersKeysFinish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A key cut short counts as an attempt, and backs off before the next.
 	cfg := &phase.Config{Logger: quiet, LeaseTTL: time.Second, Completer: recovery.CompleterConfig{StuckAfter: -1,
 		Interval: 50 * time.Millisecond, Backoff: 100 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}}
 	for i := range 12 {
@@ -803,6 +811,19 @@ func TestStopLetsTheCompletersKeysFinish(t *testing.T) {
 	defer cancelShort()
 	if err := c.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop past its context: %v, want DeadlineExceeded", err)
+	}
+	// A key cut short by the stop was not the key's failure: no attempt
+	// counts towards giving up on it, nor backs it off.
+	var cut, counted int
+	if err := db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE failures > 0)
+		FROM idempotency_keys WHERE finished_at IS NULL AND attempts > 1`).Scan(&cut, &counted); err != nil {
+		t.Fatal(err)
+	}
+	if cut == 0 {
+		t.Fatal("Stop cut no key short")
+	}
+	if counted > 0 {
+		t.Errorf("%d of the %d keys Stop cut short count a failure; want none", counted, cut)
 	}
 	// Every key finishes with one more client, each call made once.
 	c, err = phase.NewClient(db, cfg, w)

@@ -417,8 +417,14 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 // keyrow.ErrLeaseLost instead: whatever the run met once another run had
 // taken the key over (most often the rows that run already wrote) is not
 // the key's failure, and the key is in progress elsewhere.
+//
+// A completer's run cut short because its process is stopping (its
+// context cancelled, not timed out) is not the key's failure: it counts no
+// attempt towards giving up, and adds no backoff before another completer
+// resumes the key.
 func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
-	lost, freed := x.c.release(ctx, x.row, cause.Error(), hold, x.byCompleter, x.callFailed)
+	counts := x.byCompleter && !errors.Is(ctx.Err(), context.Canceled)
+	lost, freed := x.c.release(ctx, x.row, cause.Error(), hold, counts, x.callFailed)
 	if lost {
 		x.lease.MarkLost()
 		return fmt.Errorf("%w (the run, taken over, then failed: %v)", keyrow.ErrLeaseLost, cause)
