@@ -538,7 +538,9 @@ func (c *Client) List(ctx context.Context, f keyrow.ListFilter) (keyrow.Page, er
 // stuck once it has been idle for the completer's StuckAfter. The unfinished
 // states are counted exactly; the finished keys of a table over 32 MiB
 // are estimated from its statistics (Counts.FinishedEstimated), so that
-// counting never reads every key.
+// counting never reads every key. It counts the keys of every workflow in
+// the key table, the other processes' as well as this client's: the
+// backlog an operator sees, as the CLI's counts and the console do.
 func (c *Client) Counts(ctx context.Context) (keyrow.Counts, error) {
 	return store.Count(ctx, c.db, c.cfg.Completer.StuckAfter)
 }
