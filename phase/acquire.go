@@ -127,7 +127,7 @@ func (c *Client) admit(ctx context.Context, workflow, tenant, key string) (_ con
 func (c *Client) leave(cancel context.CancelFunc, stop func() bool) {
 	stop()
 	cancel()
-	c.inflight.Done()
+	c.exit()
 }
 
 // taken is a key whose lease a run took.

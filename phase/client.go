@@ -268,6 +268,8 @@ type Client struct {
 	mu       sync.Mutex
 	stopping bool
 	inflight sync.WaitGroup
+	// running counts the runs in flight (inflight's count), under mu.
+	running int
 	// halt is cancelled when Stop gives up waiting: runs still going then
 	// stop and free their leases.
 	halt     context.Context
@@ -351,7 +353,9 @@ func NewClient(pool *pgxpool.Pool, cfg *Config, workflows ...Registered) (*Clien
 // its Interval is -1, until Stop or ctx ends. It first checks the pool (see
 // Check) and returns the error wrapping ErrTransactionPooler when the
 // client cannot run through it; when the database cannot be reached, it
-// logs a warning and starts anyway, and the first run checks again.
+// logs a warning and starts anyway, and the first run checks again. A
+// client stopped (see Stop), even before it started, stays stopped: Start
+// and every run then return ErrStopped.
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	stopping := c.stopping
@@ -383,8 +387,13 @@ func (c *Client) Start(ctx context.Context) error {
 // keys under way are such runs. Runs still going then are cancelled: each
 // stops at its next step, keeps its committed phases and frees its lease,
 // so a retry resumes it at once, and another process's completer once it
-// has been idle for StuckAfter (a cut run counts no failed attempt). Stop
-// returns ctx's error when it had to cancel runs.
+// has been idle for StuckAfter (a cut run counts no failed attempt). A run
+// cut in the middle of a foreign call is as one that crashed in it: the
+// call may have happened, so a Repeatable call is made again, a
+// Reconciled phase reconciles, and any other phase holds the key for an
+// operator (keyrow.HoldUnknown). Give Stop a context that outlasts your
+// calls. Stop returns ctx's error when it had to cancel runs, nil when none
+// was left to cancel.
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	c.stopping = true
@@ -400,6 +409,14 @@ func (c *Client) Stop(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
+		c.mu.Lock()
+		idle := c.running == 0
+		c.mu.Unlock()
+		if idle {
+			// No run to cancel: none can start once stopping is set.
+			<-done
+			break
+		}
 		c.haltRuns()
 		// Cancelled runs free their leases within the store's release
 		// timeout; wait for that, so nothing is left running.
@@ -417,7 +434,16 @@ func (c *Client) enter() bool {
 		return false
 	}
 	c.inflight.Add(1)
+	c.running++
 	return true
+}
+
+// exit ends a run that enter registered.
+func (c *Client) exit() {
+	c.mu.Lock()
+	c.running--
+	c.mu.Unlock()
+	c.inflight.Done()
 }
 
 // registered reports whether w is registered with c.

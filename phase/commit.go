@@ -117,6 +117,8 @@ func (x *execution[Req, State]) storeError(ctx context.Context, err error) error
 		return err
 	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w", ErrRunTimeout, err)
+	case errors.Is(ctx.Err(), context.Canceled) && (x.byCompleter || x.c.halt.Err() != nil):
+		return &cutShortError{err: err}
 	case storeDown(err) || ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	case preparedStatementLost(err):

@@ -40,6 +40,22 @@ func (e *commitLostError) Is(target error) bool {
 	return target == ErrUnavailable || target == keyrow.ErrLeaseLost
 }
 
+// cutShortError ends a run that its process cut short as it stopped:
+// Client.Stop past its context, or the completer's context cancelled.
+// It is ErrUnavailable, so a caller is told to retry: nothing of the
+// interrupted step was kept, and the key resumes from its last committed
+// phase. Its text, which the key's last error records, says what happened
+// rather than blame the store.
+type cutShortError struct{ err error }
+
+func (e *cutShortError) Error() string {
+	return "phase: run cut short, its process is stopping: " + e.err.Error()
+}
+
+func (e *cutShortError) Unwrap() error { return e.err }
+
+func (e *cutShortError) Is(target error) bool { return target == ErrUnavailable }
+
 // ErrRunTimeout is returned when a run exceeded Config.RunTimeout. Its
 // committed phases are kept and its lease freed; a retry resumes it. The
 // HTTP handler answers 503 with Retry-After.

@@ -235,15 +235,7 @@ func TestCompleterPassIsBoundedPerKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	var calls atomic.Int32
-	w, err := phase.NewWorkflow("stall", phase.Local("stalled", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
-		calls.Add(1)
-		// A phase stuck on a lock held elsewhere, or a slow query.
-		_, err := tx.Exec(ctx, `SELECT pg_sleep(60)`)
-		return phase.JSON(200, "late"), err
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := stallWorkflow(t, func() { calls.Add(1) })
 	// Long enough that taking the lease fits in it on a loaded machine.
 	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, RunTimeout: 2 * time.Second,
 		Completer: recovery.CompleterConfig{StuckAfter: -1, Backoff: time.Hour}}, w)
@@ -814,9 +806,13 @@ func TestStopLetsTheCompletersKeysFinish(t *testing.T) {
 	}
 	// A key cut short by the stop was not the key's failure: no attempt
 	// counts towards giving up on it, nor backs it off.
-	var cut, counted int
-	if err := db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE failures > 0)
-		FROM idempotency_keys WHERE finished_at IS NULL AND attempts > 1`).Scan(&cut, &counted); err != nil {
+	// Nor is it blamed on the store.
+	var (
+		cut, counted int
+		lastErrors   []string
+	)
+	if err := db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE failures > 0), array_agg(coalesce(last_error, ''))
+		FROM idempotency_keys WHERE finished_at IS NULL AND attempts > 1`).Scan(&cut, &counted, &lastErrors); err != nil {
 		t.Fatal(err)
 	}
 	if cut == 0 {
@@ -824,6 +820,11 @@ func TestStopLetsTheCompletersKeysFinish(t *testing.T) {
 	}
 	if counted > 0 {
 		t.Errorf("%d of the %d keys Stop cut short count a failure; want none", counted, cut)
+	}
+	for _, e := range lastErrors {
+		if strings.Contains(e, phase.ErrUnavailable.Error()) {
+			t.Errorf("a key Stop cut short records %q; want it not to blame the store", e)
+		}
 	}
 	// Every key finishes with one more client, each call made once.
 	c, err = phase.NewClient(db, cfg, w)
@@ -846,6 +847,109 @@ func TestStopLetsTheCompletersKeysFinish(t *testing.T) {
 	if n := calls.Load(); n != 12 {
 		t.Errorf("%d calls answered for 12 keys; want one each", n)
 	}
+}
+
+// TestStopWithNothingToCancelReturnsNil: Stop reports its context's error
+// only when it cancelled something; a client with no run in flight and
+// its completer between passes stops cleanly whatever the context.
+func TestStopWithNothingToCancelReturnsNil(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	w := payoutWorkflow(t, func(ctx context.Context) (int32, error) { return 1, nil })
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 20 {
+		passed := make(chan struct{}, 1)
+		c, err := phase.NewClient(db, &phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{Interval: time.Hour},
+			Hooks: []phase.Hook{passDone{passed: passed}}}, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		<-passed
+		time.Sleep(20 * time.Millisecond) // the pass returns to wait for the next
+		if err := c.Stop(ended); err != nil {
+			t.Fatalf("Stop %d of an idle client with an ended context: %v, want nil", i, err)
+		}
+		if err := c.Stop(ended); err != nil {
+			t.Fatalf("second Stop %d: %v, want nil", i, err)
+		}
+		if err := c.Start(context.Background()); !errors.Is(err, phase.ErrStopped) {
+			t.Fatalf("Start after Stop: %v, want ErrStopped", err)
+		}
+	}
+}
+
+// TestARunCutShortByStopIsNotBlamedOnTheStore: a run that Stop cancels in
+// a phase's statement is told to retry (ErrUnavailable, as the HTTP
+// handler answers), and its error, which the key records, says the process
+// stopped rather than that the store was down.
+func TestARunCutShortByStopIsNotBlamedOnTheStore(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	inPhase := make(chan struct{})
+	w := stallWorkflow(t, func() { close(inPhase) })
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ran := make(chan error, 1)
+	go func() {
+		_, err := w.Run(ctx, c, "acme", "k1", order{})
+		ran <- err
+	}()
+	<-inPhase
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := c.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want DeadlineExceeded", err)
+	}
+	err = <-ran
+	if !errors.Is(err, phase.ErrUnavailable) || strings.Contains(err.Error(), phase.ErrUnavailable.Error()) {
+		t.Fatalf("the cut run ended with %q; want ErrUnavailable, saying the process stopped", err)
+	}
+	row, err := c.Inspect(ctx, "acme", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(row.LastError, "stopping") || row.LeaseLeft != 0 {
+		t.Fatalf("the key records %q, its lease %v left; want the stop named and the lease freed", row.LastError, row.LeaseLeft)
+	}
+}
+
+// stallWorkflow returns a workflow of one local phase, stalled, that calls
+// enter and then stalls in a statement until its context ends.
+func stallWorkflow(t *testing.T, enter func()) *phase.Workflow[order, struct{}] {
+	t.Helper()
+	w, err := phase.NewWorkflow("stall", phase.Local("stalled", func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
+		enter()
+		// A phase stuck on a lock held elsewhere, or a slow query.
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(60)`)
+		return phase.JSON(200, "late"), err
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// passDone is a pass wrapper that signals each pass's end on passed.
+type passDone struct {
+	phase.HookDefaults
+	passed chan struct{}
+}
+
+func (p passDone) WrapPass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error) {
+	defer func() {
+		select {
+		case p.passed <- struct{}{}:
+		default:
+		}
+	}()
+	return next(ctx)
 }
 
 // payoutWorkflow returns a workflow of a local phase, created, and a

@@ -329,7 +329,7 @@ func (c *Client) runNow(ctx context.Context, tenant, key string) error {
 	if !c.enter() {
 		return ErrStopped
 	}
-	defer c.inflight.Done()
+	defer c.exit()
 	row, err := store.ClaimKey(ctx, c.db, tenant, key, c.cfg.LeaseTTL)
 	if err != nil || row == nil {
 		return err

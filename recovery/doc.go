@@ -81,7 +81,8 @@
 // The first completer pass of each minute also records the unfinished keys
 // of each workflow by status in the atomicphase_status_history table, for
 // the console's chart: one INSERT ... SELECT that counts them from the
-// partial indexes of the unfinished keys (never a finished key) and keeps
+// completer's watch and the keys its walk has yet to pass (never a
+// finished key; see docs/operating.md) and keeps
 // the row set of the minute that another process wrote first. The reaper
 // deletes the rows older than a day, one DELETE a run. On a key table
 // distributed with Citus nothing is recorded.

@@ -204,8 +204,13 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Dura
 		return calls, err
 	}
 	c.observe(ctx, ev)
-	if err != nil && c.log.Enabled(ctx, slog.LevelWarn) {
-		c.log.Warn("completer could not finish key", "workflow", row.Workflow, "tenant", row.Tenant,
+	if err != nil {
+		// A run cut short as the completer stops is not the key's fault.
+		msg, level := "completer could not finish key", slog.LevelWarn
+		if errors.Is(ctx.Err(), context.Canceled) {
+			msg, level = "completer stopping; key left to resume", slog.LevelInfo
+		}
+		c.log.Log(ctx, level, msg, "workflow", row.Workflow, "tenant", row.Tenant,
 			"key", row.Key, "recovery_point", row.RecoveryPoint, "attempt", row.Attempts, "err", err)
 	}
 	return calls, err

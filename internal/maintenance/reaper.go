@@ -186,6 +186,30 @@ type background struct {
 	// one.
 	stop chan struct{}
 	done chan struct{}
+	// passing is set while a pass runs. A pass starts only while stop is
+	// open, both under mu, so Stop knows whether it has a pass to end.
+	passing bool
+}
+
+// begin reports whether a pass may start, none may after stop closed, and
+// records that it runs.
+func (b *background) begin(stop chan struct{}) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-stop:
+		return false
+	default:
+		b.passing = true
+		return true
+	}
+}
+
+// ended records that the pass ended.
+func (b *background) ended() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.passing = false
 }
 
 // Start calls pass at once, and again each time the wait pass returns has
@@ -203,12 +227,12 @@ func (b *background) Start(ctx context.Context, name string, pass func(context.C
 	go func() {
 		defer close(b.done)
 		for ctx.Err() == nil {
-			select {
-			case <-stop:
+			if !b.begin(stop) {
 				return
-			default:
 			}
-			t := time.NewTimer(pass(ctx))
+			wait := pass(ctx)
+			b.ended()
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -229,10 +253,17 @@ func (b *background) Stop(ctx context.Context) error { return b.end(ctx, false) 
 // no other; when ctx ends first, it cancels the pass and waits for it.
 func (b *background) StopGracefully(ctx context.Context) error { return b.end(ctx, true) }
 
+// end stops the passes. It reports ctx's error only when a pass was under
+// way and ctx ended before it did.
 func (b *background) end(ctx context.Context, graceful bool) error {
 	b.mu.Lock()
 	cancel, stop, done := b.cancel, b.stop, b.done
 	b.cancel = nil
+	var passing bool
+	if cancel != nil {
+		close(stop)
+		passing = b.passing
+	}
 	b.mu.Unlock()
 	if cancel == nil {
 		return nil
@@ -241,7 +272,11 @@ func (b *background) end(ctx context.Context, graceful bool) error {
 	if !graceful {
 		cancel()
 	}
-	close(stop)
+	if !passing {
+		// Between passes: the goroutine returns at once.
+		<-done
+		return nil
+	}
 	select {
 	case <-done:
 		return nil
