@@ -387,13 +387,15 @@ func (c *Client) Start(ctx context.Context) error {
 // keys under way are such runs. Runs still going then are cancelled: each
 // stops at its next step, keeps its committed phases and frees its lease,
 // so a retry resumes it at once, and another process's completer once it
-// has been idle for StuckAfter (a cut run counts no failed attempt). A run
-// cut in the middle of a foreign call is as one that crashed in it: the
-// call may have happened, so a Repeatable call is made again, a
-// Reconciled phase reconciles, and any other phase holds the key for an
-// operator (keyrow.HoldUnknown). Give Stop a context that outlasts your
-// calls. Stop returns ctx's error when it had to cancel runs, nil when none
-// was left to cancel.
+// has been idle for StuckAfter (a cut run counts no failed attempt); the
+// run's caller gets an error that is ErrUnavailable. A run cut in the
+// middle of a foreign call may have made the call: it ends with
+// ErrOutcomeUnknown, as when a provider's answer is lost, so a Repeatable
+// call is made again by the next run, and any other phase holds the key
+// (keyrow.HoldUnknown): a Reconciled phase's completer reconciles it once
+// it is idle for StuckAfter, any other waits for an operator. Give Stop a
+// context that outlasts your calls. Stop returns ctx's error when it had
+// to cancel runs, nil when none was left to cancel.
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	c.stopping = true

@@ -16,7 +16,7 @@ import (
 )
 
 // ErrUnavailable is returned when the key store cannot be reached or was
-// lost during the run. Nothing of the interrupted phase was committed and no
+// lost during the run, and for a run that Client.Stop cut short. Nothing of the interrupted phase was committed and no
 // response was stored: retrying with the same key is safe, and resumes after
 // the last committed phase. The HTTP handler answers 503 with Retry-After.
 var ErrUnavailable = errors.New("phase: idempotency key store unavailable")

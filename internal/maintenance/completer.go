@@ -208,7 +208,7 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Dura
 		// A run cut short as the completer stops is not the key's fault.
 		msg, level := "completer could not finish key", slog.LevelWarn
 		if errors.Is(ctx.Err(), context.Canceled) {
-			msg, level = "completer stopping; key left to resume", slog.LevelInfo
+			msg, level = "completer stopping; run cut short", slog.LevelInfo
 		}
 		c.log.Log(ctx, level, msg, "workflow", row.Workflow, "tenant", row.Tenant,
 			"key", row.Key, "recovery_point", row.RecoveryPoint, "attempt", row.Attempts, "err", err)
