@@ -253,10 +253,11 @@ func errorType(err error) string {
 		return "panic"
 	case errors.Is(err, phase.ErrRunTimeout):
 		return "timeout"
+	case errors.Is(err, phase.ErrStopped):
+		// Before ErrUnavailable: a run cut short by Stop is both.
+		return "stopped"
 	case errors.Is(err, phase.ErrUnavailable):
 		return "unavailable"
-	case errors.Is(err, phase.ErrStopped):
-		return "stopped"
 	case errors.Is(err, phase.ErrNotRegistered):
 		return "not_registered"
 	case errors.Is(err, phase.ErrInvalidRequest), errors.Is(err, keyrow.ErrInvalidTenant),

@@ -388,7 +388,8 @@ func (c *Client) Start(ctx context.Context) error {
 // stops at its next step, keeps its committed phases and frees its lease,
 // so a retry resumes it at once, and another process's completer once it
 // has been idle for StuckAfter (a cut run counts no failed attempt); the
-// run's caller gets an error that is ErrUnavailable. A run cut in the
+// run's caller gets an error that is ErrStopped and ErrUnavailable (the
+// HTTP handler answers 503 shutting-down with Retry-After). A run cut in the
 // middle of a foreign call may have made the call: it ends with
 // ErrOutcomeUnknown, as when a provider's answer is lost, so a Repeatable
 // call is made again by the next run, and any other phase holds the key

@@ -16,9 +16,11 @@ import (
 )
 
 // ErrUnavailable is returned when the key store cannot be reached or was
-// lost during the run, and for a run that Client.Stop cut short. Nothing of the interrupted phase was committed and no
-// response was stored: retrying with the same key is safe, and resumes after
-// the last committed phase. The HTTP handler answers 503 with Retry-After.
+// lost during the run, and for a run that Client.Stop cut short (which is
+// ErrStopped too). Nothing of the interrupted phase was committed and no
+// response was stored: retrying with the same key is safe, and resumes
+// after the last committed phase. The HTTP handler answers 503 with
+// Retry-After.
 var ErrUnavailable = errors.New("phase: idempotency key store unavailable")
 
 // commitLostError ends a run whose key is no longer at the recovery point
@@ -42,10 +44,10 @@ func (e *commitLostError) Is(target error) bool {
 
 // cutShortError ends a run that its process cut short as it stopped:
 // Client.Stop past its context, or the completer's context cancelled.
-// It is ErrUnavailable, so a caller is told to retry: nothing of the
-// interrupted step was kept, and the key resumes from its last committed
-// phase. Its text, which the key's last error records, says what happened
-// rather than blame the store.
+// It is ErrStopped and ErrUnavailable, so a caller is told the server is
+// stopping and to retry: nothing of the interrupted step was kept, and the
+// key resumes from its last committed phase. Its text, which the key's
+// last error records, says what happened rather than blame the store.
 type cutShortError struct{ err error }
 
 func (e *cutShortError) Error() string {
@@ -54,7 +56,9 @@ func (e *cutShortError) Error() string {
 
 func (e *cutShortError) Unwrap() error { return e.err }
 
-func (e *cutShortError) Is(target error) bool { return target == ErrUnavailable }
+func (e *cutShortError) Is(target error) bool {
+	return target == ErrStopped || target == ErrUnavailable
+}
 
 // ErrRunTimeout is returned when a run exceeded Config.RunTimeout. Its
 // committed phases are kept and its lease freed; a retry resumes it. The
@@ -107,8 +111,11 @@ func protect(what, phase string, f func() error) (err error) {
 // not given to NewClient: the completer could not finish its keys.
 var ErrNotRegistered = errors.New("phase: workflow is not registered with the client")
 
-// ErrStopped is returned for a run started after Client.Stop began; the HTTP
-// handler answers it with 503 and Retry-After.
+// ErrStopped is returned for a run started after Client.Stop began, which
+// ran nothing, and for a run that Stop cut short as its context ended,
+// which is ErrUnavailable too: nothing of its interrupted step was kept
+// and a retry resumes it. The HTTP handler answers both with 503 and
+// Retry-After, problem type ProblemShuttingDown.
 var ErrStopped = errors.New("phase: client is stopping")
 
 // ErrDefinitionElsewhere is returned for a key that is unfinished under a

@@ -886,40 +886,64 @@ func TestStopWithNothingToCancelReturnsNil(t *testing.T) {
 }
 
 // TestARunCutShortByStopIsNotBlamedOnTheStore: a run that Stop cancels in
-// a phase's statement is told to retry (ErrUnavailable, as the HTTP
-// handler answers), and its error, which the key records, says the process
-// stopped rather than that the store was down.
+// a phase's statement is told the process is stopping and to retry
+// (ErrStopped and ErrUnavailable; the HTTP handler answers 503
+// shutting-down with Retry-After), and its error, which the key records,
+// says the process stopped rather than that the store was down.
 func TestARunCutShortByStopIsNotBlamedOnTheStore(t *testing.T) {
 	t.Parallel()
-	db := pgtest.Pool(t)
-	inPhase := make(chan struct{})
-	w := stallWorkflow(t, func() { close(inPhase) })
-	c, err := phase.NewClient(db, &phase.Config{Logger: quiet}, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	ran := make(chan error, 1)
-	go func() {
-		_, err := w.Run(ctx, c, "acme", "k1", order{})
-		ran <- err
-	}()
-	<-inPhase
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel()
-	if err := c.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop: %v, want DeadlineExceeded", err)
-	}
-	err = <-ran
-	if !errors.Is(err, phase.ErrUnavailable) || strings.Contains(err.Error(), phase.ErrUnavailable.Error()) {
-		t.Fatalf("the cut run ended with %q; want ErrUnavailable, saying the process stopped", err)
-	}
-	row, err := c.Inspect(ctx, "acme", "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(row.LastError, "stopping") || row.LeaseLeft != 0 {
-		t.Fatalf("the key records %q, its lease %v left; want the stop named and the lease freed", row.LastError, row.LeaseLeft)
+	for _, via := range []string{"Run", "Handler"} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.Pool(t)
+			inPhase := make(chan struct{})
+			w := stallWorkflow(t, func() { close(inPhase) })
+			c, err := phase.NewClient(db, &phase.Config{Logger: quiet}, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := phase.Handler(c, w, phase.HTTPConfig[order]{
+				Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			ran := make(chan error, 1)
+			answered := make(chan *httptest.ResponseRecorder, 1)
+			go func() {
+				if via == "Handler" {
+					answered <- post(h, "k1", `{"item":"lamp","amount":300}`)
+					return
+				}
+				_, err := w.Run(ctx, c, "acme", "k1", order{})
+				ran <- err
+			}()
+			<-inPhase
+			short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			if err := c.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Stop: %v, want DeadlineExceeded", err)
+			}
+			if via == "Handler" {
+				rec := <-answered
+				if rec.Code != http.StatusServiceUnavailable || problemType(t, rec) != phase.ProblemShuttingDown || rec.Header().Get("Retry-After") == "" {
+					t.Fatalf("the cut request was answered %d %s (Retry-After %q); want 503 %s with Retry-After",
+						rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"), phase.ProblemShuttingDown)
+				}
+			} else {
+				err = <-ran
+				if !errors.Is(err, phase.ErrStopped) || !errors.Is(err, phase.ErrUnavailable) || strings.Contains(err.Error(), phase.ErrUnavailable.Error()) {
+					t.Fatalf("the cut run ended with %q; want ErrStopped and ErrUnavailable, saying the process stopped", err)
+				}
+			}
+			row, err := c.Inspect(ctx, "acme", "k1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(row.LastError, "stopping") || row.LeaseLeft != 0 {
+				t.Fatalf("the key records %q, its lease %v left; want the stop named and the lease freed", row.LastError, row.LeaseLeft)
+			}
+		})
 	}
 }
 

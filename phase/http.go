@@ -365,15 +365,16 @@ func writeError(rw http.ResponseWriter, err error) {
 		panic(http.ErrAbortHandler)
 	case errors.Is(err, keyrow.ErrInvalidTenant), errors.Is(err, keyrow.ErrKeyInvalid), errors.Is(err, ErrInvalidRequest):
 		WriteProblem(rw, http.StatusBadRequest, "invalid-request", "Bad Request", requestErrorDetail(err), 0)
+	case errors.Is(err, ErrStopped):
+		// Before ErrUnavailable: a run cut short by Stop is both.
+		WriteProblem(rw, http.StatusServiceUnavailable, ProblemShuttingDown, "Service shutting down",
+			"the server is shutting down"+retrySafe, time.Second)
 	case errors.Is(err, ErrUnavailable):
 		WriteProblem(rw, http.StatusServiceUnavailable, ProblemStoreUnavailable, "Service unavailable",
 			"the idempotency key store is unavailable"+retrySafe, time.Second)
 	case errors.Is(err, ErrRunTimeout):
 		WriteProblem(rw, http.StatusServiceUnavailable, ProblemTimeout, "Request timed out",
 			"processing took longer than the server allows"+retrySafe, time.Second)
-	case errors.Is(err, ErrStopped):
-		WriteProblem(rw, http.StatusServiceUnavailable, ProblemShuttingDown, "Service shutting down",
-			"the server is shutting down and did not process the request; retry with the same Idempotency-Key", time.Second)
 	case errors.Is(err, keyrow.ErrLeaseLost):
 		WriteProblem(rw, http.StatusConflict, ProblemInProgress, "Request in progress",
 			"another request with this Idempotency-Key took over processing; retry with the same key", time.Second)

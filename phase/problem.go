@@ -33,7 +33,9 @@ const (
 	// ProblemTimeout: 503 with Retry-After, the run hit its time limit.
 	// Retrying with the same key resumes it.
 	ProblemTimeout = "timeout"
-	// ProblemShuttingDown: 503 with Retry-After, the server is stopping.
+	// ProblemShuttingDown: 503 with Retry-After, the server is stopping:
+	// the request did not run, or was cut short with nothing of its
+	// interrupted step kept. Retrying with the same key is safe.
 	ProblemShuttingDown = "shutting-down"
 	// ProblemOutcomeUnknown: 503 with Retry-After, a downstream service did
 	// not confirm its operation; a retry with the same key completes it

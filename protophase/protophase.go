@@ -274,14 +274,15 @@ func Refuse(out *phase.Outcome, err error) Refusal {
 		return Refusal{code.Code_INVALID_ARGUMENT, strings.TrimPrefix(err.Error(), "keyrow: "), ReasonInvalidKey, 0}
 	case errors.Is(err, keyrow.ErrInvalidTenant), errors.Is(err, phase.ErrInvalidRequest):
 		return Refusal{code.Code_INVALID_ARGUMENT, strings.TrimPrefix(strings.TrimPrefix(err.Error(), "keyrow: "), "phase: "), ReasonInvalidRequest, 0}
+	case errors.Is(err, phase.ErrStopped):
+		// Before ErrUnavailable: a run cut short by Stop is both.
+		return Refusal{code.Code_UNAVAILABLE, "the server is shutting down" + retrySafe, ReasonShuttingDown, second}
 	case errors.Is(err, phase.ErrUnavailable):
 		return Refusal{code.Code_UNAVAILABLE, "the idempotency key store is unavailable" + retrySafe, ReasonStoreUnavailable, second}
 	case errors.Is(err, phase.ErrDefinitionElsewhere):
 		return Refusal{code.Code_UNAVAILABLE, "this call started under a workflow definition this server does not run; retry later with the same idempotency key", ReasonDefinitionElsewhere, second}
 	case errors.Is(err, phase.ErrRunTimeout):
 		return Refusal{code.Code_UNAVAILABLE, "processing took longer than the server allows" + retrySafe, ReasonTimeout, second}
-	case errors.Is(err, phase.ErrStopped):
-		return Refusal{code.Code_UNAVAILABLE, "the server is shutting down and did not process the call; retry with the same idempotency key", ReasonShuttingDown, second}
 	case errors.Is(err, keyrow.ErrLeaseLost):
 		return Refusal{code.Code_ABORTED, "another call with this idempotency key took over processing; retry with the same key", ReasonInFlight, second}
 	case errors.Is(err, phase.ErrOutcomeUnknown):

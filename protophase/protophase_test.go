@@ -37,6 +37,8 @@ func TestRefuseMapsEveryOutcomeAndError(t *testing.T) {
 		{"definition elsewhere", nil, wrap(phase.ErrDefinitionElsewhere), code.Code_UNAVAILABLE, protophase.ReasonDefinitionElsewhere, true},
 		{"run timeout", nil, wrap(phase.ErrRunTimeout), code.Code_UNAVAILABLE, protophase.ReasonTimeout, true},
 		{"stopping", nil, phase.ErrStopped, code.Code_UNAVAILABLE, protophase.ReasonShuttingDown, true},
+		// A run Stop cut short is both, as phase's own error is.
+		{"cut short by Stop", nil, fmt.Errorf("%w: %w", phase.ErrStopped, phase.ErrUnavailable), code.Code_UNAVAILABLE, protophase.ReasonShuttingDown, true},
 		{"outcome unknown", nil, phase.MaybeHappened(errors.New("timeout")), code.Code_UNAVAILABLE, protophase.ReasonOutcomeUnknown, true},
 		{"lease lost", nil, wrap(keyrow.ErrLeaseLost), code.Code_ABORTED, protophase.ReasonInFlight, true},
 		{"crash", nil, phase.ErrCrash, code.Code_UNAVAILABLE, protophase.ReasonInterrupted, false},
