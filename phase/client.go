@@ -397,9 +397,10 @@ func (c *Client) Start(ctx context.Context) error {
 // it is idle for StuckAfter, any other waits for an operator. Give Stop a
 // context that outlasts your calls. Stop returns ctx's error when it had
 // to cancel runs, nil when none was left to cancel. It returns once the
-// cancelled runs have freed their leases: a round trip after ctx ends, or
-// up to 5 s when the store does not answer (the lease then expires by
-// itself).
+// cancelled runs have freed their leases: shortly after ctx ends (their
+// statements under way are cancelled first, in under a second here), or
+// up to 5 s later when the store does not answer (a lease it could not
+// free expires by itself).
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	c.stopping = true
