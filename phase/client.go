@@ -398,9 +398,8 @@ func (c *Client) Start(ctx context.Context) error {
 // context that outlasts your calls. Stop returns ctx's error when it had
 // to cancel runs, nil when none was left to cancel. It returns once the
 // cancelled runs have freed their leases: shortly after ctx ends (their
-// statements under way are cancelled first), or
-// up to 5 s later when the store does not answer (a lease it could not
-// free expires by itself).
+// statements under way are cancelled first), or up to 5 s later when the
+// store does not answer (a lease it could not free expires by itself).
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	c.stopping = true
