@@ -54,10 +54,13 @@ type Backlog struct {
 	// Keys are the stuck keys now: unfinished, not on hold, free, and idle
 	// for longer than the completer's StuckAfter.
 	Keys int `json:"keys"`
-	// PerSecond is how many keys a second the stuck keys fell by from the
-	// oldest to the newest minute the completers recorded in the last
-	// DrainWindow (see History), negative when they rose: the completers'
-	// pace less the keys that became stuck meanwhile. It is measured only
+	// PerSecond is how many keys a second the stuck keys fell by, over
+	// the minutes the completers recorded in the last DrainWindow (see
+	// History), from the one with the most to the newest, negative when
+	// they rose (measured from the oldest when the newest has the most):
+	// the completers' pace less the keys that became stuck meanwhile. A
+	// backlog that formed within the window counts from its peak, not from
+	// the quiet minutes before it. It is measured only
 	// from minutes that follow a recorded minute, so it needs three
 	// minutes recorded in a row; Measured says so.
 	PerSecond float64 `json:"per_second"`
@@ -116,10 +119,11 @@ func (c *Client) backlog(ctx context.Context, stuck int) (Backlog, error) {
 	return b, nil
 }
 
-// drainRate returns how many stuck keys a second the oldest and the
-// newest minute of ms that follow a recorded minute, summed over their
-// workflows, are apart, and false when ms holds fewer than two such
-// minutes. Each minute is recorded by the first completer pass in it: in
+// drainRate returns how many stuck keys a second, summed over their
+// workflows, the minute of ms with the most and the newest are apart (the
+// oldest and the newest, when the newest has the most), of the minutes
+// that follow a recorded minute, and false when ms holds fewer than two
+// such minutes. Each minute is recorded by the first completer pass in it: in
 // a minute that follows a recorded one, passes ran across its start, and
 // the record was made within about a pass of it; the first minute of a
 // series (a completer started, or passes resumed after a pause) may have
@@ -130,29 +134,30 @@ func drainRate(ms []StatusMinute) (float64, bool) {
 	for _, m := range ms {
 		recorded[m.At] = true
 	}
-	var first, last time.Time
+	stuck := map[time.Time]int{}
 	for _, m := range ms {
-		if !recorded[m.At.Add(-time.Minute)] {
-			continue
+		if recorded[m.At.Add(-time.Minute)] {
+			stuck[m.At] += m.Stuck
 		}
-		if first.IsZero() || m.At.Before(first) {
-			first = m.At
+	}
+	var first, last, peak time.Time
+	for at, n := range stuck {
+		if first.IsZero() || at.Before(first) {
+			first = at
 		}
-		if m.At.After(last) {
-			last = m.At
+		if at.After(last) {
+			last = at
+		}
+		if peak.IsZero() || n > stuck[peak] || n == stuck[peak] && at.Before(peak) {
+			peak = at
 		}
 	}
 	if first.IsZero() || first.Equal(last) {
 		return 0, false
 	}
-	var then, now int
-	for _, m := range ms {
-		switch {
-		case m.At.Equal(first):
-			then += m.Stuck
-		case m.At.Equal(last):
-			now += m.Stuck
-		}
+	if !peak.Equal(last) {
+		first = peak
 	}
+	then, now := stuck[first], stuck[last]
 	return float64(then-now) / last.Sub(first).Seconds(), true
 }

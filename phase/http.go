@@ -380,8 +380,9 @@ func writeError(rw http.ResponseWriter, err error) {
 			"another request with this Idempotency-Key took over processing; retry with the same key", time.Second)
 	case errors.Is(err, ErrOutcomeUnknown):
 		WriteProblem(rw, http.StatusServiceUnavailable, ProblemOutcomeUnknown, "Downstream outcome unknown",
-			"a downstream service did not confirm the operation, so the request waits until its outcome is known, from the service or from an operator; "+
-				"a retry with the same Idempotency-Key never repeats the operation, and answers once the request is finished", time.Second)
+			"a downstream service did not confirm the operation; a retry with the same Idempotency-Key completes the request without repeating it: "+
+				"a call that is safe to repeat is sent again under the same downstream idempotency key, any other waits until its outcome is known, "+
+				"from the service or from an operator, and the retry answers once the request is finished", time.Second)
 	case errors.As(err, &pe):
 		WriteProblem(rw, http.StatusInternalServerError, "internal-error", "Internal server error",
 			"the request failed part-way because of a server bug and nothing was stored as its answer; retrying with the same Idempotency-Key resumes it safely", 0)

@@ -359,3 +359,33 @@ func TestADrainReadsTheStuckKeysForBurialOnlyWhenKeysFailed(t *testing.T) {
 	}
 	checkEachKeyRanOnce(t, db, p, keys)
 }
+
+// TestADrainLeavesNoFinishedKeyInTheWatch: the completer drops each key it
+// finishes from its watch. Otherwise each row stayed until a claim reached
+// it, a lease after the claim that took the key, and a process started
+// after a drain read through as many rows as the backlog had keys before
+// it found a key due then.
+func TestADrainLeavesNoFinishedKeyInTheWatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 20 })
+	p := &provider{took: time.Millisecond, sends: map[string]int{}}
+	w := ridesWorkflow(t, db, "rides", p)
+	const keys = 500
+	abandonMany(t, db, w.Name(), keys)
+	c := client(t, db, nil, w)
+	res, err := c.Complete(ctx)
+	if err != nil || res.Completed != keys {
+		t.Fatalf("drain: %+v %v, want %d keys completed", res, err, keys)
+	}
+	var watched, finished int
+	err = db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE k.finished_at IS NOT NULL)
+		FROM atomicphase_watch w LEFT JOIN idempotency_keys k USING (id)`).Scan(&watched, &finished)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if watched != 0 {
+		t.Errorf("after the drain the watch holds %d keys, %d of them finished; want none", watched, finished)
+	}
+	checkEachKeyRanOnce(t, db, p, keys)
+}

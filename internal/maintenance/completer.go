@@ -128,6 +128,8 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 	var (
 		res  recovery.PassResult
 		back []uuid.UUID
+		// done are the keys the pass finished.
+		done []uuid.UUID
 	)
 	if c.burial.due() {
 		buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
@@ -183,10 +185,17 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 				res.Failed++
 			default:
 				res.Completed++
+				done = append(done, row.ID)
 			}
 		})
 	}
 	wg.Wait()
+	if ctx.Err() == nil {
+		if err := store.Unwatch(ctx, c.db, done); err != nil {
+			// A later claim drops the rows when it reaches them.
+			c.log.Warn("completer could not drop finished keys from its watch", "count", len(done), "err", err)
+		}
+	}
 	if res.Failed > 0 {
 		c.burial.failed()
 	}

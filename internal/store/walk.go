@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -189,6 +190,29 @@ func Walk(ctx context.Context, q Querier, limit int, grace time.Duration) (WalkS
 	}
 	s.Walked = true
 	return s, nil
+}
+
+// unwatchSQL drops keys from the watch. A finished key stays finished, so
+// its row can go whenever it is seen finished.
+const unwatchSQL = `DELETE FROM atomicphase_watch WHERE id = ANY($1::uuid[])`
+
+// Unwatch drops from the watch the keys ids, which the completer has just
+// finished: otherwise each row would stay until a claim reached it, a
+// lease after the claim that took the key, and a drained backlog would
+// leave as many rows as it had keys for later claims to read through
+// before any key due then.
+func Unwatch(ctx context.Context, q Querier, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	arg := make([][16]byte, len(ids))
+	for i, id := range ids {
+		arg[i] = id
+	}
+	if _, err := q.Exec(ctx, unwatchSQL, arg); err != nil {
+		return fmt.Errorf("store: unwatch: %w", err)
+	}
+	return nil
 }
 
 // unfinishedIDs is, on a single Postgres, a condition on a key row's id
