@@ -8,6 +8,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,7 +23,8 @@ type Order struct{ Item string }
 type State struct{ OrderID int64 }
 
 func main() {
-	ctx := context.Background()
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // kill, Ctrl-C
+	defer cancel()
 	ln, err := net.Listen("tcp", "localhost:8080")
 	check(err) // the port is taken: exit 1 before touching the database
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -51,10 +55,19 @@ func main() {
 	})
 	check(err)
 	check(client.Start(ctx)) // finishes requests whose client gave up; deletes expired keys
+	srv := &http.Server{Handler: handler}
+	go func() {
+		if err := srv.Serve(ln); err != http.ErrServerClosed {
+			log.Fatal(err)
+		}
+	}()
 	log.Print("serving on http://localhost:8080")
-	err = http.Serve(ln, handler)
-	client.Stop(ctx)
-	log.Fatal(err)
+	<-ctx.Done()
+	shutdown, cancelShutdown := context.WithTimeout(context.Background(), 30*time.Second) // longer than a call
+	defer cancelShutdown()
+	check(srv.Shutdown(shutdown)) // first the requests in flight finish,
+	check(client.Stop(shutdown))  // then the completer's keys; a run cut short frees its lease
+	log.Print("stopped")
 }
 
 // charge stands in for a payment provider that honours idempotency keys.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +52,72 @@ func TestQuickStartExitsOneWhenItCannotListen(t *testing.T) {
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("it took %v to give up, want it at once, before any database", took)
+	}
+}
+
+// The quick start stops on SIGTERM, as kill sends it: it stops serving,
+// stops its client, and exits 0, leaving no key leased.
+func TestQuickStartStopsOnSIGTERM(t *testing.T) {
+	bin := build(t)
+	if ln, err := net.Listen("tcp", addr); err != nil {
+		t.Skipf("%s is taken: %v", addr, err)
+	} else {
+		ln.Close()
+	}
+	dsn := pgtest.DSN(t)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr, strings.NewReader(`{"Item":"lamp"}`))
+		req.Header.Set("Authorization", "acme")
+		req.Header.Set("Idempotency-Key", "k1")
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode != http.StatusCreated {
+				t.Fatalf("POST: %s, want 201", res.Status)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the quick start did not serve: %v\n%s", err, out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil || !strings.Contains(out.String(), "stopped") {
+			t.Fatalf("after SIGTERM: %v, want exit status 0 after \"stopped\":\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the quick start still runs 30 s after SIGTERM:\n%s", out.String())
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var keys, leased int
+	if err := conn.QueryRow(context.Background(),
+		`SELECT count(*), count(lock_token) FROM idempotency_keys`).Scan(&keys, &leased); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 1 || leased != 0 {
+		t.Errorf("%d keys, %d of them leased; want the one key, not leased", keys, leased)
 	}
 }
 
