@@ -129,6 +129,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	compare := fs.Bool("compare", true, "compare the library with the baseline (-compare=false with -large measures only the large tables)")
 	extra := fs.String("settings", "", "more server settings for the servers benchtable starts, comma-separated (shared_buffers=2GB)")
 	dbURL := fs.String("database-url", "", "scratch Postgres database to use instead of starting servers; its benchmark tables are emptied")
+	drainConcurrency := fs.Int("drain-concurrency", recovery.DefaultConcurrency, "keys each node's completer runs at once in the -drain measurement (CompleterConfig.Concurrency)")
 	runs := fs.Int("runs", 1, "runs of the whole comparison; with more than one, the median of their ratios and how far another run may land follow")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -136,13 +137,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *runs < 1 {
 		return errors.New("-runs must be at least 1")
 	}
-	var drain []int
+	if *drainConcurrency < 1 {
+		return errors.New("-drain-concurrency must be at least 1")
+	}
+	drain := drainPlan{concurrency: *drainConcurrency}
 	for _, f := range strings.FieldsFunc(*drainList, func(r rune) bool { return r == ',' }) {
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 1 {
 			return fmt.Errorf("-drain: %q is not a number of keys", f)
 		}
-		drain = append(drain, n)
+		drain.sizes = append(drain.sizes, n)
 	}
 	var all ratios
 	for run := range *runs {
@@ -222,19 +226,26 @@ func startServer(ctx context.Context, name string, citus bool, settings []string
 	return nodes, cluster.Stop, nil
 }
 
-// drainOnce returns the backlog sizes to drain when first, none otherwise.
-func drainOnce(sizes []int, first bool) []int {
+// drainPlan is the -drain measurement: the backlogs' sizes, and the keys
+// each node's completer runs at once.
+type drainPlan struct {
+	sizes       []int
+	concurrency int
+}
+
+// drainOnce returns the drain to measure when first, none otherwise.
+func drainOnce(plan drainPlan, first bool) drainPlan {
 	if !first {
-		return nil
+		plan.sizes = nil
 	}
-	return sizes
+	return plan
 }
 
 // measure runs the comparison, with large the large-table measurements,
 // and the drain of a backlog of each size of drain, on the database at
 // dsn, which nodes are when they are servers benchtable started (one, or a
 // Citus cluster's; none otherwise). It returns the comparison's results.
-func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, drain []int, w, progress io.Writer) ([]*measured, error) {
+func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, round time.Duration, compare, large bool, drain drainPlan, w, progress io.Writer) ([]*measured, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
@@ -273,7 +284,7 @@ func measure(ctx context.Context, name, dsn string, nodes []node, rounds int, ro
 			}
 		}
 	}
-	if len(drain) > 0 {
+	if len(drain.sizes) > 0 {
 		if err := drainBacklogs(ctx, env, drain, w, progress); err != nil {
 			return nil, err
 		}
@@ -666,16 +677,21 @@ func reaperUnderTraffic(ctx context.Context, env *bench.Env, w, progress io.Writ
 
 // drainBacklogs measures the drain of a backlog of each size, on 1 and
 // then 2 nodes, and prints them in one table.
-func drainBacklogs(ctx context.Context, env *bench.Env, sizes []int, w, progress io.Writer) error {
-	fmt.Fprintln(w, "Drain of a backlog of rides-shaped keys (charge 20 ms), completers with the default configuration, live traffic of the three-phase request from 4 clients at one each per 20 ms:")
+func drainBacklogs(ctx context.Context, env *bench.Env, plan drainPlan, w, progress io.Writer) error {
+	conf := "the default configuration"
+	if plan.concurrency != recovery.DefaultConcurrency {
+		conf = fmt.Sprintf("the default configuration but %d keys at once", plan.concurrency)
+	}
+	fmt.Fprintf(w, "Drain of a backlog of rides-shaped keys (charge 20 ms), completers with %s, live traffic of the three-phase request from 4 clients at one each per 20 ms:\n", conf)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| backlog | nodes | drained in | keys/s | live p50 before → during (ms) | live p99 before → during (ms) | p99 ratio | server CPU per key | statements per key | round trips per key | machine busy | bound |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-	for _, n := range sizes {
+	for _, n := range plan.sizes {
 		for _, nodes := range []int{1, 2} {
 			fmt.Fprintf(progress, "draining %d keys on %d node(s)\n", n, nodes)
 			r, err := env.DrainUnderTraffic(ctx, bench.DrainParams{Keys: n, Nodes: nodes, CallTook: 20 * time.Millisecond,
-				Live: 4, LiveEvery: 20 * time.Millisecond, Before: 10 * time.Second, Timeout: time.Hour})
+				Live: 4, LiveEvery: 20 * time.Millisecond, Before: 10 * time.Second, Timeout: time.Hour,
+				Completer: recovery.CompleterConfig{Concurrency: plan.concurrency}})
 			if err != nil {
 				return err
 			}
