@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log"
 	"net"
 	"net/http"
@@ -54,7 +55,9 @@ func main() {
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }, // your auth
 	})
 	check(err)
-	check(client.Start(ctx)) // finishes requests whose client gave up; deletes expired keys
+	// The completer finishes requests whose client gave up; the reaper deletes expired keys. They run
+	// until Stop, not until the signal, so that Stop gives their runs the time it gives the handler's.
+	check(client.Start(context.Background()))
 	srv := &http.Server{Handler: handler}
 	go func() {
 		if err := srv.Serve(ln); err != http.ErrServerClosed {
@@ -63,10 +66,13 @@ func main() {
 	}()
 	log.Print("serving on http://localhost:8080")
 	<-ctx.Done()
-	shutdown, cancelShutdown := context.WithTimeout(context.Background(), 30*time.Second) // longer than a call
+	cancel() // from here a second signal ends the program at once
+	// First the requests in flight finish, then the completer's runs; a run cut short frees its
+	// lease. Give them longer than a call (Config.CallTimeout, 1 min by default).
+	shutdown, cancelShutdown := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancelShutdown()
-	check(srv.Shutdown(shutdown)) // first the requests in flight finish,
-	check(client.Stop(shutdown))  // then the completer's keys; a run cut short frees its lease
+	err = srv.Shutdown(shutdown)
+	check(errors.Join(err, client.Stop(shutdown)))
 	log.Print("stopped")
 }
 
