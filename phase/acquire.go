@@ -62,6 +62,8 @@ func (w *Workflow[Req, State]) run(ctx context.Context, c *Client, info *RunInfo
 		return nil, err
 	}
 	defer c.leave(cancel, stop)
+	ctx, timed := c.timeLive(ctx)
+	defer timed()
 	// Known once admit has checked the pool.
 	kreq.Distributed = c.distributed.Load()
 	taken, out, err := w.acquire(ctx, c, info, &kreq)

@@ -491,11 +491,30 @@ func (c *Client) resume(ctx context.Context, row *store.Row) (calls time.Duratio
 	return 0, err
 }
 
-// callClock sums the time a completer's run spends in foreign calls and
-// reconcile functions (see Client.resume).
+// timeLive starts timing a live run for the completer, which yields to
+// live runs slowed by its keys (see recovery.CompleterConfig.Concurrency),
+// and returns the run's context and the function that ends the timing.
+// Its calls are left out: a slow provider is not a busy store.
+func (c *Client) timeLive(ctx context.Context) (context.Context, func()) {
+	if c.cfg.Completer.Interval <= 0 {
+		return ctx, func() {}
+	}
+	clock, ok := ctx.Value(callClockKey{}).(*callClock)
+	if !ok {
+		clock = &callClock{}
+		ctx = context.WithValue(ctx, callClockKey{}, clock)
+	}
+	began, before := time.Now(), clock.spent.Load()
+	return ctx, func() {
+		c.completer.Live.Record(time.Since(began) - time.Duration(clock.spent.Load()-before))
+	}
+}
+
+// callClock sums the time a run spends in foreign calls and reconcile
+// functions (see Client.resume and Client.timeLive).
 type callClock struct{ spent atomic.Int64 }
 
-// callClockKey is the context key of a completer run's callClock.
+// callClockKey is the context key of a run's callClock.
 type callClockKey struct{}
 
 // since adds the time since start.

@@ -46,11 +46,14 @@
 // minute; provider trouble halves the keys run at once, and the next pass
 // claims no more than it runs, so a provider still down gets a few calls a
 // pass; each pass that goes well restores one. Live requests keep
-// priority: when the keys of a pass took, in the median and their foreign
-// calls left out, over 1.5 times the quickest median seen, the store or
-// the process is busy, and the next pass runs a quarter fewer keys at once
-// (at least one). A slow provider does not count: only the time a key
-// spends outside its calls, in the queues live requests wait in too.
+// priority: the next pass runs a quarter fewer keys at once (at least one)
+// when, during the pass, more than one in a hundred of the process's live
+// runs took over 1.5 times the p99 they had while the completer was idle
+// (the promise that their p99 stays within 1.5 times it), or when the keys of the
+// pass took, in the median, over 1.5 times the quickest median seen (the
+// store is busy, for other processes' live requests too). Both leave the
+// foreign calls out: a slow provider does not count, only the time spent
+// in the queues for the server's CPU, its locks and the pool.
 // [CompleterConfig.InFlight] caps the keys of one workflow run at once,
 // for a provider that rate-limits. Several processes share a backlog
 // through the SKIP LOCKED claim: each key is claimed by one of them, and

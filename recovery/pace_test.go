@@ -3,6 +3,7 @@ package recovery_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,8 @@ type provider struct {
 	sends    map[string]int
 	inFlight atomic.Int64
 	maxSeen  atomic.Int64
+	// flights holds, call by call, how many were in flight as it began.
+	flights []int64
 }
 
 func (p *provider) charge(ctx context.Context, downstreamKey string) error {
@@ -35,6 +38,7 @@ func (p *provider) charge(ctx context.Context, downstreamKey string) error {
 	}
 	p.mu.Lock()
 	p.sends[downstreamKey]++
+	p.flights = append(p.flights, n)
 	p.mu.Unlock()
 	select {
 	case <-time.After(p.took):
@@ -388,4 +392,79 @@ func TestADrainLeavesNoFinishedKeyInTheWatch(t *testing.T) {
 		t.Errorf("after the drain the watch holds %d keys, %d of them finished; want none", watched, finished)
 	}
 	checkEachKeyRanOnce(t, db, p, keys)
+}
+
+// Live requests keep priority: while the completer drains a backlog, the
+// live runs of its process that take over 1.5 times their p99 of while it
+// was idle make it run fewer keys at once. Here a live run sleeps in its
+// phase while two or more of the completer's keys are in their calls, as
+// if they queued for the same CPU: the completer comes to run one or two
+// keys at once, not its Concurrency of four, and runs each key once.
+func TestTheCompleterYieldsToLiveRunsItSlows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 30 })
+	p := &provider{took: 50 * time.Millisecond, sends: map[string]int{}}
+	w := ridesWorkflow(t, db, "rides", p)
+	live, err := phase.NewWorkflow("live",
+		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *phase.Input[job, struct{}]) (phase.Result, error) {
+			if p.inFlight.Load() >= 2 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			return phase.JSON(201, in.Req), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, db, func(c *phase.Config) { c.Completer.BatchSize = 10 }, w, live)
+	var n atomic.Int64
+	run := func() {
+		key := fmt.Sprintf("live-%d", n.Add(1))
+		if _, err := live.Run(ctx, c, "acme", key, job{}); err != nil {
+			t.Error(err)
+		}
+	}
+	// The completer idle: its process's live runs set the line.
+	for range 300 {
+		run()
+	}
+	const keys = 400
+	abandonMany(t, db, w.Name(), keys)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+					run()
+				}
+			}
+		})
+	}
+	res, err := c.Complete(ctx)
+	close(stop)
+	wg.Wait()
+	if err != nil || res.Completed != keys {
+		t.Fatalf("drain: %+v %v, want %d keys completed", res, err, keys)
+	}
+	checkEachKeyRanOnce(t, db, p, keys)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if first := p.flights[:40]; slices.Max(first) < 3 {
+		t.Errorf("the first calls ran at most %d at once, want more: the drain began at Concurrency", slices.Max(first))
+	}
+	// It probes with a second key now and then, and a third at times: in
+	// the second half of the drain a call began with fewer than two others
+	// in theirs, on average. At four at once it would see about two.
+	last, sum := p.flights[len(p.flights)/2:], int64(0)
+	for _, n := range last {
+		sum += n
+	}
+	t.Logf("mean %.2f", float64(sum)/float64(len(last)))
+	if mean := float64(sum) / float64(len(last)); mean >= 2 {
+		t.Errorf("in the second half of the drain a call began with %.2f calls in flight on average, its own included, while more than one slowed live runs; want under 2", mean)
+	}
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
@@ -30,7 +32,10 @@ type DrainParams struct {
 	// CallTook is how long the charge stub takes to answer each charge.
 	CallTook time.Duration
 	// Live clients each send a three-phase request on a new key every
-	// LiveEvery, for Before alone and then during the whole drain.
+	// LiveEvery, for Before alone and then during the whole drain. The
+	// nodes serve them, client i node i mod Nodes, as servers that also
+	// complete keys would: each node's completer yields to the live runs
+	// it sees slowed.
 	Live      int
 	LiveEvery time.Duration
 	Before    time.Duration
@@ -106,33 +111,22 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 	}
 	e.charges.took.Store(int64(p.CallTook))
 	defer e.charges.took.Store(0)
-	live, err := e.Prepare(ctx, LibraryRun, p.Live)
-	if err != nil {
-		return res, err
-	}
-	live.Every = p.LiveEvery
-	if res.Before, err = live.Run(ctx, 0, p.Before); err != nil {
-		return res, err
-	}
-	if err := e.abandon(ctx, p.Keys); err != nil {
-		return res, err
-	}
 
-	counter := &pgtest.StatementCounter{}
+	counter := completerStatements{&pgtest.StatementCounter{}}
 	var completed atomic.Int64
 	done := make(chan struct{})
 	nodes := make([]*phase.Client, p.Nodes)
 	for i := range nodes {
 		cfg := e.Pool.Config().Copy()
 		cfg.ConnConfig.Tracer = counter
-		cfg.MaxConns = int32(max(p.Completer.Concurrency, recovery.DefaultConcurrency) + 2)
+		cfg.MaxConns = int32(max(p.Completer.Concurrency, recovery.DefaultConcurrency) + 2 + p.Live)
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return res, err
 		}
 		defer pool.Close()
 		count := phase.ObserverFunc(func(_ context.Context, ev keyrow.Event) {
-			if ev.Kind != keyrow.EventCompleted {
+			if ev.Kind != keyrow.EventCompleted || ev.Workflow != e.rides.Name() {
 				return
 			}
 			atomic.AddInt64(&res.Completed[i], int64(ev.Count))
@@ -141,10 +135,29 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 			}
 		})
 		nodes[i], err = phase.NewClient(pool, &phase.Config{LeaseTTL: leaseTTL, Completer: p.Completer,
-			Reaper: recovery.ReaperConfig{Interval: -1}, Hooks: []phase.Hook{count}}, e.rides)
+			Reaper: recovery.ReaperConfig{Interval: -1}, Hooks: []phase.Hook{count}}, e.rides, e.workflow)
 		if err != nil {
 			return res, err
 		}
+	}
+	live, err := e.Prepare(ctx, LibraryRun, p.Live)
+	if err != nil {
+		return res, err
+	}
+	live.send = func(ctx context.Context, client int) error {
+		ctx = context.WithValue(ctx, liveRun{}, true)
+		return e.runLibraryOn(ctx, nodes[client%len(nodes)], e.workflow, uuid.NewString(), phase.OutcomeNew)
+	}
+	// Every node's connections prepare their statements first.
+	if _, err := live.run(ctx, warmRequests*p.Live, nil); err != nil {
+		return res, err
+	}
+	live.Every = p.LiveEvery
+	if res.Before, err = live.Run(ctx, 0, p.Before); err != nil {
+		return res, err
+	}
+	if err := e.abandon(ctx, p.Keys); err != nil {
+		return res, err
 	}
 	stop := live.start(ctx)
 	e.charges.count()
@@ -188,6 +201,27 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 		return res, err
 	}
 	return res, e.checkDrained(ctx, p.Keys, e.charges.counted())
+}
+
+// liveRun marks the context of a live request's run.
+type liveRun struct{}
+
+// completerStatements counts the statements of the nodes' completers, not
+// those of the live requests they serve.
+type completerStatements struct{ *pgtest.StatementCounter }
+
+func (c completerStatements) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if ctx.Value(liveRun{}) != nil {
+		return ctx
+	}
+	return c.StatementCounter.TraceQueryStart(ctx, conn, data)
+}
+
+func (c completerStatements) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if ctx.Value(liveRun{}) != nil {
+		return ctx
+	}
+	return c.StatementCounter.TraceBatchStart(ctx, conn, data)
 }
 
 // abandon stores the backlog, in chunks so that no statement runs long.

@@ -282,7 +282,12 @@ func (e *Env) newRidesWorkflow() (*phase.Workflow[Order, orderState], error) {
 // runLibrary sends one request through the library and checks that it
 // ended as want.
 func (e *Env) runLibrary(ctx context.Context, w *phase.Workflow[Order, orderState], key string, want phase.OutcomeKind) error {
-	out, err := w.Run(ctx, e.client, tenantOf(key), key, order)
+	return e.runLibraryOn(ctx, e.client, w, key, want)
+}
+
+// runLibraryOn is runLibrary through client c.
+func (e *Env) runLibraryOn(ctx context.Context, c *phase.Client, w *phase.Workflow[Order, orderState], key string, want phase.OutcomeKind) error {
+	out, err := w.Run(ctx, c, tenantOf(key), key, order)
 	if err != nil {
 		return err
 	}

@@ -47,6 +47,8 @@ type Completer struct {
 	// Distributed, when set, reports whether the key table is distributed
 	// with Citus, which claims keys another way.
 	Distributed func() bool
+	// Live takes the process's live runs, to which it yields.
+	Live Live
 }
 
 func distributed(f func() bool) bool { return f != nil && f() }
@@ -61,8 +63,10 @@ func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, wor
 			slots[name] = make(chan struct{}, n)
 		}
 	}
-	return &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log,
+	c := &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log,
 		pace: newPace(cfg, ttl), slots: slots}
+	c.pace.live = &c.Live
+	return c
 }
 
 // RunOnce makes one pass: buries abandoned keys out of attempts when some
@@ -154,6 +158,7 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		return res, nil, err
 	}
 	res.Claimed = len(rows)
+	c.Live.drain(len(rows) > 0)
 	var (
 		wg  sync.WaitGroup
 		mu  sync.Mutex

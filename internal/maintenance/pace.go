@@ -32,13 +32,20 @@ const maxPause = time.Minute
 //     a few calls a pass, not a batch. Each pass that
 //     goes well ends the pause and runs one key more at once, up to
 //     Concurrency.
-//   - Live requests keep priority: a pass whose keys took, in the median,
-//     more than busyFactor times the quickest median seen, their calls
-//     left out, found the store or this process busy, and the next pass
-//     runs a quarter fewer keys at once (never none). What a key takes
-//     but its calls grows with the queue for the server's CPU, its locks
-//     and the pool that live requests wait in too, and not with a slow
-//     provider, so a drain bound by its calls' latency is not slowed.
+//   - Live requests keep priority. After a pass during which more than
+//     one in a hundred of this process's live runs took longer than
+//     busyFactor times their p99 while the completer was idle (see Live),
+//     the next pass runs a quarter fewer keys at once (never none); slowed
+//     at one key at once, they are slowed by more than the completer, and
+//     their p99 then is the one it keeps them within. So it
+//     does after a pass whose keys took, in the median, more than
+//     busyFactor times the quickest median seen: the store or this process
+//     is busy, for live requests of other processes too. Both leave the
+//     calls out: what a run takes but its calls grows with the queue for
+//     the server's CPU, its locks and the pool that live requests wait in,
+//     and not with a slow provider, so a drain bound by its calls' latency
+//     is not slowed. While live runs were seen, too few to tell, the pace
+//     holds.
 //
 // It is safe for concurrent use: Drain may run while Start's passes do.
 type pace struct {
@@ -54,6 +61,8 @@ type pace struct {
 	// floor the quickest such median seen, drifting up towards later
 	// ones so that it follows a store that got slower for good.
 	own, floor time.Duration
+	// live, when set, measures this process's live runs.
+	live *Live
 }
 
 // busyFactor is how much slower than the quickest seen a key's own time
@@ -89,6 +98,15 @@ func (p *pace) observe(own []time.Duration) {
 	}
 }
 
+// liveVerdict is what this process's live runs tell of the last pass
+// (see Live).
+func (p *pace) liveVerdict() verdict {
+	if p.live == nil {
+		return liveNone
+	}
+	return p.live.judge(p.running == 1)
+}
+
 // record takes the outcome of a pass that asked for asked keys and took
 // took, whether it claimed keys its streak had not handed back (fresh), and
 // returns the pause before the next pass.
@@ -99,15 +117,19 @@ func (p *pace) record(asked int, res recovery.PassResult, took time.Duration, fr
 	// only the keys that ran tell how the providers and the store are.
 	ran := res.Completed + res.Failed
 	failing := err == nil && res.Failed > 0 && res.Failed >= res.Completed
+	live := p.liveVerdict()
 	switch {
 	case err != nil:
 		p.trouble++
 	case failing:
 		p.trouble++
 		p.running = max(p.running/2, 1)
-	case float64(p.own) > busyFactor*float64(p.floor):
+	case live == liveSlowed || float64(p.own) > busyFactor*float64(p.floor):
 		p.trouble = 0
 		p.running = max(p.running*3/4, 1)
+	case live == livePending:
+		// Live runs were seen, too few yet to tell: the pace holds.
+		p.trouble = 0
 	default:
 		p.trouble = 0
 		p.running = min(p.running+1, p.cfg.Concurrency)

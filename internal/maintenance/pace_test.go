@@ -67,3 +67,77 @@ func TestPaceFollowsThePasses(t *testing.T) {
 	p.record(100, full, time.Second, true, nil)
 	step("an empty pass after a busy one", 100, recovery.PassResult{}, time.Second, false, nil, cfg.Interval, 100, 2)
 }
+
+// The completer yields when more than one in a hundred live runs during a
+// drain take over 1.5 times the p99 of those seen while it was idle, and
+// only then: the promise that their p99 stays within 1.5 times it.
+func TestPaceYieldsToSlowedLiveRuns(t *testing.T) {
+	t.Parallel()
+	cfg, err := recovery.CompleterConfig{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCompleter(cfg, nil, nil, nil, nil, 90*time.Second, nil)
+	p, live := c.pace, &c.Live
+	full := recovery.PassResult{Claimed: 100, Completed: 100}
+	pass := func(name string, runs []time.Duration, wantRunning int) {
+		t.Helper()
+		for _, d := range runs {
+			live.Record(d)
+		}
+		p.record(100, full, time.Second, true, nil)
+		if _, running := p.plan(); running != wantRunning {
+			t.Errorf("%s: the next pass runs %d keys at once, want %d", name, running, wantRunning)
+		}
+	}
+	runs := func(n int, d time.Duration, slow int, slowD time.Duration) []time.Duration {
+		r := make([]time.Duration, 0, n)
+		for i := range n {
+			if i < slow {
+				r = append(r, slowD)
+			} else {
+				r = append(r, d)
+			}
+		}
+		return r
+	}
+
+	// Idle: 1000 runs, their p99 10 ms, so the line is at 15 ms.
+	for _, d := range runs(1000, 2*time.Millisecond, 20, 10*time.Millisecond) {
+		live.Record(d)
+	}
+	live.drain(true)
+	pass("one run in a hundred past the line", runs(100, 3*time.Millisecond, 1, 16*time.Millisecond), 4)
+	pass("two in a hundred", runs(100, 3*time.Millisecond, 2, 16*time.Millisecond), 3)
+	pass("too few runs to tell, one past the line: the pace holds", runs(50, 3*time.Millisecond, 1, 20*time.Millisecond), 3)
+	pass("with the runs carried over, two in 100", runs(50, 3*time.Millisecond, 1, 20*time.Millisecond), 2)
+	pass("all slower, none past the line", runs(100, 14*time.Millisecond, 0, 0), 3)
+	pass("no live run since, lately: the pace holds", nil, 3)
+	live.mu.Lock()
+	live.last = time.Now().Add(-liveQuiet - time.Second)
+	live.mu.Unlock()
+	pass("no live run for longer: the completer's own keys judge", nil, 4)
+
+	// Slowed at one key at once, the runs are slowed by more than the
+	// completer: their p99 then draws the line.
+	for _, want := range []int{3, 2, 1, 1, 1} {
+		pass("runs slowed from elsewhere", runs(100, 30*time.Millisecond, 0, 0), want)
+	}
+	pass("as slow as at one key at once", runs(100, 30*time.Millisecond, 0, 0), 2)
+	pass("slower than that by half", runs(100, 30*time.Millisecond, 2, 46*time.Millisecond), 1)
+
+	// A drain that begins after too few idle runs draws no line: it
+	// judges nothing of them.
+	live.drain(false)
+	fresh := NewCompleter(cfg, nil, nil, nil, nil, 90*time.Second, nil)
+	for _, d := range runs(liveLeast-1, 2*time.Millisecond, 0, 0) {
+		fresh.Live.Record(d)
+	}
+	fresh.Live.drain(true)
+	for _, d := range runs(200, time.Second, 200, time.Second) {
+		fresh.Live.Record(d)
+	}
+	if v := fresh.Live.judge(false); v != liveNone {
+		t.Errorf("a drain after %d idle runs judged its live runs (%d); want no line drawn", liveLeast-1, v)
+	}
+}
