@@ -72,7 +72,10 @@ func main() {
 	shutdown, cancelShutdown := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancelShutdown()
 	err = srv.Shutdown(shutdown)
-	check(errors.Join(err, client.Stop(shutdown)))
+	err = errors.Join(err, client.Stop(shutdown))
+	grace, cancelGrace := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelGrace()
+	check(errors.Join(err, srv.Shutdown(grace))) // the runs Stop cut short answer 503 first
 	log.Print("stopped")
 }
 
