@@ -492,8 +492,8 @@ func (c *Client) resume(ctx context.Context, row *store.Row) (calls time.Duratio
 }
 
 // timeLive starts timing a live run for the completer, which yields to
-// live runs slowed by its keys (see recovery.CompleterConfig.Concurrency),
-// and returns the run's context and the function that ends the timing.
+// live runs slowed by its keys (see # Pace in package recovery), and
+// returns the run's context and the function that ends the timing.
 // Its calls are left out: a slow provider is not a busy store.
 func (c *Client) timeLive(ctx context.Context) (context.Context, func()) {
 	if c.cfg.Completer.Interval <= 0 {

@@ -46,8 +46,10 @@ type CompleterConfig struct {
 	// DefaultBatchSize.
 	BatchSize int
 	// Concurrency caps the claimed keys run at once. After a pass whose keys
-	// mostly failed the completer runs half as many at once, and one more
-	// after each pass that went well, back up to Concurrency. Each key
+	// mostly failed the completer runs half as many at once, after one
+	// that slowed the process's live requests a quarter fewer (see # Pace
+	// in the package documentation), and one more after each pass that
+	// went well, back up to Concurrency. Each key
 	// running holds one of the pool's connections while it is in the
 	// store: keep Concurrency well below the pool's MaxConns, or live
 	// requests wait for connections behind the completer. Defaults to

@@ -37,10 +37,10 @@ const maxPause = time.Minute
 //     busyFactor times their p99 while the completer was idle (see Live),
 //     the next pass runs a quarter fewer keys at once (never none); slowed
 //     at one key at once, they are slowed by more than the completer, and
-//     their p99 then is the one it keeps them within. So it
-//     does after a pass whose keys took, in the median, more than
-//     busyFactor times the quickest median seen: the store or this process
-//     is busy, for live requests of other processes too. Both leave the
+//     their p99 then is the one it keeps them within. It yields as well
+//     after a pass whose keys took, in the median, more than busyFactor
+//     times the quickest median seen: the store or this process is busy,
+//     for live requests of other processes too. Both leave the
 //     calls out: what a run takes but its calls grows with the queue for
 //     the server's CPU, its locks and the pool that live requests wait in,
 //     and not with a slow provider, so a drain bound by its calls' latency
