@@ -406,7 +406,8 @@ func TestTheCompleterYieldsToLiveRunsItSlows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 40 })
-	p := &provider{took: 20 * time.Millisecond, sends: map[string]int{}}
+	// Calls long enough that the keys of a pass overlap in theirs.
+	p := &provider{took: 60 * time.Millisecond, sends: map[string]int{}}
 	w := ridesWorkflow(t, db, "rides", p)
 	var slowed atomic.Bool
 	live, err := phase.NewWorkflow("live",
@@ -464,8 +465,8 @@ func TestTheCompleterYieldsToLiveRunsItSlows(t *testing.T) {
 		t.Fatalf("drain: %+v %v, want %d keys completed", res, err, keys)
 	}
 	checkEachKeyRanOnce(t, db, p, keys)
-	if len(passes) < 10 || passes[0] < 3 {
-		t.Fatalf("passes ran at most %v keys at once; want ten or more, the first at Concurrency", passes)
+	if len(passes) < 10 || slices.Max(passes[:3]) < 3 {
+		t.Fatalf("passes ran at most %v keys at once; want ten or more, three or more at once among the first three", passes)
 	}
 	// Three verdicts bring four down to one; from then on, two at most.
 	if most := slices.Max(passes[3:]); most > 2 {
