@@ -27,8 +27,6 @@ type provider struct {
 	sends    map[string]int
 	inFlight atomic.Int64
 	maxSeen  atomic.Int64
-	// flights holds, call by call, how many were in flight as it began.
-	flights []int64
 }
 
 func (p *provider) charge(ctx context.Context, downstreamKey string) error {
@@ -38,7 +36,6 @@ func (p *provider) charge(ctx context.Context, downstreamKey string) error {
 	}
 	p.mu.Lock()
 	p.sends[downstreamKey]++
-	p.flights = append(p.flights, n)
 	p.mu.Unlock()
 	select {
 	case <-time.After(p.took):
