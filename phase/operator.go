@@ -57,8 +57,9 @@ type Minute struct {
 
 // CountsByWorkflow returns the keys of each workflow by state, a key
 // counting as stuck once idle for the completer's StuckAfter. Like Counts, it
-// counts the unfinished keys exactly, from the partial indexes that hold
-// them, and the finished keys of a large table from its statistics.
+// counts the unfinished keys exactly, without reading a finished one (see
+// docs/operating.md, "How the completer finds crashed keys"), and the
+// finished keys of a large table from its statistics.
 func (c *Client) CountsByWorkflow(ctx context.Context) (map[string]keyrow.Counts, error) {
 	return store.CountByWorkflow(ctx, c.db, c.cfg.Completer.StuckAfter)
 }
