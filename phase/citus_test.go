@@ -1,8 +1,12 @@
 package phase_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -112,7 +116,9 @@ func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(worker, nil, w)
+	var logged bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&syncWriter{w: &logged}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := phase.NewClient(worker, &phase.Config{Logger: logger}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,4 +137,28 @@ func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
 	if notes != 3 || point != keyrow.Finished {
 		t.Fatalf("seen from the coordinator: %d notes, recovery point %q; want 3 and %q", notes, point, keyrow.Finished)
 	}
+	// The completer and the reaper work through the worker too, and find
+	// nothing to complain of: the status history, on the coordinator
+	// alone, is neither recorded nor trimmed there.
+	if _, err := c.Complete(ctx); err != nil {
+		t.Fatalf("a completer pass through the worker: %v", err)
+	}
+	if _, err := c.Reap(ctx); err != nil {
+		t.Fatalf("a reaper run through the worker: %v", err)
+	}
+	if out := logged.String(); out != "" {
+		t.Fatalf("the client logged, through the worker:\n%s", out)
+	}
+}
+
+// syncWriter is w for the log lines of several goroutines.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

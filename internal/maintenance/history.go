@@ -53,8 +53,14 @@ func (c *Completer) recordHistory(ctx context.Context) {
 }
 
 // trimHistory deletes the status history past its retention. A failure
-// is logged and the run goes on: the keys matter more than the chart.
+// is logged and the run goes on: the keys matter more than the chart. On a
+// key table distributed with Citus no completer records history, and the
+// table is on the coordinator alone, out of reach of a process connected
+// to a worker: there it trims nothing.
 func (r *Reaper) trimHistory(ctx context.Context) {
+	if distributed(r.Distributed) {
+		return
+	}
 	if _, err := store.TrimHistory(ctx, r.db); err != nil && ctx.Err() == nil {
 		r.log.Warn("reaper could not trim the status history", "err", err)
 	}
