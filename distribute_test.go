@@ -171,3 +171,32 @@ func TestMigratorDistributesTheTablesOfItsSchema(t *testing.T) {
 		t.Fatalf("Acquire again: %v, %v; want a replay", out, err)
 	}
 }
+
+// TestMigrateOnACitusWorkerSaysToUseTheCoordinator: the migrations'
+// version table and the tables they create live on the coordinator, and a
+// worker refuses to create them; a process connected to a worker that
+// migrates, or asks the version, is told to go through the coordinator
+// rather than shown the worker's refusal, or version 0.
+func TestMigrateOnACitusWorkerSaysToUseTheCoordinator(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	var schema string
+	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	worker, err := pgxpool.New(ctx, pgtest.Citus(t).Workers[0].DSN("postgres")+" options='-c search_path="+schema+"'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer worker.Close()
+	if err := atomicphase.Migrate(ctx, worker); err == nil || !strings.Contains(err.Error(), "migrate through the coordinator") {
+		t.Fatalf("migrate through a worker = %v; want it told to go through the coordinator", err)
+	}
+	if v, err := atomicphase.MigrationVersion(ctx, worker); err == nil || !strings.Contains(err.Error(), "migrate through the coordinator") {
+		t.Fatalf("the version read through a worker = %d, %v; want it told to go through the coordinator", v, err)
+	}
+	if v, err := atomicphase.MigrationVersion(ctx, db); err != nil || v != len(atomicphase.Migrations()) {
+		t.Fatalf("the version read through the coordinator = %d, %v; want %d", v, err, len(atomicphase.Migrations()))
+	}
+}

@@ -289,11 +289,39 @@ func readVersion(ctx context.Context, tx pgx.Tx, schema string) (version int, ex
 	if schema != "" {
 		table = pgx.Identifier{schema, versionTable}.Sanitize()
 	}
-	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil || !exists {
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
 		return 0, false, err
+	}
+	if !exists {
+		return 0, false, refuseCitusWorker(ctx, tx)
 	}
 	err = tx.QueryRow(ctx, pgschema.Qualify(schema, "SELECT coalesce(max(version), 0) FROM atomicphase_migration")).Scan(&version)
 	return version, true, err
+}
+
+// citusWorkerSQL reports whether the node is a worker of a Citus cluster,
+// on a database where Citus is installed: the coordinator's group is 0, and
+// a node added to it as a worker is given another.
+const citusWorkerSQL = `SELECT coalesce((SELECT groupid FROM pg_catalog.pg_dist_local_group) > 0, false)`
+
+// refuseCitusWorker returns an error when tx's node is a worker of a
+// Citus cluster: the migrations' version table, and the tables a migration
+// creates, live on the coordinator, and a worker refuses to create them.
+// A process connected to a worker runs its workflows there, but migrates
+// through the coordinator.
+func refuseCitusWorker(ctx context.Context, tx pgx.Tx) error {
+	var citus, worker bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL`).Scan(&citus); err != nil || !citus {
+		return err
+	}
+	if err := tx.QueryRow(ctx, citusWorkerSQL).Scan(&worker); err != nil {
+		return err
+	}
+	if worker {
+		return errors.New("this is a worker node of a Citus cluster, whose schema is kept on its coordinator: " +
+			"migrate through the coordinator (docs/citus.md)")
+	}
+	return nil
 }
 
 // createSchema creates schema unless it is empty or exists. It looks first,
