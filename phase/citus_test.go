@@ -1,12 +1,9 @@
 package phase_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -116,8 +113,8 @@ func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logged bytes.Buffer
-	logger := slog.New(slog.NewTextHandler(&syncWriter{w: &logged}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var logged syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := phase.NewClient(worker, &phase.Config{Logger: logger}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -149,16 +146,4 @@ func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
 	if out := logged.String(); out != "" {
 		t.Fatalf("the client logged, through the worker:\n%s", out)
 	}
-}
-
-// syncWriter is w for the log lines of several goroutines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
