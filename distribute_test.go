@@ -181,15 +181,7 @@ func TestMigrateOnACitusWorkerSaysToUseTheCoordinator(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
 	ctx := context.Background()
-	var schema string
-	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		t.Fatal(err)
-	}
-	worker, err := pgxpool.New(ctx, pgtest.Citus(t).Workers[0].DSN("postgres")+" options='-c search_path="+schema+"'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer worker.Close()
+	worker := pgtest.CitusWorkerPool(t, db)
 	if err := atomicphase.Migrate(ctx, worker); err == nil || !strings.Contains(err.Error(), "migrate through the coordinator") {
 		t.Fatalf("migrate through a worker = %v; want it told to go through the coordinator", err)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/keyrow"
@@ -94,15 +93,7 @@ func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
 	db := pgtest.CitusPool(t, nil)
 	ctx := context.Background()
 	pgtest.CitusTable(t, db, "notes (tenant text NOT NULL, key text NOT NULL, phase text NOT NULL)")
-	var schema string
-	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		t.Fatal(err)
-	}
-	worker, err := pgxpool.New(ctx, pgtest.Citus(t).Workers[0].DSN("postgres")+" options='-c search_path="+schema+"'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer worker.Close()
+	worker := pgtest.CitusWorkerPool(t, db)
 	note := func(name string, res phase.Result) phase.Phase[order, struct{}] {
 		return phase.Local(name, func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}]) (phase.Result, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO notes VALUES ($1, $2, $3)`, in.Tenant, in.Key, name)

@@ -194,3 +194,17 @@ func schemaName(label string) string {
 	name := databaseName(label)
 	return strings.TrimRight(name[:min(len(name), schemaMaxLen)], "_")
 }
+
+// CitusWorkerPool returns a pool on the first worker of the Citus cluster,
+// in the schema db's connections use: an application that reaches a worker
+// rather than the coordinator. It is closed when t finishes.
+func CitusWorkerPool(t testing.TB, db *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	var schema string
+	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return poolOn(t, Citus(t).Workers[0].DSN("postgres")+" options='-c search_path="+schema+"'", nil)
+}
