@@ -323,7 +323,8 @@ func migrateConcurrently(t *testing.T, dsn string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Primary key, unique (tenant, key) and the three partial indexes.
+	// Primary key, unique (tenant, key), the walk's, the keys on hold and the
+	// reaper's by workflow.
 	if columns < 20 || uncommented != 0 || indexes != 5 {
 		t.Fatalf("%d columns (%d without a comment), %d indexes; want every column commented and 5 indexes", columns, uncommented, indexes)
 	}

@@ -295,7 +295,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // BenchmarkCounts measures the operator's reads on a table of 10 thousand
 // and, when ATOMICPHASE_BENCH_LARGE is set, 10 million finished keys (plus
 // a few unfinished ones, as in steady state): Client.Counts, which counts
-// the unfinished keys from the partial indexes and estimates the finished
+// the unfinished keys without reading the finished ones and estimates the finished
 // ones of a large table from its statistics; the first page of every key,
 // the page after its first 20 000 keys, reached by its cursor; and the first page of
 // one state's keys.

@@ -10,10 +10,11 @@ import (
 )
 
 // countDefinitionsSQL counts the unfinished keys of each workflow
-// definition. Its two halves are served by the partial indexes
-// idempotency_keys_unfinished and idempotency_keys_held, which hold only
-// unfinished keys (a finished key has no hold), so it reads no finished key
-// however many the table holds.
+// definition. Its first half reads only the keys that may be unfinished
+// (the watch and the keys the walk has yet to pass on a single Postgres,
+// the index of unfinished keys on Citus: see routed), its second the
+// partial index idempotency_keys_held (a finished key has no hold), so it
+// reads no finished key however many the table holds.
 const countDefinitionsSQL = `
 SELECT workflow, definition, count(*) AS unfinished, sum(held) AS held, min(created_at) AS oldest
 FROM (

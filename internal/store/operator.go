@@ -28,7 +28,7 @@ func (a *args) add(v any) string {
 }
 
 // unfinished reports whether state is one of the unfinished states, whose
-// keys the partial indexes on last_run_at hold.
+// keys a listing reads without reading finished keys (see filterWhere).
 func unfinished(state keyrow.Status) bool {
 	return state != keyrow.StatusFinished && slices.Contains(keyrow.Statuses(), state)
 }
@@ -40,10 +40,10 @@ func byIdle(f keyrow.ListFilter) bool {
 }
 
 // filterWhere returns the conditions that select f's keys, without its
-// cursor. The conditions of the unfinished states imply the predicates of
-// the partial indexes idempotency_keys_unfinished (runnable keys) and
-// idempotency_keys_held (keys on hold), so the planner reads only those
-// few rows however many finished keys the table holds.
+// cursor. The conditions of the unfinished states read only the keys that
+// may be unfinished (runnable keys: see routed) or the partial index
+// idempotency_keys_held (keys on hold), so a listing reads only those few
+// rows however many finished keys the table holds.
 func filterWhere(f keyrow.ListFilter, a *args) ([]string, error) {
 	if f.Limit < 0 || f.StuckAfter < 0 || f.OlderThan < 0 || f.NewerThan < 0 {
 		return nil, errors.New("Limit, StuckAfter, OlderThan and NewerThan must not be negative")
@@ -87,8 +87,8 @@ func filterWhere(f keyrow.ListFilter, a *args) ([]string, error) {
 // cursor, and one row more than the page, which tells whether another
 // page follows.
 //
-// Listings of unfinished states page on (last_run_at, id) through the
-// partial indexes on last_run_at; the rest page on the id, newest first,
+// Listings of unfinished states page on (last_run_at, id), sorting the few
+// keys that may be unfinished; the rest page on the id, newest first,
 // through the primary key, whose UUIDv7s sort by creation time. Either
 // way a page reads about as many index entries as it returns, however deep
 // in the listing it starts, with no OFFSET to skip.
@@ -102,8 +102,9 @@ func listSQL(f keyrow.ListFilter, limit int) (string, args, error) {
 	case "", keyrow.SortNewest, keyrow.SortOldest:
 	case keyrow.SortIdle:
 		if !unfinished(f.Status) {
-			// Only the partial indexes order keys by last_run_at; on
-			// every key it would be a sort of the whole table.
+			// Only the unfinished keys are few enough to sort by
+			// last_run_at; on every key it would be a sort of the
+			// whole table.
 			return "", nil, errors.New("sorting by idle time needs an unfinished state")
 		}
 	default:
@@ -232,8 +233,8 @@ FROM pg_class c
 WHERE c.oid = 'idempotency_keys'::regclass`
 
 // countUnfinishedSQL counts the unfinished keys of each workflow by state.
-// Each half reads one partial index's rows only (the runnable keys, the
-// keys on hold), never a finished key.
+// Each half reads only keys that may be unfinished (the runnable keys: see
+// routed; the keys on hold: their partial index), never a finished key.
 const countUnfinishedSQL = `
 SELECT workflow, 0 AS finished,
        count(*) FILTER (WHERE lock_expires_at > now()) AS in_flight,

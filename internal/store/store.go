@@ -562,9 +562,9 @@ func keyArgs(distributed bool, args []any) []any {
 // a row someone else now holds.
 //
 // It changes no indexed column and no column of an index predicate (which
-// is why it leaves last_run_at alone, and why the partial indexes test
-// finished_at rather than recovery_point), so Postgres can update the row
-// in place as a HOT update, without new index entries.
+// is why it leaves last_run_at alone, and why Citus's index of unfinished
+// keys tests finished_at rather than recovery_point), so Postgres can
+// update the row in place as a HOT update, without new index entries.
 //
 // It keeps the row's rules by construction: the lease it renews has a token
 // (the one it matched), and the recovery point it sets is a phase name,

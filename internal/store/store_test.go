@@ -475,9 +475,7 @@ func TestReplayedHeadersAreTheStoredOnes(t *testing.T) {
 // TestAPhasesAdvanceIsAHOTUpdate: a phase's commit rewrites its key's row
 // in place, a HOT update, with no new entry in any index: no index names a
 // column the advance changes, not even in its predicate, and the table
-// leaves room in its pages for the new version. A finish sets finished_at,
-// which the partial indexes name, so it is not one (docs/citus.md,
-// "Measured costs").
+// leaves room in its pages for the new version.
 func TestAPhasesAdvanceIsAHOTUpdate(t *testing.T) {
 	t.Parallel()
 	pgtest.SkipOnCitus(t, "the updates run on the workers, whose counters the coordinator does not see")
