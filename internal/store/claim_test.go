@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 	"github.com/atomicphase/atomicphase/internal/store"
@@ -327,21 +328,26 @@ func TestClaimTakesAKeyReferencedByAStalledHoldersOpenTransaction(t *testing.T) 
 
 func TestCountAddsUpWhileKeysFinish(t *testing.T) {
 	t.Parallel()
+	countAddsUpWhileKeysFinish(t, pgtest.Pool(t))
+}
+
+// countAddsUpWhileKeysFinish finishes keys of several tenants one at a
+// time while it reads the counts: each read must see every key once,
+// unfinished or finished.
+func countAddsUpWhileKeysFinish(t *testing.T, db *pgxpool.Pool) {
 	ctx := context.Background()
-	db := pgtest.Pool(t)
 	const keys = 300
 	if _, err := db.Exec(ctx, `
 INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params)
-SELECT 'acme', 'k' || i, 'test', '\x00', '{}' FROM generate_series(1, $1) AS i`, keys); err != nil {
+SELECT 'acme' || i % 8, 'k' || i, 'test', '\x00', '{}' FROM generate_series(1, $1) AS i`, keys); err != nil {
 		t.Fatal(err)
 	}
-	// Keys finish one at a time while the counts are read: each read
-	// must see every key once, unfinished or finished.
 	done := make(chan error, 1)
 	go func() {
 		for i := range keys {
 			_, err := db.Exec(ctx, `UPDATE idempotency_keys SET finished_at = now(), recovery_point = 'finished',
-				response_status = 200, response_body = '' WHERE idempotency_key = $1`, "k"+strconv.Itoa(i+1))
+				response_status = 200, response_body = '' WHERE tenant = $1 AND idempotency_key = $2`,
+				"acme"+strconv.Itoa((i+1)%8), "k"+strconv.Itoa(i+1))
 			if err != nil {
 				done <- err
 				return

@@ -260,6 +260,27 @@ const countAllSQL = countUnfinishedSQL + `
 UNION ALL
 SELECT workflow, count(*), 0, 0, 0, 0, 0 FROM idempotency_keys WHERE finished_at IS NOT NULL GROUP BY workflow`
 
+// countAllDistributedSQL is countAllSQL for a key table distributed with
+// Citus, in one scan of the table with no UNION: Citus sends it to each
+// shard as one query, read in one snapshot of that shard, and adds up the
+// shards' counts. Each key lives in one shard, so a key that finishes
+// meanwhile is counted once. Citus would run each part of countAllSQL's
+// UNION ALL as a query of its own, one after the other, and a key that
+// finished between two of them would be counted twice, or not at all. (A
+// finished key has no hold.)
+const countAllDistributedSQL = `
+SELECT workflow,
+       count(*) FILTER (WHERE finished_at IS NOT NULL) AS finished,
+       count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()) AS in_flight,
+       count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL AND (lock_expires_at IS NULL OR lock_expires_at <= now())
+                          AND last_run_at > now() - $1::interval) AS waiting,
+       count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL AND (lock_expires_at IS NULL OR lock_expires_at <= now())
+                          AND last_run_at <= now() - $1::interval) AS stuck,
+       count(*) FILTER (WHERE hold = 'unknown') AS unknown,
+       count(*) FILTER (WHERE hold = 'dead') AS dead
+FROM idempotency_keys
+GROUP BY workflow`
+
 // workflowShareSQL is the share of the table's rows each common workflow
 // has, from the statistics ANALYZE keeps. It finds the table's statistics
 // by the schema and name of the table the statement reaches, which need
@@ -275,11 +296,13 @@ WHERE c.oid = 'idempotency_keys'::regclass`
 
 // CountByWorkflow returns the keys of each workflow by state, a key
 // counting as stuck once idle for stuckAfter. The unfinished states are
-// counted exactly from the partial indexes. Finished keys are counted
-// exactly in a table of up to exactCountPages pages; in a larger one they
-// are estimated from the table's statistics (its estimated rows, each
-// workflow's share of them, less its unfinished keys), so that the count
-// costs the same at ten million keys as at ten thousand.
+// counted exactly, without reading finished keys. Finished keys are
+// counted exactly in a table of up to exactCountPages pages; in a larger
+// one they are estimated from the table's statistics (its estimated rows,
+// each workflow's share of them, less its unfinished keys), so that the
+// count costs the same at ten million keys as at ten thousand. A Citus
+// coordinator holds neither the rows of a distributed key table nor its
+// statistics, so there every key is counted, each once.
 func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (map[string]keyrow.Counts, error) {
 	var (
 		perPage *float64
@@ -291,11 +314,18 @@ func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (
 	// Without statistics (the table was never analyzed) there is nothing
 	// to estimate from; autovacuum analyzes a table soon after it grows.
 	exact := pages <= exactCountPages || perPage == nil
+	distributed, err := IsDistributed(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
 	sql := countUnfinishedSQL
-	if exact {
+	switch {
+	case exact && distributed:
+		sql = countAllDistributedSQL
+	case exact:
 		sql = countAllSQL
 	}
-	sql, err := routedFor(ctx, q, sql)
+	sql, err = routed(ctx, q, sql, distributed)
 	if err != nil {
 		return nil, fmt.Errorf("store: count: %w", err)
 	}
