@@ -17,7 +17,8 @@ var ErrNoCitus = errors.New("the citus extension is not installed in this databa
 
 // DistributeSQL is the script [Distribute] runs, after the migrations, on a
 // Citus coordinator: it re-keys the key table and the operator audit by
-// tenant and distributes both by tenant, co-located. Teams that apply SQL
+// tenant and distributes both by tenant, co-located, and makes the status
+// history a reference table, on every node. Teams that apply SQL
 // with their own tools run it once, after every migration and in one
 // transaction; for tables in a schema of their own ([Migrator.Schema]),
 // with that schema first on the search_path (SET LOCAL search_path).
@@ -42,6 +43,7 @@ ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey, ADD PRIMARY 
 SELECT create_distributed_table('idempotency_keys', 'tenant');
 ALTER TABLE atomicphase_audit DROP CONSTRAINT atomicphase_audit_pkey, ADD PRIMARY KEY (tenant, id);
 SELECT create_distributed_table('atomicphase_audit', 'tenant', colocate_with => 'idempotency_keys');
+SELECT create_reference_table('atomicphase_status_history');
 `
 
 // Distribute migrates the database (see [Migrate]) and then distributes the

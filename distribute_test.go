@@ -192,3 +192,56 @@ func TestMigrateOnACitusWorkerSaysToUseTheCoordinator(t *testing.T) {
 		t.Fatalf("the version read through the coordinator = %d, %v; want %d", v, err, len(atomicphase.Migrations()))
 	}
 }
+
+// TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable:
+// a key table distributed by an earlier release left the status history
+// a plain table on the coordinator; migration 014 makes it a reference
+// table, keeping its minutes, so that a process connected to a worker
+// records and reads it too.
+func TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusSchemaPool(t, nil)
+	ctx := context.Background()
+	ms := atomicphase.Migrations()
+	if _, err := atomicphase.MigrateWith(ctx, db, ms[:13]); err != nil {
+		t.Fatal(err)
+	}
+	const reference = "SELECT create_reference_table('atomicphase_status_history');\n"
+	before, found := strings.CutSuffix(atomicphase.DistributeSQL, reference)
+	if !found {
+		t.Fatalf("DistributeSQL does not end by making the status history a reference table:\n%s", atomicphase.DistributeSQL)
+	}
+	if _, err := db.Exec(ctx, before); err != nil {
+		t.Fatalf("the earlier release's distribution: %v", err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO atomicphase_status_history VALUES (date_trunc('minute', now()) - interval '1 minute', 'orders', 'stuck', 7)`); err != nil {
+		t.Fatal(err)
+	}
+	method := func() string {
+		var m string
+		err := db.QueryRow(ctx, `SELECT coalesce((SELECT partmethod::text FROM pg_dist_partition WHERE logicalrelid = 'atomicphase_status_history'::regclass), '')`).Scan(&m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := method(); m != "" {
+		t.Fatalf("the status history's partition method before the migration = %q; want a plain table", m)
+	}
+	for range 2 {
+		if err := atomicphase.Migrate(ctx, db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := method(); m != "n" {
+		t.Fatalf("the status history's partition method after the migration = %q; want n, a reference table", m)
+	}
+	worker := pgtest.CitusWorkerPool(t, db)
+	if _, err := store.RecordHistory(ctx, worker, []string{"orders"}, time.Minute); err != nil {
+		t.Fatalf("RecordHistory through a worker: %v", err)
+	}
+	minutes, err := store.History(ctx, worker, time.Hour)
+	if err != nil || len(minutes) != 2 || minutes[0].Stuck != 7 || minutes[1].Stuck != 0 {
+		t.Fatalf("History through a worker: %+v, %v; want the minute kept from before (7 stuck) and the new one", minutes, err)
+	}
+}

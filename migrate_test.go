@@ -501,6 +501,7 @@ func ExampleMigrations() {
 	// 011_commit_functions
 	// 012_hot_finish
 	// 013_commit_checks_recovery_point
+	// 014_status_history_on_citus
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {

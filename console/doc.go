@@ -8,8 +8,7 @@
 // oldest unfinished key and the keys of the last hour, and draws the last
 // hour's keys started, finished and put on hold per minute and, for each
 // workflow, its unfinished keys by state at each minute, from the status
-// history the completer records once a minute (phase.Client.History; none
-// on a key table distributed with Citus); the key list
+// history the completer records once a minute (phase.Client.History); the key list
 // filters by state, workflow, tenant, key prefix and age, a page at a time;
 // a key's page shows its request as stored, its state, the workflow's
 // phases (which it passed, the downstream key of each foreign one), its

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -126,10 +127,13 @@ func TestCitusAWorkflowRunsThroughAWorkerNode(t *testing.T) {
 		t.Fatalf("seen from the coordinator: %d notes, recovery point %q; want 3 and %q", notes, point, keyrow.Finished)
 	}
 	// The completer and the reaper work through the worker too, and find
-	// nothing to complain of: the status history, on the coordinator
-	// alone, is neither recorded nor trimmed there.
+	// nothing to complain of: the status history, a reference table, is
+	// recorded and trimmed there as on the coordinator.
 	if _, err := c.Complete(ctx); err != nil {
 		t.Fatalf("a completer pass through the worker: %v", err)
+	}
+	if ms, err := c.History(ctx, time.Hour); err != nil || len(ms) != 1 || ms[0].Workflow != "noted" {
+		t.Fatalf("the status history through the worker after a completer pass: %+v, %v; want its minute", ms, err)
 	}
 	if _, err := c.Reap(ctx); err != nil {
 		t.Fatalf("a reaper run through the worker: %v", err)

@@ -25,8 +25,7 @@ type StatusMinute struct {
 // History returns the unfinished keys of each workflow by status in each
 // minute of the last window that a completer recorded, oldest first, one
 // StatusMinute per workflow and minute. A minute no completer recorded
-// (none ran, or the key table is distributed with Citus) is missing, not
-// zero. It reads a table of a few rows a minute, kept for a day, however
+// (none ran) is missing, not zero. It reads a table of a few rows a minute, kept for a day, however
 // many keys the key table holds; a database whose schema predates it has
 // no history.
 func (c *Client) History(ctx context.Context, window time.Duration) ([]StatusMinute, error) {
@@ -99,7 +98,7 @@ func (b Backlog) Rate() string {
 // Backlog returns the stuck keys now and how fast they drained over the
 // last DrainWindow. Like Counts, it reads no finished key; the rate comes
 // from the status history, so it is not measured where none is recorded
-// (no completer ran, or the key table is distributed with Citus).
+// (no completer ran).
 func (c *Client) Backlog(ctx context.Context) (Backlog, error) {
 	counts, err := c.Counts(ctx)
 	if err != nil {

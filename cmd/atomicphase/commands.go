@@ -217,8 +217,8 @@ minutes (the completers' pace less the keys that became stuck meanwhile)
 and when, at that rate, none will be left. The rate comes from the status
 history the completers record once a minute: it needs three minutes
 recorded in a row, as the first minute of a series may be recorded at any
-second of it, so it is unknown in a completer's first minutes, where no
-completer runs, and on a key table distributed with Citus.`,
+second of it, so it is unknown in a completer's first minutes and where no
+completer runs.`,
 		define: defineStats,
 	},
 	{

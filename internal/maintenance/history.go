@@ -41,10 +41,10 @@ func (h *history) due() bool {
 }
 
 // recordHistory records the minute's counts when it is due. On a key table
-// distributed with Citus it records nothing: the history table is a plain
-// table on the coordinator there, and the console draws no history.
+// distributed with Citus the history is a reference table, on every node,
+// so a process connected to a worker records it too.
 func (c *Completer) recordHistory(ctx context.Context) {
-	if distributed(c.Distributed) || !c.history.due() {
+	if !c.history.due() {
 		return
 	}
 	if _, err := store.RecordHistory(ctx, c.db, c.workflows, c.cfg.StuckAfter); err != nil && ctx.Err() == nil {
@@ -53,14 +53,8 @@ func (c *Completer) recordHistory(ctx context.Context) {
 }
 
 // trimHistory deletes the status history past its retention. A failure
-// is logged and the run goes on: the keys matter more than the chart. On a
-// key table distributed with Citus no completer records history, and the
-// table is on the coordinator alone, out of reach of a process connected
-// to a worker: there it trims nothing.
+// is logged and the run goes on: the keys matter more than the chart.
 func (r *Reaper) trimHistory(ctx context.Context) {
-	if distributed(r.Distributed) {
-		return
-	}
 	if _, err := store.TrimHistory(ctx, r.db); err != nil && ctx.Err() == nil {
 		r.log.Warn("reaper could not trim the status history", "err", err)
 	}

@@ -276,3 +276,57 @@ func TestCitusCountAddsUpWhileKeysFinish(t *testing.T) {
 	t.Parallel()
 	countAddsUpWhileKeysFinish(t, pgtest.CitusPool(t, nil))
 }
+
+// TestCitusTheStatusHistoryIsRecordedOnEveryNode: on Citus the status
+// history is a reference table, so the completer of a process connected to
+// a worker records a minute, one connected to the coordinator then finds
+// it recorded and adds nothing, and both read and trim the same minutes.
+func TestCitusTheStatusHistoryIsRecordedOnEveryNode(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	worker := pgtest.CitusWorkerPool(t, db)
+	ctx := context.Background()
+	var method string
+	err := db.QueryRow(ctx, `SELECT partmethod FROM pg_dist_partition WHERE logicalrelid = 'atomicphase_status_history'::regclass`).Scan(&method)
+	if err != nil || method != "n" {
+		t.Fatalf("the status history's partition method = %q, %v; want n, a reference table", method, err)
+	}
+	const stuck = 40
+	_, err = db.Exec(ctx, `
+INSERT INTO idempotency_keys (id, tenant, idempotency_key, workflow, request_fingerprint, request_params, last_run_at)
+SELECT gen_random_uuid(), 'tenant-' || (i % 8), 'k' || i, 'orders', '\x00', '{}', now() - interval '1 hour'
+FROM generate_series(1, $1) AS i`, stuck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := store.RecordHistory(ctx, worker, []string{"orders", "refunds"}, time.Minute); err != nil || n != 10 {
+		t.Fatalf("RecordHistory through the worker: %d rows, %v; want 5 statuses of 2 workflows", n, err)
+	}
+	// Citus reports the rows it sent, conflicting or not: the table says
+	// what was kept.
+	if _, err := store.RecordHistory(ctx, db, []string{"orders", "refunds"}, time.Minute); err != nil {
+		t.Fatalf("RecordHistory through the coordinator in the same minute: %v", err)
+	}
+	var rows int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM atomicphase_status_history`).Scan(&rows); err != nil || rows != 10 {
+		t.Fatalf("the status history holds %d rows (%v); want the worker's 10 alone", rows, err)
+	}
+	for name, q := range map[string]*pgxpool.Pool{"coordinator": db, "worker": worker} {
+		minutes, err := store.History(ctx, q, time.Hour)
+		if err != nil || len(minutes) != 2 {
+			t.Fatalf("History through the %s: %+v, %v; want a minute of orders and one of refunds", name, minutes, err)
+		}
+		if m := minutes[0]; m.Workflow != "orders" || m.Stuck != stuck || m.Unfinished() != stuck {
+			t.Fatalf("the minute of orders through the %s: %+v; want %d stuck", name, m, stuck)
+		}
+		if m := minutes[1]; m.Workflow != "refunds" || m.Unfinished() != 0 {
+			t.Fatalf("the minute of refunds through the %s: %+v; want none", name, m)
+		}
+	}
+	if _, err := db.Exec(ctx, `UPDATE atomicphase_status_history SET minute = '2000-01-01 00:00+00'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := store.TrimHistory(ctx, worker); err != nil || n != 10 {
+		t.Fatalf("TrimHistory through the worker: %d, %v; want the 10 rows past retention", n, err)
+	}
+}

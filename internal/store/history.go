@@ -37,8 +37,9 @@ ON CONFLICT DO NOTHING`
 // RecordHistory records the current minute's unfinished keys of each
 // workflow by status, a key counting as stuck once idle for stuckAfter,
 // and returns the rows written: none when another process recorded the
-// minute first. The workflows given are recorded even with no unfinished
-// key.
+// minute first. (On a key table distributed with Citus, a statement sent
+// through the coordinator counts the rows it sent, kept or not.) The
+// workflows given are recorded even with no unfinished key.
 func RecordHistory(ctx context.Context, q Querier, workflows []string, stuckAfter time.Duration) (int, error) {
 	workflows = slices.Compact(slices.Sorted(slices.Values(workflows)))
 	sql, err := routedFor(ctx, q, recordHistorySQL)
