@@ -330,3 +330,38 @@ FROM generate_series(1, $1) AS i`, stuck)
 		t.Fatalf("TrimHistory through the worker: %d, %v; want the 10 rows past retention", n, err)
 	}
 }
+
+// TestCitusCountEstimatesTheFinishedKeysOfALargeTable: a coordinator holds
+// neither the rows of a distributed key table nor its statistics; past
+// exactCountPages a shard, the estimate reads each shard's on its node,
+// through the coordinator and through a worker, rather than count every
+// key of every shard. Two shards keep the table that is large enough small.
+func TestCitusCountEstimatesTheFinishedKeysOfALargeTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["citus.shard_count"] = "2" })
+	countEstimatesTheFinishedKeysOfALargeTable(t, 60_000, db, db, pgtest.CitusWorkerPool(t, db))
+}
+
+// TestCitusCountCountsEveryKeyOfATableOfAFewPagesAShard: up to
+// exactCountPages a shard, the shards' keys are counted, each on its node,
+// and no shard's statistics are read.
+func TestCitusCountCountsEveryKeyOfATableOfAFewPagesAShard(t *testing.T) {
+	t.Parallel()
+	db := pgtest.CitusPool(t, nil)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+                              recovery_point, finished_at, response_status, response_body)
+SELECT 'acme' || i % 8, 'k' || i, 'orders', '\x00', '{}', 'finished', now(), 201, convert_to(repeat('x', 1000), 'UTF8')
+FROM generate_series(1, 30000) AS i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `ANALYZE idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	counts, err := store.CountByWorkflow(ctx, db, time.Minute)
+	if c := counts["orders"]; err != nil || c.Finished != 30000 || c.FinishedEstimated {
+		t.Fatalf("counts of 30,000 keys over 8 shards: %+v, %v; want each key counted", c, err)
+	}
+}

@@ -404,3 +404,58 @@ func TestAClaimLeavesRunnableKeysOutOfAttemptsForBurial(t *testing.T) {
 		t.Errorf("bury = %d, %v; want the key out of attempts buried", n, err)
 	}
 }
+
+// TestCountEstimatesTheFinishedKeysOfALargeTable: in a table past
+// exactCountPages the finished keys of each workflow are estimated from the
+// statistics, close to the keys there are, and the unfinished ones are
+// counted exactly.
+func TestCountEstimatesTheFinishedKeysOfALargeTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	countEstimatesTheFinishedKeysOfALargeTable(t, 30_000, db, db)
+}
+
+// countEstimatesTheFinishedKeysOfALargeTable loads, through db, a table of
+// keys finished keys of two workflows (with 1 KB responses: 30,000 of them
+// are past exactCountPages) and 20 stuck ones, analyzes it, and checks the
+// counts read through each of qs.
+func countEstimatesTheFinishedKeysOfALargeTable(t *testing.T, keys int, db *pgxpool.Pool, qs ...*pgxpool.Pool) {
+	ctx := context.Background()
+	const stuck = 20
+	refunds := keys / 4
+	_, err := db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+                              recovery_point, finished_at, response_status, response_body)
+SELECT 'acme' || i % 8, 'k' || i, CASE WHEN i % 4 = 0 THEN 'refunds' ELSE 'orders' END, '\x00', '{}',
+       'finished', now(), 201, convert_to(repeat('x', 1000), 'UTF8')
+FROM generate_series(1, $1) AS i`, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params, last_run_at)
+SELECT 'acme' || i % 8, 's' || i, 'orders', '\x00', '{}', now() - interval '1 hour'
+FROM generate_series(1, $1) AS i`, stuck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `ANALYZE idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"orders": keys - refunds, "refunds": refunds}
+	for _, q := range qs {
+		counts, err := store.CountByWorkflow(ctx, q, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for workflow, finished := range want {
+			c := counts[workflow]
+			if !c.FinishedEstimated || c.Finished < finished*95/100 || c.Finished > finished*105/100 {
+				t.Errorf("%s: %+v; want about %d finished, estimated", workflow, c, finished)
+			}
+		}
+		if c := counts["orders"]; c.Stuck != stuck || c.Unfinished() != stuck {
+			t.Errorf("orders: %+v; want exactly %d stuck", c, stuck)
+		}
+	}
+}

@@ -300,24 +300,21 @@ WHERE c.oid = 'idempotency_keys'::regclass`
 // counted exactly in a table of up to exactCountPages pages; in a larger
 // one they are estimated from the table's statistics (its estimated rows,
 // each workflow's share of them, less its unfinished keys), so that the
-// count costs the same at ten million keys as at ten thousand. A Citus
-// coordinator holds neither the rows of a distributed key table nor its
-// statistics, so there every key is counted, each once.
+// count costs the same at ten million keys as at ten thousand. On a key
+// table distributed with Citus the statistics are each shard's, read on
+// its node.
 func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (map[string]keyrow.Counts, error) {
-	var (
-		perPage *float64
-		pages   int64
-	)
-	if err := q.QueryRow(ctx, tableSizeSQL).Scan(&perPage, &pages); err != nil {
-		return nil, fmt.Errorf("store: count: %w", err)
-	}
-	// Without statistics (the table was never analyzed) there is nothing
-	// to estimate from; autovacuum analyzes a table soon after it grows.
-	exact := pages <= exactCountPages || perPage == nil
 	distributed, err := IsDistributed(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("store: count: %w", err)
 	}
+	size, err := readTableSize(ctx, q, distributed)
+	if err != nil {
+		return nil, fmt.Errorf("store: count: %w", err)
+	}
+	// Without statistics (the table was never analyzed) there is nothing
+	// to estimate from; autovacuum analyzes a table soon after it grows.
+	exact := size.pages <= size.exactPages || !size.analyzed
 	sql := countUnfinishedSQL
 	switch {
 	case exact && distributed:
@@ -355,27 +352,160 @@ func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (
 	if exact {
 		return counts, nil
 	}
-	total := *perPage * float64(pages)
-	rows, err = q.Query(ctx, workflowShareSQL)
-	if err != nil {
-		return nil, fmt.Errorf("store: count: %w", err)
+	byWorkflow := size.byWorkflow
+	if byWorkflow == nil {
+		if byWorkflow, err = workflowRows(ctx, q, size.rows); err != nil {
+			return nil, fmt.Errorf("store: count: %w", err)
+		}
 	}
-	var share float64
-	_, err = pgx.ForEachRow(rows, []any{&workflow, &share}, func() error {
+	for workflow, rows := range byWorkflow {
 		sum := counts[workflow]
-		sum.Finished = max(int(share*total)-sum.Unfinished(), 0)
-		sum.FinishedEstimated = true
+		sum.Finished = max(int(rows)-sum.Unfinished(), 0)
 		counts[workflow] = sum
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: count: %w", err)
 	}
 	for w, c := range counts {
 		c.FinishedEstimated = true
 		counts[w] = c
 	}
 	return counts, nil
+}
+
+// tableSize is what the statistics say of the key table's size.
+type tableSize struct {
+	// pages is the table's size in pages now, and rows its estimated rows.
+	pages int64
+	rows  float64
+	// exactPages is the size up to which its keys are counted rather
+	// than estimated: exactCountPages, or as much on each shard.
+	exactPages int64
+	// analyzed is whether the statistics estimate the rows at all.
+	analyzed bool
+	// byWorkflow are the estimated rows of each common workflow, when read
+	// with the size (on Citus); nil otherwise.
+	byWorkflow map[string]float64
+}
+
+// readTableSize reads the key table's size and estimated rows: on one
+// Postgres from its catalog, on Citus from each shard's.
+func readTableSize(ctx context.Context, q Querier, distributed bool) (tableSize, error) {
+	if distributed {
+		return readShardSizes(ctx, q)
+	}
+	var perPage *float64
+	size := tableSize{exactPages: exactCountPages}
+	if err := q.QueryRow(ctx, tableSizeSQL).Scan(&perPage, &size.pages); err != nil {
+		return tableSize{}, err
+	}
+	if perPage != nil {
+		size.rows, size.analyzed = *perPage*float64(size.pages), true
+	}
+	return size, nil
+}
+
+// workflowRows returns the estimated rows of each common workflow of a
+// table of rows rows, from its statistics.
+func workflowRows(ctx context.Context, q Querier, rows float64) (map[string]float64, error) {
+	r, err := q.Query(ctx, workflowShareSQL)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	var (
+		workflow string
+		share    float64
+	)
+	_, err = pgx.ForEachRow(r, []any{&workflow, &share}, func() error {
+		out[workflow] = share * rows
+		return nil
+	})
+	return out, err
+}
+
+// shardSizesSQL is tableSizeSQL and workflowShareSQL for each shard of a
+// key table distributed with Citus, run on the shard's node, where its
+// rows and statistics are: a coordinator holds neither. Citus puts each
+// shard's name in place of %s.
+const shardSizesSQL = `
+SELECT success, result FROM run_command_on_shards('idempotency_keys', $$
+SELECT json_build_object(
+    'per_page', CASE WHEN c.relpages > 0 AND c.reltuples >= 0 THEN c.reltuples / c.relpages END,
+    'pages', pg_relation_size(c.oid) / current_setting('block_size')::int,
+    'shares', (SELECT json_object_agg(v.workflow, v.share)
+               FROM pg_namespace n
+               JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'workflow',
+                    unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(workflow, share)
+               WHERE n.oid = c.relnamespace))
+FROM pg_class c
+WHERE c.oid = '%s'::regclass$$)`
+
+// distributedPagesSQL is the size in pages of a key table distributed
+// with Citus, over its shards, and how many shards it has: a millisecond,
+// where shardSizesSQL opens a connection to each shard's node, a few
+// milliseconds each.
+const distributedPagesSQL = `
+SELECT citus_relation_size('idempotency_keys') / current_setting('block_size')::int,
+       (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'idempotency_keys'::regclass)`
+
+// readShardSizes is readTableSize on Citus, where the shards are counted
+// in parallel, each on its node: it counts every key up to
+// exactCountPages a shard, and reads each shard's statistics only for a
+// larger table. A shard not yet analyzed (too few rows for autovacuum to
+// have analyzed it) is taken to hold rows and workflows as the analyzed
+// ones do, page for page; with no shard analyzed, nothing is estimated.
+func readShardSizes(ctx context.Context, q Querier) (tableSize, error) {
+	var pages, shards int64
+	if err := q.QueryRow(ctx, distributedPagesSQL).Scan(&pages, &shards); err != nil {
+		return tableSize{}, err
+	}
+	exactPages := exactCountPages * max(shards, 1)
+	if pages <= exactPages {
+		return tableSize{pages: pages, exactPages: exactPages}, nil
+	}
+	rows, err := q.Query(ctx, shardSizesSQL)
+	if err != nil {
+		return tableSize{}, err
+	}
+	var (
+		success bool
+		result  string
+		size    = tableSize{exactPages: exactPages, byWorkflow: map[string]float64{}}
+		// analyzedPages and analyzedRows are those of the analyzed shards.
+		analyzedPages int64
+		analyzedRows  float64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&success, &result}, func() error {
+		if !success {
+			return fmt.Errorf("a shard's size: %s", result)
+		}
+		var shard struct {
+			PerPage *float64           `json:"per_page"`
+			Pages   int64              `json:"pages"`
+			Shares  map[string]float64 `json:"shares"`
+		}
+		if err := json.Unmarshal([]byte(result), &shard); err != nil {
+			return fmt.Errorf("a shard's size %q: %w", result, err)
+		}
+		size.pages += shard.Pages
+		if shard.PerPage == nil {
+			return nil
+		}
+		rows := *shard.PerPage * float64(shard.Pages)
+		analyzedPages += shard.Pages
+		analyzedRows += rows
+		for workflow, share := range shard.Shares {
+			size.byWorkflow[workflow] += share * rows
+		}
+		return nil
+	})
+	if err != nil || analyzedPages == 0 {
+		return tableSize{pages: size.pages, exactPages: exactPages}, err
+	}
+	scale := float64(size.pages) / float64(analyzedPages)
+	size.rows, size.analyzed = analyzedRows*scale, true
+	for workflow := range size.byWorkflow {
+		size.byWorkflow[workflow] *= scale
+	}
+	return size, nil
 }
 
 // Count returns how many keys are in each state, a key counting as stuck
