@@ -277,6 +277,14 @@ func TestCitusCountAddsUpWhileKeysFinish(t *testing.T) {
 	countAddsUpWhileKeysFinish(t, pgtest.CitusPool(t, nil))
 }
 
+// TestCitusUnfinishedKeysAddUpWhileKeysGoOnHold: on Citus too, a key
+// that goes on hold during a count of the unfinished keys, or of each
+// definition's, is counted once.
+func TestCitusUnfinishedKeysAddUpWhileKeysGoOnHold(t *testing.T) {
+	t.Parallel()
+	unfinishedAddsUpWhileKeysGoOnHold(t, pgtest.CitusPool(t, nil))
+}
+
 // TestCitusTheStatusHistoryIsRecordedOnEveryNode: on Citus the status
 // history is a reference table, so the completer of a process connected to
 // a worker records a minute, one connected to the coordinator then finds

@@ -23,16 +23,25 @@ const HistoryRetention = 24 * time.Hour
 // zero rather than as a minute nobody recorded. ON CONFLICT DO NOTHING
 // keeps the first row set of the minute: the completers of several
 // processes record the same counts, and the later ones change nothing.
-const recordHistorySQL = `
+var recordHistorySQL = recordHistoryOf(countUnfinishedSQL)
+
+// recordHistoryDistributedSQL is recordHistorySQL on Citus, of the counts
+// of countUnfinishedDistributedSQL.
+var recordHistoryDistributedSQL = recordHistoryOf(countUnfinishedDistributedSQL)
+
+// recordHistoryOf is the statement that records the counts of count.
+func recordHistoryOf(count string) string {
+	return `
 INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
 SELECT date_trunc('minute', now()), c.workflow, s.status, sum(s.keys)::int
-FROM (` + countUnfinishedSQL + `
+FROM (` + count + `
       UNION ALL
       SELECT w, 0, 0, 0, 0, 0, 0 FROM unnest($2::text[]) AS w) AS c
 CROSS JOIN LATERAL (VALUES ('in_flight', c.in_flight), ('waiting', c.waiting), ('stuck', c.stuck),
                            ('unknown', c.unknown), ('dead', c.dead)) AS s(status, keys)
 GROUP BY c.workflow, s.status
 ON CONFLICT DO NOTHING`
+}
 
 // RecordHistory records the current minute's unfinished keys of each
 // workflow by status, a key counting as stuck once idle for stuckAfter,
@@ -42,7 +51,14 @@ ON CONFLICT DO NOTHING`
 // workflows given are recorded even with no unfinished key.
 func RecordHistory(ctx context.Context, q Querier, workflows []string, stuckAfter time.Duration) (int, error) {
 	workflows = slices.Compact(slices.Sorted(slices.Values(workflows)))
-	sql, err := routedFor(ctx, q, recordHistorySQL)
+	distributed, err := IsDistributed(ctx, q)
+	if err != nil {
+		return 0, fmt.Errorf("store: record history: %w", err)
+	}
+	sql := recordHistoryDistributedSQL
+	if !distributed {
+		sql, err = routed(ctx, q, recordHistorySQL, false)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("store: record history: %w", err)
 	}

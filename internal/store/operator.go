@@ -260,15 +260,15 @@ const countAllSQL = countUnfinishedSQL + `
 UNION ALL
 SELECT workflow, count(*), 0, 0, 0, 0, 0 FROM idempotency_keys WHERE finished_at IS NOT NULL GROUP BY workflow`
 
-// countAllDistributedSQL is countAllSQL for a key table distributed with
-// Citus, in one scan of the table with no UNION: Citus sends it to each
-// shard as one query, read in one snapshot of that shard, and adds up the
-// shards' counts. Each key lives in one shard, so a key that finishes
-// meanwhile is counted once. Citus would run each part of countAllSQL's
-// UNION ALL as a query of its own, one after the other, and a key that
-// finished between two of them would be counted twice, or not at all. (A
-// finished key has no hold.)
-const countAllDistributedSQL = `
+// countDistributedSQL counts the keys of each workflow by state on a key
+// table distributed with Citus, in one scan of the table with no UNION:
+// Citus sends it to each shard as one query, read in one snapshot of that
+// shard, and adds up the shards' counts. Each key lives in one shard, so a
+// key that finishes, or goes on hold, meanwhile is counted once. Citus
+// would run each part of a UNION ALL as a query of its own, one after the
+// other, and a key that moved between two of them would be counted twice,
+// or not at all. (A finished key has no hold.)
+const countDistributedSQL = `
 SELECT workflow,
        count(*) FILTER (WHERE finished_at IS NOT NULL) AS finished,
        count(*) FILTER (WHERE finished_at IS NULL AND hold IS NULL AND lock_expires_at > now()) AS in_flight,
@@ -278,7 +278,19 @@ SELECT workflow,
                           AND last_run_at <= now() - $1::interval) AS stuck,
        count(*) FILTER (WHERE hold = 'unknown') AS unknown,
        count(*) FILTER (WHERE hold = 'dead') AS dead
-FROM idempotency_keys
+FROM idempotency_keys`
+
+// countAllDistributedSQL is countAllSQL on Citus: countDistributedSQL over
+// every key.
+const countAllDistributedSQL = countDistributedSQL + `
+GROUP BY workflow`
+
+// countUnfinishedDistributedSQL is countUnfinishedSQL on Citus:
+// countDistributedSQL over the keys of the index of unfinished keys and of
+// the index of keys on hold, which each shard reads together (a BitmapOr
+// of the two), never a finished key.
+const countUnfinishedDistributedSQL = countDistributedSQL + `
+WHERE (finished_at IS NULL AND hold IS NULL) OR hold IS NOT NULL
 GROUP BY workflow`
 
 // workflowShareSQL is the share of the table's rows each common workflow
@@ -319,6 +331,8 @@ func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (
 	switch {
 	case exact && distributed:
 		sql = countAllDistributedSQL
+	case distributed:
+		sql = countUnfinishedDistributedSQL
 	case exact:
 		sql = countAllSQL
 	}
