@@ -348,6 +348,54 @@ func TestCitusCountEstimatesTheFinishedKeysOfALargeTable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["citus.shard_count"] = "2" })
 	countEstimatesTheFinishedKeysOfALargeTable(t, 60_000, db, db, pgtest.CitusWorkerPool(t, db))
+
+	// A role that may not read the shards' statistics (an administrator
+	// revoked run_command_on_shards from PUBLIC) has its keys counted,
+	// each once, rather than an error. The tests of this package that
+	// share the cluster run as a superuser, whom the revoke leaves alone.
+	ctx := context.Background()
+	var schema string
+	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	role := "app_" + schema
+	for _, stmt := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys, atomicphase_audit, atomicphase_status_history,
+             atomicphase_watch, atomicphase_walk TO ` + role,
+		`REVOKE EXECUTE ON FUNCTION run_command_on_shards(regclass, text, boolean) FROM PUBLIC`,
+	} {
+		if _, err := db.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, stmt := range []string{
+			`GRANT EXECUTE ON FUNCTION run_command_on_shards(regclass, text, boolean) TO PUBLIC`,
+			`DROP OWNED BY ` + role,
+			`DROP ROLE ` + role,
+		} {
+			if _, err := db.Exec(ctx, stmt); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	cfg := db.Config().Copy()
+	cfg.ConnConfig.User = role
+	app, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	if _, err := app.Exec(ctx, `SELECT run_command_on_shards('idempotency_keys', 'SELECT 1')`); err == nil {
+		t.Fatal("the role may still call run_command_on_shards")
+	}
+	counts, err := store.CountByWorkflow(ctx, app, time.Minute)
+	if c := counts["orders"]; err != nil || c.Finished != 45_000 || c.FinishedEstimated {
+		t.Fatalf("orders counted by a role that may not read the shards' statistics: %+v, %v; want 45,000 finished, counted", c, err)
+	}
 }
 
 // TestCitusCountCountsEveryKeyOfATableOfAFewPagesAShard: up to

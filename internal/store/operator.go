@@ -466,15 +466,26 @@ SELECT citus_relation_size('idempotency_keys') / current_setting('block_size')::
 // larger table. A shard not yet analyzed (too few rows for autovacuum to
 // have analyzed it) is taken to hold rows and workflows as the analyzed
 // ones do, page for page; with no shard analyzed, nothing is estimated.
+// Where the statistics cannot be read (a role that may not call
+// run_command_on_shards, a node that refuses the role's connection), the
+// keys are counted, as in a smaller table: slower, never wrong.
 func readShardSizes(ctx context.Context, q Querier) (tableSize, error) {
 	var pages, shards int64
 	if err := q.QueryRow(ctx, distributedPagesSQL).Scan(&pages, &shards); err != nil {
 		return tableSize{}, err
 	}
 	exactPages := exactCountPages * max(shards, 1)
-	if pages <= exactPages {
-		return tableSize{pages: pages, exactPages: exactPages}, nil
+	if pages > exactPages {
+		if size, err := readShardStatistics(ctx, q, exactPages); err == nil || ctx.Err() != nil {
+			return size, err
+		}
 	}
+	return tableSize{pages: pages, exactPages: exactPages}, nil
+}
+
+// readShardStatistics reads the size and statistics of each shard of the
+// key table on its node, for readShardSizes.
+func readShardStatistics(ctx context.Context, q Querier, exactPages int64) (tableSize, error) {
 	rows, err := q.Query(ctx, shardSizesSQL)
 	if err != nil {
 		return tableSize{}, err
