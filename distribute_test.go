@@ -240,7 +240,7 @@ func TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable(t *te
 	if _, err := store.RecordHistory(ctx, worker, []string{"orders"}, time.Minute); err != nil {
 		t.Fatalf("RecordHistory through a worker: %v", err)
 	}
-	minutes, err := store.History(ctx, worker, time.Hour)
+	minutes, _, err := store.History(ctx, worker, time.Hour)
 	if err != nil || len(minutes) != 2 || minutes[0].Stuck != 7 || minutes[1].Stuck != 0 {
 		t.Fatalf("History through a worker: %+v, %v; want the minute kept from before (7 stuck) and the new one", minutes, err)
 	}

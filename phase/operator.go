@@ -82,20 +82,18 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	history, err := c.History(ctx, time.Hour)
+	history, now, err := c.history(ctx, time.Hour)
 	if err != nil {
 		return nil, err
 	}
-	var stuck int
+	var all keyrow.Counts
 	for _, n := range counts {
-		stuck += n.Stuck
-	}
-	backlog, err := c.backlog(ctx, stuck)
-	if err != nil {
-		return nil, err
+		all.InFlight += n.InFlight
+		all.Waiting += n.Waiting
+		all.Stuck += n.Stuck
 	}
 	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)),
-		History: history, Backlog: backlog}
+		History: history, Backlog: backlog(all, recent(history, now), now)}
 	for i, m := range minutes {
 		o.Minutes[i] = Minute(m)
 	}

@@ -212,13 +212,15 @@ to the total:
 
 'atomicphase list' shows the keys behind the last three.
 
-The backlog line says how fast the stuck keys drained over the last five
-minutes (the completers' pace less the keys that became stuck meanwhile)
-and when, at that rate, none will be left. The rate comes from the status
-history the completers record once a minute: it needs three minutes
-recorded in a row, as the first minute of a series may be recorded at any
-second of it, so it is unknown in a completer's first minutes and where no
-completer runs.`,
+The backlog line says how fast the completer's keys (unfinished, not on
+hold: in flight, waiting or stuck) fell since the newest minute of status
+history recorded at least a minute ago (the completers' pace less the keys
+left unfinished meanwhile), and when, at that rate, none will be left.
+Keys passing from waiting to stuck are neither a drain nor growth. The
+completers record the history once a minute; the first minute of a series
+may be recorded at any second of it and is not measured from, so the rate
+is unknown in a completer's first two minutes and where no completer
+runs.`,
 		define: defineStats,
 	},
 	{

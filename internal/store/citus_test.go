@@ -320,7 +320,7 @@ FROM generate_series(1, $1) AS i`, stuck)
 		t.Fatalf("the status history holds %d rows (%v); want the worker's 10 alone", rows, err)
 	}
 	for name, q := range map[string]*pgxpool.Pool{"coordinator": db, "worker": worker} {
-		minutes, err := store.History(ctx, q, time.Hour)
+		minutes, _, err := store.History(ctx, q, time.Hour)
 		if err != nil || len(minutes) != 2 {
 			t.Fatalf("History through the %s: %+v, %v; want a minute of orders and one of refunds", name, minutes, err)
 		}

@@ -92,27 +92,29 @@ type StatusMinute struct {
 }
 
 // historySQL reads the minutes recorded since $1 ago, a range of the
-// primary key.
+// primary key, each row with the time now, by the database's clock that
+// recorded them.
 const historySQL = `
-SELECT minute, workflow, status, keys FROM atomicphase_status_history
+SELECT minute, workflow, status, keys, now() FROM atomicphase_status_history
 WHERE minute >= date_trunc('minute', now()) - $1::interval
 ORDER BY minute, workflow`
 
 // History returns the minutes recorded in the last window, oldest first,
-// one StatusMinute per workflow and minute recorded.
-func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinute, error) {
+// one StatusMinute per workflow and minute recorded, and the database's
+// time now (zero when none was recorded).
+func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinute, time.Time, error) {
 	rows, err := q.Query(ctx, historySQL, window)
 	if err != nil {
-		return nil, fmt.Errorf("store: history: %w", err)
+		return nil, time.Time{}, fmt.Errorf("store: history: %w", err)
 	}
 	var (
 		out      []StatusMinute
-		at       time.Time
+		at, now  time.Time
 		workflow string
 		status   keyrow.Status
 		keys     int
 	)
-	_, err = pgx.ForEachRow(rows, []any{&at, &workflow, &status, &keys}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&at, &workflow, &status, &keys, &now}, func() error {
 		if n := len(out); n == 0 || !out[n-1].At.Equal(at) || out[n-1].Workflow != workflow {
 			out = append(out, StatusMinute{At: at, Workflow: workflow})
 		}
@@ -120,7 +122,7 @@ func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinu
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: history: %w", err)
+		return nil, time.Time{}, fmt.Errorf("store: history: %w", err)
 	}
-	return out, nil
+	return out, now, nil
 }
