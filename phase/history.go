@@ -55,8 +55,12 @@ func (c *Client) history(ctx context.Context, window time.Duration) ([]StatusMin
 const DrainWindow = 5 * time.Minute
 
 // DrainSpan is the shortest span Backlog measures a drain over: the rate
-// runs from the newest recorded minute at least this old to now.
-const DrainSpan = time.Minute
+// runs from the newest recorded minute at least this old to now, so from
+// a quarter of a minute to a minute and a quarter while completers run.
+// A minute's record is made by the first completer pass in it, at most
+// about a pass after the minute began; the longer the span, the less
+// that blurs the rate, which it can only make read low.
+const DrainSpan = 15 * time.Second
 
 // Backlog is the completer's backlog, the stuck keys, and how fast it
 // drains.
@@ -73,7 +77,7 @@ type Backlog struct {
 	// newest minute the completers recorded at least DrainSpan before now
 	// (see History) to now: the completers' pace less the keys left
 	// unfinished meanwhile, negative when more were left than finished.
-	// Over is that span, at most DrainWindow and a minute. Keys passing
+	// Over is that span, between DrainSpan and DrainWindow and a minute. Keys passing
 	// from waiting to stuck do not change it. It is measured only from a
 	// minute that follows a recorded minute (the first of a series may
 	// have been recorded at any second of it); Measured says whether there
@@ -117,7 +121,8 @@ func (b Backlog) Rate() string {
 }
 
 // Backlog returns the stuck keys now and how fast the completer's keys
-// drained over the last minute or two. Like Counts, it reads no finished
+// drained since the newest minute of status history at least DrainSpan
+// old. Like Counts, it reads no finished
 // key; the rate comes from the status history, so it is not measured
 // where none is recorded (no completer ran).
 func (c *Client) Backlog(ctx context.Context) (Backlog, error) {

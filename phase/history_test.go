@@ -8,13 +8,13 @@ import (
 	"github.com/atomicphase/atomicphase/phase"
 )
 
-// TestBacklogRateIsTheFallOfTheCompletersKeysSinceAMinuteAgo: the rate
-// runs from the newest minute recorded at least a minute ago to the keys
+// TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestMinute: the
+// rate runs from the newest minute recorded at least DrainSpan ago to the keys
 // counted now, so a drain in progress shows before the next minute is
 // recorded; keys passing from waiting to stuck are neither a drain nor
 // growth; and neither the first minute of a series nor a minute younger
 // than DrainSpan is measured from.
-func TestBacklogRateIsTheFallOfTheCompletersKeysSinceAMinuteAgo(t *testing.T) {
+func TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestMinute(t *testing.T) {
 	t.Parallel()
 	base := time.Date(2026, 12, 3, 5, 0, 0, 0, time.UTC)
 	minutes := func(counts ...keyrow.Counts) []phase.StatusMinute {
@@ -40,12 +40,13 @@ func TestBacklogRateIsTheFallOfTheCompletersKeysSinceAMinuteAgo(t *testing.T) {
 		over       time.Duration
 		measured   bool
 	}{
-		{"a drain in progress", stuck(1500, 1500, 1500, 1500), 3*time.Minute + 40*time.Second, 500, 10, 100 * time.Second, true},
+		{"a drain in progress", stuck(1500, 1500, 1500, 1500), 3*time.Minute + 40*time.Second, 500, 25, 40 * time.Second, true},
+		{"a drain in the first seconds of a minute", stuck(1500, 1500, 1500, 1500), 3*time.Minute + 10*time.Second, 800, 10, 70 * time.Second, true},
 		{"keys becoming stuck", minutes(keyrow.Counts{Waiting: 2000}, keyrow.Counts{Waiting: 1000, Stuck: 1000},
 			keyrow.Counts{InFlight: 4, Stuck: 1996}), 3 * time.Minute, 2000, 0, 60 * time.Second, true},
 		{"a rising backlog", stuck(0, 600, 1200, 1800), 3 * time.Minute, 2400, -20, 60 * time.Second, true},
 		{"the first minute is not measured from", stuck(9000), 5 * time.Minute, 0, 0, 0, false},
-		{"a minute younger than DrainSpan is not measured from", stuck(9000, 60), 90 * time.Second, 0, 0, 0, false},
+		{"a minute younger than DrainSpan is not measured from", stuck(9000, 60), 70 * time.Second, 0, 0, 0, false},
 	} {
 		rate, over, measured := phase.DrainRate(c.ms, base.Add(c.now), c.unfinished)
 		if rate != c.rate || over != c.over || measured != c.measured {

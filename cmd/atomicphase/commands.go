@@ -214,13 +214,13 @@ to the total:
 
 The backlog line says how fast the completer's keys (unfinished, not on
 hold: in flight, waiting or stuck) fell since the newest minute of status
-history recorded at least a minute ago (the completers' pace less the keys
-left unfinished meanwhile), and when, at that rate, none will be left.
-Keys passing from waiting to stuck are neither a drain nor growth. The
-completers record the history once a minute; the first minute of a series
-may be recorded at any second of it and is not measured from, so the rate
-is unknown in a completer's first two minutes and where no completer
-runs.`,
+history recorded at least 15 seconds ago (the completers' pace less the
+keys left unfinished meanwhile), over the span it names, and when, at that
+rate, none will be left. Keys passing from waiting to stuck are neither a
+drain nor growth. The completers record the history once a minute; the
+first minute of a series may be recorded at any second of it and is not
+measured from, so the rate is unknown in a completer's first minute or two
+and where no completer runs.`,
 		define: defineStats,
 	},
 	{
