@@ -72,20 +72,23 @@ func documentedGrantsRunEverything(t *testing.T, admin *pgxpool.Pool, citus bool
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys, atomicphase_audit, atomicphase_status_history,
              atomicphase_watch, atomicphase_walk TO ` + role,
 	} {
-		if _, err := admin.Exec(ctx, stmt); err != nil {
+		// On Citus the role and its grants reach every node.
+		if err := pgtest.RetryDeadlocks(func() error { _, err := admin.Exec(ctx, stmt); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if citus {
 		// docs/citus.md: Citus draws the audit's ids on the coordinator
 		// with nextval, which checks the role's grant on the sequence.
-		if _, err := admin.Exec(ctx, `GRANT USAGE ON SEQUENCE atomicphase_audit_id_seq TO `+role); err != nil {
+		grant := `GRANT USAGE ON SEQUENCE atomicphase_audit_id_seq TO ` + role
+		if err := pgtest.RetryDeadlocks(func() error { _, err := admin.Exec(ctx, grant); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+		for _, stmt := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+			_ = pgtest.RetryDeadlocks(func() error { _, err := admin.Exec(context.Background(), stmt); return err })
+		}
 	})
 	cfg := admin.Config().Copy()
 	cfg.ConnConfig.User = role

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -161,11 +163,28 @@ func citusSchema(t testing.TB, c *pgcluster.Citus) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 		defer cancel()
-		if err := pgcluster.Exec(ctx, admin, "DROP SCHEMA "+ident(schema)+" CASCADE"); err != nil {
+		err := RetryDeadlocks(func() error { return pgcluster.Exec(ctx, admin, "DROP SCHEMA "+ident(schema)+" CASCADE") })
+		if err != nil {
 			t.Error(err)
 		}
 	})
 	return schema
+}
+
+// RetryDeadlocks runs f until it returns anything but a deadlock error,
+// five times at most: DDL of tests that share the Citus cluster (a schema
+// dropped with its shards, a role's grants) takes locks on every node,
+// and Postgres breaks a deadlock between two such statements by failing
+// one of them, to be run again.
+func RetryDeadlocks(f func() error) error {
+	var err error
+	for range 5 {
+		var pgErr *pgconn.PgError
+		if err = f(); !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.DeadlockDetected {
+			return err
+		}
+	}
+	return err
 }
 
 // CitusSchemaPool is CitusPool without the atomicphase schema: the

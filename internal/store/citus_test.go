@@ -366,7 +366,7 @@ func TestCitusCountEstimatesTheFinishedKeysOfALargeTable(t *testing.T) {
              atomicphase_watch, atomicphase_walk TO ` + role,
 		`REVOKE EXECUTE ON FUNCTION run_command_on_shards(regclass, text, boolean) FROM PUBLIC`,
 	} {
-		if _, err := db.Exec(ctx, stmt); err != nil {
+		if err := pgtest.RetryDeadlocks(func() error { _, err := db.Exec(ctx, stmt); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -377,7 +377,7 @@ func TestCitusCountEstimatesTheFinishedKeysOfALargeTable(t *testing.T) {
 			`DROP OWNED BY ` + role,
 			`DROP ROLE ` + role,
 		} {
-			if _, err := db.Exec(ctx, stmt); err != nil {
+			if err := pgtest.RetryDeadlocks(func() error { _, err := db.Exec(ctx, stmt); return err }); err != nil {
 				t.Error(err)
 			}
 		}
