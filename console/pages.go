@@ -254,13 +254,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request, rq *request) 
 	d := overviewData{Overview: *o, Definitions: defs}
 	for name, n := range o.Workflows {
 		d.Workflows = append(d.Workflows, workflowCounts{name, n})
-		d.Total.Finished += n.Finished
-		d.Total.FinishedEstimated = d.Total.FinishedEstimated || n.FinishedEstimated
-		d.Total.InFlight += n.InFlight
-		d.Total.Waiting += n.Waiting
-		d.Total.Stuck += n.Stuck
-		d.Total.Unknown += n.Unknown
-		d.Total.Dead += n.Dead
+		d.Total = d.Total.Add(n)
 	}
 	slices.SortFunc(d.Workflows, func(a, b workflowCounts) int { return strings.Compare(a.Name, b.Name) })
 	c.render(w, r, rq, http.StatusOK, "overview", "Overview", d, "")

@@ -255,6 +255,20 @@ func (c Counts) Total() int {
 	return c.Finished + c.Unfinished()
 }
 
+// Add returns c and o counted together: the keys of each state summed,
+// the finished ones estimated when either's were.
+func (c Counts) Add(o Counts) Counts {
+	return Counts{
+		Finished:          c.Finished + o.Finished,
+		FinishedEstimated: c.FinishedEstimated || o.FinishedEstimated,
+		InFlight:          c.InFlight + o.InFlight,
+		Waiting:           c.Waiting + o.Waiting,
+		Stuck:             c.Stuck + o.Stuck,
+		Unknown:           c.Unknown + o.Unknown,
+		Dead:              c.Dead + o.Dead,
+	}
+}
+
 // Unfinished is the number of keys without a stored response, in any state.
 func (c Counts) Unfinished() int {
 	return c.InFlight + c.Waiting + c.Stuck + c.Unknown + c.Dead

@@ -88,9 +88,7 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	}
 	var all keyrow.Counts
 	for _, n := range counts {
-		all.InFlight += n.InFlight
-		all.Waiting += n.Waiting
-		all.Stuck += n.Stuck
+		all = all.Add(n)
 	}
 	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)),
 		History: history, Backlog: backlog(all, recent(history, now), now)}

@@ -350,14 +350,7 @@ func CountByWorkflow(ctx context.Context, q Querier, stuckAfter time.Duration) (
 		c        keyrow.Counts
 	)
 	_, err = pgx.ForEachRow(rows, []any{&workflow, &c.Finished, &c.InFlight, &c.Waiting, &c.Stuck, &c.Unknown, &c.Dead}, func() error {
-		sum := counts[workflow]
-		sum.Finished += c.Finished
-		sum.InFlight += c.InFlight
-		sum.Waiting += c.Waiting
-		sum.Stuck += c.Stuck
-		sum.Unknown += c.Unknown
-		sum.Dead += c.Dead
-		counts[workflow] = sum
+		counts[workflow] = counts[workflow].Add(c)
 		return nil
 	})
 	if err != nil {
@@ -542,13 +535,7 @@ func Count(ctx context.Context, q Querier, stuckAfter time.Duration) (keyrow.Cou
 	}
 	var total keyrow.Counts
 	for _, c := range byWorkflow {
-		total.Finished += c.Finished
-		total.FinishedEstimated = total.FinishedEstimated || c.FinishedEstimated
-		total.InFlight += c.InFlight
-		total.Waiting += c.Waiting
-		total.Stuck += c.Stuck
-		total.Unknown += c.Unknown
-		total.Dead += c.Dead
+		total = total.Add(c)
 	}
 	return total, nil
 }
