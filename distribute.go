@@ -44,6 +44,7 @@ SELECT create_distributed_table('idempotency_keys', 'tenant');
 ALTER TABLE atomicphase_audit DROP CONSTRAINT atomicphase_audit_pkey, ADD PRIMARY KEY (tenant, id);
 SELECT create_distributed_table('atomicphase_audit', 'tenant', colocate_with => 'idempotency_keys');
 SELECT create_reference_table('atomicphase_status_history');
+SELECT create_reference_table('atomicphase_backlog_samples');
 `
 
 // Distribute migrates the database (see [Migrate]) and then distributes the

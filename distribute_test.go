@@ -193,12 +193,12 @@ func TestMigrateOnACitusWorkerSaysToUseTheCoordinator(t *testing.T) {
 	}
 }
 
-// TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable:
-// a key table distributed by an earlier release left the status history
-// a plain table on the coordinator; migration 014 makes it a reference
-// table, keeping its minutes, so that a process connected to a worker
-// records and reads it too.
-func TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable(t *testing.T) {
+// TestMigrateMakesTheHistoryOfADistributedKeyTableReferenceTables: a key
+// table distributed by an earlier release left the status history a plain
+// table on the coordinator, and had no table for the backlog's counts;
+// migrations 014 and 015 make both reference tables, keeping the minutes,
+// so that a process connected to a worker records and reads them too.
+func TestMigrateMakesTheHistoryOfADistributedKeyTableReferenceTables(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusSchemaPool(t, nil)
 	ctx := context.Background()
@@ -206,10 +206,11 @@ func TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable(t *te
 	if _, err := atomicphase.MigrateWith(ctx, db, ms[:13]); err != nil {
 		t.Fatal(err)
 	}
-	const reference = "SELECT create_reference_table('atomicphase_status_history');\n"
+	const reference = "SELECT create_reference_table('atomicphase_status_history');\n" +
+		"SELECT create_reference_table('atomicphase_backlog_samples');\n"
 	before, found := strings.CutSuffix(atomicphase.DistributeSQL, reference)
 	if !found {
-		t.Fatalf("DistributeSQL does not end by making the status history a reference table:\n%s", atomicphase.DistributeSQL)
+		t.Fatalf("DistributeSQL does not end by making the history's tables reference tables:\n%s", atomicphase.DistributeSQL)
 	}
 	if _, err := db.Exec(ctx, before); err != nil {
 		t.Fatalf("the earlier release's distribution: %v", err)
@@ -217,15 +218,15 @@ func TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable(t *te
 	if _, err := db.Exec(ctx, `INSERT INTO atomicphase_status_history VALUES (date_trunc('minute', now()) - interval '1 minute', 'orders', 'stuck', 7)`); err != nil {
 		t.Fatal(err)
 	}
-	method := func() string {
+	method := func(table string) string {
 		var m string
-		err := db.QueryRow(ctx, `SELECT coalesce((SELECT partmethod::text FROM pg_dist_partition WHERE logicalrelid = 'atomicphase_status_history'::regclass), '')`).Scan(&m)
+		err := db.QueryRow(ctx, `SELECT coalesce((SELECT partmethod::text FROM pg_dist_partition WHERE logicalrelid = to_regclass($1)), '')`, table).Scan(&m)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return m
 	}
-	if m := method(); m != "" {
+	if m := method("atomicphase_status_history"); m != "" {
 		t.Fatalf("the status history's partition method before the migration = %q; want a plain table", m)
 	}
 	for range 2 {
@@ -233,15 +234,23 @@ func TestMigrateMakesTheStatusHistoryOfADistributedKeyTableAReferenceTable(t *te
 			t.Fatal(err)
 		}
 	}
-	if m := method(); m != "n" {
-		t.Fatalf("the status history's partition method after the migration = %q; want n, a reference table", m)
+	for _, table := range []string{"atomicphase_status_history", "atomicphase_backlog_samples"} {
+		if m := method(table); m != "n" {
+			t.Fatalf("the partition method of %s after the migration = %q; want n, a reference table", table, m)
+		}
 	}
 	worker := pgtest.CitusWorkerPool(t, db)
 	if _, err := store.RecordHistory(ctx, worker, []string{"orders"}, time.Minute); err != nil {
 		t.Fatalf("RecordHistory through a worker: %v", err)
 	}
-	minutes, _, err := store.History(ctx, worker, time.Hour)
+	minutes, err := store.History(ctx, worker, time.Hour)
 	if err != nil || len(minutes) != 2 || minutes[0].Stuck != 7 || minutes[1].Stuck != 0 {
 		t.Fatalf("History through a worker: %+v, %v; want the minute kept from before (7 stuck) and the new one", minutes, err)
+	}
+	if _, err := store.RecordSample(ctx, worker); err != nil {
+		t.Fatalf("RecordSample through a worker: %v", err)
+	}
+	if s, ok, _, err := store.LatestSample(ctx, db, 0, time.Hour); err != nil || !ok || s.Keys != 0 {
+		t.Fatalf("LatestSample through the coordinator: %+v, %v, %v; want a count of no keys", s, ok, err)
 	}
 }

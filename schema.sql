@@ -226,6 +226,24 @@ COMMENT ON COLUMN atomicphase_status_history.status IS
 COMMENT ON COLUMN atomicphase_status_history.keys IS
     'How many of the workflow''s keys were in the status at that minute.';
 
+-- The unfinished keys not on hold, counted every few seconds by the
+-- completer for the backlog's drain rate and deleted by the reaper after
+-- an hour. See migrations/015_backlog_samples.up.sql.
+CREATE TABLE IF NOT EXISTS atomicphase_backlog_samples (
+    slot timestamptz NOT NULL PRIMARY KEY,
+    at   timestamptz NOT NULL,
+    keys integer     NOT NULL
+);
+
+COMMENT ON TABLE atomicphase_backlog_samples IS
+    'The unfinished keys not on hold, counted by the first completer pass of each five seconds; the reaper deletes rows older than an hour.';
+COMMENT ON COLUMN atomicphase_backlog_samples.slot IS
+    'The five seconds counted in, by the database clock: one count each.';
+COMMENT ON COLUMN atomicphase_backlog_samples.at IS
+    'When the keys were counted, by the database clock.';
+COMMENT ON COLUMN atomicphase_backlog_samples.keys IS
+    'How many keys were unfinished and not on hold (in flight, waiting or stuck).';
+
 -- Raised by fenced statements when the caller's lease token no longer matches,
 -- so that a pipelined COMMIT after the statement turns into a rollback.
 CREATE OR REPLACE FUNCTION atomicphase_lease_lost() RETURNS void

@@ -12,6 +12,3 @@ func WithCallClock(ctx context.Context) (context.Context, func() time.Duration) 
 	clock := &callClock{}
 	return context.WithValue(ctx, callClockKey{}, clock), func() time.Duration { return time.Duration(clock.spent.Load()) }
 }
-
-// DrainRate is drainRate, for its cases.
-var DrainRate = drainRate

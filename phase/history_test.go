@@ -1,6 +1,8 @@
 package phase_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -8,71 +10,121 @@ import (
 	"github.com/atomicphase/atomicphase/phase"
 )
 
-// TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestMinute: the
-// rate runs from the newest minute recorded at least DrainSpan ago to the keys
-// counted now, so a drain in progress shows before the next minute is
-// recorded; keys passing from waiting to stuck are neither a drain nor
-// growth; and neither the first minute of a series nor a minute younger
-// than DrainSpan is measured from.
-func TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestMinute(t *testing.T) {
+// TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestCount: the
+// rate runs from the newest count of the completer's keys taken at least
+// DrainSpan ago to the keys counted now, over the time between them by the
+// database's clock; a count younger than DrainSpan or older than
+// DrainWindow is not measured from; keys passing from waiting to stuck
+// are neither a drain nor growth.
+func TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestCount(t *testing.T) {
 	t.Parallel()
-	base := time.Date(2026, 12, 3, 5, 0, 0, 0, time.UTC)
-	minutes := func(counts ...keyrow.Counts) []phase.StatusMinute {
-		var ms []phase.StatusMinute
-		for i, c := range counts {
-			ms = append(ms, phase.StatusMinute{At: base.Add(time.Duration(i) * time.Minute), Workflow: "rides", Counts: c})
-		}
-		return ms
+	ctx := context.Background()
+	e := setup(t)
+	fp, err := keyrow.Fingerprint("orders", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
 	}
-	stuck := func(n ...int) []phase.StatusMinute {
-		var cs []keyrow.Counts
-		for _, n := range n {
-			cs = append(cs, keyrow.Counts{Stuck: n})
+	// 6 stuck keys and 4 waiting ones (tried a moment ago), 10 unfinished.
+	_, err = e.db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params, last_run_at)
+SELECT 'acme', 'k' || i, 'orders', $1, '{}', now() - CASE WHEN i <= 6 THEN interval '1 hour' ELSE interval '0' END
+FROM generate_series(1, 10) AS i`, fp[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.c.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (phase.Backlog{Keys: 6, Waiting: 4, Unfinished: 10}); b != want {
+		t.Fatalf("backlog with no count taken = %+v; want %+v", b, want)
+	}
+	if got, want := b.Rate(), "drain rate unknown: no completer counted its keys between 10s and 5m0s ago"; got != want {
+		t.Errorf("rate %q; want %q", got, want)
+	}
+	// counted replaces the completers' counts with keys counted ago.
+	counted := func(counts map[time.Duration]int) {
+		t.Helper()
+		if _, err := e.db.Exec(ctx, `DELETE FROM atomicphase_backlog_samples`); err != nil {
+			t.Fatal(err)
 		}
-		return minutes(cs...)
+		for ago, keys := range counts {
+			_, err := e.db.Exec(ctx, `
+INSERT INTO atomicphase_backlog_samples (slot, at, keys)
+SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), now() - $1::interval, $2`, ago, keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	for _, c := range []struct {
-		name       string
-		ms         []phase.StatusMinute
-		now        time.Duration
-		unfinished int
-		rate       float64
-		over       time.Duration
-		measured   bool
+		name   string
+		counts map[time.Duration]int
+		from   int
+		ago    time.Duration
+		rate   string
 	}{
-		{"a drain in progress", stuck(1500, 1500, 1500, 1500), 3*time.Minute + 40*time.Second, 500, 25, 40 * time.Second, true},
-		{"a drain in the first seconds of a minute", stuck(1500, 1500, 1500, 1500), 3*time.Minute + 10*time.Second, 800, 10, 70 * time.Second, true},
-		{"keys becoming stuck", minutes(keyrow.Counts{Waiting: 2000}, keyrow.Counts{Waiting: 1000, Stuck: 1000},
-			keyrow.Counts{InFlight: 4, Stuck: 1996}), 3 * time.Minute, 2000, 0, 60 * time.Second, true},
-		{"a rising backlog", stuck(0, 600, 1200, 1800), 3 * time.Minute, 2400, -20, 60 * time.Second, true},
-		{"the first minute is not measured from", stuck(9000), 5 * time.Minute, 0, 0, 0, false},
-		{"a minute younger than DrainSpan is not measured from", stuck(9000, 60), 70 * time.Second, 0, 0, 0, false},
+		{"a drain in progress", map[time.Duration]int{6 * time.Minute: 90_000, 40 * time.Second: 400, 20 * time.Second: 250, 5 * time.Second: 3},
+			250, 20 * time.Second, `draining 12.0 a second over the last 20s, empty in about 1s`},
+		{"a rising backlog", map[time.Duration]int{12 * time.Second: 4}, 4, 12 * time.Second, `growing by 0.5 a second over the last 12s`},
+		{"keys becoming stuck", map[time.Duration]int{15 * time.Second: 10}, 10, 15 * time.Second, `not draining over the last 15s`},
 	} {
-		rate, over, measured := phase.DrainRate(c.ms, base.Add(c.now), c.unfinished)
-		if rate != c.rate || over != c.over || measured != c.measured {
-			t.Errorf("%s: %.2f a second over %v, measured %v; want %.2f over %v, %v", c.name, rate, over, measured, c.rate, c.over, c.measured)
+		counted(c.counts)
+		b, err := e.c.Backlog(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The span runs to the database's time of the read, a moment after
+		// the count was written.
+		if !b.Measured || b.Over < c.ago || b.Over > c.ago+5*time.Second || b.PerSecond != float64(c.from-10)/b.Over.Seconds() {
+			t.Errorf("%s: backlog %+v; want %d keys less 10 over %v", c.name, b, c.from, c.ago)
+		}
+		b.Over = c.ago
+		b.PerSecond = float64(c.from-10) / c.ago.Seconds()
+		if got := b.Rate(); got != c.rate {
+			t.Errorf("%s: rate %q; want %q", c.name, got, c.rate)
+		}
+	}
+	for _, counts := range []map[time.Duration]int{{9 * time.Second: 500}, {6 * time.Minute: 500}} {
+		counted(counts)
+		if b, err := e.c.Backlog(ctx); err != nil || b.Measured {
+			t.Errorf("backlog from %v = %+v, %v; want the rate not measured", counts, b, err)
 		}
 	}
 }
 
 // TestBacklogSaysHowLongItsUnfinishedKeysTake: the time to empty counts the
-// keys waiting out a backoff too, and a backlog whose keys do not fall
-// says it is not draining.
+// keys waiting out a backoff too, a backlog of waiting keys alone is not
+// empty, keys in flight alone are no backlog, and a backlog whose keys do
+// not fall says it is not draining.
 func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 	t.Parallel()
-	b := phase.Backlog{Keys: 600, Unfinished: 1000, PerSecond: 10, Over: 80 * time.Second, Measured: true}
-	if d, ok := b.EmptyIn(); !ok || d != 100*time.Second {
-		t.Errorf("%+v empty in %v, %v; want 1m40s", b, d, ok)
-	}
-	if got, want := b.Rate(), "draining 10.0 a second over the last 1m20s, empty in about 1m40s"; got != want {
-		t.Errorf("rate %q; want %q", got, want)
-	}
-	b.PerSecond = 0
-	if got, want := b.Rate(), "not draining over the last 1m20s"; got != want {
-		t.Errorf("rate %q; want %q", got, want)
-	}
-	b.PerSecond = -2.5
-	if got, want := b.Rate(), "growing by 2.5 a second over the last 1m20s"; got != want {
-		t.Errorf("rate %q; want %q", got, want)
+	for _, c := range []struct {
+		b     phase.Backlog
+		empty time.Duration
+		ok    bool
+		rate  string
+	}{
+		{phase.Backlog{Keys: 600, Waiting: 200, Unfinished: 1000, PerSecond: 10, Over: 12 * time.Second, Measured: true},
+			100 * time.Second, true, "draining 10.0 a second over the last 12s, empty in about 1m40s"},
+		{phase.Backlog{Waiting: 2500, Unfinished: 2500, PerSecond: 100, Over: 12 * time.Second, Measured: true},
+			25 * time.Second, true, "draining 100.0 a second over the last 12s, empty in about 25s"},
+		{phase.Backlog{Keys: 1, Waiting: 1, Unfinished: 3, PerSecond: 20, Over: 20 * time.Second, Measured: true},
+			150 * time.Millisecond, true, "draining 20.0 a second over the last 20s, empty in about 1s"},
+		{phase.Backlog{Waiting: 2500, Unfinished: 2500, Over: 12 * time.Second, Measured: true},
+			0, false, "not draining over the last 12s"},
+		{phase.Backlog{Keys: 600, Unfinished: 600, PerSecond: -2.5, Over: 80 * time.Second, Measured: true},
+			0, false, "growing by 2.5 a second over the last 1m20s"},
+		{phase.Backlog{Unfinished: 5, PerSecond: 40, Over: 11 * time.Second, Measured: true},
+			0, true, "drained 40.0 a second over the last 11s"},
+		{phase.Backlog{Keys: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 5m0s ago"},
+	} {
+		name := fmt.Sprintf("%+v", c.b)
+		if d, ok := c.b.EmptyIn(); d != c.empty || ok != c.ok {
+			t.Errorf("%s: empty in %v, %v; want %v, %v", name, d, ok, c.empty, c.ok)
+		}
+		if got := c.b.Rate(); got != c.rate {
+			t.Errorf("%s: rate %q; want %q", name, got, c.rate)
+		}
 	}
 }

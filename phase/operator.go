@@ -40,8 +40,8 @@ type Overview struct {
 	// History is the last hour's unfinished keys of each workflow by
 	// status, as the completers recorded them (see Client.History).
 	History []StatusMinute
-	// Backlog is the stuck keys of every workflow and how fast they drain
-	// (see Client.Backlog).
+	// Backlog is the stuck and waiting keys of every workflow and how fast
+	// they drain (see Client.Backlog).
 	Backlog Backlog
 }
 
@@ -82,7 +82,7 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	history, now, err := c.history(ctx, time.Hour)
+	history, err := c.History(ctx, time.Hour)
 	if err != nil {
 		return nil, err
 	}
@@ -90,8 +90,12 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	for _, n := range counts {
 		all = all.Add(n)
 	}
+	backlog, err := c.backlog(ctx, all)
+	if err != nil {
+		return nil, err
+	}
 	o := &Overview{Workflows: counts, OldestUnfinished: oldest, LastHour: lastHour, Minutes: make([]Minute, len(minutes)),
-		History: history, Backlog: backlog(all, recent(history, now), now)}
+		History: history, Backlog: backlog}
 	for i, m := range minutes {
 		o.Minutes[i] = Minute(m)
 	}

@@ -87,8 +87,14 @@
 // completer's watch and the keys its walk has yet to pass (never a
 // finished key; see docs/operating.md) and keeps
 // the row set of the minute that another process wrote first. The reaper
-// deletes the rows older than a day, one DELETE a run. On a key table
-// distributed with Citus nothing is recorded.
+// deletes the rows older than a day, one DELETE a run.
+//
+// The first pass of every five seconds also counts the unfinished keys not
+// on hold into the atomicphase_backlog_samples table, each count with the
+// database's time, from which phase.Client.Backlog measures how fast a
+// backlog drains; the reaper deletes counts older than an hour. On a key
+// table distributed with Citus both tables are reference tables, written
+// through the coordinator or a worker.
 //
 // # Metrics
 //

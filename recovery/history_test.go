@@ -2,6 +2,8 @@ package recovery_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -125,5 +127,83 @@ func TestTheReaperDeletesTheStatusHistoryAfterADay(t *testing.T) {
 	kept, err := pgx.CollectRows(rows, pgx.RowTo[int])
 	if err != nil || len(kept) != 1 || kept[0] != 2 {
 		t.Fatalf("after a reaper run the history holds %v (%v); want only the minute of 23 hours ago", kept, err)
+	}
+}
+
+// awayFromTheSlotEnd waits for the next slot of store.SampleEvery when the
+// current one has less than a second left, so that the passes of a test
+// fall in one slot, and returns the slot's end.
+func awayFromTheSlotEnd() time.Time {
+	end := time.Now().Truncate(5 * time.Second).Add(5 * time.Second)
+	if time.Until(end) < time.Second {
+		time.Sleep(time.Until(end) + 50*time.Millisecond)
+		end = end.Add(5 * time.Second)
+	}
+	return end
+}
+
+func samples(t *testing.T, db *pgxpool.Pool) []int {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT keys FROM atomicphase_backlog_samples ORDER BY slot`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// TestTheCompleterCountsItsKeysEveryFiveSeconds: the first pass of each
+// five seconds counts the unfinished keys not on hold, in flight, waiting
+// or stuck, for the backlog's drain rate; the other passes of the five
+// seconds, of this process or another, add nothing; the reaper deletes
+// the counts after an hour.
+func TestTheCompleterCountsItsKeysEveryFiveSeconds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w := effectsWorkflow(t, db)
+	waitAnHour := func(cfg *phase.Config) { cfg.Completer.StuckAfter = time.Hour }
+	a := client(t, db, waitAnHour, w)
+	for i := range 4 {
+		abandon(t, db, "effects", fmt.Sprintf("k%d", i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET hold = 'dead' WHERE idempotency_key = 'k3'`); err != nil {
+		t.Fatal(err)
+	}
+	end := awayFromTheSlotEnd()
+	if _, err := a.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, db, "effects", "k4", `{"n":4}`)
+	b := client(t, db, waitAnHour, w)
+	for _, c := range []*phase.Client{a, b, a} {
+		if _, err := c.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if time.Now().After(end) {
+		t.Skip("the passes took longer than the five seconds they were meant to fall in")
+	}
+	if got := samples(t, db); !slices.Equal(got, []int{3}) {
+		t.Fatalf("counts after passes in one five seconds = %v; want the first pass's 3 alone", got)
+	}
+	time.Sleep(time.Until(end) + 50*time.Millisecond)
+	if _, err := b.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := samples(t, db); !slices.Equal(got, []int{3, 4}) {
+		t.Fatalf("counts after a pass in the next five seconds = %v; want 3, then 4", got)
+	}
+	if _, err := db.Exec(ctx, `UPDATE atomicphase_backlog_samples SET slot = slot - interval '61 minutes' WHERE keys = 3`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := samples(t, db); !slices.Equal(got, []int{4}) {
+		t.Fatalf("counts after a reaper run = %v; want the one of an hour ago gone", got)
 	}
 }

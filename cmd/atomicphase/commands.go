@@ -212,15 +212,15 @@ to the total:
 
 'atomicphase list' shows the keys behind the last three.
 
-The backlog line says how fast the completer's keys (unfinished, not on
-hold: in flight, waiting or stuck) fell since the newest minute of status
-history recorded at least 15 seconds ago (the completers' pace less the
-keys left unfinished meanwhile), over the span it names, and when, at that
-rate, none will be left. Keys passing from waiting to stuck are neither a
-drain nor growth. The completers record the history once a minute; the
-first minute of a series may be recorded at any second of it and is not
-measured from, so the rate is unknown in a completer's first minute or two
-and where no completer runs.`,
+The backlog line counts the keys stuck or waiting and says how fast the
+completer's keys (unfinished, not on hold: in flight, waiting or stuck)
+fell since the newest count of them a completer took at least 10 seconds
+ago (the completers' pace less the keys left unfinished meanwhile), over
+the span it names, and when, at that rate, none will be left. Keys
+passing from waiting to stuck are neither a drain nor growth. Each
+process's completer counts them every five seconds, so the rate is the
+average of about the last 10 to 15 seconds; it is unknown in the first
+10 seconds after a completer starts and where none runs.`,
 		define: defineStats,
 	},
 	{
@@ -449,7 +449,7 @@ type countsReport struct {
 	Total int `json:"total"`
 	// Definitions counts the unfinished keys of each workflow definition.
 	Definitions []keyrow.DefinitionCount `json:"definitions"`
-	// Backlog is the stuck keys and how fast they drain.
+	// Backlog is the stuck and waiting keys and how fast they drain.
 	Backlog phase.Backlog `json:"backlog"`
 }
 

@@ -587,42 +587,29 @@ func TestCountsShowTheBacklogAndHowFastItDrains(t *testing.T) {
 		keyIn(t, db, "acme", key, "runnable")
 		age(t, db, "acme", key, "last_run_at = now() - interval '2 minutes'")
 	}
-	// Before any minute was recorded the rate is unknown.
-	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got != (phase.Backlog{Keys: 10, Unfinished: 10}) {
-		t.Errorf("counts -json backlog with no history = %+v, want 10 keys, rate not measured", got)
+	keyIn(t, db, "acme", "waiting", "runnable")
+	// Before any count was taken the rate is unknown.
+	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got != (phase.Backlog{Keys: 10, Waiting: 1, Unfinished: 11}) {
+		t.Errorf("counts -json backlog with no count taken = %+v, want 10 stuck and 1 waiting, rate not measured", got)
 	}
-	if text := ok(t, dsn, "counts"); !strings.Contains(text, "backlog    10  stuck keys, drain rate unknown") {
-		t.Errorf("counts with no history lacks the unknown rate:\n%s", text)
+	if text := ok(t, dsn, "counts"); !strings.Contains(text, "backlog    11  keys stuck or waiting, drain rate unknown") {
+		t.Errorf("counts with no count taken lacks the unknown rate:\n%s", text)
 	}
-	// The first minute of a series may have been recorded at any second of
-	// it: the rate is not measured from it.
+	// The completers counted 400 keys 20 seconds ago: the rate runs from
+	// there to the 11 now; a count younger than DrainSpan, and one past the
+	// window, count for nothing.
 	if _, err := db.Exec(context.Background(), `
-INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
-VALUES (date_trunc('minute', now()) - interval '4 minutes', 'a', 'stuck', 5000)`); err != nil {
-		t.Fatal(err)
-	}
-	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got.Measured {
-		t.Errorf("counts -json backlog over the first minute of a series = %+v, want the rate not measured", got)
-	}
-	// The completers recorded 400 unfinished keys a minute ago, over two
-	// workflows: the rate runs from there to the 10 now; the minutes
-	// before it, and one past the window, count for nothing.
-	if _, err := db.Exec(context.Background(), `
-INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
-VALUES (date_trunc('minute', now()) - interval '3 minutes', 'b', 'stuck', 300),
-       (date_trunc('minute', now()) - interval '3 minutes', 'b', 'waiting', 5000),
-       (date_trunc('minute', now()) - interval '2 minutes', 'a', 'stuck', 600),
-       (date_trunc('minute', now()) - interval '1 minute', 'a', 'stuck', 300),
-       (date_trunc('minute', now()) - interval '1 minute', 'a', 'waiting', 100),
-       (date_trunc('minute', now()) - interval '1 minute', 'b', 'stuck', 0),
-       (date_trunc('minute', now()) - interval '20 minutes', 'a', 'stuck', 90000)`); err != nil {
+INSERT INTO atomicphase_backlog_samples (slot, at, keys)
+SELECT to_timestamp(floor(extract(epoch FROM now() - ago) / 5) * 5), now() - ago, keys
+FROM (VALUES (interval '20 seconds', 400), (interval '3 seconds', 20), (interval '10 minutes', 90000)) AS s(ago, keys)`); err != nil {
 		t.Fatal(err)
 	}
 	got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog
-	if !got.Measured || got.Keys != 10 || got.Unfinished != 10 || got.Over < time.Minute || got.PerSecond != 390/got.Over.Seconds() {
-		t.Errorf("counts -json backlog = %+v, want 10 keys, 390 drained since a minute ago", got)
+	if !got.Measured || got.Keys != 10 || got.Waiting != 1 || got.Unfinished != 11 || got.Over < 20*time.Second ||
+		got.Over > 25*time.Second || got.PerSecond != 389/got.Over.Seconds() {
+		t.Errorf("counts -json backlog = %+v, want 10 stuck, 1 waiting, 389 drained since 20 seconds ago", got)
 	}
-	want := regexp.MustCompile(`backlog    10  stuck keys, draining \d+\.\d a second over the last \dm\d+s, empty in about \ds`)
+	want := regexp.MustCompile(`backlog    11  keys stuck or waiting, draining \d+\.\d a second over the last 2\ds, empty in about 1s`)
 	if text := ok(t, dsn, "counts"); !want.MatchString(text) {
 		t.Errorf("counts lacks a line like %q:\n%s", want, text)
 	}

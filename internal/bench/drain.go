@@ -66,6 +66,15 @@ type DrainResult struct {
 	// over the drain, every process counted (other users of a shared
 	// machine too); negative where /proc/stat cannot be read.
 	MachineBusy float64
+	// Readings are the backlog as an operator reads it (Client.Backlog,
+	// what `atomicphase counts` prints) once a second over the drain.
+	Readings []BacklogReading
+}
+
+// BacklogReading is the backlog as read at At into the drain.
+type BacklogReading struct {
+	At time.Duration
+	phase.Backlog
 }
 
 // PerSecond is the keys drained per second.
@@ -172,6 +181,7 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 			return res, err
 		}
 	}
+	stopReading := e.readBacklog(ctx, start, &res.Readings)
 	timeout := time.NewTimer(p.Timeout)
 	defer timeout.Stop()
 	select {
@@ -182,6 +192,7 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 		err = ctx.Err()
 	}
 	res.Drain = time.Since(start)
+	stopReading()
 	res.MachineBusy = busy()
 	if e.CPU != nil {
 		_, now, _ := e.CPU()
@@ -201,6 +212,38 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 		return res, err
 	}
 	return res, e.checkDrained(ctx, p.Keys, e.charges.counted())
+}
+
+// readBacklog reads the backlog into readings once a second from start,
+// through a client of its own on e.Pool, whose statements the completers'
+// count leaves out, until the function it returns is called. A failed
+// reading is left out.
+func (e *Env) readBacklog(ctx context.Context, start time.Time, readings *[]BacklogReading) (stop func()) {
+	reader, err := phase.NewClient(e.Pool, &phase.Config{})
+	if err != nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if b, err := reader.Backlog(ctx); err == nil {
+				*readings = append(*readings, BacklogReading{At: time.Since(start), Backlog: b})
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // liveRun marks the context of a live request's run.

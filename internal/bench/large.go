@@ -231,9 +231,9 @@ type deleteClock struct {
 
 func (c *deleteClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	c.start = time.Time{}
-	// The reaper's batches delete keys; its trim of the status history is
-	// not one of them.
-	if sql := strings.TrimSpace(data.SQL); strings.HasPrefix(sql, "DELETE") && !strings.Contains(sql, "atomicphase_status_history") {
+	// The reaper's batches delete keys; its trims of the status history
+	// and of the backlog's counts are not among them.
+	if sql := strings.TrimSpace(data.SQL); strings.HasPrefix(sql, "DELETE") && !strings.Contains(sql, "atomicphase_") {
 		c.start = time.Now()
 	}
 	return ctx

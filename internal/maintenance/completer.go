@@ -33,7 +33,7 @@ type Completer struct {
 	ttl                    time.Duration
 	log                    *slog.Logger
 	bg                     background
-	history                history
+	history, samples       schedule
 	pace                   *pace
 	burial                 burial
 	// slots holds, for each workflow with a cap of its own
@@ -64,7 +64,8 @@ func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, wor
 		}
 	}
 	c := &Completer{cfg: cfg, db: db, resumer: r, workflows: workflows, definitions: definitions, ttl: ttl, log: log,
-		pace: newPace(cfg, ttl), slots: slots}
+		pace: newPace(cfg, ttl), slots: slots,
+		history: schedule{every: time.Minute}, samples: schedule{every: store.SampleEvery}}
 	c.pace.live = &c.Live
 	return c
 }

@@ -31,6 +31,7 @@ var Objects = []string{
 	"idempotency_keys",
 	"atomicphase_audit",
 	"atomicphase_status_history",
+	"atomicphase_backlog_samples",
 	"atomicphase_watch",
 	"atomicphase_walk",
 	"atomicphase_migration",

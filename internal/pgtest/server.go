@@ -147,7 +147,7 @@ func SchemaPool(t testing.TB, schemas ...string) *pgxpool.Pool {
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
 	_, err := pool.Exec(ctx, `
-DROP TABLE idempotency_keys, atomicphase_audit, atomicphase_status_history, atomicphase_migration;
+DROP TABLE idempotency_keys, atomicphase_audit, atomicphase_status_history, atomicphase_backlog_samples, atomicphase_migration;
 DROP FUNCTION atomicphase_lease_lost(), atomicphase_advance, atomicphase_finish, atomicphase_advance_from, atomicphase_finish_from`)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)

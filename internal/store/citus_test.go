@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
@@ -286,9 +287,10 @@ func TestCitusUnfinishedKeysAddUpWhileKeysGoOnHold(t *testing.T) {
 }
 
 // TestCitusTheStatusHistoryIsRecordedOnEveryNode: on Citus the status
-// history is a reference table, so the completer of a process connected to
-// a worker records a minute, one connected to the coordinator then finds
-// it recorded and adds nothing, and both read and trim the same minutes.
+// history and the backlog's counts are reference tables, so the completer
+// of a process connected to a worker records a minute, one connected to
+// the coordinator then finds it recorded and adds nothing, and both read
+// and trim the same minutes and counts.
 func TestCitusTheStatusHistoryIsRecordedOnEveryNode(t *testing.T) {
 	t.Parallel()
 	db := pgtest.CitusPool(t, nil)
@@ -320,7 +322,7 @@ FROM generate_series(1, $1) AS i`, stuck)
 		t.Fatalf("the status history holds %d rows (%v); want the worker's 10 alone", rows, err)
 	}
 	for name, q := range map[string]*pgxpool.Pool{"coordinator": db, "worker": worker} {
-		minutes, _, err := store.History(ctx, q, time.Hour)
+		minutes, err := store.History(ctx, q, time.Hour)
 		if err != nil || len(minutes) != 2 {
 			t.Fatalf("History through the %s: %+v, %v; want a minute of orders and one of refunds", name, minutes, err)
 		}
@@ -331,11 +333,44 @@ FROM generate_series(1, $1) AS i`, stuck)
 			t.Fatalf("the minute of refunds through the %s: %+v; want none", name, m)
 		}
 	}
+	// The backlog's counts too: each process's count of the keys of every
+	// shard lands in the same table (two slots if the five seconds ended
+	// between them).
+	for name, q := range map[string]*pgxpool.Pool{"worker": worker, "coordinator": db} {
+		if _, err := store.RecordSample(ctx, q); err != nil {
+			t.Fatalf("RecordSample through the %s: %v", name, err)
+		}
+	}
+	var slots int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM atomicphase_backlog_samples WHERE keys = $1`, stuck).Scan(&slots); err != nil || slots < 1 || slots > 2 {
+		t.Fatalf("the backlog's counts hold %d slots of %d keys (%v); want one or two", slots, stuck, err)
+	}
+	for name, q := range map[string]*pgxpool.Pool{"coordinator": db, "worker": worker} {
+		if s, ok, _, err := store.LatestSample(ctx, q, 0, time.Hour); err != nil || !ok || s.Keys != stuck {
+			t.Fatalf("LatestSample through the %s: %+v, %v, %v; want %d keys", name, s, ok, err, stuck)
+		}
+	}
 	if _, err := db.Exec(ctx, `UPDATE atomicphase_status_history SET minute = '2000-01-01 00:00+00'`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := store.TrimHistory(ctx, worker); err != nil || n != 10 {
-		t.Fatalf("TrimHistory through the worker: %d, %v; want the 10 rows past retention", n, err)
+	// Citus refuses an UPDATE of a reference table that computes with
+	// now(): each slot is moved to a day of 2000 by its own value.
+	slotRows, err := db.Query(ctx, `SELECT slot FROM atomicphase_backlog_samples`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := pgx.CollectRows(slotRows, pgx.RowTo[time.Time])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, slot := range taken {
+		old := time.Date(2000, 1, 1, 0, 0, i, 0, time.UTC)
+		if _, err := db.Exec(ctx, `UPDATE atomicphase_backlog_samples SET slot = $1 WHERE slot = $2`, old, slot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := store.TrimHistory(ctx, worker); err != nil || n != 10+slots {
+		t.Fatalf("TrimHistory through the worker: %d, %v; want the %d rows past retention", n, err, 10+slots)
 	}
 }
 

@@ -73,14 +73,100 @@ func RecordHistory(ctx context.Context, q Querier, workflows []string, stuckAfte
 // primary key's first column.
 const trimHistorySQL = `DELETE FROM atomicphase_status_history WHERE minute < now() - $1::interval`
 
+// trimSamplesSQL deletes the samples past retention, a range of the
+// primary key.
+const trimSamplesSQL = `DELETE FROM atomicphase_backlog_samples WHERE slot < now() - $1::interval`
+
 // TrimHistory deletes the status history older than HistoryRetention and
-// returns how many rows it deleted.
+// the backlog's samples older than SampleRetention, and returns how many
+// rows it deleted.
 func TrimHistory(ctx context.Context, q Querier) (int, error) {
 	tag, err := q.Exec(ctx, trimHistorySQL, HistoryRetention)
 	if err != nil {
 		return 0, fmt.Errorf("store: trim history: %w", err)
 	}
+	samples, err := q.Exec(ctx, trimSamplesSQL, SampleRetention)
+	if err != nil {
+		return int(tag.RowsAffected()), fmt.Errorf("store: trim the backlog's samples: %w", err)
+	}
+	return int(tag.RowsAffected() + samples.RowsAffected()), nil
+}
+
+// SampleEvery is how often the completers count their keys for the
+// backlog's drain rate: the first pass in each slot of this length, by the
+// process's clock, counts; the first count of a slot of the database's
+// clock is kept.
+const SampleEvery = 5 * time.Second
+
+// SampleRetention is how long the backlog's samples are kept before the
+// reaper deletes them.
+const SampleRetention = time.Hour
+
+// recordSampleSQL counts the completer's keys, the unfinished keys not on
+// hold (countUnfinishedSQL's in flight, waiting and stuck, added up), into
+// the current five seconds' slot with the time of the count. It reads the
+// unfinished keys only. ON CONFLICT DO NOTHING keeps the slot's first
+// count: the completers of several processes count the same keys, and the
+// later ones change nothing.
+const recordSampleSQL = `
+INSERT INTO atomicphase_backlog_samples (slot, at, keys)
+SELECT to_timestamp(floor(extract(epoch FROM now()) / 5) * 5), now(), count(*)::int
+FROM idempotency_keys
+WHERE finished_at IS NULL AND hold IS NULL{unfinished}
+ON CONFLICT DO NOTHING`
+
+// RecordSample counts the unfinished keys not on hold into the current
+// slot and returns the rows written: none when another process counted
+// the slot first. (On a key table distributed with Citus, a statement
+// sent through the coordinator counts the rows it sent, kept or not.)
+func RecordSample(ctx context.Context, q Querier) (int, error) {
+	sql, err := routedFor(ctx, q, recordSampleSQL)
+	if err != nil {
+		return 0, fmt.Errorf("store: count the backlog: %w", err)
+	}
+	tag, err := q.Exec(ctx, sql)
+	if err != nil {
+		return 0, fmt.Errorf("store: count the backlog: %w", err)
+	}
 	return int(tag.RowsAffected()), nil
+}
+
+// Sample is the completer's keys, unfinished and not on hold, as counted
+// at At.
+type Sample struct {
+	At   time.Time
+	Keys int
+}
+
+// sampleSQL reads the newest sample taken at least $1 before now and no
+// more than $2 before it, if any, with the time now: the primary key read
+// backwards from the newest slot, a few rows.
+const sampleSQL = `
+SELECT now(), s.at, s.keys
+FROM (SELECT) AS n
+LEFT JOIN LATERAL (
+    SELECT at, keys FROM atomicphase_backlog_samples
+    WHERE at <= now() - $1::interval AND slot >= now() - $2::interval
+    ORDER BY slot DESC
+    LIMIT 1
+) AS s ON true`
+
+// LatestSample returns the newest sample taken at least span before now
+// and within window of it, false when there is none, and the database's
+// time now.
+func LatestSample(ctx context.Context, q Querier, span, window time.Duration) (Sample, bool, time.Time, error) {
+	var (
+		now  time.Time
+		at   *time.Time
+		keys *int
+	)
+	if err := q.QueryRow(ctx, sampleSQL, span, window).Scan(&now, &at, &keys); err != nil {
+		return Sample{}, false, time.Time{}, fmt.Errorf("store: read the backlog's samples: %w", err)
+	}
+	if at == nil {
+		return Sample{}, false, now, nil
+	}
+	return Sample{At: *at, Keys: *keys}, true, now, nil
 }
 
 // StatusMinute is the unfinished keys of one workflow by status at one
@@ -92,29 +178,27 @@ type StatusMinute struct {
 }
 
 // historySQL reads the minutes recorded since $1 ago, a range of the
-// primary key, each row with the time now, by the database's clock that
-// recorded them.
+// primary key.
 const historySQL = `
-SELECT minute, workflow, status, keys, now() FROM atomicphase_status_history
+SELECT minute, workflow, status, keys FROM atomicphase_status_history
 WHERE minute >= date_trunc('minute', now()) - $1::interval
 ORDER BY minute, workflow`
 
 // History returns the minutes recorded in the last window, oldest first,
-// one StatusMinute per workflow and minute recorded, and the database's
-// time now (zero when none was recorded).
-func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinute, time.Time, error) {
+// one StatusMinute per workflow and minute recorded.
+func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinute, error) {
 	rows, err := q.Query(ctx, historySQL, window)
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("store: history: %w", err)
+		return nil, fmt.Errorf("store: history: %w", err)
 	}
 	var (
 		out      []StatusMinute
-		at, now  time.Time
+		at       time.Time
 		workflow string
 		status   keyrow.Status
 		keys     int
 	)
-	_, err = pgx.ForEachRow(rows, []any{&at, &workflow, &status, &keys, &now}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&at, &workflow, &status, &keys}, func() error {
 		if n := len(out); n == 0 || !out[n-1].At.Equal(at) || out[n-1].Workflow != workflow {
 			out = append(out, StatusMinute{At: at, Workflow: workflow})
 		}
@@ -122,7 +206,7 @@ func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinu
 		return nil
 	})
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("store: history: %w", err)
+		return nil, fmt.Errorf("store: history: %w", err)
 	}
-	return out, now, nil
+	return out, nil
 }

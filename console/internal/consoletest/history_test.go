@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,38 +85,35 @@ func TestTheOverviewDrawsUnfinishedKeysByStatePerWorkflow(t *testing.T) {
 func TestTheOverviewShowsTheBacklogAndHowFastItDrains(t *testing.T) {
 	t.Parallel()
 	f, srv, ctx := setup(t)
-	// The completers recorded 1000 unfinished keys three minutes ago and
-	// 400 a minute ago: the rate runs from the newest minute at least a
-	// minute old to the keys counted now, not from the minute that began
-	// the series.
+	// The completers counted 1000 unfinished keys 40 seconds ago and 400
+	// 20 seconds ago: the rate runs from the newest count at least
+	// DrainSpan old to the keys counted now.
 	if _, err := f.Pool.Exec(context.Background(), `
-INSERT INTO atomicphase_status_history (minute, workflow, status, keys)
-VALUES (date_trunc('minute', now()) - interval '4 minutes', 'payments', 'stuck', 5000),
-       (date_trunc('minute', now()) - interval '3 minutes', 'payments', 'stuck', 1000),
-       (date_trunc('minute', now()) - interval '2 minutes', 'payments', 'waiting', 700),
-       (date_trunc('minute', now()) - interval '1 minute', 'payments', 'stuck', 300),
-       (date_trunc('minute', now()) - interval '1 minute', 'payments', 'waiting', 100)`); err != nil {
+INSERT INTO atomicphase_backlog_samples (slot, at, keys)
+SELECT to_timestamp(floor(extract(epoch FROM now() - ago) / 5) * 5), now() - ago, keys
+FROM (VALUES (interval '40 seconds', 1000), (interval '20 seconds', 400)) AS s(ago, keys)`); err != nil {
 		t.Fatal(err)
 	}
 	want, err := f.Client.Backlog(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !want.Measured || want.Over < time.Minute || want.Over >= 2*time.Minute ||
+	if !want.Measured || want.Over < 20*time.Second || want.Over >= 30*time.Second ||
 		want.PerSecond != float64(400-want.Unfinished)/want.Over.Seconds() || want.Keys == 0 {
-		t.Fatalf("the client's backlog is %+v; want 400 keys less those unfinished now over the last minute or two", want)
+		t.Fatalf("the client's backlog is %+v; want 400 keys less those unfinished now over the last 20 seconds", want)
 	}
 	signIn(t, ctx, srv, "alice")
 	run(t, ctx, "overview", chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitVisible(css(`.card.backlog`)),
 		screenshot("console-overview-backlog"))
 	card := get(t, ctx, chromedp.Evaluate[[]string](`(c => [c.querySelector(".n").textContent, c.querySelector(".rate").textContent,
-		new URL(c.querySelector("a").href).search])(document.querySelector(".card.backlog"))`))
-	if card[0] != fmt.Sprint(want.Keys) || card[2] != "?state=stuck" {
-		t.Errorf("the backlog card reads %q; want %d keys linking to the stuck ones", card, want.Keys)
+		new URL(c.querySelector("a").href).search, c.querySelector("a").textContent])(document.querySelector(".card.backlog"))`))
+	text := fmt.Sprintf("%d stuck and %d waiting: the completer's backlog", want.Keys, want.Waiting)
+	if card[0] != fmt.Sprint(want.Keys) || card[2] != "?state=stuck" || strings.Join(strings.Fields(card[3]), " ") != text {
+		t.Errorf("the backlog card reads %q; want %q linking to the stuck ones", card, text)
 	}
 	// The page counted a moment after the client did: its span may be a
 	// second longer.
-	if !regexp.MustCompile(`^draining \d+\.\d a second over the last 1m\d+s, empty in about \d+s$`).MatchString(card[1]) {
+	if !regexp.MustCompile(`^draining \d+\.\d a second over the last 2\ds, empty in about \d+s$`).MatchString(card[1]) {
 		t.Errorf("the backlog card's rate reads %q; want it draining as %q does", card[1], want.Rate())
 	}
 	noScriptRan(t, ctx, "overview")

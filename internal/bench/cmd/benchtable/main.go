@@ -51,7 +51,9 @@
 // live requests' p50 and p99 before and during the drain, the server's CPU
 // time and the completers' statements per drained key, and whether the
 // machine's CPU was saturated meanwhile (then the rate is this machine's,
-// not the calls' latency's).
+// not the calls' latency's); and, for each drain, the backlog as
+// `atomicphase counts` read it at five points of the drain against what
+// the drain then did.
 //
 // With -database-url, the one configuration is that database, which must be
 // a scratch database: the command creates its tables there (for -large also
@@ -61,6 +63,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -686,6 +689,7 @@ func drainBacklogs(ctx context.Context, env *bench.Env, plan drainPlan, w, progr
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| backlog | nodes | drained in | keys/s | live p50 before → during (ms) | live p99 before → during (ms) | p99 ratio | server CPU per key | statements per key | round trips per key | machine busy | bound |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	var runs []bench.DrainResult
 	for _, n := range plan.sizes {
 		for _, nodes := range []int{1, 2} {
 			fmt.Fprintf(progress, "draining %d keys on %d node(s)\n", n, nodes)
@@ -708,10 +712,47 @@ func drainBacklogs(ctx context.Context, env *bench.Env, plan drainPlan, w, progr
 				ms(r.Before.Quantile(0.5)), ms(r.During.Quantile(0.5)), ms(r.Before.Quantile(0.99)), ms(r.During.Quantile(0.99)),
 				float64(r.During.Quantile(0.99))/float64(r.Before.Quantile(0.99)),
 				cpu, r.StatementsPerKey(), r.RoundTripsPerKey(), 100*r.MachineBusy, bound)
+			runs = append(runs, r)
 		}
 	}
 	fmt.Fprintln(w)
+	printReadings(w, runs)
 	return nil
+}
+
+// readingShares are the points of a drain, as shares of its time, at
+// which printReadings shows the backlog as an operator read it.
+var readingShares = []float64{0.1, 0.25, 0.5, 0.75, 0.9}
+
+// printReadings shows, for each drain, the backlog read at readingShares
+// of its time: the keys left, the rate read and the span it was measured
+// over, against the drain's average pace, and the time to empty read
+// against the time the drain went on.
+func printReadings(w io.Writer, runs []bench.DrainResult) {
+	fmt.Fprintln(w, "The backlog as `atomicphase counts` read it during each drain (once a second; the completers count their keys every 5 s):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| backlog | nodes | at | unfinished | rate read (keys/s) | over | average pace (keys/s) | empty in, read | empty in, measured |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range runs {
+		for _, share := range readingShares {
+			at := time.Duration(share * float64(r.Drain))
+			i, found := slices.BinarySearchFunc(r.Readings, at, func(b bench.BacklogReading, at time.Duration) int { return cmp.Compare(b.At, at) })
+			if !found && i == len(r.Readings) {
+				continue
+			}
+			b := r.Readings[i]
+			rate, over, empty := "unknown", "–", "–"
+			if b.Measured {
+				rate, over = fmt.Sprintf("%.1f", b.PerSecond), b.Over.Round(time.Second).String()
+				if d, ok := b.EmptyIn(); ok {
+					empty = d.Round(time.Second).String()
+				}
+			}
+			fmt.Fprintf(w, "| %d | %d | %.0f s | %d | %s | %s | %.0f | %s | %s |\n", r.Keys, r.Nodes, b.At.Seconds(), b.Unfinished,
+				rate, over, r.PerSecond(), empty, (r.Drain - b.At).Round(time.Second))
+		}
+	}
+	fmt.Fprintln(w)
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
