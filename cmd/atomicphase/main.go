@@ -223,9 +223,19 @@ func lookup(name string) *command {
 
 // checkArgs reports a wrong number of positional arguments, and explains
 // the likeliest cause: a flag written after them, which Go's flag package
-// takes for an argument.
+// takes for an argument; and a TENANT KEY pair no key could have, which
+// the library would refuse to store.
 func (c *command) checkArgs(args []string) error {
 	if len(args) == c.nargs {
+		if c.args != "TENANT KEY" {
+			return nil
+		}
+		if keyrow.CheckTenant(args[0]) != nil {
+			return usagef("TENANT must be 1 to %d characters of valid UTF-8 without NUL, got %q", keyrow.MaxTenantLength, args[0])
+		}
+		if keyrow.CheckKey(args[1]) != nil {
+			return usagef("KEY must be 1 to %d characters of valid UTF-8 without NUL, got %q", keyrow.MaxKeyLength, args[1])
+		}
 		return nil
 	}
 	for _, a := range args {
