@@ -502,6 +502,7 @@ func ExampleMigrations() {
 	// 012_hot_finish
 	// 013_commit_checks_recovery_point
 	// 014_status_history_on_citus
+	// 015_backlog_samples
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {
@@ -644,6 +645,7 @@ func ExampleMigrator_Migrations() {
 	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_status_history (
 	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_watch (
 	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_walk (
+	// CREATE TABLE IF NOT EXISTS "payments".atomicphase_backlog_samples (
 }
 
 // TestTheHOTFinishMigrationRefusesAnIndexLeftInvalid: a team that builds

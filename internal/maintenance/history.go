@@ -79,4 +79,7 @@ func (r *Reaper) trimHistory(ctx context.Context) {
 	if _, err := store.TrimHistory(ctx, r.db); err != nil && ctx.Err() == nil {
 		r.log.Warn("reaper could not trim the status history", "err", err)
 	}
+	if _, err := store.TrimSamples(ctx, r.db); err != nil && ctx.Err() == nil {
+		r.log.Warn("reaper could not trim the completers' counts of their keys", "err", err)
+	}
 }

@@ -369,8 +369,11 @@ FROM generate_series(1, $1) AS i`, stuck)
 			t.Fatal(err)
 		}
 	}
-	if n, err := store.TrimHistory(ctx, worker); err != nil || n != 10+slots {
-		t.Fatalf("TrimHistory through the worker: %d, %v; want the %d rows past retention", n, err, 10+slots)
+	if n, err := store.TrimHistory(ctx, worker); err != nil || n != 10 {
+		t.Fatalf("TrimHistory through the worker: %d, %v; want the 10 rows past retention", n, err)
+	}
+	if n, err := store.TrimSamples(ctx, worker); err != nil || n != slots {
+		t.Fatalf("TrimSamples through the worker: %d, %v; want the %d rows past retention", n, err, slots)
 	}
 }
 

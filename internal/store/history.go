@@ -78,18 +78,23 @@ const trimHistorySQL = `DELETE FROM atomicphase_status_history WHERE minute < no
 const trimSamplesSQL = `DELETE FROM atomicphase_backlog_samples WHERE slot < now() - $1::interval`
 
 // TrimHistory deletes the status history older than HistoryRetention and
-// the backlog's samples older than SampleRetention, and returns how many
-// rows it deleted.
+// returns how many rows it deleted.
 func TrimHistory(ctx context.Context, q Querier) (int, error) {
 	tag, err := q.Exec(ctx, trimHistorySQL, HistoryRetention)
 	if err != nil {
 		return 0, fmt.Errorf("store: trim history: %w", err)
 	}
-	samples, err := q.Exec(ctx, trimSamplesSQL, SampleRetention)
+	return int(tag.RowsAffected()), nil
+}
+
+// TrimSamples deletes the backlog's samples older than SampleRetention and
+// returns how many rows it deleted.
+func TrimSamples(ctx context.Context, q Querier) (int, error) {
+	tag, err := q.Exec(ctx, trimSamplesSQL, SampleRetention)
 	if err != nil {
-		return int(tag.RowsAffected()), fmt.Errorf("store: trim the backlog's samples: %w", err)
+		return 0, fmt.Errorf("store: trim the backlog's counts: %w", err)
 	}
-	return int(tag.RowsAffected() + samples.RowsAffected()), nil
+	return int(tag.RowsAffected()), nil
 }
 
 // SampleEvery is how often the completers count their keys for the
