@@ -54,20 +54,22 @@ const DrainWindow = 5 * time.Minute
 // is 10 to 15 seconds, longer while a pass takes longer than five seconds.
 const DrainSpan = 10 * time.Second
 
-// Backlog is the completer's backlog, the stuck keys, and how fast it
-// drains.
+// Backlog is the completer's backlog, the stuck and waiting keys, and how
+// fast it drains.
 type Backlog struct {
-	// Keys are the stuck keys now: unfinished, not on hold, free, and idle
-	// for longer than the completer's StuckAfter.
-	Keys int `json:"keys"`
+	// Stuck are the keys unfinished, not on hold, free, and idle for longer
+	// than the completer's StuckAfter now: the completer takes them.
+	Stuck int `json:"stuck"`
 	// Waiting are the keys unfinished, not on hold and free now that have
 	// not been idle for StuckAfter yet, such as keys the completer tried
 	// while their provider was down, waiting out their backoff. The
 	// completer takes them once they are stuck.
 	Waiting int `json:"waiting"`
 	// Unfinished are the keys the completer may yet have to finish now:
-	// unfinished and not on hold (in flight, waiting or stuck), Keys and
-	// Waiting among them.
+	// unfinished and not on hold (in flight, waiting or stuck), Stuck and
+	// Waiting among them. The keys in flight are held by a lease: live
+	// requests, the completers' own, and the keys of a process that died
+	// holding them, until their leases run out.
 	Unfinished int `json:"unfinished"`
 	// PerSecond is how many keys a second Unfinished fell by, from the
 	// newest count of them a completer took at least DrainSpan before now
@@ -81,35 +83,41 @@ type Backlog struct {
 	Measured  bool          `json:"measured"`
 }
 
+// Keys is the backlog's size: its stuck and waiting keys.
+func (b Backlog) Keys() int { return b.Stuck + b.Waiting }
+
 // EmptyIn is how long the backlog takes to drain at PerSecond, its
 // unfinished keys with it: zero when no key is stuck or waiting, and ok
 // false for a backlog that is not draining or whose rate is not measured.
 func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
 	switch {
-	case b.Keys+b.Waiting == 0:
+	case b.Keys() == 0:
 		return 0, true
 	case !b.Measured || b.PerSecond <= 0:
 		return 0, false
 	}
-	return time.Duration(float64(max(b.Unfinished, b.Keys+b.Waiting)) / b.PerSecond * float64(time.Second)), true
+	return time.Duration(float64(max(b.Unfinished, b.Keys())) / b.PerSecond * float64(time.Second)), true
 }
 
 // Rate says, for people, how fast the backlog drains and when it will be
 // empty: "draining 5.0 a second over the last 12s, empty in about 2s".
+// With no key stuck or waiting it names the keys still in flight, if any.
 func (b Backlog) Rate() string {
 	if !b.Measured {
 		return "drain rate unknown: no completer counted its keys between " + DrainSpan.String() +
-			" and " + DrainWindow.String() + " ago"
+			" and " + DrainWindow.String() + " ago (or the schema lacks migration 015)"
 	}
 	over := "over the last " + b.Over.Round(time.Second).String()
 	empty, ok := b.EmptyIn()
 	switch {
 	case b.PerSecond < 0:
 		return fmt.Sprintf("growing by %.1f a second %s", -b.PerSecond, over)
-	case ok && b.Keys+b.Waiting > 0:
+	case ok && b.Keys() > 0:
 		return fmt.Sprintf("draining %.1f a second %s, empty in about %s", b.PerSecond, over, max(empty.Round(time.Second), time.Second))
-	case b.Keys+b.Waiting > 0:
+	case b.Keys() > 0:
 		return "not draining " + over
+	case b.Unfinished > 0:
+		return fmt.Sprintf("drained %.1f a second %s; %d in flight", b.PerSecond, over, b.Unfinished)
 	}
 	return fmt.Sprintf("drained %.1f a second %s", b.PerSecond, over)
 }
@@ -125,12 +133,15 @@ func (c *Client) Backlog(ctx context.Context) (Backlog, error) {
 	if err != nil {
 		return Backlog{}, err
 	}
-	return c.backlog(ctx, counts)
+	return c.BacklogOf(ctx, counts)
 }
 
-// backlog is the Backlog of the keys counted now.
-func (c *Client) backlog(ctx context.Context, now keyrow.Counts) (Backlog, error) {
-	b := Backlog{Keys: now.Stuck, Waiting: now.Waiting, Unfinished: now.InFlight + now.Waiting + now.Stuck}
+// BacklogOf is Backlog of the keys as counted a moment before, by Counts
+// or by CountsByWorkflow summed: a report that shows the counts beside the
+// backlog (`atomicphase counts`, the console's overview) shows one count
+// of the keys. It reads the completers' counts alone.
+func (c *Client) BacklogOf(ctx context.Context, now keyrow.Counts) (Backlog, error) {
+	b := Backlog{Stuck: now.Stuck, Waiting: now.Waiting, Unfinished: now.InFlight + now.Waiting + now.Stuck}
 	sample, ok, at, err := store.LatestSample(ctx, c.db, DrainSpan, DrainWindow)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
 		return b, nil

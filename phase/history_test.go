@@ -36,10 +36,10 @@ FROM generate_series(1, 10) AS i`, fp[:])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (phase.Backlog{Keys: 6, Waiting: 4, Unfinished: 10}); b != want {
+	if want := (phase.Backlog{Stuck: 6, Waiting: 4, Unfinished: 10}); b != want {
 		t.Fatalf("backlog with no count taken = %+v; want %+v", b, want)
 	}
-	if got, want := b.Rate(), "drain rate unknown: no completer counted its keys between 10s and 5m0s ago"; got != want {
+	if got, want := b.Rate(), "drain rate unknown: no completer counted its keys between 10s and 5m0s ago (or the schema lacks migration 015)"; got != want {
 		t.Errorf("rate %q; want %q", got, want)
 	}
 	// counted replaces the completers' counts with keys counted ago.
@@ -85,6 +85,13 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 			t.Errorf("%s: rate %q; want %q", c.name, got, c.rate)
 		}
 	}
+	// BacklogOf takes the keys as counted already, for a report that
+	// shows them beside it.
+	counted(map[time.Duration]int{20 * time.Second: 409})
+	b, err = e.c.BacklogOf(ctx, keyrow.Counts{InFlight: 2, Stuck: 7, Dead: 3, Finished: 100})
+	if err != nil || b.Stuck != 7 || b.Waiting != 0 || b.Unfinished != 9 || b.PerSecond != 400/b.Over.Seconds() {
+		t.Errorf("BacklogOf 2 in flight and 7 stuck = %+v, %v; want 7 stuck of 9 unfinished, 400 drained", b, err)
+	}
 	for _, counts := range []map[time.Duration]int{{9 * time.Second: 500}, {6 * time.Minute: 500}} {
 		counted(counts)
 		if b, err := e.c.Backlog(ctx); err != nil || b.Measured {
@@ -95,8 +102,8 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 
 // TestBacklogSaysHowLongItsUnfinishedKeysTake: the time to empty counts the
 // keys waiting out a backoff too, a backlog of waiting keys alone is not
-// empty, keys in flight alone are no backlog, and a backlog whose keys do
-// not fall says it is not draining.
+// empty, keys in flight alone are no backlog but are named, and a backlog
+// whose keys do not fall says it is not draining.
 func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -105,19 +112,21 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 		ok    bool
 		rate  string
 	}{
-		{phase.Backlog{Keys: 600, Waiting: 200, Unfinished: 1000, PerSecond: 10, Over: 12 * time.Second, Measured: true},
+		{phase.Backlog{Stuck: 600, Waiting: 200, Unfinished: 1000, PerSecond: 10, Over: 12 * time.Second, Measured: true},
 			100 * time.Second, true, "draining 10.0 a second over the last 12s, empty in about 1m40s"},
 		{phase.Backlog{Waiting: 2500, Unfinished: 2500, PerSecond: 100, Over: 12 * time.Second, Measured: true},
 			25 * time.Second, true, "draining 100.0 a second over the last 12s, empty in about 25s"},
-		{phase.Backlog{Keys: 1, Waiting: 1, Unfinished: 3, PerSecond: 20, Over: 20 * time.Second, Measured: true},
+		{phase.Backlog{Stuck: 1, Waiting: 1, Unfinished: 3, PerSecond: 20, Over: 20 * time.Second, Measured: true},
 			150 * time.Millisecond, true, "draining 20.0 a second over the last 20s, empty in about 1s"},
 		{phase.Backlog{Waiting: 2500, Unfinished: 2500, Over: 12 * time.Second, Measured: true},
 			0, false, "not draining over the last 12s"},
-		{phase.Backlog{Keys: 600, Unfinished: 600, PerSecond: -2.5, Over: 80 * time.Second, Measured: true},
+		{phase.Backlog{Stuck: 600, Unfinished: 600, PerSecond: -2.5, Over: 80 * time.Second, Measured: true},
 			0, false, "growing by 2.5 a second over the last 1m20s"},
 		{phase.Backlog{Unfinished: 5, PerSecond: 40, Over: 11 * time.Second, Measured: true},
+			0, true, "drained 40.0 a second over the last 11s; 5 in flight"},
+		{phase.Backlog{PerSecond: 40, Over: 11 * time.Second, Measured: true},
 			0, true, "drained 40.0 a second over the last 11s"},
-		{phase.Backlog{Keys: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 5m0s ago"},
+		{phase.Backlog{Stuck: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 5m0s ago (or the schema lacks migration 015)"},
 	} {
 		name := fmt.Sprintf("%+v", c.b)
 		if d, ok := c.b.EmptyIn(); d != c.empty || ok != c.ok {

@@ -90,7 +90,7 @@ func (c *Client) Overview(ctx context.Context) (*Overview, error) {
 	for _, n := range counts {
 		all = all.Add(n)
 	}
-	backlog, err := c.backlog(ctx, all)
+	backlog, err := c.BacklogOf(ctx, all)
 	if err != nil {
 		return nil, err
 	}

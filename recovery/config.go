@@ -35,8 +35,10 @@ type CompleterConfig struct {
 	// followed at once by the next, so a backlog drains as fast as its
 	// keys finish (see # Pace in the package documentation). After a pass that failed (the
 	// store) or whose keys mostly failed (their providers) the pause
-	// doubles, up to a minute or Interval, whichever is longer. -1 disables
-	// the completer in Start, for a process that only serves. The client's
+	// doubles, up to a minute or Interval, whichever is longer. Through
+	// any pause the completer counts its keys every five seconds, for the
+	// backlog's drain rate (phase.Client.Backlog). -1 disables the
+	// completer in Start, for a process that only serves. The client's
 	// Complete still runs passes on demand. Defaults to DefaultInterval.
 	Interval time.Duration
 	// BatchSize caps the keys claimed per pass. A pass claims fewer when

@@ -207,3 +207,29 @@ func TestTheCompleterCountsItsKeysEveryFiveSeconds(t *testing.T) {
 		t.Fatalf("counts after a reaper run = %v; want the one of an hour ago gone", got)
 	}
 }
+
+// TestTheCompleterCountsItsKeysWhilePassesPause: a completer whose passes
+// pause for a minute (its Interval, or a backoff after failing passes)
+// still counts its keys every five seconds, so that the backlog's drain
+// rate is measured over seconds after an outage too.
+func TestTheCompleterCountsItsKeysWhilePassesPause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	abandon(t, db, "effects", "k1", `{"n":1}`)
+	c := client(t, db, func(cfg *phase.Config) {
+		cfg.Completer.Interval = time.Minute
+		cfg.Completer.StuckAfter = time.Hour
+	}, effectsWorkflow(t, db))
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(ctx) //nolint:errcheck // the test's end
+	deadline := time.Now().Add(15 * time.Second)
+	for len(samples(t, db)) < 3 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := samples(t, db); !slices.Equal(got, []int{1, 1, 1}) {
+		t.Fatalf("counts within 15 s of a start whose next pass is a minute away = %v; want the one key counted three times", got)
+	}
+}

@@ -471,7 +471,7 @@ func defineStats(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		backlog, err := c.Backlog(ctx)
+		backlog, err := c.BacklogOf(ctx, counts)
 		if err != nil {
 			return err
 		}

@@ -164,7 +164,7 @@ func printStats(w io.Writer, c keyrow.Counts, defs []keyrow.DefinitionCount, b p
 	fmt.Fprintf(tw, "unknown\t%d\n", c.Unknown)
 	fmt.Fprintf(tw, "dead\t%d\n", c.Dead)
 	fmt.Fprintf(tw, "total\t%d\n", c.Total())
-	fmt.Fprintf(tw, "backlog\t%d\tkeys stuck or waiting, %s\n", b.Keys+b.Waiting, b.Rate())
+	fmt.Fprintf(tw, "backlog\t%d\tkeys stuck or waiting, %s\n", b.Keys(), b.Rate())
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -593,7 +593,7 @@ func TestCountsShowTheBacklogAndHowFastItDrains(t *testing.T) {
 	}
 	keyIn(t, db, "acme", "waiting", "runnable")
 	// Before any count was taken the rate is unknown.
-	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got != (phase.Backlog{Keys: 10, Waiting: 1, Unfinished: 11}) {
+	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got != (phase.Backlog{Stuck: 10, Waiting: 1, Unfinished: 11}) {
 		t.Errorf("counts -json backlog with no count taken = %+v, want 10 stuck and 1 waiting, rate not measured", got)
 	}
 	if text := ok(t, dsn, "counts"); !strings.Contains(text, "backlog    11  keys stuck or waiting, drain rate unknown") {
@@ -609,7 +609,7 @@ FROM (VALUES (interval '20 seconds', 400), (interval '3 seconds', 20), (interval
 		t.Fatal(err)
 	}
 	got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog
-	if !got.Measured || got.Keys != 10 || got.Waiting != 1 || got.Unfinished != 11 || got.Over < 20*time.Second ||
+	if !got.Measured || got.Stuck != 10 || got.Waiting != 1 || got.Unfinished != 11 || got.Over < 20*time.Second ||
 		got.Over > 25*time.Second || got.PerSecond != 389/got.Over.Seconds() {
 		t.Errorf("counts -json backlog = %+v, want 10 stuck, 1 waiting, 389 drained since 20 seconds ago", got)
 	}

@@ -250,9 +250,20 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 // Start runs passes in the background until Stop or ctx ends: one at
 // once after a pass that claimed keys it had not handed back, otherwise
 // after Interval, longer after trouble (see pace).
+//
+// While the pace pauses the passes (Interval after a pass that found no
+// key, longer after failing ones), the completer still wakes for each
+// slot of store.SampleEvery to count its keys, so that the backlog's
+// drain rate is measured over a few seconds after an outage too.
 func (c *Completer) Start(ctx context.Context) error {
 	s := streak{}
+	// next is when the pace lets the next pass run.
+	var next time.Time
 	return c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
+		if left := time.Until(next); left > 0 {
+			c.recordHistory(ctx)
+			return min(left, c.samples.untilDue())
+		}
 		_, wait, _, err := c.runOnce(ctx, s)
 		if err != nil && ctx.Err() == nil {
 			c.log.Error("completer pass failed", "err", err, "next_pass_in", wait)
@@ -260,7 +271,8 @@ func (c *Completer) Start(ctx context.Context) error {
 		if wait > 0 {
 			clear(s)
 		}
-		return wait
+		next = time.Now().Add(wait)
+		return min(wait, c.samples.untilDue())
 	})
 }
 

@@ -8,8 +8,8 @@ import (
 	"github.com/atomicphase/atomicphase/internal/store"
 )
 
-// schedule lets a completer pass record something at most once in each
-// slot of a fixed length of the process's clock: the first pass of a slot
+// schedule lets a completer record something at most once in each slot
+// of a fixed length of the process's clock: the first call of a slot
 // records, the others of the slot send nothing. Where several processes
 // run completers, the first to record a slot of the database's clock keeps
 // it, and the others' statements change nothing.
@@ -17,6 +17,8 @@ type schedule struct {
 	every time.Duration
 	mu    sync.Mutex
 	next  time.Time
+	// warned is when a failure was last logged.
+	warned time.Time
 	// now is the clock; tests set it.
 	now func() time.Time
 }
@@ -34,15 +36,26 @@ func (s *schedule) due() bool {
 	return true
 }
 
-// failed puts the next attempt off to the next minute, so that a database
-// without the table (a deploy not yet migrated) costs one failed statement
-// a minute, not one a slot or a pass.
-func (s *schedule) failed() {
+// untilDue is how long until the next slot.
+func (s *schedule) untilDue() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if minute := s.clock().Truncate(time.Minute).Add(time.Minute); minute.After(s.next) {
-		s.next = minute
+	return max(s.next.Sub(s.clock()), 0)
+}
+
+// logFailure reports whether a failure is the first of its minute, to log:
+// a database without the table (a deploy not yet migrated) logs one
+// warning a minute, not one a slot, and is recorded in the first slot
+// after it is migrated.
+func (s *schedule) logFailure() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	if now.Sub(s.warned) < time.Minute {
+		return false
 	}
+	s.warned = now
+	return true
 }
 
 func (s *schedule) clock() time.Time {
@@ -54,19 +67,18 @@ func (s *schedule) clock() time.Time {
 
 // recordHistory records the minute's counts for the console's chart, and
 // every store.SampleEvery the completer's keys for the backlog's drain
-// rate, when each is due. On a key table distributed with Citus both
-// tables are reference tables, on every node, so a process connected to a
-// worker records them too.
+// rate, when each is due: in its passes, and while the pace pauses them
+// (see Start). On a key table distributed with Citus both tables are
+// reference tables, on every node, so a process connected to a worker
+// records them too.
 func (c *Completer) recordHistory(ctx context.Context) {
 	if c.history.due() {
-		if _, err := store.RecordHistory(ctx, c.db, c.workflows, c.cfg.StuckAfter); err != nil && ctx.Err() == nil {
-			c.history.failed()
+		if _, err := store.RecordHistory(ctx, c.db, c.workflows, c.cfg.StuckAfter); err != nil && ctx.Err() == nil && c.history.logFailure() {
 			c.log.Warn("completer could not record the status history", "err", err)
 		}
 	}
 	if c.samples.due() {
-		if _, err := store.RecordSample(ctx, c.db); err != nil && ctx.Err() == nil {
-			c.samples.failed()
+		if _, err := store.RecordSample(ctx, c.db); err != nil && ctx.Err() == nil && c.samples.logFailure() {
 			c.log.Warn("completer could not count its keys for the backlog's drain rate", "err", err)
 		}
 	}

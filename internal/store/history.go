@@ -51,20 +51,29 @@ ON CONFLICT DO NOTHING`
 // workflows given are recorded even with no unfinished key.
 func RecordHistory(ctx context.Context, q Querier, workflows []string, stuckAfter time.Duration) (int, error) {
 	workflows = slices.Compact(slices.Sorted(slices.Values(workflows)))
-	distributed, err := IsDistributed(ctx, q)
+	n, err := record(ctx, q, recordHistorySQL, recordHistoryDistributedSQL, stuckAfter, workflows)
 	if err != nil {
 		return 0, fmt.Errorf("store: record history: %w", err)
 	}
-	sql := recordHistoryDistributedSQL
-	if !distributed {
-		sql, err = routed(ctx, q, recordHistorySQL, false)
-	}
+	return n, nil
+}
+
+// record runs plain, routed, on a single Postgres and distributed on a key
+// table distributed with Citus, and returns the rows it wrote.
+func record(ctx context.Context, q Querier, plain, distributed string, args ...any) (int, error) {
+	onCitus, err := IsDistributed(ctx, q)
 	if err != nil {
-		return 0, fmt.Errorf("store: record history: %w", err)
+		return 0, err
 	}
-	tag, err := q.Exec(ctx, sql, stuckAfter, workflows)
+	sql := distributed
+	if !onCitus {
+		if sql, err = routed(ctx, q, plain, false); err != nil {
+			return 0, err
+		}
+	}
+	tag, err := q.Exec(ctx, sql, args...)
 	if err != nil {
-		return 0, fmt.Errorf("store: record history: %w", err)
+		return 0, err
 	}
 	return int(tag.RowsAffected()), nil
 }
@@ -110,14 +119,29 @@ const SampleRetention = time.Hour
 // recordSampleSQL counts the completer's keys, the unfinished keys not on
 // hold (countUnfinishedSQL's in flight, waiting and stuck, added up), into
 // the current five seconds' slot with the time of the count. It reads the
-// unfinished keys only. ON CONFLICT DO NOTHING keeps the slot's first
-// count: the completers of several processes count the same keys, and the
-// later ones change nothing.
+// unfinished keys only, and none when another process counted the slot
+// already: the uncorrelated NOT EXISTS is a one-time filter, checked before
+// the scan, and a count of no key then conflicts with the slot's row. ON
+// CONFLICT DO NOTHING keeps the slot's first count: the completers of
+// several processes count the same keys, and the later ones change
+// nothing.
 const recordSampleSQL = `
 INSERT INTO atomicphase_backlog_samples (slot, at, keys)
 SELECT to_timestamp(floor(extract(epoch FROM now()) / 5) * 5), now(), count(*)::int
 FROM idempotency_keys
 WHERE finished_at IS NULL AND hold IS NULL{unfinished}
+  AND NOT EXISTS (SELECT FROM atomicphase_backlog_samples WHERE slot = to_timestamp(floor(extract(epoch FROM now()) / 5) * 5))
+ON CONFLICT DO NOTHING`
+
+// recordSampleDistributedSQL is recordSampleSQL on Citus, which sends the
+// count to every shard without the check: Citus would not plan a
+// reference table's rows into a statement that reads every shard as a
+// filter before it.
+const recordSampleDistributedSQL = `
+INSERT INTO atomicphase_backlog_samples (slot, at, keys)
+SELECT to_timestamp(floor(extract(epoch FROM now()) / 5) * 5), now(), count(*)::int
+FROM idempotency_keys
+WHERE finished_at IS NULL AND hold IS NULL
 ON CONFLICT DO NOTHING`
 
 // RecordSample counts the unfinished keys not on hold into the current
@@ -125,15 +149,11 @@ ON CONFLICT DO NOTHING`
 // the slot first. (On a key table distributed with Citus, a statement
 // sent through the coordinator counts the rows it sent, kept or not.)
 func RecordSample(ctx context.Context, q Querier) (int, error) {
-	sql, err := routedFor(ctx, q, recordSampleSQL)
+	n, err := record(ctx, q, recordSampleSQL, recordSampleDistributedSQL)
 	if err != nil {
 		return 0, fmt.Errorf("store: count the backlog: %w", err)
 	}
-	tag, err := q.Exec(ctx, sql)
-	if err != nil {
-		return 0, fmt.Errorf("store: count the backlog: %w", err)
-	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // Sample is the completer's keys, unfinished and not on hold, as counted

@@ -99,7 +99,7 @@ FROM (VALUES (interval '40 seconds', 1000), (interval '20 seconds', 400)) AS s(a
 		t.Fatal(err)
 	}
 	if !want.Measured || want.Over < 20*time.Second || want.Over >= 30*time.Second ||
-		want.PerSecond != float64(400-want.Unfinished)/want.Over.Seconds() || want.Keys == 0 {
+		want.PerSecond != float64(400-want.Unfinished)/want.Over.Seconds() || want.Stuck == 0 {
 		t.Fatalf("the client's backlog is %+v; want 400 keys less those unfinished now over the last 20 seconds", want)
 	}
 	signIn(t, ctx, srv, "alice")
@@ -107,8 +107,8 @@ FROM (VALUES (interval '40 seconds', 1000), (interval '20 seconds', 400)) AS s(a
 		screenshot("console-overview-backlog"))
 	card := get(t, ctx, chromedp.Evaluate[[]string](`(c => [c.querySelector(".n").textContent, c.querySelector(".rate").textContent,
 		new URL(c.querySelector("a").href).search, c.querySelector("a").textContent])(document.querySelector(".card.backlog"))`))
-	text := fmt.Sprintf("%d stuck and %d waiting: the completer's backlog", want.Keys, want.Waiting)
-	if card[0] != fmt.Sprint(want.Keys) || card[2] != "?state=stuck" || strings.Join(strings.Fields(card[3]), " ") != text {
+	text := fmt.Sprintf("%d stuck and %d waiting: the completer's backlog", want.Stuck, want.Waiting)
+	if card[0] != fmt.Sprint(want.Stuck) || card[2] != "?state=stuck" || strings.Join(strings.Fields(card[3]), " ") != text {
 		t.Errorf("the backlog card reads %q; want %q linking to the stuck ones", card, text)
 	}
 	// The page counted a moment after the client did: its span may be a
