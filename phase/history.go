@@ -43,15 +43,17 @@ func (c *Client) History(ctx context.Context, window time.Duration) ([]StatusMin
 	return out, nil
 }
 
-// DrainWindow is how far back Backlog looks for a count of the
-// completer's keys to measure how fast the backlog drains from.
-const DrainWindow = 5 * time.Minute
+// DrainWindow is the longest span Backlog measures a drain over: with no
+// count of the completer's keys between DrainSpan and DrainWindow old (no
+// completer ran lately), the rate is not measured, rather than averaged
+// over a span in which a backlog may have both grown and drained.
+const DrainWindow = 30 * time.Second
 
 // DrainSpan is the shortest span Backlog measures a drain over: the rate
 // runs from the newest count of the completer's keys at least this old to
-// now. The completers count their keys every five seconds, in their
-// passes, each count with the database's time; so while they run the span
-// is 10 to 15 seconds, longer while a pass takes longer than five seconds.
+// now. Each process's completer counts its keys every five seconds, on a
+// loop of its own beside its passes, each count with the database's time;
+// so while completers run the span is 10 to 15 seconds.
 const DrainSpan = 10 * time.Second
 
 // Backlog is the completer's backlog, the stuck and waiting keys, and how
@@ -81,6 +83,9 @@ type Backlog struct {
 	PerSecond float64       `json:"per_second"`
 	Over      time.Duration `json:"over_ns"`
 	Measured  bool          `json:"measured"`
+	// unmigrated says the schema lacks the completers' counts (migration
+	// 015), for Rate.
+	unmigrated bool
 }
 
 // Keys is the backlog's size: its stuck and waiting keys.
@@ -103,9 +108,12 @@ func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
 // empty: "draining 5.0 a second over the last 12s, empty in about 2s".
 // With no key stuck or waiting it names the keys still in flight, if any.
 func (b Backlog) Rate() string {
-	if !b.Measured {
+	switch {
+	case b.unmigrated:
+		return "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"
+	case !b.Measured:
 		return "drain rate unknown: no completer counted its keys between " + DrainSpan.String() +
-			" and " + DrainWindow.String() + " ago (or the schema lacks migration 015)"
+			" and " + DrainWindow.String() + " ago"
 	}
 	over := "over the last " + b.Over.Round(time.Second).String()
 	empty, ok := b.EmptyIn()
@@ -126,8 +134,8 @@ func (b Backlog) Rate() string {
 // completer's keys drained since the newest count of them a completer took
 // at least DrainSpan ago. Like Counts, it reads no finished key; the rate
 // comes from the completers' counts, so it is not measured where none was
-// taken (no completer ran in the last DrainWindow, or the schema predates
-// them).
+// taken between DrainSpan and DrainWindow ago (no completer ran then), or
+// the schema predates them.
 func (c *Client) Backlog(ctx context.Context) (Backlog, error) {
 	counts, err := c.Counts(ctx)
 	if err != nil {
@@ -144,6 +152,7 @@ func (c *Client) BacklogOf(ctx context.Context, now keyrow.Counts) (Backlog, err
 	b := Backlog{Stuck: now.Stuck, Waiting: now.Waiting, Unfinished: now.InFlight + now.Waiting + now.Stuck}
 	sample, ok, at, err := store.LatestSample(ctx, c.db, DrainSpan, DrainWindow)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
+		b.unmigrated = true
 		return b, nil
 	}
 	if err != nil || !ok {

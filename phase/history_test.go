@@ -15,7 +15,7 @@ import (
 // DrainSpan ago to the keys counted now, over the time between them by the
 // database's clock; a count younger than DrainSpan or older than
 // DrainWindow is not measured from; keys passing from waiting to stuck
-// are neither a drain nor growth.
+// are neither a drain nor growth; a schema without the counts says so.
 func TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestCount(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -39,7 +39,7 @@ FROM generate_series(1, 10) AS i`, fp[:])
 	if want := (phase.Backlog{Stuck: 6, Waiting: 4, Unfinished: 10}); b != want {
 		t.Fatalf("backlog with no count taken = %+v; want %+v", b, want)
 	}
-	if got, want := b.Rate(), "drain rate unknown: no completer counted its keys between 10s and 5m0s ago (or the schema lacks migration 015)"; got != want {
+	if got, want := b.Rate(), "drain rate unknown: no completer counted its keys between 10s and 30s ago"; got != want {
 		t.Errorf("rate %q; want %q", got, want)
 	}
 	// counted replaces the completers' counts with keys counted ago.
@@ -92,11 +92,22 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 	if err != nil || b.Stuck != 7 || b.Waiting != 0 || b.Unfinished != 9 || b.PerSecond != 400/b.Over.Seconds() {
 		t.Errorf("BacklogOf 2 in flight and 7 stuck = %+v, %v; want 7 stuck of 9 unfinished, 400 drained", b, err)
 	}
-	for _, counts := range []map[time.Duration]int{{9 * time.Second: 500}, {6 * time.Minute: 500}} {
+	// A count younger than DrainSpan is too near to measure from, and one
+	// older than DrainWindow too far: no completer ran lately, and the
+	// backlog may have grown and drained since.
+	for _, counts := range []map[time.Duration]int{{9 * time.Second: 500}, {40 * time.Second: 500}, {6 * time.Minute: 500}} {
 		counted(counts)
 		if b, err := e.c.Backlog(ctx); err != nil || b.Measured {
 			t.Errorf("backlog from %v = %+v, %v; want the rate not measured", counts, b, err)
 		}
+	}
+	// A schema without the counts' table says so.
+	if _, err := e.db.Exec(ctx, `DROP TABLE atomicphase_backlog_samples`); err != nil {
+		t.Fatal(err)
+	}
+	b, err = e.c.Backlog(ctx)
+	if want := "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"; err != nil || b.Measured || b.Rate() != want {
+		t.Errorf("backlog on a schema without migration 015 = %+v, %v, %q; want %q", b, err, b.Rate(), want)
 	}
 }
 
@@ -126,7 +137,7 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 			0, true, "drained 40.0 a second over the last 11s; 5 in flight"},
 		{phase.Backlog{PerSecond: 40, Over: 11 * time.Second, Measured: true},
 			0, true, "drained 40.0 a second over the last 11s"},
-		{phase.Backlog{Stuck: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 5m0s ago (or the schema lacks migration 015)"},
+		{phase.Backlog{Stuck: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 30s ago"},
 	} {
 		name := fmt.Sprintf("%+v", c.b)
 		if d, ok := c.b.EmptyIn(); d != c.empty || ok != c.ok {

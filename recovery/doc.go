@@ -81,7 +81,8 @@
 //
 // # Status history
 //
-// The first completer pass of each minute also records the unfinished keys
+// Once a minute (its first pass or count of the minute) the completer
+// also records the unfinished keys
 // of each workflow by status in the atomicphase_status_history table, for
 // the console's chart: one INSERT ... SELECT that counts them from the
 // completer's watch and the keys its walk has yet to pass (never a
@@ -89,7 +90,8 @@
 // the row set of the minute that another process wrote first. The reaper
 // deletes the rows older than a day, one DELETE a run.
 //
-// The first pass of every five seconds also counts the unfinished keys not
+// Every five seconds, on a loop of its own beside its passes (and in a
+// pass run on demand), the completer also counts the unfinished keys not
 // on hold into the atomicphase_backlog_samples table, each count with the
 // database's time, from which phase.Client.Backlog measures how fast a
 // backlog drains; the reaper deletes counts older than an hour. On a key

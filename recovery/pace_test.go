@@ -406,11 +406,17 @@ func TestTheCompleterYieldsToLiveRunsItSlows(t *testing.T) {
 	// Calls long enough that the keys of a pass overlap in theirs.
 	p := &provider{took: 60 * time.Millisecond, sends: map[string]int{}}
 	w := ridesWorkflow(t, db, "rides", p)
-	var slowed atomic.Bool
+	var (
+		slowed atomic.Bool
+		// slowBy is how long a slowed live run sleeps: well past the line
+		// the idle runs draw, however busy the machine makes them.
+		slowBy atomic.Int64
+	)
+	slowBy.Store(int64(400 * time.Millisecond))
 	live, err := phase.NewWorkflow("live",
 		phase.Local("answered", func(ctx context.Context, tx pgx.Tx, in *phase.Input[job, struct{}]) (phase.Result, error) {
 			if slowed.Load() {
-				time.Sleep(400 * time.Millisecond)
+				time.Sleep(time.Duration(slowBy.Load()))
 			}
 			return phase.JSON(201, in.Req), nil
 		}))
@@ -422,15 +428,23 @@ func TestTheCompleterYieldsToLiveRunsItSlows(t *testing.T) {
 		passes []int64 // the most keys in their calls at once, pass by pass
 		c      *phase.Client
 	)
+	var (
+		mu   sync.Mutex
+		took []time.Duration
+	)
 	runs := func(count int) {
 		var wg sync.WaitGroup
 		for range 20 {
 			wg.Go(func() {
 				for range count / 20 {
 					key := fmt.Sprintf("live-%d", n.Add(1))
+					began := time.Now()
 					if _, err := live.Run(ctx, c, "acme", key, job{}); err != nil {
 						t.Error(err)
 					}
+					mu.Lock()
+					took = append(took, time.Since(began))
+					mu.Unlock()
 				}
 			})
 		}
@@ -455,6 +469,9 @@ func TestTheCompleterYieldsToLiveRunsItSlows(t *testing.T) {
 	// The completer idle: its process's live runs draw the line, from the
 	// last thousand, which leave out the first on each new connection.
 	runs(1200)
+	// The line's p99, of the last thousand as the completer takes it.
+	idle := slices.Sorted(slices.Values(took[len(took)-1000:]))
+	slowBy.Store(max(slowBy.Load(), int64(4*idle[len(idle)*99/100])))
 	const keys = 200
 	abandonMany(t, db, w.Name(), keys)
 	res, err := c.Complete(ctx)

@@ -220,7 +220,8 @@ the span it names, and when, at that rate, none will be left. Keys
 passing from waiting to stuck are neither a drain nor growth. Each
 process's completer counts them every five seconds, so the rate is the
 average of about the last 10 to 15 seconds; it is unknown in the first
-10 seconds after a completer starts and where none runs.`,
+10 seconds after a completer starts, where none counted between 10 and 30
+seconds ago, and on a schema without migration 015 (it says so).`,
 		define: defineStats,
 	},
 	{

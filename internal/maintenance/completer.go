@@ -33,9 +33,11 @@ type Completer struct {
 	ttl                    time.Duration
 	log                    *slog.Logger
 	bg                     background
-	history, samples       schedule
-	pace                   *pace
-	burial                 burial
+	// counting runs the counts of Start beside the passes.
+	counting         background
+	history, samples schedule
+	pace             *pace
+	burial           burial
 	// slots holds, for each workflow with a cap of its own
 	// (CompleterConfig.InFlight), a token per key it may run at once.
 	slots map[string]chan struct{}
@@ -251,19 +253,14 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 // once after a pass that claimed keys it had not handed back, otherwise
 // after Interval, longer after trouble (see pace).
 //
-// While the pace pauses the passes (Interval after a pass that found no
-// key, longer after failing ones), the completer still wakes for each
-// slot of store.SampleEvery to count its keys, so that the backlog's
-// drain rate is measured over a few seconds after an outage too.
+// Beside its passes it counts its keys every store.SampleEvery, and
+// records the minute's status history, on a loop of its own: the backlog's
+// drain rate is measured from those counts, which neither a long pass nor
+// a pause after failing ones (up to a minute, after an outage) may hold
+// up.
 func (c *Completer) Start(ctx context.Context) error {
 	s := streak{}
-	// next is when the pace lets the next pass run.
-	var next time.Time
-	return c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
-		if left := time.Until(next); left > 0 {
-			c.recordHistory(ctx)
-			return min(left, c.samples.untilDue())
-		}
+	err := c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
 		_, wait, _, err := c.runOnce(ctx, s)
 		if err != nil && ctx.Err() == nil {
 			c.log.Error("completer pass failed", "err", err, "next_pass_in", wait)
@@ -271,16 +268,25 @@ func (c *Completer) Start(ctx context.Context) error {
 		if wait > 0 {
 			clear(s)
 		}
-		next = time.Now().Add(wait)
-		return min(wait, c.samples.untilDue())
+		return wait
+	})
+	if err != nil {
+		return err
+	}
+	return c.counting.Start(ctx, "completer's counts", func(ctx context.Context) time.Duration {
+		c.recordHistory(ctx)
+		return c.samples.untilDue()
 	})
 }
 
 // Stop ends the background passes: it starts no other, and lets the keys
 // of the current one run until ctx ends. It then cancels them, waits for
 // them to stop, and returns ctx's error. A cancelled key keeps its
-// recovery point, frees its lease and is resumed later.
-func (c *Completer) Stop(ctx context.Context) error { return c.bg.StopGracefully(ctx) }
+// recovery point, frees its lease and is resumed later. The counts stop
+// at once.
+func (c *Completer) Stop(ctx context.Context) error {
+	return errors.Join(c.counting.Stop(ctx), c.bg.StopGracefully(ctx))
+}
 
 func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {
 	if c.Observe != nil {
