@@ -83,9 +83,13 @@ type Backlog struct {
 	PerSecond float64       `json:"per_second"`
 	Over      time.Duration `json:"over_ns"`
 	Measured  bool          `json:"measured"`
-	// unmigrated says the schema lacks the completers' counts (migration
-	// 015), for Rate.
-	unmigrated bool
+	// LastCount is how long ago the newest count of the completer's keys
+	// was taken, when Measured: about five seconds at most while a
+	// completer runs, more once none does.
+	LastCount time.Duration `json:"last_count_ns"`
+	// Unmigrated says the rate is not measured because the schema lacks
+	// the completers' counts (migration 015).
+	Unmigrated bool `json:"unmigrated"`
 }
 
 // Keys is the backlog's size: its stuck and waiting keys.
@@ -106,10 +110,24 @@ func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
 
 // Rate says, for people, how fast the backlog drains and when it will be
 // empty: "draining 5.0 a second over the last 12s, empty in about 2s".
-// With no key stuck or waiting it names the keys still in flight, if any.
+// With no key stuck or waiting it names the keys still in flight, if any;
+// when no completer has counted for over twice the five seconds they
+// count every, it says so.
 func (b Backlog) Rate() string {
+	s := b.rate()
+	if b.Measured && b.LastCount > 2*store.SampleEvery {
+		s += fmt.Sprintf("; no completer has counted for %s", b.LastCount.Round(time.Second))
+	}
+	if b.Keys() == 0 && b.Unfinished > 0 {
+		s += fmt.Sprintf("; %d in flight", b.Unfinished)
+	}
+	return s
+}
+
+// rate is Rate without its notes.
+func (b Backlog) rate() string {
 	switch {
-	case b.unmigrated:
+	case b.Unmigrated:
 		return "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"
 	case !b.Measured:
 		return "drain rate unknown: no completer counted its keys between " + DrainSpan.String() +
@@ -118,16 +136,15 @@ func (b Backlog) Rate() string {
 	over := "over the last " + b.Over.Round(time.Second).String()
 	empty, ok := b.EmptyIn()
 	switch {
+	case b.Keys() == 0:
+		// Keys in flight are no backlog: their rise is not its growth.
+		return fmt.Sprintf("drained %.1f a second %s", max(b.PerSecond, 0), over)
 	case b.PerSecond < 0:
 		return fmt.Sprintf("growing by %.1f a second %s", -b.PerSecond, over)
-	case ok && b.Keys() > 0:
+	case ok:
 		return fmt.Sprintf("draining %.1f a second %s, empty in about %s", b.PerSecond, over, max(empty.Round(time.Second), time.Second))
-	case b.Keys() > 0:
-		return "not draining " + over
-	case b.Unfinished > 0:
-		return fmt.Sprintf("drained %.1f a second %s; %d in flight", b.PerSecond, over, b.Unfinished)
 	}
-	return fmt.Sprintf("drained %.1f a second %s", b.PerSecond, over)
+	return "not draining " + over
 }
 
 // Backlog returns the stuck and waiting keys now and how fast the
@@ -150,14 +167,16 @@ func (c *Client) Backlog(ctx context.Context) (Backlog, error) {
 // of the keys. It reads the completers' counts alone.
 func (c *Client) BacklogOf(ctx context.Context, now keyrow.Counts) (Backlog, error) {
 	b := Backlog{Stuck: now.Stuck, Waiting: now.Waiting, Unfinished: now.InFlight + now.Waiting + now.Stuck}
-	sample, ok, at, err := store.LatestSample(ctx, c.db, DrainSpan, DrainWindow)
+	r, err := store.LatestSample(ctx, c.db, DrainSpan, DrainWindow)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
-		b.unmigrated = true
+		b.Unmigrated = true
 		return b, nil
 	}
-	if err != nil || !ok {
+	if err != nil || r.From == nil {
 		return b, err
 	}
+	sample, at := *r.From, r.Now
+	b.LastCount = at.Sub(r.Newest)
 	b.Over = at.Sub(sample.At)
 	b.PerSecond = float64(sample.Keys-b.Unfinished) / b.Over.Seconds()
 	b.Measured = true

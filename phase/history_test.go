@@ -79,7 +79,11 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 		if !b.Measured || b.Over < c.ago || b.Over > c.ago+5*time.Second || b.PerSecond != float64(c.from-10)/b.Over.Seconds() {
 			t.Errorf("%s: backlog %+v; want %d keys less 10 over %v", c.name, b, c.from, c.ago)
 		}
-		b.Over = c.ago
+		// The newest count is the one measured from, or a younger one.
+		if b.LastCount > b.Over {
+			t.Errorf("%s: the newest count is %v old, older than the %v span", c.name, b.LastCount, b.Over)
+		}
+		b.Over, b.LastCount = c.ago, 0
 		b.PerSecond = float64(c.from-10) / c.ago.Seconds()
 		if got := b.Rate(); got != c.rate {
 			t.Errorf("%s: rate %q; want %q", c.name, got, c.rate)
@@ -106,15 +110,16 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 		t.Fatal(err)
 	}
 	b, err = e.c.Backlog(ctx)
-	if want := "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"; err != nil || b.Measured || b.Rate() != want {
+	if want := "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"; err != nil || b.Measured || !b.Unmigrated || b.Rate() != want {
 		t.Errorf("backlog on a schema without migration 015 = %+v, %v, %q; want %q", b, err, b.Rate(), want)
 	}
 }
 
 // TestBacklogSaysHowLongItsUnfinishedKeysTake: the time to empty counts the
 // keys waiting out a backoff too, a backlog of waiting keys alone is not
-// empty, keys in flight alone are no backlog but are named, and a backlog
-// whose keys do not fall says it is not draining.
+// empty, keys in flight alone are no backlog but are named, a backlog
+// whose keys do not fall says it is not draining, and a rate from counts
+// no completer added to lately says so.
 func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -137,6 +142,13 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 			0, true, "drained 40.0 a second over the last 11s; 5 in flight"},
 		{phase.Backlog{PerSecond: 40, Over: 11 * time.Second, Measured: true},
 			0, true, "drained 40.0 a second over the last 11s"},
+		// Keys in flight rising (a surge, or a killed process's leases)
+		// are no backlog growing.
+		{phase.Backlog{Unfinished: 6, PerSecond: -0.5, Over: 12 * time.Second, Measured: true},
+			0, true, "drained 0.0 a second over the last 12s; 6 in flight"},
+		{phase.Backlog{Unfinished: 6}, 0, true, "drain rate unknown: no completer counted its keys between 10s and 30s ago; 6 in flight"},
+		{phase.Backlog{Stuck: 5, Unfinished: 5, PerSecond: 1, Over: 29 * time.Second, LastCount: 17 * time.Second, Measured: true},
+			5 * time.Second, true, "draining 1.0 a second over the last 29s, empty in about 5s; no completer has counted for 17s"},
 		{phase.Backlog{Stuck: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 30s ago"},
 	} {
 		name := fmt.Sprintf("%+v", c.b)

@@ -346,8 +346,8 @@ FROM generate_series(1, $1) AS i`, stuck)
 		t.Fatalf("the backlog's counts hold %d slots of %d keys (%v); want one or two", slots, stuck, err)
 	}
 	for name, q := range map[string]*pgxpool.Pool{"coordinator": db, "worker": worker} {
-		if s, ok, _, err := store.LatestSample(ctx, q, 0, time.Hour); err != nil || !ok || s.Keys != stuck {
-			t.Fatalf("LatestSample through the %s: %+v, %v, %v; want %d keys", name, s, ok, err, stuck)
+		if r, err := store.LatestSample(ctx, q, 0, time.Hour); err != nil || r.From == nil || r.From.Keys != stuck || r.Newest.IsZero() {
+			t.Fatalf("LatestSample through the %s: %+v, %v; want %d keys", name, r, err, stuck)
 		}
 	}
 	if _, err := db.Exec(ctx, `UPDATE atomicphase_status_history SET minute = '2000-01-01 00:00+00'`); err != nil {

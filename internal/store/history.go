@@ -164,10 +164,11 @@ type Sample struct {
 }
 
 // sampleSQL reads the newest sample taken at least $1 before now and no
-// more than $2 before it, if any, with the time now: the primary key read
-// backwards from the newest slot, a few rows.
+// more than $2 before it, if any, the time of the newest sample of all,
+// and the time now: the primary key read backwards from the newest slot,
+// a few rows.
 const sampleSQL = `
-SELECT now(), s.at, s.keys
+SELECT now(), s.at, s.keys, (SELECT at FROM atomicphase_backlog_samples ORDER BY slot DESC LIMIT 1)
 FROM (SELECT) AS n
 LEFT JOIN LATERAL (
     SELECT at, keys FROM atomicphase_backlog_samples
@@ -176,22 +177,36 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) AS s ON true`
 
+// Samples is what LatestSample read, by the database's clock.
+type Samples struct {
+	// From is the newest sample at least the span old and within the
+	// window; nil when there is none.
+	From *Sample
+	// Newest is when the newest sample of all was taken; zero when there
+	// is none.
+	Newest time.Time
+	Now    time.Time
+}
+
 // LatestSample returns the newest sample taken at least span before now
-// and within window of it, false when there is none, and the database's
-// time now.
-func LatestSample(ctx context.Context, q Querier, span, window time.Duration) (Sample, bool, time.Time, error) {
+// and within window of it, and when the newest of all was taken.
+func LatestSample(ctx context.Context, q Querier, span, window time.Duration) (Samples, error) {
 	var (
-		now  time.Time
-		at   *time.Time
-		keys *int
+		r      Samples
+		at     *time.Time
+		keys   *int
+		newest *time.Time
 	)
-	if err := q.QueryRow(ctx, sampleSQL, span, window).Scan(&now, &at, &keys); err != nil {
-		return Sample{}, false, time.Time{}, fmt.Errorf("store: read the backlog's samples: %w", err)
+	if err := q.QueryRow(ctx, sampleSQL, span, window).Scan(&r.Now, &at, &keys, &newest); err != nil {
+		return Samples{}, fmt.Errorf("store: read the backlog's samples: %w", err)
 	}
-	if at == nil {
-		return Sample{}, false, now, nil
+	if at != nil {
+		r.From = &Sample{At: *at, Keys: *keys}
 	}
-	return Sample{At: *at, Keys: *keys}, true, now, nil
+	if newest != nil {
+		r.Newest = *newest
+	}
+	return r, nil
 }
 
 // StatusMinute is the unfinished keys of one workflow by status at one

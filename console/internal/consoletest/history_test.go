@@ -85,13 +85,13 @@ func TestTheOverviewDrawsUnfinishedKeysByStatePerWorkflow(t *testing.T) {
 func TestTheOverviewShowsTheBacklogAndHowFastItDrains(t *testing.T) {
 	t.Parallel()
 	f, srv, ctx := setup(t)
-	// The completers counted 1000 unfinished keys 40 seconds ago and 400
-	// 20 seconds ago: the rate runs from the newest count at least
-	// DrainSpan old to the keys counted now.
+	// The completers counted 1000 unfinished keys 40 seconds ago, 400 20
+	// seconds ago and 390 just now: the rate runs from the newest count at
+	// least DrainSpan old to the keys counted now.
 	if _, err := f.Pool.Exec(context.Background(), `
 INSERT INTO atomicphase_backlog_samples (slot, at, keys)
 SELECT to_timestamp(floor(extract(epoch FROM now() - ago) / 5) * 5), now() - ago, keys
-FROM (VALUES (interval '40 seconds', 1000), (interval '20 seconds', 400)) AS s(ago, keys)`); err != nil {
+FROM (VALUES (interval '40 seconds', 1000), (interval '20 seconds', 400), (interval '2 seconds', 390)) AS s(ago, keys)`); err != nil {
 		t.Fatal(err)
 	}
 	want, err := f.Client.Backlog(context.Background())
