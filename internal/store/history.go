@@ -107,9 +107,9 @@ func TrimSamples(ctx context.Context, q Querier) (int, error) {
 }
 
 // SampleEvery is how often the completers count their keys for the
-// backlog's drain rate: the first pass in each slot of this length, by the
-// process's clock, counts; the first count of a slot of the database's
-// clock is kept.
+// backlog's drain rate: each counts once in each slot of this length, by
+// the process's clock, and the first count of a slot of the database's
+// clock is kept (recordSampleSQL's slots are of the same five seconds).
 const SampleEvery = 5 * time.Second
 
 // SampleRetention is how long the backlog's samples are kept before the
@@ -124,7 +124,8 @@ const SampleRetention = time.Hour
 // the scan, and a count of no key then conflicts with the slot's row. ON
 // CONFLICT DO NOTHING keeps the slot's first count: the completers of
 // several processes count the same keys, and the later ones change
-// nothing.
+// nothing. On a key table distributed with Citus it runs stripped of its
+// mark, the samples a reference table.
 const recordSampleSQL = `
 INSERT INTO atomicphase_backlog_samples (slot, at, keys)
 SELECT to_timestamp(floor(extract(epoch FROM now()) / 5) * 5), now(), count(*)::int
@@ -133,23 +134,12 @@ WHERE finished_at IS NULL AND hold IS NULL{unfinished}
   AND NOT EXISTS (SELECT FROM atomicphase_backlog_samples WHERE slot = to_timestamp(floor(extract(epoch FROM now()) / 5) * 5))
 ON CONFLICT DO NOTHING`
 
-// recordSampleDistributedSQL is recordSampleSQL on Citus, which sends the
-// count to every shard without the check: Citus would not plan a
-// reference table's rows into a statement that reads every shard as a
-// filter before it.
-const recordSampleDistributedSQL = `
-INSERT INTO atomicphase_backlog_samples (slot, at, keys)
-SELECT to_timestamp(floor(extract(epoch FROM now()) / 5) * 5), now(), count(*)::int
-FROM idempotency_keys
-WHERE finished_at IS NULL AND hold IS NULL
-ON CONFLICT DO NOTHING`
-
 // RecordSample counts the unfinished keys not on hold into the current
 // slot and returns the rows written: none when another process counted
 // the slot first. (On a key table distributed with Citus, a statement
 // sent through the coordinator counts the rows it sent, kept or not.)
 func RecordSample(ctx context.Context, q Querier) (int, error) {
-	n, err := record(ctx, q, recordSampleSQL, recordSampleDistributedSQL)
+	n, err := record(ctx, q, recordSampleSQL, stripped(recordSampleSQL))
 	if err != nil {
 		return 0, fmt.Errorf("store: count the backlog: %w", err)
 	}
