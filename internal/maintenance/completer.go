@@ -151,7 +151,12 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: buried})
 		c.log.Warn("abandoned keys moved to dead after repeated failures", "count", buried, "max_attempts", c.cfg.MaxAttempts)
 	}
-	c.recordHistory(ctx)
+	// Started, the completer counts on its own loop; a pass that counted
+	// too would hold its claim up for the count, which reads every
+	// unfinished key. A pass run on demand counts when due.
+	if !c.counting.running() {
+		c.recordHistory(ctx)
+	}
 	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),

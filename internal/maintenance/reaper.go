@@ -191,6 +191,13 @@ type background struct {
 	passing bool
 }
 
+// running reports whether the passes run, between Start and Stop.
+func (b *background) running() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cancel != nil
+}
+
 // begin reports whether a pass may start, none may after stop closed, and
 // records that it runs.
 func (b *background) begin(stop chan struct{}) bool {
