@@ -885,6 +885,45 @@ func TestStopWithNothingToCancelReturnsNil(t *testing.T) {
 	}
 }
 
+// TestStopCutsACountShortWithoutAnError: the completer's count of its
+// keys, under way when Stop comes with an ended context, is cancelled,
+// and Stop reports nothing: a count loses nothing when cut.
+func TestStopCutsACountShortWithoutAnError(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	w := payoutWorkflow(t, func(ctx context.Context) (int32, error) { return 1, nil })
+	lock, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx)
+	if _, err := lock.Exec(ctx, `LOCK TABLE atomicphase_backlog_samples IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	passed := make(chan struct{}, 1)
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, Completer: recovery.CompleterConfig{Interval: time.Hour},
+		Reaper: recovery.ReaperConfig{Interval: -1}, Hooks: []phase.Hook{passDone{passed: passed}}}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-passed
+	for waiting := 0; waiting == 0; time.Sleep(10 * time.Millisecond) {
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%atomicphase_backlog_samples%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := c.Stop(ended); err != nil {
+		t.Fatalf("Stop with an ended context during a count: %v, want nil", err)
+	}
+}
+
 // TestARunCutShortByStopIsNotBlamedOnTheStore: a run that Stop cancels in
 // a phase's statement is told the process is stopping and to retry
 // (ErrStopped and ErrUnavailable; the HTTP handler answers 503
