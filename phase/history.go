@@ -2,6 +2,7 @@ package phase
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -106,6 +107,21 @@ func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
 		return 0, false
 	}
 	return time.Duration(float64(max(b.Unfinished, b.Keys())) / b.PerSecond * float64(time.Second)), true
+}
+
+// MarshalJSON writes b's fields and "empty_in_ns", EmptyIn in
+// nanoseconds, or null when the backlog is not draining or its rate is not
+// measured.
+func (b Backlog) MarshalJSON() ([]byte, error) {
+	type fields Backlog
+	var emptyIn *time.Duration
+	if d, ok := b.EmptyIn(); ok {
+		emptyIn = &d
+	}
+	return json.Marshal(struct {
+		fields
+		EmptyIn *time.Duration `json:"empty_in_ns"`
+	}{fields(b), emptyIn})
 }
 
 // Rate says, for people, how fast the backlog drains and when it will be

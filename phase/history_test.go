@@ -2,6 +2,7 @@ package phase_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -157,6 +158,21 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 		}
 		if got := c.b.Rate(); got != c.rate {
 			t.Errorf("%s: rate %q; want %q", name, got, c.rate)
+		}
+		// JSON carries the fields and EmptyIn, null when not ok.
+		data, err := json.Marshal(c.b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			phase.Backlog
+			EmptyIn *time.Duration `json:"empty_in_ns"`
+		}
+		if err := json.Unmarshal(data, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Backlog != c.b || (got.EmptyIn != nil) != c.ok || (c.ok && *got.EmptyIn != c.empty) {
+			t.Errorf("%s: JSON %s", name, data)
 		}
 	}
 }
