@@ -395,8 +395,11 @@ func (c *Client) Start(ctx context.Context) error {
 // call is made again by the next run, and any other phase holds the key
 // (keyrow.HoldUnknown): a Reconciled phase's completer reconciles it once
 // it is idle for StuckAfter, any other waits for an operator. Give Stop a
-// context that outlasts your calls. Stop returns ctx's error when it had
-// to cancel runs, nil when none was left to cancel. It returns once the
+// context that outlasts your calls. Stop returns an error wrapping ctx's
+// when it had to cancel runs, or a pass of the completer or the reaper
+// under way (as right after Start, which begins both with a pass), and nil
+// when none was left to cancel: the completer's counts of its keys are
+// cancelled without an error. It returns once the
 // cancelled runs have freed their leases: shortly after ctx ends (their
 // statements under way are cancelled first), or up to 5 s later when the
 // store does not answer (a lease it could not free expires by itself).

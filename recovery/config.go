@@ -67,8 +67,11 @@ type CompleterConfig struct {
 	// client's NewClient refuses a name it has no workflow of.
 	InFlight map[string]int
 	// StuckAfter is how long a key must be idle before the completer takes
-	// it, and before it can be given up on. -1 means no wait. Defaults to
-	// DefaultStuckAfter.
+	// it, and before it can be given up on. -1 means no wait. Give every
+	// process the same: on one Postgres a claim that reads a key not yet
+	// stuck sets, by its own StuckAfter, when any completer next looks at
+	// it, so a process with a shorter one takes such a key no sooner.
+	// Defaults to DefaultStuckAfter.
 	StuckAfter time.Duration
 	// Backoff is added after the completer's first failure on a key. It
 	// doubles with each further one, up to MaxBackoff. -1 disables the

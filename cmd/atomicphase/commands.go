@@ -244,7 +244,10 @@ With -print, migrate writes the SQL of the migrations to stdout instead of
 applying it, and needs no database: for teams that manage their schema with
 their own tool (goose, atlas, sqitch). It prints every migration, or with
 -from N those after version N; each is idempotent. -json prints each one's
-version, name and SQL. There are no down migrations.
+version, name and SQL. There are no down migrations. The printed SQL does
+not record its versions in atomicphase_migration (your tool records what it
+applied), so -status reads such a database as version 0 with every
+migration pending; migrate adopts it unchanged.
 
 With -schema, migrate applies or prints the migrations with every table and
 function named in that schema, whatever the search_path; applying them
