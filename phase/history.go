@@ -126,16 +126,17 @@ func (b Backlog) MarshalJSON() ([]byte, error) {
 
 // Rate says, for people, how fast the backlog drains and when it will be
 // empty: "draining 5.0 a second over the last 12s, empty in about 2s".
-// With no key stuck or waiting it names the keys still in flight, if any;
-// when no completer has counted for over twice the five seconds they
-// count every, it says so.
+// It names the keys in flight, if any, which "empty in about" counts too
+// (a killed process's keys wait for their leases to run out); when no
+// completer has counted for over twice the five seconds they count every,
+// it says so.
 func (b Backlog) Rate() string {
 	s := b.rate()
 	if b.Measured && b.LastCount > 2*store.SampleEvery {
 		s += fmt.Sprintf("; no completer has counted for %s", b.LastCount.Round(time.Second))
 	}
-	if b.Keys() == 0 && b.Unfinished > 0 {
-		s += fmt.Sprintf("; %d in flight", b.Unfinished)
+	if inFlight := b.Unfinished - b.Keys(); inFlight > 0 {
+		s += fmt.Sprintf("; %d in flight", inFlight)
 	}
 	return s
 }

@@ -130,11 +130,11 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 		rate  string
 	}{
 		{phase.Backlog{Stuck: 600, Waiting: 200, Unfinished: 1000, PerSecond: 10, Over: 12 * time.Second, Measured: true},
-			100 * time.Second, true, "draining 10.0 a second over the last 12s, empty in about 1m40s"},
+			100 * time.Second, true, "draining 10.0 a second over the last 12s, empty in about 1m40s; 200 in flight"},
 		{phase.Backlog{Waiting: 2500, Unfinished: 2500, PerSecond: 100, Over: 12 * time.Second, Measured: true},
 			25 * time.Second, true, "draining 100.0 a second over the last 12s, empty in about 25s"},
 		{phase.Backlog{Stuck: 1, Waiting: 1, Unfinished: 3, PerSecond: 20, Over: 20 * time.Second, Measured: true},
-			150 * time.Millisecond, true, "draining 20.0 a second over the last 20s, empty in about 1s"},
+			150 * time.Millisecond, true, "draining 20.0 a second over the last 20s, empty in about 1s; 1 in flight"},
 		{phase.Backlog{Waiting: 2500, Unfinished: 2500, Over: 12 * time.Second, Measured: true},
 			0, false, "not draining over the last 12s"},
 		{phase.Backlog{Stuck: 600, Unfinished: 600, PerSecond: -2.5, Over: 80 * time.Second, Measured: true},
