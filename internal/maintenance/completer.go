@@ -140,11 +140,20 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 	)
 	if c.burial.due() {
 		buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
 			return res, nil, err
+		case err != nil:
+			// The burial waits for the next minute, the claim does not:
+			// it leaves keys out of attempts alone, and a burial that
+			// fails for want of one Citus node (it updates every shard)
+			// must not stop the others' keys from draining.
+			c.log.Warn("burying keys out of attempts failed; the next try is in a minute", "err", err)
+			c.burial.done()
+		default:
+			c.burial.done()
+			res.Dead = buried
 		}
-		c.burial.done()
-		res.Dead = buried
 	}
 	buried := res.Dead
 	if buried > 0 {

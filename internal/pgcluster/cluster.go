@@ -169,6 +169,41 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	return c.start(ctx)
 }
 
+// Down shuts the server down (fast shutdown) and keeps its data: clients
+// are refused until Up starts it again.
+func (c *Cluster) Down() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.shutdown()
+}
+
+// Up starts a server that Down shut down, on the same data directory and
+// socket, returning once it accepts connections.
+func (c *Cluster) Up(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.mayReuse("start"); err != nil {
+		return err
+	}
+	return c.start(ctx)
+}
+
+// mayReuse reports why what (start, rebuild) may not be done with c: it
+// must be shut down, and not stopped. c.mu is held.
+func (c *Cluster) mayReuse(what string) error {
+	switch {
+	case c.stopped:
+		return fmt.Errorf("pgcluster: %s of a stopped cluster", what)
+	case c.pm != nil:
+		return fmt.Errorf("pgcluster: %s of a running cluster; shut it down first", what)
+	}
+	return nil
+}
+
+// Host is the directory of the server's socket: its host in a connection
+// string, and its node name in a Citus cluster.
+func (c *Cluster) Host() string { return c.dir }
+
 // Stop shuts the server down and removes its directory. Calling it again
 // does nothing.
 func (c *Cluster) Stop() error {

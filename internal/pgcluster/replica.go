@@ -73,11 +73,8 @@ func StartStandby(ctx context.Context, primary *Cluster) (*Cluster, error) {
 func (c *Cluster) Rebuild(ctx context.Context, primary *Cluster) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.stopped:
-		return errors.New("pgcluster: rebuild of a stopped cluster")
-	case c.pm != nil:
-		return errors.New("pgcluster: rebuild of a running cluster; kill it first")
+	if err := c.mayReuse("rebuild"); err != nil {
+		return err
 	}
 	// The data directory belongs to the cluster's user, which may be
 	// another than this process's, but root can remove it.

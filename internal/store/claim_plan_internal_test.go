@@ -3,9 +3,12 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/atomicphase/atomicphase/internal/pgtest"
 )
@@ -88,4 +91,46 @@ func (n planNode) rowsRead(table string) float64 {
 		read += c.rowsRead(table)
 	}
 	return read
+}
+
+// TestCitusTheScanByShardProposesTheKeysTheScanOfEveryShardDoes: the scan
+// a claim falls back on while a node is unreachable, each shard on its
+// own, proposes the due keys the scan over every shard proposes, the
+// longest idle first, within the limit.
+func TestCitusTheScanByShardProposesTheKeysTheScanOfEveryShardDoes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.CitusPool(t, nil)
+	// 60 keys over 30 tenants: due but for every third (run lately), one
+	// on hold for reconciliation, one dead, one out of attempts.
+	_, err := db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params, last_run_at, hold, failures)
+SELECT 't' || i % 30, 'k' || i, 'test', '\x00', '{}',
+       now() - CASE WHEN i % 3 = 0 THEN interval '1 second' ELSE interval '1 hour' + i * interval '1 second' END,
+       CASE i WHEN 1 THEN 'unknown' WHEN 2 THEN 'dead' END, CASE WHEN i = 4 THEN 5 ELSE 0 END
+FROM generate_series(1, 60) AS i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int{100, 7} {
+		args := []any{limit, time.Minute, time.Duration(0), time.Hour, []string{"test"}, []string{""}, 5}
+		rows, err := db.Query(ctx, dueCandidatesSQL, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
+			var c candidate
+			return c, r.Scan(&c.tenant, &c.id)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := dueCandidatesByShard(ctx, db, limit, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(want) != min(limit, 38) || !slices.Equal(got, want) {
+			t.Errorf("limit %d: the scan by shard proposed %v; the scan of every shard %v (38 due)", limit, got, want)
+		}
+	}
 }

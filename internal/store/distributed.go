@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -157,10 +158,30 @@ func leaseLeftAt(expires pgtype.Timestamptz, now time.Time) time.Duration {
 // due.
 const dueCandidatesSQL = `
 SELECT tenant, id FROM idempotency_keys
-WHERE ` + dueWhere + ` AND (hold IS NOT NULL OR failures < $7)
-  AND (workflow, definition) IN (SELECT * FROM unnest($5::text[], $6::text[]))
+WHERE ` + dueCandidatesWhere + `
 ORDER BY last_run_at
 LIMIT $1`
+
+// dueCandidatesWhere selects dueCandidatesSQL's keys.
+const dueCandidatesWhere = dueWhere + ` AND (hold IS NOT NULL OR failures < $7)
+  AND (workflow, definition) IN (SELECT * FROM unnest($5::text[], $6::text[]))`
+
+// dueCandidatesByShardSQL is dueCandidatesSQL run on each shard, on its
+// node, through run_command_on_shards, which reports a shard it could not
+// reach in that shard's row instead of failing as a query over every shard
+// does: so while a node is unreachable the completer still finds the keys
+// of the others. Each shard returns its due keys, oldest run first, as a
+// JSON array of [tenant, id, last run]. The command cannot take
+// parameters: format() spells dueCandidatesSQL's into it as literals, and
+// Citus puts each shard's name in place of %s.
+var dueCandidatesByShardSQL = `
+SELECT success, result FROM run_command_on_shards('idempotency_keys', format($cmd$
+SELECT coalesce(json_agg(json_build_array(tenant, id, last_run_at) ORDER BY last_run_at), '[]') FROM (
+    SELECT tenant, id, last_run_at FROM %%s
+    WHERE ` + regexp.MustCompile(`\$(\d)`).ReplaceAllString(dueCandidatesWhere, `%${1}$$L`) + `
+    ORDER BY last_run_at
+    LIMIT %1$s) AS due$cmd$,
+    $1::int, $2::interval, $3::interval, $4::interval, $5::text[], $6::text[], $7::int))`
 
 // claimOneSQL takes the lease on one proposed key when it is still due,
 // judged on the newest row version under the row's lock (READ COMMITTED
@@ -199,19 +220,26 @@ const claimRounds = 3
 // claimDistributedOnce is one round of claimDistributed: it returns the
 // keys it took and how many it proposed.
 func claimDistributedOnce(ctx context.Context, q Querier, p ClaimParams) ([]*Row, int, error) {
-	rows, err := q.Query(ctx, dueCandidatesSQL, p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff,
-		p.Workflows, definitionsFor(p.Workflows, p.Definitions), p.attemptsLeft())
-	if err != nil {
-		return nil, 0, fmt.Errorf("store: claim: %w", err)
+	args := []any{p.Limit, p.StuckAfter, p.Backoff, p.MaxBackoff,
+		p.Workflows, definitionsFor(p.Workflows, p.Definitions), p.attemptsLeft()}
+	rows, err := q.Query(ctx, dueCandidatesSQL, args...)
+	var candidates []candidate
+	if err == nil {
+		candidates, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
+			var c candidate
+			return c, r.Scan(&c.tenant, &c.id)
+		})
 	}
-	type candidate struct {
-		tenant string
-		id     uuid.UUID
+	if err != nil && ctx.Err() == nil {
+		// A node may be unreachable: scan the shards one by one, and
+		// claim from those that answer.
+		var byShard error
+		if candidates, byShard = dueCandidatesByShard(ctx, q, p.Limit, args); byShard != nil {
+			err = errors.Join(err, byShard)
+		} else {
+			err = nil
+		}
 	}
-	candidates, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
-		var c candidate
-		return c, r.Scan(&c.tenant, &c.id)
-	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: claim: %w", err)
 	}
@@ -231,6 +259,68 @@ func claimDistributedOnce(ctx context.Context, q Querier, p ClaimParams) ([]*Row
 		}
 	}
 	return claimed, len(candidates), nil
+}
+
+// candidate is a key a scan proposed to claim.
+type candidate struct {
+	tenant string
+	id     uuid.UUID
+}
+
+// dueCandidatesByShard proposes up to limit due keys, the longest idle
+// first, from the shards that answer dueCandidatesByShardSQL; it fails
+// only when none does.
+func dueCandidatesByShard(ctx context.Context, q Querier, limit int, args []any) ([]candidate, error) {
+	rows, err := q.Query(ctx, dueCandidatesByShardSQL, args...)
+	if err != nil {
+		return nil, err
+	}
+	type due struct {
+		candidate
+		lastRun time.Time
+	}
+	var (
+		found    []due
+		answered int
+		failure  string
+		success  bool
+		result   string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&success, &result}, func() error {
+		if !success {
+			failure = result
+			return nil
+		}
+		answered++
+		var keys [][3]string
+		if err := json.Unmarshal([]byte(result), &keys); err != nil {
+			return fmt.Errorf("a shard's due keys %q: %w", result, err)
+		}
+		for _, k := range keys {
+			id, err := uuid.Parse(k[1])
+			if err != nil {
+				return fmt.Errorf("a shard's due key %q: %w", k, err)
+			}
+			lastRun, err := time.Parse(time.RFC3339Nano, k[2])
+			if err != nil {
+				return fmt.Errorf("a shard's due key %q: %w", k, err)
+			}
+			found = append(found, due{candidate{k[0], id}, lastRun})
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case answered == 0:
+		return nil, fmt.Errorf("no shard answered the scan for due keys: %s", failure)
+	}
+	slices.SortFunc(found, func(a, b due) int { return a.lastRun.Compare(b.lastRun) })
+	out := make([]candidate, 0, min(len(found), limit))
+	for _, d := range found[:min(len(found), limit)] {
+		out = append(out, d.candidate)
+	}
+	return out, nil
 }
 
 // The reaper's and expiry's statements for a distributed key table, where
