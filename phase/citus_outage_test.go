@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -76,7 +78,9 @@ func TestCitusTheCompleterDrainsTheReachableWorkersWhileOneIsDown(t *testing.T) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := phase.NewClient(db, &phase.Config{Logger: quiet,
+	var logged syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := phase.NewClient(db, &phase.Config{Logger: logger,
 		Completer: recovery.CompleterConfig{Interval: -1, StuckAfter: -1, Backoff: -1},
 		Reaper:    recovery.ReaperConfig{Interval: -1}}, w)
 	if err != nil {
@@ -134,6 +138,13 @@ WHERE p.shardid = get_shard_id_for_distribution_column('idempotency_keys', $1::t
 	}
 	if _, err := point(onDown[0]); err == nil {
 		t.Fatal("a key on the worker that is down was read; want an error")
+	}
+	// The completer says why it drains some keys only, and that its
+	// burial waits.
+	for _, want := range []string{"a node did not answer the scan for due keys", "burying keys out of attempts failed"} {
+		if !strings.Contains(logged.String(), want) {
+			t.Errorf("the completer's warnings with a worker down lack %q:\n%s", want, logged.String())
+		}
 	}
 
 	if err := down.Up(ctx); err != nil {

@@ -36,8 +36,11 @@ type Completer struct {
 	// counting runs the counts of Start beside the passes.
 	counting         background
 	history, samples schedule
-	pace             *pace
-	burial           burial
+	// unanswered paces the warning that a Citus node did not answer the
+	// scan for due keys.
+	unanswered schedule
+	pace       *pace
+	burial     burial
 	// slots holds, for each workflow with a cap of its own
 	// (CompleterConfig.InFlight), a token per key it may run at once.
 	slots map[string]chan struct{}
@@ -169,7 +172,7 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
-		MaxAttempts: c.cfg.MaxAttempts,
+		MaxAttempts: c.cfg.MaxAttempts, Unanswered: c.unansweredScan,
 	})
 	if err != nil {
 		return res, nil, err
@@ -291,6 +294,14 @@ func (c *Completer) Start(ctx context.Context) error {
 		c.recordHistory(ctx)
 		return c.samples.untilDue()
 	})
+}
+
+// unansweredScan warns, once a minute at most, that a node of a Citus
+// cluster did not answer the scan for due keys.
+func (c *Completer) unansweredScan(err error) {
+	if c.unanswered.logFailure() {
+		c.log.Warn("a node did not answer the scan for due keys; draining the keys of the nodes that did", "err", err)
+	}
 }
 
 // Stop ends the background passes: it starts no other, and lets the keys

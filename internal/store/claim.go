@@ -38,6 +38,10 @@ type ClaimParams struct {
 	// Distributed: the key table is distributed with Citus (see
 	// Request.Distributed).
 	Distributed bool
+	// Unanswered, when set, is told the error of a scan for due keys over
+	// every shard of a distributed key table that a node did not answer:
+	// the claim goes on with the keys of the shards that did.
+	Unanswered func(error)
 }
 
 // claimSQL takes the lease on due keys in one statement. FOR NO KEY UPDATE

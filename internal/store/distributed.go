@@ -237,6 +237,9 @@ func claimDistributedOnce(ctx context.Context, q Querier, p ClaimParams) ([]*Row
 		if candidates, byShard = dueCandidatesByShard(ctx, q, p.Limit, args); byShard != nil {
 			err = errors.Join(err, byShard)
 		} else {
+			if p.Unanswered != nil {
+				p.Unanswered(err)
+			}
 			err = nil
 		}
 	}
