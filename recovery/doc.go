@@ -82,13 +82,12 @@
 // # Status history
 //
 // Once a minute (its first pass or count of the minute) the completer
-// also records the unfinished keys
-// of each workflow by status in the atomicphase_status_history table, for
-// the console's chart: one INSERT ... SELECT that counts them from the
-// completer's watch and the keys its walk has yet to pass (never a
-// finished key; see docs/operating.md) and keeps
-// the row set of the minute that another process wrote first. The reaper
-// deletes the rows older than a day, one DELETE a run.
+// also records the unfinished keys of each workflow by status in the
+// atomicphase_status_history table, for the console's chart: one INSERT
+// ... SELECT that counts them from the completer's watch and the keys its
+// walk has yet to pass (never a finished key; see docs/operating.md) and
+// keeps the row set of the minute that another process wrote first. The
+// reaper deletes the rows older than a day, one DELETE a run.
 //
 // Every five seconds, on a loop of its own beside its passes (and in a
 // pass run on demand), the completer also counts the unfinished keys not

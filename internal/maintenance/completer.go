@@ -311,8 +311,9 @@ func (c *Completer) unansweredScan(err error) {
 // at once and are never what Stop reports: a count cut short loses
 // nothing, as the next count of the slot, by any process, stands for it.
 func (c *Completer) Stop(ctx context.Context) error {
-	// Never ends early, so never fails: a cancelled count returns
-	// within pgx's cancellation.
+	// Given a context that never ends, Stop cancels the count under way
+	// and waits for it, which pgx's cancellation keeps short, and
+	// returns nil.
 	_ = c.counting.Stop(context.WithoutCancel(ctx))
 	return c.bg.StopGracefully(ctx)
 }

@@ -68,9 +68,9 @@ func (s *schedule) clock() time.Time {
 // recordHistory records the minute's counts for the console's chart, and
 // every store.SampleEvery the completer's keys for the backlog's drain
 // rate, when each is due: in a pass, and on the loop of counts that Start
-// runs beside the passes. On a key table distributed with Citus both tables are
-// reference tables, on every node, so a process connected to a worker
-// records them too.
+// runs beside the passes. On a key table distributed with Citus both
+// tables are reference tables, on every node, so a process connected to a
+// worker records them too.
 func (c *Completer) recordHistory(ctx context.Context) {
 	if c.history.due() {
 		if _, err := store.RecordHistory(ctx, c.db, c.workflows, c.cfg.StuckAfter); err != nil && ctx.Err() == nil && c.history.logFailure() {
