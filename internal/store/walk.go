@@ -145,17 +145,24 @@ func walkGrace(stuckAfter time.Duration) time.Duration {
 }
 
 // walkUp moves the walk up to the keys younger than grace, or by
-// walkSteps steps, whichever comes first; or, when another process is
-// walking, leaves it to that one. A step that reaches its bound records
-// the next, and the step after it can go that far: so the walk goes on
-// until a step passes nothing, and, when that step reached its bound, one
-// more, with the bound it recorded, does too.
+// walkSteps steps, whichever comes first. A step that reaches its bound
+// records the next, and the step after it can go that far: so the walk
+// goes on until a step passes nothing, and, when that step reached its
+// bound, one more, with the bound it recorded, does too. When another
+// process moved the walk first, the next step goes on from where that one
+// left it: a claim that left the rest of the walk to the other would read
+// a watch without the keys still ahead of the walk, and, after an outage,
+// find none due while thousands are.
 func walkUp(ctx context.Context, q Querier, grace time.Duration) error {
 	idle := false
 	for range walkSteps {
 		s, err := Walk(ctx, q, walkBatch, grace)
-		if err != nil || !s.Walked {
+		if err != nil {
 			return err
+		}
+		if !s.Walked {
+			idle = false
+			continue
 		}
 		if s.Passed == 0 && (idle || !s.CaughtUp) {
 			return nil

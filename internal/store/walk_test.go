@@ -212,3 +212,85 @@ VALUES ('acme', 'crashed', 'test', '\x00', '{}', now() - interval '1 hour', now(
 		t.Fatalf("claim = %+v, %v, while another database holds a transaction open; want the crashed key", rows, err)
 	}
 }
+
+// TestAClaimWalksOnWhenAnotherProcessMovedTheWalk: after an outage the
+// backlog lies ahead of the walk, and two completers claim at once. The
+// step of one waits for the other's step, whose position it then finds
+// moved: the claim must walk on from there, not read a watch still
+// without the backlog, find nothing due and leave its completer idle for
+// an Interval while thousands of keys are.
+func TestAClaimWalksOnWhenAnotherProcessMovedTheWalk(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipOnCitus(t, "a distributed key table is not walked")
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	// More finished keys than a step of the claim's walk reads, of one
+	// transaction, then, in a later one, the backlog.
+	var finishedXid uint64
+	err := db.QueryRow(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+    created_at, last_run_at, finished_at)
+SELECT 'acme', 'done-' || i, 'test', '\x00', '{}', now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour'
+FROM generate_series(1, $1::int) AS i
+RETURNING pg_current_xact_id()::text::bigint`, store.WalkBatch+1).Scan(&finishedXid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+    created_at, last_run_at)
+SELECT 'acme', 'abandoned-' || i, 'test', '\x00', '{}', now() - interval '1 hour', now() - interval '1 hour'
+FROM generate_series(1, 10) AS i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Steps of one key each record a bound past both transactions and
+	// bring the walk up to the finished keys' transaction.
+	position := func() uint64 {
+		t.Helper()
+		var p uint64
+		if err := db.QueryRow(ctx, `SELECT position::text::bigint FROM atomicphase_walk`).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for range 2 {
+		if _, err := store.Walk(ctx, db, 1, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := position(); p != finishedXid {
+		t.Fatalf("the walk is at %d, want the finished keys' transaction %d", p, finishedXid)
+	}
+	// Another process's step passes the finished keys, and has not
+	// committed when the claim's step reads the walk.
+	other, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if s, err := store.Walk(ctx, other, 1, 0); err != nil || s.Passed != store.WalkBatch+1 || s.Watched != 0 {
+		t.Fatalf("the other process's step = %+v, %v; want the %d finished keys passed, none watched", s, err, store.WalkBatch+1)
+	}
+	done := make(chan error, 1)
+	var rows []*store.Row
+	go func() {
+		var err error
+		rows, err = store.Claim(ctx, db, store.ClaimParams{Workflows: []string{"test"}, Limit: 4, StuckAfter: time.Minute, TTL: ttl})
+		done <- err
+	}()
+	// pg_stat_activity keeps the statement's first kilobyte: its start.
+	waitForLock(t, db, "WITH nth AS", done)
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 4 {
+		t.Fatalf("the claim took %d keys of a backlog of 10 behind the other process's step, want 4", len(rows))
+	}
+	if p := position(); p <= finishedXid {
+		t.Fatalf("the walk stayed at %d after the claim", p)
+	}
+}
