@@ -509,7 +509,7 @@ func (c *Client) timeLive(ctx context.Context) (context.Context, func()) {
 	}
 	began, before := time.Now(), clock.spent.Load()
 	return ctx, func() {
-		c.completer.Live.Record(time.Since(began) - time.Duration(clock.spent.Load()-before))
+		c.completer.Live.Record(began, time.Since(began)-time.Duration(clock.spent.Load()-before))
 	}
 }
 

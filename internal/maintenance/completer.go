@@ -141,6 +141,7 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		// done are the keys the pass finished.
 		done []uuid.UUID
 	)
+	defer c.Live.pass()()
 	if c.burial.due() {
 		buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
 		switch {

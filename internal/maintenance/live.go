@@ -16,6 +16,11 @@ import (
 // count; the queue for the server's CPU, its locks and the pool, which the
 // completer's keys lengthen, does.
 //
+// A run that overlapped a pass of the completer is not idle, even a pass
+// that found nothing due: the pass's walk of the key table, which catches
+// up with a whole backlog at the first pass after an outage, slows live
+// runs for as long as it reads.
+//
 // Live runs may be slowed by more than the completer: a surge of
 // requests, another tenant of the machine. When they are slowed while it
 // runs one key at a time, it can yield no further, and the line is drawn
@@ -28,6 +33,10 @@ type Live struct {
 	mu sync.Mutex
 	// draining is set while a pass of the completer holds keys.
 	draining bool
+	// passes counts the completer's passes under way, and quiet is when
+	// the last of them ended.
+	passes int
+	quiet  time.Time
 	// idle holds the last len(idle) live runs' times that ended while the
 	// completer was idle; n counts every one recorded.
 	idle [liveIdleRuns]time.Duration
@@ -62,11 +71,15 @@ const (
 	liveQuiet = 2 * time.Second
 )
 
-// Record takes the time one live run took, its calls left out.
-func (l *Live) Record(own time.Duration) {
+// Record takes the time one live run that began at began took, its calls
+// left out.
+func (l *Live) Record(began time.Time, own time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.draining {
+		if l.passes > 0 || began.Before(l.quiet) {
+			return
+		}
 		l.idle[l.n%liveIdleRuns] = own
 		l.n++
 		return
@@ -78,6 +91,20 @@ func (l *Live) Record(own time.Duration) {
 	}
 	l.judged = append(l.judged, own)
 	l.last = time.Now()
+}
+
+// pass marks a pass of the completer under way until the function it
+// returns is called.
+func (l *Live) pass() (end func()) {
+	l.mu.Lock()
+	l.passes++
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.passes--
+		l.quiet = time.Now()
+	}
 }
 
 // drain marks whether the completer holds keys. When a drain begins, the

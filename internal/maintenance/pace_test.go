@@ -83,7 +83,7 @@ func TestPaceYieldsToSlowedLiveRuns(t *testing.T) {
 	pass := func(name string, runs []time.Duration, wantRunning int) {
 		t.Helper()
 		for _, d := range runs {
-			live.Record(d)
+			live.Record(time.Now(), d)
 		}
 		p.record(100, full, time.Second, true, nil)
 		if _, running := p.plan(); running != wantRunning {
@@ -104,7 +104,7 @@ func TestPaceYieldsToSlowedLiveRuns(t *testing.T) {
 
 	// Idle: 1000 runs, their p99 10 ms, so the line is at 15 ms.
 	for _, d := range runs(1000, 2*time.Millisecond, 20, 10*time.Millisecond) {
-		live.Record(d)
+		live.Record(time.Now(), d)
 	}
 	live.drain(true)
 	pass("one run in a hundred past the line", runs(100, 3*time.Millisecond, 1, 16*time.Millisecond), 4)
@@ -131,13 +131,38 @@ func TestPaceYieldsToSlowedLiveRuns(t *testing.T) {
 	live.drain(false)
 	fresh := NewCompleter(cfg, nil, nil, nil, nil, 90*time.Second, nil)
 	for _, d := range runs(liveLeast-1, 2*time.Millisecond, 0, 0) {
-		fresh.Live.Record(d)
+		fresh.Live.Record(time.Now(), d)
 	}
 	fresh.Live.drain(true)
 	for _, d := range runs(200, time.Second, 200, time.Second) {
-		fresh.Live.Record(d)
+		fresh.Live.Record(time.Now(), d)
 	}
 	if v := fresh.Live.judge(false); v != liveNone {
 		t.Errorf("a drain after %d idle runs judged its live runs (%d); want no line drawn", liveLeast-1, v)
+	}
+}
+
+// A live run that overlapped a pass of the completer is not idle, even
+// when the pass found nothing due: the pass's walk of the key table, which
+// catches up with a whole backlog after an outage, slows the runs around
+// it, and the line drawn from them would let the drain slow live runs as
+// much.
+func TestLiveDrawsTheLineFromRunsOutsideThePasses(t *testing.T) {
+	t.Parallel()
+	var l Live
+	for range liveIdleRuns {
+		l.Record(time.Now(), 2*time.Millisecond)
+	}
+	end := l.pass()
+	for range 50 {
+		l.Record(time.Now(), 200*time.Millisecond)
+	}
+	began := time.Now()
+	end()
+	l.Record(began, 200*time.Millisecond)
+	l.Record(time.Now(), 2*time.Millisecond)
+	l.drain(true)
+	if want := 3 * time.Millisecond; l.line != want {
+		t.Fatalf("the line is %v after slow runs during a pass; want %v, 1.5 times the p99 of the runs outside it", l.line, want)
 	}
 }
