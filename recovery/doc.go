@@ -49,7 +49,8 @@
 // priority: the next pass runs a quarter fewer keys at once (at least one)
 // when, during the pass, more than one in a hundred of the process's live
 // runs took over 1.5 times the p99 they had while the completer was idle
-// (the promise that their p99 stays within 1.5 times it), or when the keys of the
+// (between its passes, not during one that found nothing; the promise that
+// their p99 stays within 1.5 times it), or when the keys of the
 // pass took, in the median, over 1.5 times the quickest median seen (the
 // store is busy, for other processes' live requests too). Both leave the
 // foreign calls out: a slow provider does not count, only the time spent
