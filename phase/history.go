@@ -61,12 +61,14 @@ const DrainSpan = 10 * time.Second
 // fast it drains.
 type Backlog struct {
 	// Stuck are the keys unfinished, not on hold, free, and idle for longer
-	// than the completer's StuckAfter now: the completer takes them.
+	// than the completer's StuckAfter now: the completer takes them, those
+	// it failed on once past their backoff (see NotDue).
 	Stuck int `json:"stuck"`
 	// Waiting are the keys unfinished, not on hold and free now that have
-	// not been idle for StuckAfter yet, such as keys the completer tried
-	// while their provider was down, waiting out their backoff. The
-	// completer takes them once they are stuck.
+	// not been idle for StuckAfter yet, such as keys whose runs were cut a
+	// moment ago, or that the completer tried while their provider was
+	// down. The completer takes them once they are stuck and past their
+	// backoff.
 	Waiting int `json:"waiting"`
 	// Unfinished are the keys the completer may yet have to finish now:
 	// unfinished and not on hold (in flight, waiting or stuck), Stuck and
@@ -91,22 +93,53 @@ type Backlog struct {
 	// Unmigrated says the rate is not measured because the schema lacks
 	// the completers' counts (migration 015).
 	Unmigrated bool `json:"unmigrated"`
+	// NotDue are the keys of Stuck and Waiting that the completer does not
+	// take yet, by this client's CompleterConfig: idle for less than its
+	// StuckAfter, or waiting out the backoff of the completer's failures on
+	// them. FirstDue and LastDue are how long until the first and the
+	// last of them comes due; zero when NotDue is.
+	NotDue   int           `json:"not_due"`
+	FirstDue time.Duration `json:"first_due_ns"`
+	LastDue  time.Duration `json:"last_due_ns"`
 }
 
 // Keys is the backlog's size: its stuck and waiting keys.
 func (b Backlog) Keys() int { return b.Stuck + b.Waiting }
 
 // EmptyIn is how long the backlog takes to drain at PerSecond, its
-// unfinished keys with it: zero when no key is stuck or waiting, and ok
-// false for a backlog that is not draining or whose rate is not measured.
+// unfinished keys with it, and no sooner than its last key comes due
+// (LastDue): zero when no key is stuck or waiting, and ok false for a
+// backlog that is not draining or whose rate is not measured. When none
+// of its keys is due yet (after a crash cut a drain short, or while the
+// keys wait out their backoff), the rate is not the completer's pace but
+// how fast keys come due: EmptyIn is then LastDue, whatever the rate, as
+// the completer takes each key when it comes due (if it then finishes).
 func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
 	switch {
 	case b.Keys() == 0:
 		return 0, true
+	case b.noneDue():
+		return b.LastDue, true
 	case !b.Measured || b.PerSecond <= 0:
 		return 0, false
 	}
-	return time.Duration(float64(max(b.Unfinished, b.Keys())) / b.PerSecond * float64(time.Second)), true
+	return max(time.Duration(float64(max(b.Unfinished, b.Keys()))/b.PerSecond*float64(time.Second)), b.LastDue), true
+}
+
+// noneDue reports whether the backlog has keys and none of them is due.
+func (b Backlog) noneDue() bool { return b.Keys() > 0 && b.NotDue >= b.Keys() }
+
+// comeDue says how many keys come due and when: "45 come due in 2s to
+// 48s"; empty when none is waiting to.
+func (b Backlog) comeDue() string {
+	if b.NotDue == 0 {
+		return ""
+	}
+	first, last := max(b.FirstDue.Round(time.Second), time.Second), max(b.LastDue.Round(time.Second), time.Second)
+	if first == last {
+		return fmt.Sprintf("%d come due in %s", b.NotDue, last)
+	}
+	return fmt.Sprintf("%d come due in %s to %s", b.NotDue, first, last)
 }
 
 // MarshalJSON writes b's fields and "empty_in_ns", EmptyIn in
@@ -126,12 +159,17 @@ func (b Backlog) MarshalJSON() ([]byte, error) {
 
 // Rate says, for people, how fast the backlog drains and when it will be
 // empty: "draining 5.0 a second over the last 12s, empty in about 2s".
-// It names the keys in flight, if any, which "empty in about" counts too
-// (a killed process's keys wait for their leases to run out); when no
-// completer has counted for over twice the five seconds they count every,
-// it says so.
+// It says how many keys the completer does not take yet and when they
+// come due, and when that is all of them it says so instead of the rate:
+// "none due yet: 45 come due in 2s to 48s". It names the keys in flight,
+// if any, which "empty in about" counts too (a killed process's keys wait
+// for their leases to run out); when no completer has counted for over
+// twice the five seconds they count every, it says so.
 func (b Backlog) Rate() string {
 	s := b.rate()
+	if due := b.comeDue(); due != "" && !b.noneDue() {
+		s += "; " + due
+	}
 	if b.Measured && b.LastCount > 2*store.SampleEvery {
 		s += fmt.Sprintf("; no completer has counted for %s", b.LastCount.Round(time.Second))
 	}
@@ -146,6 +184,8 @@ func (b Backlog) rate() string {
 	switch {
 	case b.Unmigrated:
 		return "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"
+	case b.noneDue():
+		return "none due yet: " + b.comeDue()
 	case !b.Measured:
 		return "drain rate unknown: no completer counted its keys between " + DrainSpan.String() +
 			" and " + DrainWindow.String() + " ago"
@@ -164,9 +204,9 @@ func (b Backlog) rate() string {
 	return "not draining " + over
 }
 
-// Backlog returns the stuck and waiting keys now and how fast the
-// completer's keys drained since the newest count of them a completer took
-// at least DrainSpan ago. Like Counts, it reads no finished key; the rate
+// Backlog returns the stuck and waiting keys now, which of them are not
+// due yet, and how fast the completer's keys drained since the newest
+// count of them a completer took at least DrainSpan ago. Like Counts, it reads no finished key; the rate
 // comes from the completers' counts, so it is not measured where none was
 // taken between DrainSpan and DrainWindow ago (no completer ran then), or
 // the schema predates them.
@@ -181,9 +221,20 @@ func (c *Client) Backlog(ctx context.Context) (Backlog, error) {
 // BacklogOf is Backlog of the keys as counted a moment before, by Counts
 // or by CountsByWorkflow summed: a report that shows the counts beside the
 // backlog (`atomicphase counts`, the console's overview) shows one count
-// of the keys. It reads the completers' counts alone.
+// of the keys. It reads the completers' counts and, for NotDue, the
+// unfinished keys alone.
 func (c *Client) BacklogOf(ctx context.Context, now keyrow.Counts) (Backlog, error) {
 	b := Backlog{Stuck: now.Stuck, Waiting: now.Waiting, Unfinished: now.InFlight + now.Waiting + now.Stuck}
+	cfg := c.cfg.Completer
+	due, err := store.CountNotDue(ctx, c.db, cfg.StuckAfter, cfg.Backoff, cfg.MaxBackoff)
+	if err != nil {
+		return b, err
+	}
+	// Read a moment after now, the keys not due may count a key that was
+	// in flight then; the backlog is now's.
+	if due.Keys > 0 && b.Keys() > 0 {
+		b.NotDue, b.FirstDue, b.LastDue = min(due.Keys, b.Keys()), due.First, due.Last
+	}
 	r, err := store.LatestSample(ctx, c.db, DrainSpan, DrainWindow)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
 		b.Unmigrated = true

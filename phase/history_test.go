@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/atomicphase/atomicphase/keyrow"
 	"github.com/atomicphase/atomicphase/phase"
+	"github.com/atomicphase/atomicphase/recovery"
 )
 
 // TestBacklogRateIsTheFallOfTheCompletersKeysSinceTheNewestCount: the
@@ -37,6 +39,16 @@ FROM generate_series(1, 10) AS i`, fp[:])
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The waiting keys come due once idle for StuckAfter: this test's
+	// lines leave them out (see TestBacklogSaysWhenItsKeysComeDue).
+	notDue := func(b *phase.Backlog) {
+		t.Helper()
+		if b.NotDue != 4 || b.FirstDue <= 50*time.Second || b.LastDue > recovery.DefaultStuckAfter {
+			t.Errorf("backlog %+v; want its 4 waiting keys due within StuckAfter", b)
+		}
+		b.NotDue, b.FirstDue, b.LastDue = 0, 0, 0
+	}
+	notDue(&b)
 	if want := (phase.Backlog{Stuck: 6, Waiting: 4, Unfinished: 10}); b != want {
 		t.Fatalf("backlog with no count taken = %+v; want %+v", b, want)
 	}
@@ -75,6 +87,7 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 		if err != nil {
 			t.Fatal(err)
 		}
+		notDue(&b)
 		// The span runs to the database's time of the read, a moment after
 		// the count was written.
 		if !b.Measured || b.Over < c.ago || b.Over > c.ago+5*time.Second || b.PerSecond != float64(c.from-10)/b.Over.Seconds() {
@@ -111,8 +124,67 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 		t.Fatal(err)
 	}
 	b, err = e.c.Backlog(ctx)
+	notDue(&b)
 	if want := "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"; err != nil || b.Measured || !b.Unmigrated || b.Rate() != want {
 		t.Errorf("backlog on a schema without migration 015 = %+v, %v, %q; want %q", b, err, b.Rate(), want)
+	}
+}
+
+// TestBacklogSaysWhenItsKeysComeDue: of the stuck and waiting keys, those
+// the completer does not take yet (idle for less than StuckAfter, or
+// waiting out the backoff of its failures) are counted with when the
+// first and the last come due; keys leased, on hold or finished are not
+// the backlog's. With none due the line says so instead of a rate.
+func TestBacklogSaysWhenItsKeysComeDue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t)
+	fp, err := keyrow.Fingerprint("orders", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With the defaults (StuckAfter a minute, Backoff 30 s): two keys a
+	// client left 50 s ago, due in 10 s; one the completer failed twice,
+	// idle 70 s (stuck) and waiting out 60 s of backoff, due in 50 s; and
+	// keys that are no backlog: leased, on hold, finished.
+	_, err = e.db.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant, idempotency_key, workflow, request_fingerprint, request_params,
+                              last_run_at, failures, locked_at, lock_expires_at, lock_token, hold,
+                              finished_at, recovery_point, response_status)
+SELECT 'acme', k, 'orders', $1, '{}', now() - idle, failures, lease, lease + interval '1 minute',
+       CASE WHEN lease IS NOT NULL THEN gen_random_uuid() END, hold,
+       finished, CASE WHEN finished IS NULL THEN 'started' ELSE 'finished' END, CASE WHEN finished IS NULL THEN NULL ELSE 201 END
+FROM (VALUES ('cut-1', interval '50 seconds', 0, NULL::timestamptz, NULL, NULL::timestamptz),
+             ('cut-2', interval '50 seconds', 0, NULL, NULL, NULL),
+             ('failed', interval '70 seconds', 2, NULL, NULL, NULL),
+             ('leased', interval '1 hour', 0, now(), NULL, NULL),
+             ('held', interval '1 hour', 0, NULL, 'unknown', NULL),
+             ('done', interval '1 hour', 0, NULL, NULL, now())) AS v(k, idle, failures, lease, hold, finished)`, fp[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.c.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Stuck != 1 || b.Waiting != 2 || b.NotDue != 3 ||
+		b.FirstDue <= 8*time.Second || b.FirstDue > 10*time.Second || b.LastDue <= 48*time.Second || b.LastDue > 50*time.Second {
+		t.Fatalf("backlog %+v; want 1 stuck and 2 waiting, all 3 due in 10 s to 50 s", b)
+	}
+	if d, ok := b.EmptyIn(); !strings.HasPrefix(b.Rate(), "none due yet: 3 come due in ") || !ok || d != b.LastDue {
+		t.Errorf("rate %q, empty in %v, %v; want none due, empty when the last comes due", b.Rate(), d, ok)
+	}
+	// A key due now: the line gives the rate, and the keys not due.
+	if _, err := e.db.Exec(ctx, `UPDATE idempotency_keys SET last_run_at = now() - interval '1 hour' WHERE idempotency_key = 'cut-1'`); err != nil {
+		t.Fatal(err)
+	}
+	b, err = e.c.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Stuck != 2 || b.Waiting != 1 || b.NotDue != 2 || b.FirstDue > 10*time.Second || b.LastDue <= 48*time.Second ||
+		!strings.HasPrefix(b.Rate(), "drain rate unknown: ") || !strings.Contains(b.Rate(), "; 2 come due in ") {
+		t.Errorf("backlog %+v, rate %q; want 2 of 3 not due, the rate unknown", b, b.Rate())
 	}
 }
 
@@ -151,6 +223,18 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 		{phase.Backlog{Stuck: 5, Unfinished: 5, PerSecond: 1, Over: 29 * time.Second, LastCount: 17 * time.Second, Measured: true},
 			5 * time.Second, true, "draining 1.0 a second over the last 29s, empty in about 5s; no completer has counted for 17s"},
 		{phase.Backlog{Stuck: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 30s ago"},
+		// Keys not due yet: the drain ends no sooner than the last comes
+		// due, and with none due the rate is not the completer's pace.
+		{phase.Backlog{Stuck: 600, Waiting: 45, Unfinished: 645, PerSecond: 10, Over: 12 * time.Second, Measured: true, NotDue: 45, FirstDue: 2 * time.Second, LastDue: 48 * time.Second},
+			64500 * time.Millisecond, true, "draining 10.0 a second over the last 12s, empty in about 1m5s; 45 come due in 2s to 48s"},
+		{phase.Backlog{Stuck: 10, Waiting: 45, Unfinished: 55, PerSecond: 10, Over: 12 * time.Second, Measured: true, NotDue: 45, FirstDue: 2 * time.Second, LastDue: 48 * time.Second},
+			48 * time.Second, true, "draining 10.0 a second over the last 12s, empty in about 48s; 45 come due in 2s to 48s"},
+		{phase.Backlog{Waiting: 45, Unfinished: 75, PerSecond: 0.1, Over: 12 * time.Second, Measured: true, NotDue: 45, FirstDue: 1400 * time.Millisecond, LastDue: 48 * time.Second},
+			48 * time.Second, true, "none due yet: 45 come due in 1s to 48s; 30 in flight"},
+		{phase.Backlog{Stuck: 2, Unfinished: 2, NotDue: 2, FirstDue: 20 * time.Minute, LastDue: 20 * time.Minute},
+			20 * time.Minute, true, "none due yet: 2 come due in 20m0s"},
+		{phase.Backlog{Stuck: 5, Waiting: 1, Unfinished: 6, NotDue: 1, FirstDue: 300 * time.Millisecond, LastDue: 300 * time.Millisecond},
+			0, false, "drain rate unknown: no completer counted its keys between 10s and 30s ago; 1 come due in 1s"},
 	} {
 		name := fmt.Sprintf("%+v", c.b)
 		if d, ok := c.b.EmptyIn(); d != c.empty || ok != c.ok {

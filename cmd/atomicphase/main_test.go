@@ -592,12 +592,19 @@ func TestCountsShowTheBacklogAndHowFastItDrains(t *testing.T) {
 		age(t, db, "acme", key, "last_run_at = now() - interval '2 minutes'")
 	}
 	keyIn(t, db, "acme", "waiting", "runnable")
-	// Before any count was taken the rate is unknown.
-	if got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog; got != (phase.Backlog{Stuck: 10, Waiting: 1, Unfinished: 11}) {
+	age(t, db, "acme", "waiting", "last_run_at = now() - interval '30 seconds'")
+	// Before any count was taken the rate is unknown. The waiting key
+	// comes due once idle for a minute, in 30 seconds.
+	got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog
+	if got.NotDue != 1 || got.FirstDue != got.LastDue || got.LastDue <= 25*time.Second || got.LastDue > 30*time.Second {
+		t.Errorf("counts -json backlog = %+v, want 1 key due in 30 seconds", got)
+	}
+	got.NotDue, got.FirstDue, got.LastDue = 0, 0, 0
+	if got != (phase.Backlog{Stuck: 10, Waiting: 1, Unfinished: 11}) {
 		t.Errorf("counts -json backlog with no count taken = %+v, want 10 stuck and 1 waiting, rate not measured", got)
 	}
-	if text := ok(t, dsn, "counts"); !strings.Contains(text, "backlog    11  keys stuck or waiting, drain rate unknown") {
-		t.Errorf("counts with no count taken lacks the unknown rate:\n%s", text)
+	if text := ok(t, dsn, "counts"); !regexp.MustCompile(`backlog    11  keys stuck or waiting, drain rate unknown: .*; 1 come due in \d\ds`).MatchString(text) {
+		t.Errorf("counts with no count taken lacks the unknown rate and the key due:\n%s", text)
 	}
 	// The completers counted 400 keys 20 seconds ago: the rate runs from
 	// there to the 11 now; a count younger than DrainSpan, and one past the
@@ -608,14 +615,17 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - ago) / 5) * 5), now() - ago
 FROM (VALUES (interval '20 seconds', 400), (interval '3 seconds', 20), (interval '10 minutes', 90000)) AS s(ago, keys)`); err != nil {
 		t.Fatal(err)
 	}
-	got := decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog
+	got = decode[countsReport](t, ok(t, dsn, "counts", "-json")).Backlog
 	if !got.Measured || got.Stuck != 10 || got.Waiting != 1 || got.Unfinished != 11 || got.Over < 20*time.Second ||
 		got.Over > 25*time.Second || got.PerSecond != 389/got.Over.Seconds() {
 		t.Errorf("counts -json backlog = %+v, want 10 stuck, 1 waiting, 389 drained since 20 seconds ago", got)
 	}
-	want := regexp.MustCompile(`backlog    11  keys stuck or waiting, draining \d+\.\d a second over the last 2\ds, empty in about 1s`)
-	if text := ok(t, dsn, "counts"); !want.MatchString(text) {
-		t.Errorf("counts lacks a line like %q:\n%s", want, text)
+	// The 11 keys drain in about a second at that rate, but the waiting
+	// one comes due later: "empty in about" is when it does.
+	want := regexp.MustCompile(`backlog    11  keys stuck or waiting, draining \d+\.\d a second over the last 2\ds, empty in about (\d\ds); 1 come due in (\d\ds)`)
+	text := ok(t, dsn, "counts")
+	if m := want.FindStringSubmatch(text); m == nil || m[1] != m[2] {
+		t.Errorf("counts lacks a line like %q, empty when the key comes due:\n%s", want, text)
 	}
 }
 

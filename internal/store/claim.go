@@ -78,7 +78,7 @@ type ClaimParams struct {
 // primary key: OFFSET 0 keeps the planner from joining the few candidates
 // to a scan of the whole key table, which it may find cheaper while the
 // table is small and its statistics old.
-const claimSQL = `
+var claimSQL = `
 WITH cand AS (
     SELECT w.id FROM atomicphase_watch w
     WHERE w.due_at <= now()
@@ -117,10 +117,16 @@ FROM due
 WHERE k.id = due.id
 RETURNING ` + claimedColumns
 
-// backoff is the completer's backoff of a key, by its failures: none
-// before its first, then $3 doubling with each further one, capped at $4.
-const backoff = `CASE WHEN failures = 0 THEN interval '0'
-          ELSE least($3::interval * (2 ^ least(failures - 1, 30)), $4::interval) END`
+// backoff is the completer's backoff of a key in claimSQL and dueWhere.
+var backoff = backoffBy("$3", "$4")
+
+// backoffBy is the completer's backoff of a key, by its failures: none
+// before its first, then first doubling with each further one, capped at
+// most (the parameters that hold them).
+func backoffBy(first, most string) string {
+	return `CASE WHEN failures = 0 THEN interval '0'
+          ELSE least(` + first + `::interval * (2 ^ least(failures - 1, 30)), ` + most + `::interval) END`
+}
 
 // laterLook is how long a claim leaves a key that is dead, or out of
 // attempts and waiting for Bury, before it looks at it again: it is not
@@ -145,7 +151,7 @@ const claimedColumns = `k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.
 // last_run_at alone is what the index can range-scan on; the second adds the
 // per-key backoff: none before the completer's first failure, then Backoff
 // doubling with each further one, capped.
-const dueWhere = `finished_at IS NULL
+var dueWhere = `finished_at IS NULL
       AND (hold IS NULL OR hold = 'unknown')
       AND last_run_at <= now() - $2::interval
       AND last_run_at <= now() - $2::interval - ` + backoff + `

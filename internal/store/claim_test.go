@@ -145,12 +145,7 @@ func TestClaimTakesOnlyDueKeysOfTheGivenWorkflows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var keys []string
-		for _, r := range rows {
-			keys = append(keys, r.Key)
-		}
-		slices.Sort(keys)
-		return keys
+		return claimedKeys(rows)
 	}
 
 	if got := claim(); got != nil {
@@ -189,6 +184,57 @@ func TestClaimBacksOffPerCompleterFailure(t *testing.T) {
 			t.Fatalf("claim after %s idle took %d keys, want due %v", tc.idle, len(rows), tc.due)
 		}
 	}
+}
+
+// The keys CountNotDue counts are the free runnable keys a claim with the
+// same idle threshold and backoff leaves, and it says when they come due:
+// a key a client left less than StuckAfter ago, and one the completer
+// failed, idle past StuckAfter but not past its backoff. A key due now, a
+// leased one and one on hold are not counted.
+func TestTheKeysNotDueAreTheOnesAClaimLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	fail(t, db, "acme", "due", 1, false)
+	fail(t, db, "acme", "left", 1, false)
+	fail(t, db, "acme", "failed", 2, true)
+	fail(t, db, "acme", "held", 1, false)
+	age(t, db, "acme", "due", "last_run_at = now() - interval '1 hour'")
+	age(t, db, "acme", "left", "last_run_at = now() - interval '50 seconds'")
+	// Idle a minute, then 60 s of backoff for the second failure.
+	age(t, db, "acme", "failed", "last_run_at = now() - interval '70 seconds'")
+	age(t, db, "acme", "held", "last_run_at = now() - interval '1 hour', hold = 'unknown'")
+	if out, _ := acquire(t, db, request(t, "acme", "leased", `{"amount":100}`)); !out.Acquiring() {
+		t.Fatalf("acquire = %v, want the lease", out)
+	}
+	age(t, db, "acme", "leased", "last_run_at = now() - interval '1 hour'")
+	n, err := store.CountNotDue(ctx, db, time.Minute, 30*time.Second, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Keys != 2 || n.First <= 8*time.Second || n.First > 10*time.Second || n.Last <= 48*time.Second || n.Last > 50*time.Second {
+		t.Fatalf("keys not due = %+v; want 2, due in 10 s and 50 s", n)
+	}
+	rows, err := store.Claim(ctx, db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10,
+		StuckAfter: time.Minute, Backoff: 30 * time.Second, MaxBackoff: time.Hour, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The claim takes the due key and the one on hold for an unknown
+	// outcome (to reconcile it), and leaves the two not due.
+	if got, want := claimedKeys(rows), []string{"due", "held"}; !slices.Equal(got, want) {
+		t.Errorf("claim took %q; want %q", got, want)
+	}
+}
+
+// claimedKeys returns the keys of the rows a claim took, sorted.
+func claimedKeys(rows []*store.Row) []string {
+	var keys []string
+	for _, r := range rows {
+		keys = append(keys, r.Key)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // Claims racing over the same keys, as completers in several processes do,

@@ -156,14 +156,14 @@ func leaseLeftAt(expires pgtype.Timestamptz, now time.Time) time.Duration {
 // locking them: Citus refuses row locks in a query over many shards. The
 // list only proposes keys; claimOneSQL takes each one only if it is still
 // due.
-const dueCandidatesSQL = `
+var dueCandidatesSQL = `
 SELECT tenant, id FROM idempotency_keys
 WHERE ` + dueCandidatesWhere + `
 ORDER BY last_run_at
 LIMIT $1`
 
 // dueCandidatesWhere selects dueCandidatesSQL's keys.
-const dueCandidatesWhere = dueWhere + ` AND (hold IS NOT NULL OR failures < $7)
+var dueCandidatesWhere = dueWhere + ` AND (hold IS NOT NULL OR failures < $7)
   AND (workflow, definition) IN (SELECT * FROM unnest($5::text[], $6::text[]))`
 
 // dueCandidatesByShardSQL is dueCandidatesSQL run on each shard, on its
@@ -190,7 +190,7 @@ SELECT coalesce(json_agg(json_build_array(tenant, id, last_run_at) ORDER BY last
 // the meantime is left alone. Its workflow and definition are not checked
 // again: only a holder changes them. The token ($5) comes from the caller,
 // as Citus refuses a volatile function in an UPDATE.
-const claimOneSQL = `
+var claimOneSQL = `
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $1::interval, lock_token = $5,
     last_run_at = now(), attempts = k.attempts + 1

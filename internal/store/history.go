@@ -240,3 +240,40 @@ func History(ctx context.Context, q Querier, window time.Duration) ([]StatusMinu
 	}
 	return out, nil
 }
+
+// notDueSQL counts the free runnable keys a completer does not take yet,
+// by its idle threshold ($1) and backoff ($2 doubling, capped at $3), as
+// claimSQL judges them, and how long until the first and the last of them
+// come due. Like the counts, it reads the unfinished keys alone.
+var notDueSQL = `
+SELECT count(*), coalesce(min(due), interval '0'), coalesce(max(due), interval '0')
+FROM (
+    SELECT last_run_at + $1::interval + ` + backoffBy("$2", "$3") + ` - now() AS due
+    FROM idempotency_keys
+    WHERE finished_at IS NULL AND hold IS NULL
+      AND (lock_expires_at IS NULL OR lock_expires_at <= now()){unfinished}
+) AS free
+WHERE due > interval '0'`
+
+// NotDue is the free runnable keys a completer with the given idle
+// threshold and backoff does not take yet.
+type NotDue struct {
+	Keys int
+	// First and Last are how long until the first and the last of them
+	// comes due; zero when Keys is.
+	First, Last time.Duration
+}
+
+// CountNotDue returns the free runnable keys that a completer with idle
+// threshold stuckAfter and the given backoff would not take yet.
+func CountNotDue(ctx context.Context, q Querier, stuckAfter, backoff, maxBackoff time.Duration) (NotDue, error) {
+	sql, err := routedFor(ctx, q, notDueSQL)
+	if err != nil {
+		return NotDue{}, fmt.Errorf("store: count the keys not due: %w", err)
+	}
+	var n NotDue
+	if err := q.QueryRow(ctx, sql, stuckAfter, backoff, maxBackoff).Scan(&n.Keys, &n.First, &n.Last); err != nil {
+		return NotDue{}, fmt.Errorf("store: count the keys not due: %w", err)
+	}
+	return n, nil
+}

@@ -113,7 +113,12 @@ FROM (VALUES (interval '40 seconds', 1000), (interval '20 seconds', 400), (inter
 	}
 	// The page counted a moment after the client did: its span may be a
 	// second longer.
-	rate := fmt.Sprintf(`^draining \d+\.\d a second over the last 2\ds, empty in about \d+s; %d in flight$`, want.Unfinished-want.Keys())
+	// The keys not due yet are said with when they come due.
+	due := ""
+	if want.NotDue > 0 {
+		due = fmt.Sprintf(`; %d come due in [0-9ms]+( to [0-9ms]+)?`, want.NotDue)
+	}
+	rate := fmt.Sprintf(`^draining \d+\.\d a second over the last 2\ds, empty in about [0-9ms]+%s; %d in flight$`, due, want.Unfinished-want.Keys())
 	if !regexp.MustCompile(rate).MatchString(card[1]) {
 		t.Errorf("the backlog card's rate reads %q; want it draining as %q does", card[1], want.Rate())
 	}
