@@ -64,7 +64,7 @@ func TestDistributeKeepsKeysInFlight(t *testing.T) {
 	if err := store.Advance(ctx, db, released.Holder(), "charged", nil, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Release(ctx, db, released.Holder(), "provider down", "", false, false); err != nil {
+	if err := store.Release(ctx, db, released.Holder(), "provider down", "", store.EndedIdle, false); err != nil {
 		t.Fatal(err)
 	}
 	_, finished := acquire("finished", false)

@@ -503,6 +503,7 @@ func ExampleMigrations() {
 	// 013_commit_checks_recovery_point
 	// 014_status_history_on_citus
 	// 015_backlog_samples
+	// 016_claims_keep_last_run
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {

@@ -53,7 +53,7 @@ COMMENT ON COLUMN idempotency_keys.id IS
 COMMENT ON COLUMN idempotency_keys.created_at IS
     'When the key was first seen; for operators and for the age of abandoned keys.';
 COMMENT ON COLUMN idempotency_keys.last_run_at IS
-    'When a run last took the lease or gave it back unfinished; the completer waits for it to age before picking the key up, and backs off from it. A finish leaves it as it was: finished_at says when.';
+    'When a client''s run last took the lease, or any run gave it back unfinished (a completer''s run cut short by its process stopping leaves it); the completer waits for it to age before picking the key up, and backs off from it. A completer''s claim leaves it as it was, and so does a finish: finished_at says when.';
 COMMENT ON COLUMN idempotency_keys.finished_at IS
     'When the response was stored (NULL until then); the reaper measures retention from it. No index names it, so that storing the response is a HOT update.';
 COMMENT ON COLUMN idempotency_keys.tenant IS

@@ -316,7 +316,7 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, c *Client, row *store
 		Resumed: true, downstreamOf: c.downstreamOf(row)}
 	if err := json.Unmarshal(row.Params, &run.Req); err != nil {
 		err = fmt.Errorf("phase: decode stored request: %w", err)
-		c.release(ctx, row, err.Error(), row.Hold, byCompleter, false)
+		c.release(ctx, row, err.Error(), row.Hold, failedBy(byCompleter), false)
 		return nil, err
 	}
 	if rt.adopted {
@@ -339,14 +339,14 @@ func (w *Workflow[Req, State]) adopt(ctx context.Context, c *Client, row *store.
 	}
 	if _, err := w.next(point); err != nil {
 		err = fmt.Errorf("%w: definition %s at recovery point %q", ErrDefinitionElsewhere, from, row.RecoveryPoint)
-		c.release(ctx, row, err.Error(), row.Hold, false, false)
+		c.release(ctx, row, err.Error(), row.Hold, store.EndedIdle, false)
 		c.cfg.Logger.Warn("key left for a process that runs its definition", "workflow", row.Workflow,
 			"tenant", row.Tenant, "key", row.Key, "definition", from, "recovery_point", row.RecoveryPoint)
 		return err
 	}
 	if err := store.Adopt(ctx, c.db, row.Holder(), w.definition, point); err != nil {
 		if !errors.Is(err, keyrow.ErrLeaseLost) {
-			c.release(ctx, row, err.Error(), row.Hold, false, false)
+			c.release(ctx, row, err.Error(), row.Hold, store.EndedIdle, false)
 			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return err

@@ -386,8 +386,9 @@ func (c *Client) Start(ctx context.Context) error {
 // until ctx ends to finish; the completer starts no other pass, and its
 // keys under way are such runs. Runs still going then are cancelled: each
 // stops at its next step, keeps its committed phases and frees its lease,
-// so a retry resumes it at once, and another process's completer once it
-// has been idle for StuckAfter (a cut run counts no failed attempt); the
+// so a retry resumes it at once, and so does another process's completer
+// when the run was the completer's, or else once the key has been idle
+// for StuckAfter (a cut run counts no failed attempt); the
 // run's caller gets an error that is ErrStopped and ErrUnavailable (the
 // HTTP handler answers 503 shutting-down with Retry-After). A run cut in the
 // middle of a foreign call may have made the call: it ends with
@@ -479,7 +480,7 @@ func (c *Client) resume(ctx context.Context, row *store.Row) (calls time.Duratio
 			// Claims select registered definitions only; a miss is a bug,
 			// and the key is handed back for a process that knows it.
 			err := fmt.Errorf("%w: %q (definition %s)", ErrNotRegistered, row.Workflow, row.Definition)
-			c.release(ctx, row, err.Error(), row.Hold, true, false)
+			c.release(ctx, row, err.Error(), row.Hold, store.EndedFailed, false)
 			return nil, err
 		}
 		resp, err := rt.w.resume(ctx, c, row, rt, true)
@@ -535,12 +536,12 @@ func (k *callClock) since(start time.Time) { k.spent.Add(int64(time.Since(start)
 // (not the connection) while lastErr is recorded, the lease is freed again
 // without it, and lastErr goes only to the log. Otherwise every retry would
 // be refused as in flight until the lease expired.
-func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) (lost, freed bool) {
-	err := store.ReleaseDetached(ctx, c.db, row.Holder(), lastErr, hold, byCompleter, callFailed)
+func (c *Client) release(ctx context.Context, row *store.Row, lastErr string, hold keyrow.Hold, end store.Ending, callFailed bool) (lost, freed bool) {
+	err := store.ReleaseDetached(ctx, c.db, row.Holder(), lastErr, hold, end, callFailed)
 	if err != nil && lastErr != "" && !errors.Is(err, keyrow.ErrLeaseLost) && !storeDown(err) {
 		c.cfg.Logger.Error("storing the run's error failed; freeing the lease without it",
 			"workflow", row.Workflow, "tenant", row.Tenant, "key", row.Key, "last_error", lastErr, "err", err)
-		err = store.ReleaseDetached(ctx, c.db, row.Holder(), "", hold, byCompleter, callFailed)
+		err = store.ReleaseDetached(ctx, c.db, row.Holder(), "", hold, end, callFailed)
 	}
 	if errors.Is(err, keyrow.ErrLeaseLost) {
 		return true, false

@@ -849,6 +849,107 @@ func TestStopLetsTheCompletersKeysFinish(t *testing.T) {
 	}
 }
 
+// TestAKeyTheCompleterLeftIsDueAtOnceForAnotherProcess: with StuckAfter
+// at its default of a minute, a key whose completer's run Stop cut short,
+// and one whose completer's run died with its process, are taken by
+// another process's completer at once (the second when its lease runs
+// out), not a minute later: a completer's claim is no client that may
+// retry. The cut run was in the middle of its Repeatable call, which the
+// next run sends again under the same downstream key.
+func TestAKeyTheCompleterLeftIsDueAtOnceForAnotherProcess(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	var (
+		block   atomic.Bool
+		sent    sync.Map // downstream key → sends
+		started = make(chan struct{}, 10)
+	)
+	block.Store(true)
+	w, err := phase.NewWorkflow("payout",
+		phase.Foreign("paid",
+			func(ctx context.Context, in *phase.Input[order, struct{}]) (string, error) {
+				n, _ := sent.LoadOrStore(in.DownstreamKey(), new(atomic.Int32))
+				n.(*atomic.Int32).Add(1)
+				if block.Load() {
+					started <- struct{}{}
+					<-ctx.Done()
+					return "", phase.MaybeHappened(ctx.Err())
+				}
+				return "po_1", nil
+			},
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], id string) (phase.Result, error) {
+				return phase.JSON(200, id), nil
+			}).Repeatable())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &phase.Config{Logger: quiet, LeaseTTL: time.Second, Completer: recovery.CompleterConfig{Interval: time.Hour}}
+	c, err := phase.NewClient(db, cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two keys a client left an hour ago, before their call.
+	for _, key := range []string{"cut", "died"} {
+		crashed := phase.WithInjector(ctx, phase.CrashAt(phase.Point{Phase: "paid", Stage: phase.BeforeCall}))
+		if _, err := w.Run(crashed, c, "acme", key, order{}); !errors.Is(err, phase.ErrCrash) {
+			t.Fatalf("crash of %s: %v", key, err)
+		}
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET last_run_at = now() - interval '1 hour', lock_expires_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.TimePassed(t, db)
+	// One process's completer takes both, and is stopped in the middle
+	// of the calls; the run of "died" is left as a killed process leaves
+	// it: its lease held, to run out.
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	<-started
+	stopping, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE idempotency_key = 'died'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(stopping); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop past its context: %v, want DeadlineExceeded", err)
+	}
+	block.Store(false)
+	// Another process's completer: the cut key at once, the other once
+	// its lease has run out, well within the minute of StuckAfter.
+	other, err := phase.NewClient(db, cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := other.Complete(ctx)
+	if err != nil || r.Completed != 1 {
+		t.Fatalf("the other completer's first passes = %+v, %v; want the cut key completed", r, err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	pgtest.TimePassed(t, db)
+	if r, err = other.Complete(ctx); err != nil || r.Completed != 1 {
+		t.Fatalf("the other completer's passes after the lease ran out = %+v, %v; want the other key completed", r, err)
+	}
+	var failures int
+	if err := db.QueryRow(ctx, `SELECT sum(failures) FROM idempotency_keys WHERE finished_at IS NOT NULL`).Scan(&failures); err != nil || failures != 0 {
+		t.Errorf("the keys count %d failures (%v); want none", failures, err)
+	}
+	// One downstream key per key, each sent by the cut run and the next.
+	keys := 0
+	sent.Range(func(k, n any) bool {
+		keys++
+		if got := n.(*atomic.Int32).Load(); got != 2 {
+			t.Errorf("downstream key %v sent %d times; want twice: the cut send and the one after", k, got)
+		}
+		return true
+	})
+	if keys != 2 {
+		t.Errorf("%d downstream keys; want one for each of the 2 keys", keys)
+	}
+}
+
 // TestStopWithNothingToCancelReturnsNil: Stop reports its context's error
 // only when it cancelled something; a client with no run in flight and
 // its completer between passes stops cleanly whatever the context. The

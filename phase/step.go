@@ -361,7 +361,7 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 		// database lost the run's last commit. The lease is freed, so the
 		// next run resumes the key at once rather than when it expires.
 		lost := &commitLostError{point: x.rp}
-		if _, freed := x.c.release(ctx, x.row, lost.Error(), "", false, false); freed {
+		if _, freed := x.c.release(ctx, x.row, lost.Error(), "", store.EndedIdle, false); freed {
 			err, ev.Err = lost, lost
 		}
 	} else {
@@ -420,17 +420,34 @@ func (x *execution[Req, State]) fail(ctx context.Context, err error) error {
 //
 // A completer's run cut short because its process is stopping (its
 // context cancelled, not timed out) is not the key's failure: it counts no
-// attempt towards giving up, and adds no backoff before another completer
-// resumes the key.
+// attempt towards giving up, and another completer resumes the key at
+// once, without waiting for it to be idle for StuckAfter; but a key cut
+// in the middle of a call whose outcome is unknown (put on hold) waits
+// StuckAfter before its reconciliation, as after a client's run.
 func (x *execution[Req, State]) release(ctx context.Context, cause error, hold keyrow.Hold) error {
-	counts := x.byCompleter && !errors.Is(ctx.Err(), context.Canceled)
-	lost, freed := x.c.release(ctx, x.row, cause.Error(), hold, counts, x.callFailed)
+	end := failedBy(x.byCompleter)
+	if x.byCompleter && errors.Is(ctx.Err(), context.Canceled) {
+		end = store.EndedIdle
+		if hold == "" {
+			end = store.EndedCut
+		}
+	}
+	lost, freed := x.c.release(ctx, x.row, cause.Error(), hold, end, x.callFailed)
 	if lost {
 		x.lease.MarkLost()
 		return fmt.Errorf("%w (the run, taken over, then failed: %v)", keyrow.ErrLeaseLost, cause)
 	}
 	x.leaseKept = !freed
 	return cause
+}
+
+// failedBy is how a failed run ends for the completer: counted when the
+// run was the completer's own.
+func failedBy(byCompleter bool) store.Ending {
+	if byCompleter {
+		return store.EndedFailed
+	}
+	return store.EndedIdle
 }
 
 // leaseState says, for a log, whether fail freed the run's lease: when the

@@ -15,6 +15,8 @@
 // stale and whose last run is older than [CompleterConfig.StuckAfter], with FOR
 // NO KEY UPDATE SKIP LOCKED and the same lease a request takes, rebuilds the
 // typed request from the stored params, and runs the remaining phases.
+// Its claim leaves the key's last run as it was, so a key whose completer's
+// run died with its process is due again when its lease runs out.
 // Several completers in several processes share the work without a leader.
 // A process claims only keys of the workflows registered with its client,
 // so during a rolling deploy a process that does not know a new workflow

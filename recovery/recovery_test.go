@@ -79,7 +79,7 @@ func abandon(t testing.TB, db *pgxpool.Pool, workflow, key string, req string) {
 	if err != nil || out != store.New {
 		t.Fatalf("acquire %s: %v %v", key, out, err)
 	}
-	if err := store.Release(ctx, db, row.Holder(), "client went away", "", false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "client went away", "", store.EndedIdle, false); err != nil {
 		t.Fatal(err)
 	}
 }

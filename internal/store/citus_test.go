@@ -48,7 +48,7 @@ func TestCitusAcquireMeetsEveryOutcome(t *testing.T) {
 	if err := store.Advance(ctx, db, row.Holder(), "charged", []byte(`{"charge":"ch_1"}`), ttl); err != nil {
 		t.Fatalf("advance: %v", err)
 	}
-	if err := store.Release(ctx, db, row.Holder(), "provider down", "", false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", store.EndedIdle, false); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	plain := distributed(t, "acme", "k1", `{"amount":1}`)

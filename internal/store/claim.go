@@ -74,7 +74,13 @@ type ClaimParams struct {
 // each key it takes, to when its lease ends. A due key it did not take
 // (beyond $1, or locked) stays where it is, for the next claim. So a claim
 // reads about as many keys as it takes, however long the backlog, and
-// never a finished key but once. Each candidate's key row is read by the
+// never a finished key but once.
+//
+// A claim leaves the key's last run as it was: it is no sign of a client
+// that may retry, which StuckAfter waits for. So a key whose claimed run
+// died with its process is due again when its lease runs out, not
+// StuckAfter later; a run that ends unfinished sets the last run as it
+// frees the lease (releaseSQL). Each candidate's key row is read by the
 // primary key: OFFSET 0 keeps the planner from joining the few candidates
 // to a scan of the whole key table, which it may find cheaper while the
 // table is small and its statistics old.
@@ -112,7 +118,7 @@ WITH cand AS (
 )
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_random_uuid(),
-    last_run_at = now(), attempts = k.attempts + 1
+    attempts = k.attempts + 1
 FROM due
 WHERE k.id = due.id
 RETURNING ` + claimedColumns

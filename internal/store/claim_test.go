@@ -17,15 +17,16 @@ import (
 )
 
 // fail runs the key n times and ends each run with a failure, as the
-// completer's own runs (byCompleter) or a client's retries.
-func fail(t *testing.T, db store.Querier, tenant, key string, n int, byCompleter bool) {
+// completer's own runs (store.EndedFailed) or a client's retries
+// (store.EndedIdle).
+func fail(t *testing.T, db store.Querier, tenant, key string, n int, end store.Ending) {
 	t.Helper()
 	for range n {
 		out, row := acquire(t, db, request(t, tenant, key, `{"amount":100}`))
 		if !out.Acquiring() {
 			t.Fatalf("acquire %s/%s = %v, want the lease", tenant, key, out)
 		}
-		if err := store.Release(context.Background(), db, row.Holder(), "provider down", "", byCompleter, false); err != nil {
+		if err := store.Release(context.Background(), db, row.Holder(), "provider down", "", end, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -42,9 +43,9 @@ func TestFailuresCountTheCompletersRunsAndResetOnProgress(t *testing.T) {
 		}
 	}
 
-	fail(t, db, "acme", "k1", 2, true)
+	fail(t, db, "acme", "k1", 2, store.EndedFailed)
 	failures(2, "two completer failures")
-	fail(t, db, "acme", "k1", 3, false)
+	fail(t, db, "acme", "k1", 3, store.EndedIdle)
 	failures(2, "three client failures")
 
 	_, row := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`))
@@ -52,7 +53,7 @@ func TestFailuresCountTheCompletersRunsAndResetOnProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	failures(0, "a committed phase")
-	if err := store.Release(ctx, db, row.Holder(), "provider down", "", true, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", store.EndedFailed, false); err != nil {
 		t.Fatal(err)
 	}
 	failures(1, "a completer failure")
@@ -72,12 +73,12 @@ func TestBuryGivesUpOnlyOnIdleKeysTheCompleterFailedEnough(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	const maxFailures = 3
-	fail(t, db, "acme", "abandoned", maxFailures, true)
-	fail(t, db, "acme", "abandoned-more", maxFailures+2, true)
-	fail(t, db, "acme", "recent", maxFailures, true)
-	fail(t, db, "acme", "client-retried", 10, false)
-	fail(t, db, "acme", "almost", maxFailures-1, true)
-	fail(t, db, "acme", "leased", maxFailures, true)
+	fail(t, db, "acme", "abandoned", maxFailures, store.EndedFailed)
+	fail(t, db, "acme", "abandoned-more", maxFailures+2, store.EndedFailed)
+	fail(t, db, "acme", "recent", maxFailures, store.EndedFailed)
+	fail(t, db, "acme", "client-retried", 10, store.EndedIdle)
+	fail(t, db, "acme", "almost", maxFailures-1, store.EndedFailed)
+	fail(t, db, "acme", "leased", maxFailures, store.EndedFailed)
 	acquire(t, db, request(t, "acme", "leased", `{"amount":100}`))
 	for _, key := range []string{"abandoned", "abandoned-more", "client-retried", "almost", "leased"} {
 		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")
@@ -87,7 +88,7 @@ func TestBuryGivesUpOnlyOnIdleKeysTheCompleterFailedEnough(t *testing.T) {
 	other := request(t, "acme", "other", `{}`)
 	other.Workflow = "other"
 	_, row := acquire(t, db, other)
-	if err := store.Release(ctx, db, row.Holder(), "provider down", "", true, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", store.EndedFailed, false); err != nil {
 		t.Fatal(err)
 	}
 	age(t, db, "acme", "other", "failures = 10, last_run_at = now() - interval '1 hour'")
@@ -134,7 +135,7 @@ func TestClaimTakesOnlyDueKeysOfTheGivenWorkflows(t *testing.T) {
 		req := request(t, "acme", key, `{}`)
 		req.Workflow = "billing"
 		_, row := acquire(t, db, req)
-		if err := store.Release(ctx, db, row.Holder(), "", "", false, false); err != nil {
+		if err := store.Release(ctx, db, row.Holder(), "", "", store.EndedIdle, false); err != nil {
 			t.Fatal(err)
 		}
 		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")
@@ -166,7 +167,7 @@ func TestClaimBacksOffPerCompleterFailure(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	fail(t, db, "acme", "k1", 2, true)
+	fail(t, db, "acme", "k1", 2, store.EndedFailed)
 	// Idle a minute for StuckAfter, then 30s doubled once for the second
 	// failure: due after two minutes.
 	claim := store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10, StuckAfter: time.Minute,
@@ -195,10 +196,10 @@ func TestTheKeysNotDueAreTheOnesAClaimLeaves(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	fail(t, db, "acme", "due", 1, false)
-	fail(t, db, "acme", "left", 1, false)
-	fail(t, db, "acme", "failed", 2, true)
-	fail(t, db, "acme", "held", 1, false)
+	fail(t, db, "acme", "due", 1, store.EndedIdle)
+	fail(t, db, "acme", "left", 1, store.EndedIdle)
+	fail(t, db, "acme", "failed", 2, store.EndedFailed)
+	fail(t, db, "acme", "held", 1, store.EndedIdle)
 	age(t, db, "acme", "due", "last_run_at = now() - interval '1 hour'")
 	age(t, db, "acme", "left", "last_run_at = now() - interval '50 seconds'")
 	// Idle a minute, then 60 s of backoff for the second failure.
@@ -224,6 +225,60 @@ func TestTheKeysNotDueAreTheOnesAClaimLeaves(t *testing.T) {
 	// outcome (to reconcile it), and leaves the two not due.
 	if got, want := claimedKeys(rows), []string{"due", "held"}; !slices.Equal(got, want) {
 		t.Errorf("claim took %q; want %q", got, want)
+	}
+}
+
+// A claim leaves the key's last run as it was, so a claimed key whose run
+// died with its process (its lease ran out, never freed) is due again at
+// once, while one a client's run left that way waits for StuckAfter; a
+// completer's run cut short by its process stopping leaves the key due at
+// once, while a failed one and a client's wait.
+func TestAKeyTheCompletersRunLeftIsDueAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	params := store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10,
+		StuckAfter: time.Minute, Backoff: 30 * time.Second, MaxBackoff: time.Hour, TTL: ttl}
+	claim := func() []*store.Row {
+		t.Helper()
+		rows, err := store.Claim(ctx, db, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	keys := []string{"died", "cut", "failed", "client-died"}
+	for _, key := range keys[:3] {
+		fail(t, db, "acme", key, 1, store.EndedIdle)
+		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")
+	}
+	rows := claim()
+	if got := claimedKeys(rows); !slices.Equal(got, []string{"cut", "died", "failed"}) {
+		t.Fatalf("claim took %q; want the three stuck keys", got)
+	}
+	byKey := map[string]*store.Row{}
+	for _, r := range rows {
+		byKey[r.Key] = r
+	}
+	if err := store.Release(ctx, db, byKey["cut"].Holder(), "stopping", "", store.EndedCut, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Release(ctx, db, byKey["failed"].Holder(), "provider down", "", store.EndedFailed, false); err != nil {
+		t.Fatal(err)
+	}
+	// A client's run that died: its lease ran out, never freed.
+	if out, _ := acquire(t, db, request(t, "acme", "client-died", `{"amount":100}`)); !out.Acquiring() {
+		t.Fatalf("acquire = %v, want the lease", out)
+	}
+	for _, key := range []string{"died", "client-died"} {
+		age(t, db, "acme", key, "lock_expires_at = now() - interval '1 second'")
+	}
+	if got := claimedKeys(claim()); !slices.Equal(got, []string{"cut", "died"}) {
+		t.Errorf("claim after the runs ended took %q; want the cut one and the one whose claimed run died", got)
+	}
+	var failures int
+	if err := db.QueryRow(ctx, `SELECT failures FROM idempotency_keys WHERE idempotency_key = 'cut'`).Scan(&failures); err != nil || failures != 0 {
+		t.Errorf("the cut key has %d failures (%v); want none counted", failures, err)
 	}
 }
 

@@ -117,7 +117,7 @@ func TestMalformedValuesNeverReachTheTable(t *testing.T) {
 			t.Errorf("finish with status %d succeeded", status)
 		}
 	}
-	if err := store.Release(ctx, db, row.Holder(), "", "parked", false, false); err == nil {
+	if err := store.Release(ctx, db, row.Holder(), "", "parked", store.EndedIdle, false); err == nil {
 		t.Error("release with an unknown hold succeeded")
 	}
 	if got := read(t, db, "acme", "k1"); got.RecoveryPoint != keyrow.Started || got.Status != nil || got.Token == nil || *got.Token != row.LockToken {
@@ -154,7 +154,7 @@ func TestAHolderOfAKeyClosedAsAbandonedCannotWriteToIt(t *testing.T) {
 		"finish": func() error {
 			return store.Finish(ctx, db, row.Holder(), nil, keyrow.Response{Status: 201})
 		},
-		"release": func() error { return store.Release(ctx, db, row.Holder(), "late", "", false, false) },
+		"release": func() error { return store.Release(ctx, db, row.Holder(), "late", "", store.EndedIdle, false) },
 		"renew": func() error {
 			_, err := store.Renew(ctx, db, row.Holder(), ttl)
 			return err
@@ -212,7 +212,7 @@ func TestEveryStoreWriteKeepsTheRowRules(t *testing.T) {
 		{"finish", func() error { h := pick(); return store.Finish(ctx, db, h, nil, resp) }},
 		{"release", func() error {
 			h := pick()
-			return store.Release(ctx, db, h, "failed", holds[rnd.IntN(len(holds))], rnd.IntN(2) == 0, false)
+			return store.Release(ctx, db, h, "failed", holds[rnd.IntN(len(holds))], store.Ending(rnd.IntN(3)), false)
 		}},
 		{"renew", func() error { h := pick(); _, err := store.Renew(ctx, db, h, ttl); return err }},
 		{"unlock", func() error { _, err := store.Unlock(ctx, db, "acme", keys[rnd.IntN(len(keys))], nil); return err }},

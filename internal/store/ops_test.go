@@ -42,7 +42,7 @@ func keyIn(t *testing.T, db store.Querier, tenant, key, state string) *store.Row
 		t.Fatal(err)
 	}
 	hold := map[string]keyrow.Hold{"runnable": "", "dead": keyrow.HoldDead, "unknown": keyrow.HoldUnknown}[state]
-	if err := store.Release(ctx, db, row.Holder(), "card declined", hold, false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "card declined", hold, store.EndedIdle, false); err != nil {
 		t.Fatal(err)
 	}
 	return row

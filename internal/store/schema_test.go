@@ -63,7 +63,7 @@ func TestEveryStatementReachesTheTablesOfItsSchema(t *testing.T) {
 	if err != nil || r != nil {
 		t.Fatalf("TakeResolution: %v, %v; want none", r, err)
 	}
-	must("Release", store.Release(ctx, q, h, "boom", "", true, false))
+	must("Release", store.Release(ctx, q, h, "boom", "", store.EndedFailed, false))
 
 	outcome, row, err = store.Acquire(ctx, q, req)
 	if err != nil || outcome != store.Resumed || row.RecoveryPoint != "charged" {
@@ -79,7 +79,7 @@ func TestEveryStatementReachesTheTablesOfItsSchema(t *testing.T) {
 	req.Key = "k2"
 	_, row2, err := store.Acquire(ctx, q, req)
 	must("Acquire k2", err)
-	must("Release k2", store.Release(ctx, q, row2.Holder(), "timeout", keyrow.HoldUnknown, false, false))
+	must("Release k2", store.Release(ctx, q, row2.Holder(), "timeout", keyrow.HoldUnknown, store.EndedIdle, false))
 	must("Resolve", store.Resolve(store.WithActor(ctx, "ops"), q, "acme", "k2",
 		keyrow.Resolution{RecoveryPoint: keyrow.Started, Happened: false}, nil))
 	claimed, err := store.ClaimKey(ctx, q, "acme", "k2", ttl)
@@ -99,7 +99,7 @@ func TestEveryStatementReachesTheTablesOfItsSchema(t *testing.T) {
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("Claim: %d keys, %v; want k2", len(rows), err)
 	}
-	must("Release k2 as dead", store.Release(ctx, q, rows[0].Holder(), "gave up", keyrow.HoldDead, true, false))
+	must("Release k2 as dead", store.Release(ctx, q, rows[0].Holder(), "gave up", keyrow.HoldDead, store.EndedFailed, false))
 	_, err = store.Bury(ctx, q, []string{"orders"}, []string{"d1"}, 1, 0)
 	must("Bury", err)
 	must("Retry the dead key", store.Retry(ctx, q, "acme", "k2", nil))

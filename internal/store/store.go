@@ -599,20 +599,31 @@ WHERE id = $1 AND lock_token = $2 AND recovery_point = $7 AND finished_at IS NUL
 // resumes after the last committed phase. A non-empty hold parks the key.
 // $5 is 1 when the run that failed was the completer's, so that only the
 // completer's own failures count towards giving up on a key. $6 clears the
-// pending call, when the run learnt that it did not happen.
+// pending call, when the run learnt that it did not happen. The key is
+// idle from now; releaseCutSQL keeps its last run instead (see EndedCut).
 //
 // On a single Postgres it also makes the key due at once in the
 // completer's watch, when it is there: a run that made progress reset the
 // key's failures, so the key may be due sooner than the watch said, by
 // the backoff of failures it no longer counts. The completer's next claim
 // looks at the key and moves it to when it is due.
-var releaseSQL = watchingRelease(fencedByID(`
+var releaseSQL = releaseSetting("now()")
+
+// releaseCutSQL is releaseSQL for a run that ended as EndedCut. (Citus
+// refuses now() in a CASE of an UPDATE, so the two are statements of
+// their own.)
+var releaseCutSQL = releaseSetting("last_run_at")
+
+// releaseSetting returns releaseSQL with the key's last run set to lastRun.
+func releaseSetting(lastRun string) keySQL {
+	return watchingRelease(fencedByID(`
 UPDATE idempotency_keys
-SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = now(),
+SET locked_at = NULL, lock_expires_at = NULL, lock_token = NULL, last_run_at = `+lastRun+`,
     last_error = nullif($3, ''), hold = nullif($4, ''), failures = failures + $5::int,
     call_pending = CASE WHEN $6 THEN NULL ELSE call_pending END
 WHERE id = $1 AND lock_token = $2 AND finished_at IS NULL{tenant}
 RETURNING 1`, 7))
+}
 
 // watchingRelease adds to s's single-Postgres form the update of the
 // watch that releaseSQL describes.
@@ -809,27 +820,46 @@ func encodeHeader(h http.Header) ([]byte, error) {
 	return b, nil
 }
 
+// Ending is how a run that frees its lease unfinished ended, as the
+// completer judges the key by it.
+type Ending int
+
+const (
+	// EndedIdle: the key is idle from now, and counts no failure of the
+	// completer's: a client's run, or a key handed back.
+	EndedIdle Ending = iota
+	// EndedFailed: the completer's run failed: the failure counts towards
+	// giving up on the key, and its backoff runs from now.
+	EndedFailed
+	// EndedCut: the completer's run was cut short by its process stopping:
+	// no failure counts, and the key keeps its last run (which the claim
+	// left as it was), so that it is due at once for another completer.
+	EndedCut
+)
+
 // Release frees the lease and keeps the recovery point, recording lastErr
 // for operators, with a NUL and bytes that are not UTF-8 escaped (see
 // storableText). A non-empty hold parks the key so that neither clients nor
-// the completer run it until someone acts. byCompleter counts the failure
-// towards the completer giving up on the key. It returns
-// keyrow.ErrLeaseLost, and changes nothing, when the token no longer
-// matches.
+// the completer run it until someone acts. end says how the run ended for
+// the completer. It returns keyrow.ErrLeaseLost, and changes nothing, when
+// the token no longer matches.
 //
 // callFailed clears the key's pending call: the run knows that the call did
 // not happen (its provider refused it), so the next run may send it again.
-func Release(ctx context.Context, q Querier, h Holder, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
+func Release(ctx context.Context, q Querier, h Holder, lastErr string, hold keyrow.Hold, end Ending, callFailed bool) error {
 	switch hold {
 	case "", keyrow.HoldUnknown, keyrow.HoldDead:
 	default:
 		return fmt.Errorf("store: release: unknown hold %q", hold)
 	}
-	failed := 0
-	if byCompleter {
+	failed, sql := 0, releaseSQL
+	switch end {
+	case EndedFailed:
 		failed = 1
+	case EndedCut:
+		sql = releaseCutSQL
 	}
-	return holderWrite(releaseSQL, h.Distributed,
+	return holderWrite(sql, h.Distributed,
 		[]any{uuidArg(h.ID), uuidArg(h.Token), storableText(lastErr), string(hold), failed, callFailed, h.Tenant}).Exec(ctx, q)
 }
 
@@ -842,10 +872,10 @@ const releaseTimeout = 5 * time.Second
 // not lost work: it expires by itself and the key resumes then. Like
 // Release, it returns keyrow.ErrLeaseLost, having changed nothing, when
 // another run took the key over.
-func ReleaseDetached(ctx context.Context, q Querier, h Holder, lastErr string, hold keyrow.Hold, byCompleter, callFailed bool) error {
+func ReleaseDetached(ctx context.Context, q Querier, h Holder, lastErr string, hold keyrow.Hold, end Ending, callFailed bool) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	return Release(rctx, q, h, lastErr, hold, byCompleter, callFailed)
+	return Release(rctx, q, h, lastErr, hold, end, callFailed)
 }
 
 // Renew extends the holder's lease to ttl from now, by the database clock,

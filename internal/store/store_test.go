@@ -139,7 +139,7 @@ func TestStaleLeaseTakeoverFencesTheOldHolder(t *testing.T) {
 	if err := store.Finish(ctx, db, old.Holder(), nil, resp); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Finish = %v, want ErrLeaseLost", err)
 	}
-	if err := store.Release(ctx, db, old.Holder(), "boom", "", false, false); !errors.Is(err, keyrow.ErrLeaseLost) {
+	if err := store.Release(ctx, db, old.Holder(), "boom", "", store.EndedIdle, false); !errors.Is(err, keyrow.ErrLeaseLost) {
 		t.Fatalf("old holder Release = %v, want ErrLeaseLost", err)
 	}
 	if _, err := store.Renew(ctx, db, old.Holder(), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
@@ -252,7 +252,7 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 	if err := store.Advance(ctx, db, row.Holder(), "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Release(ctx, db, row.Holder(), "stripe down", "", false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "stripe down", "", store.EndedIdle, false); err != nil {
 		t.Fatal(err)
 	}
 	out, row := acquire(t, db, req)
@@ -260,7 +260,7 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 		t.Fatalf("after release: %v at %q attempts %d err %q, want resumed at ride_created, attempt 2",
 			out, row.RecoveryPoint, row.Attempts, row.LastError)
 	}
-	if err := store.Release(ctx, db, row.Holder(), "timeout", keyrow.HoldUnknown, false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "timeout", keyrow.HoldUnknown, store.EndedIdle, false); err != nil {
 		t.Fatal(err)
 	}
 	if out, row := acquire(t, db, req); out != store.Parked || row.Hold != keyrow.HoldUnknown {
@@ -312,7 +312,7 @@ func TestAcquireResumesAKeyWithASecondStatement(t *testing.T) {
 	db, counter := pgtest.CountingPool(t, nil)
 	req := request(t, "acme", "k1", `{}`)
 	_, row := acquire(t, db, req)
-	if err := store.Release(ctx, db, row.Holder(), "provider down", "", false, false); err != nil {
+	if err := store.Release(ctx, db, row.Holder(), "provider down", "", store.EndedIdle, false); err != nil {
 		t.Fatal(err)
 	}
 	counter.Reset()
