@@ -87,8 +87,9 @@ type Backlog struct {
 	Over      time.Duration `json:"over_ns"`
 	Measured  bool          `json:"measured"`
 	// LastCount is how long ago the newest count of the completer's keys
-	// was taken, when Measured: about five seconds at most while a
-	// completer runs, more once none does.
+	// was taken, measured or not: about five seconds at most while a
+	// completer runs, more once none does; zero when there is no count
+	// (none ran in the hour the counts are kept).
 	LastCount time.Duration `json:"last_count_ns"`
 	// Unmigrated says the rate is not measured because the schema lacks
 	// the completers' counts (migration 015).
@@ -107,17 +108,22 @@ type Backlog struct {
 func (b Backlog) Keys() int { return b.Stuck + b.Waiting }
 
 // EmptyIn is how long the backlog takes to drain at PerSecond, its
-// unfinished keys with it, and no sooner than its last key comes due
-// (LastDue): zero when no key is stuck or waiting, and ok false for a
-// backlog that is not draining or whose rate is not measured. When none
-// of its keys is due yet (after a crash cut a drain short, or while the
-// keys wait out their backoff), the rate is not the completer's pace but
-// how fast keys come due: EmptyIn is then LastDue, whatever the rate, as
-// the completer takes each key when it comes due (if it then finishes).
+// unfinished keys with it, and no sooner than its last stuck or waiting
+// key comes due (LastDue; keys in flight are not judged, and a killed
+// process's come due when their leases run out): zero when no key is
+// stuck or waiting, and ok false for a backlog that is not draining, whose
+// rate is not measured, or that no completer counted lately (none runs).
+// When none of its keys is due yet (after a crash cut a drain short, or
+// while the keys wait out their backoff), the rate is not the completer's
+// pace but how fast keys come due: EmptyIn is then LastDue, whatever the
+// rate, as the completer takes each key once it comes due (if it then
+// finishes).
 func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
 	switch {
 	case b.Keys() == 0:
 		return 0, true
+	case !b.counted():
+		return 0, false
 	case b.noneDue():
 		return b.LastDue, true
 	case !b.Measured || b.PerSecond <= 0:
@@ -125,6 +131,10 @@ func (b Backlog) EmptyIn() (d time.Duration, ok bool) {
 	}
 	return max(time.Duration(float64(max(b.Unfinished, b.Keys()))/b.PerSecond*float64(time.Second)), b.LastDue), true
 }
+
+// counted reports whether a completer counted its keys lately: within
+// twice the five seconds they count every.
+func (b Backlog) counted() bool { return b.LastCount > 0 && b.LastCount <= 2*store.SampleEvery }
 
 // noneDue reports whether the backlog has keys and none of them is due.
 func (b Backlog) noneDue() bool { return b.Keys() > 0 && b.NotDue >= b.Keys() }
@@ -164,13 +174,14 @@ func (b Backlog) MarshalJSON() ([]byte, error) {
 // "none due yet: 45 come due in 2s to 48s". It names the keys in flight,
 // if any, which "empty in about" counts too (a killed process's keys wait
 // for their leases to run out); when no completer has counted for over
-// twice the five seconds they count every, it says so.
+// twice the five seconds they count every, it says so, and says no time
+// to empty.
 func (b Backlog) Rate() string {
 	s := b.rate()
 	if due := b.comeDue(); due != "" && !b.noneDue() {
 		s += "; " + due
 	}
-	if b.Measured && b.LastCount > 2*store.SampleEvery {
+	if !b.Unmigrated && b.LastCount > 2*store.SampleEvery {
 		s += fmt.Sprintf("; no completer has counted for %s", b.LastCount.Round(time.Second))
 	}
 	if inFlight := b.Unfinished - b.Keys(); inFlight > 0 {
@@ -186,6 +197,8 @@ func (b Backlog) rate() string {
 		return "drain rate unknown: the schema lacks the completers' counts of their keys (migration 015): migrate it"
 	case b.noneDue():
 		return "none due yet: " + b.comeDue()
+	case !b.Measured && b.LastCount == 0:
+		return "drain rate unknown: no completer has counted its keys in the last hour"
 	case !b.Measured:
 		return "drain rate unknown: no completer counted its keys between " + DrainSpan.String() +
 			" and " + DrainWindow.String() + " ago"
@@ -193,8 +206,10 @@ func (b Backlog) rate() string {
 	over := "over the last " + b.Over.Round(time.Second).String()
 	empty, ok := b.EmptyIn()
 	switch {
-	case b.Keys() == 0:
+	case b.Keys() == 0 || !b.counted() && b.PerSecond >= 0:
 		// Keys in flight are no backlog: their rise is not its growth.
+		// With no completer counting lately the drain is over, for now
+		// (Rate says so).
 		return fmt.Sprintf("drained %.1f a second %s", max(b.PerSecond, 0), over)
 	case b.PerSecond < 0:
 		return fmt.Sprintf("growing by %.1f a second %s", -b.PerSecond, over)
@@ -240,11 +255,16 @@ func (c *Client) BacklogOf(ctx context.Context, now keyrow.Counts) (Backlog, err
 		b.Unmigrated = true
 		return b, nil
 	}
-	if err != nil || r.From == nil {
+	if err != nil {
 		return b, err
 	}
+	if !r.Newest.IsZero() {
+		b.LastCount = r.Now.Sub(r.Newest)
+	}
+	if r.From == nil {
+		return b, nil
+	}
 	sample, at := *r.From, r.Now
-	b.LastCount = at.Sub(r.Newest)
 	b.Over = at.Sub(sample.At)
 	b.PerSecond = float64(sample.Keys-b.Unfinished) / b.Over.Seconds()
 	b.Measured = true

@@ -52,7 +52,7 @@ FROM generate_series(1, 10) AS i`, fp[:])
 	if want := (phase.Backlog{Stuck: 6, Waiting: 4, Unfinished: 10}); b != want {
 		t.Fatalf("backlog with no count taken = %+v; want %+v", b, want)
 	}
-	if got, want := b.Rate(), "drain rate unknown: no completer counted its keys between 10s and 30s ago"; got != want {
+	if got, want := b.Rate(), "drain rate unknown: no completer has counted its keys in the last hour"; got != want {
 		t.Errorf("rate %q; want %q", got, want)
 	}
 	// counted replaces the completers' counts with keys counted ago.
@@ -75,12 +75,18 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 		counts map[time.Duration]int
 		from   int
 		ago    time.Duration
+		newest time.Duration
 		rate   string
 	}{
 		{"a drain in progress", map[time.Duration]int{6 * time.Minute: 90_000, 40 * time.Second: 400, 20 * time.Second: 250, 5 * time.Second: 3},
-			250, 20 * time.Second, `draining 12.0 a second over the last 20s, empty in about 1s`},
-		{"a rising backlog", map[time.Duration]int{12 * time.Second: 4}, 4, 12 * time.Second, `growing by 0.5 a second over the last 12s`},
-		{"keys becoming stuck", map[time.Duration]int{15 * time.Second: 10}, 10, 15 * time.Second, `not draining over the last 15s`},
+			250, 20 * time.Second, 5 * time.Second, `draining 12.0 a second over the last 20s, empty in about 1s`},
+		{"a rising backlog", map[time.Duration]int{12 * time.Second: 4, 2 * time.Second: 8}, 4, 12 * time.Second, 2 * time.Second,
+			`growing by 0.5 a second over the last 12s`},
+		{"keys becoming stuck", map[time.Duration]int{15 * time.Second: 10, 4 * time.Second: 10}, 10, 15 * time.Second, 4 * time.Second,
+			`not draining over the last 15s`},
+		// The newest count is from 25 s ago: no completer ran since.
+		{"no completer since", map[time.Duration]int{25 * time.Second: 110}, 110, 25 * time.Second, 25 * time.Second,
+			`drained 4.0 a second over the last 25s; no completer has counted for 25s`},
 	} {
 		counted(c.counts)
 		b, err := e.c.Backlog(ctx)
@@ -94,10 +100,10 @@ SELECT to_timestamp(floor(extract(epoch FROM now() - $1::interval) / 5) * 5), no
 			t.Errorf("%s: backlog %+v; want %d keys less 10 over %v", c.name, b, c.from, c.ago)
 		}
 		// The newest count is the one measured from, or a younger one.
-		if b.LastCount > b.Over {
-			t.Errorf("%s: the newest count is %v old, older than the %v span", c.name, b.LastCount, b.Over)
+		if b.LastCount < c.newest || b.LastCount > c.newest+5*time.Second || b.LastCount > b.Over {
+			t.Errorf("%s: the newest count is %v old; want %v, no older than the %v span", c.name, b.LastCount, c.newest, b.Over)
 		}
-		b.Over, b.LastCount = c.ago, 0
+		b.Over, b.LastCount = c.ago, c.newest
 		b.PerSecond = float64(c.from-10) / c.ago.Seconds()
 		if got := b.Rate(); got != c.rate {
 			t.Errorf("%s: rate %q; want %q", c.name, got, c.rate)
@@ -163,7 +169,19 @@ FROM (VALUES ('cut-1', interval '50 seconds', 0, NULL::timestamptz, NULL, NULL::
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No completer counted its keys: none takes them when they come due.
 	b, err := e.c.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := b.EmptyIn(); !strings.HasPrefix(b.Rate(), "none due yet: 3 come due in ") || ok {
+		t.Errorf("rate %q, empty in %v, %v with no completer; want none due, and no time to empty", b.Rate(), d, ok)
+	}
+	// A completer counted its keys a second ago.
+	if _, err := e.db.Exec(ctx, `INSERT INTO atomicphase_backlog_samples (slot, at, keys) VALUES (now() - interval '1 second', now() - interval '1 second', 3)`); err != nil {
+		t.Fatal(err)
+	}
+	b, err = e.c.Backlog(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,15 +219,15 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 		ok    bool
 		rate  string
 	}{
-		{phase.Backlog{Stuck: 600, Waiting: 200, Unfinished: 1000, PerSecond: 10, Over: 12 * time.Second, Measured: true},
+		{phase.Backlog{Stuck: 600, Waiting: 200, Unfinished: 1000, PerSecond: 10, Over: 12 * time.Second, Measured: true, LastCount: 4 * time.Second},
 			100 * time.Second, true, "draining 10.0 a second over the last 12s, empty in about 1m40s; 200 in flight"},
-		{phase.Backlog{Waiting: 2500, Unfinished: 2500, PerSecond: 100, Over: 12 * time.Second, Measured: true},
+		{phase.Backlog{Waiting: 2500, Unfinished: 2500, PerSecond: 100, Over: 12 * time.Second, Measured: true, LastCount: 4 * time.Second},
 			25 * time.Second, true, "draining 100.0 a second over the last 12s, empty in about 25s"},
-		{phase.Backlog{Stuck: 1, Waiting: 1, Unfinished: 3, PerSecond: 20, Over: 20 * time.Second, Measured: true},
+		{phase.Backlog{Stuck: 1, Waiting: 1, Unfinished: 3, PerSecond: 20, Over: 20 * time.Second, Measured: true, LastCount: 4 * time.Second},
 			150 * time.Millisecond, true, "draining 20.0 a second over the last 20s, empty in about 1s; 1 in flight"},
-		{phase.Backlog{Waiting: 2500, Unfinished: 2500, Over: 12 * time.Second, Measured: true},
+		{phase.Backlog{Waiting: 2500, Unfinished: 2500, Over: 12 * time.Second, Measured: true, LastCount: 4 * time.Second},
 			0, false, "not draining over the last 12s"},
-		{phase.Backlog{Stuck: 600, Unfinished: 600, PerSecond: -2.5, Over: 80 * time.Second, Measured: true},
+		{phase.Backlog{Stuck: 600, Unfinished: 600, PerSecond: -2.5, Over: 80 * time.Second, Measured: true, LastCount: 4 * time.Second},
 			0, false, "growing by 2.5 a second over the last 1m20s"},
 		{phase.Backlog{Unfinished: 5, PerSecond: 40, Over: 11 * time.Second, Measured: true},
 			0, true, "drained 40.0 a second over the last 11s; 5 in flight"},
@@ -219,21 +237,27 @@ func TestBacklogSaysHowLongItsUnfinishedKeysTake(t *testing.T) {
 		// are no backlog growing.
 		{phase.Backlog{Unfinished: 6, PerSecond: -0.5, Over: 12 * time.Second, Measured: true},
 			0, true, "drained 0.0 a second over the last 12s; 6 in flight"},
-		{phase.Backlog{Unfinished: 6}, 0, true, "drain rate unknown: no completer counted its keys between 10s and 30s ago; 6 in flight"},
+		{phase.Backlog{Unfinished: 6}, 0, true, "drain rate unknown: no completer has counted its keys in the last hour; 6 in flight"},
+		// No completer counted lately: it says so, and gives no time to
+		// empty.
 		{phase.Backlog{Stuck: 5, Unfinished: 5, PerSecond: 1, Over: 29 * time.Second, LastCount: 17 * time.Second, Measured: true},
-			5 * time.Second, true, "draining 1.0 a second over the last 29s, empty in about 5s; no completer has counted for 17s"},
-		{phase.Backlog{Stuck: 3, Unfinished: 3}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 30s ago"},
+			0, false, "drained 1.0 a second over the last 29s; no completer has counted for 17s"},
+		{phase.Backlog{Stuck: 3, Unfinished: 3, LastCount: 3 * time.Second}, 0, false, "drain rate unknown: no completer counted its keys between 10s and 30s ago"},
+		{phase.Backlog{Stuck: 3, Unfinished: 3, LastCount: 5 * time.Minute}, 0, false,
+			"drain rate unknown: no completer counted its keys between 10s and 30s ago; no completer has counted for 5m0s"},
 		// Keys not due yet: the drain ends no sooner than the last comes
 		// due, and with none due the rate is not the completer's pace.
-		{phase.Backlog{Stuck: 600, Waiting: 45, Unfinished: 645, PerSecond: 10, Over: 12 * time.Second, Measured: true, NotDue: 45, FirstDue: 2 * time.Second, LastDue: 48 * time.Second},
+		{phase.Backlog{Stuck: 600, Waiting: 45, Unfinished: 645, PerSecond: 10, Over: 12 * time.Second, Measured: true, LastCount: 4 * time.Second, NotDue: 45, FirstDue: 2 * time.Second, LastDue: 48 * time.Second},
 			64500 * time.Millisecond, true, "draining 10.0 a second over the last 12s, empty in about 1m5s; 45 come due in 2s to 48s"},
-		{phase.Backlog{Stuck: 10, Waiting: 45, Unfinished: 55, PerSecond: 10, Over: 12 * time.Second, Measured: true, NotDue: 45, FirstDue: 2 * time.Second, LastDue: 48 * time.Second},
+		{phase.Backlog{Stuck: 10, Waiting: 45, Unfinished: 55, PerSecond: 10, Over: 12 * time.Second, Measured: true, LastCount: 4 * time.Second, NotDue: 45, FirstDue: 2 * time.Second, LastDue: 48 * time.Second},
 			48 * time.Second, true, "draining 10.0 a second over the last 12s, empty in about 48s; 45 come due in 2s to 48s"},
-		{phase.Backlog{Waiting: 45, Unfinished: 75, PerSecond: 0.1, Over: 12 * time.Second, Measured: true, NotDue: 45, FirstDue: 1400 * time.Millisecond, LastDue: 48 * time.Second},
+		{phase.Backlog{Waiting: 45, Unfinished: 75, PerSecond: 0.1, Over: 12 * time.Second, Measured: true, LastCount: 4 * time.Second, NotDue: 45, FirstDue: 1400 * time.Millisecond, LastDue: 48 * time.Second},
 			48 * time.Second, true, "none due yet: 45 come due in 1s to 48s; 30 in flight"},
-		{phase.Backlog{Stuck: 2, Unfinished: 2, NotDue: 2, FirstDue: 20 * time.Minute, LastDue: 20 * time.Minute},
+		{phase.Backlog{Stuck: 2, Unfinished: 2, LastCount: 2 * time.Second, NotDue: 2, FirstDue: 20 * time.Minute, LastDue: 20 * time.Minute},
 			20 * time.Minute, true, "none due yet: 2 come due in 20m0s"},
-		{phase.Backlog{Stuck: 5, Waiting: 1, Unfinished: 6, NotDue: 1, FirstDue: 300 * time.Millisecond, LastDue: 300 * time.Millisecond},
+		{phase.Backlog{Stuck: 2, Unfinished: 2, LastCount: 2 * time.Minute, NotDue: 2, FirstDue: 20 * time.Minute, LastDue: 20 * time.Minute},
+			0, false, "none due yet: 2 come due in 20m0s; no completer has counted for 2m0s"},
+		{phase.Backlog{Stuck: 5, Waiting: 1, Unfinished: 6, LastCount: 3 * time.Second, NotDue: 1, FirstDue: 300 * time.Millisecond, LastDue: 300 * time.Millisecond},
 			0, false, "drain rate unknown: no completer counted its keys between 10s and 30s ago; 1 come due in 1s"},
 	} {
 		name := fmt.Sprintf("%+v", c.b)

@@ -221,7 +221,11 @@ passing from waiting to stuck are neither a drain nor growth. Each
 process's completer counts them every five seconds, so the rate is the
 average of about the last 10 to 15 seconds; it is unknown in the first
 10 seconds after a completer starts, where none counted between 10 and 30
-seconds ago, and on a schema without migration 015 (it says so).`,
+seconds ago, and on a schema without migration 015 (it says so). When no
+completer has counted for over 10 seconds it says so, and gives no time.
+It also says how many keys the completer does not take yet (idle for less
+than -stuck-after, or waiting out the default backoff of its failures on
+them) and when they come due; when none is due it says "none due yet".`,
 		define: defineStats,
 	},
 	{
