@@ -87,7 +87,7 @@ COMMENT ON COLUMN idempotency_keys.response_body IS
 COMMENT ON COLUMN idempotency_keys.attempts IS
     'How many runs took the lease, by clients and by the completer.';
 COMMENT ON COLUMN idempotency_keys.last_error IS
-    'The error that ended the last unsuccessful run, for operators.';
+    'The error that ended the key''s last failed run, for operators; cleared when a run commits a phase of the key or finishes it.';
 COMMENT ON COLUMN idempotency_keys.failures IS
     'Failed runs of the completer since the key last made progress; client retries do not count. Drives the completer''s backoff, and the move to dead of an idle key.';
 COMMENT ON COLUMN idempotency_keys.definition IS
@@ -299,7 +299,7 @@ CREATE OR REPLACE FUNCTION atomicphase_advance_from(uuid, uuid, text, jsonb, int
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE idempotency_keys
-    SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
+    SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, last_error = NULL, call_pending = NULL,
         lock_expires_at = now() + $5::interval
     WHERE id = $1 AND lock_token = $2 AND recovery_point = $6 AND finished_at IS NULL AND tenant = $7;
     IF NOT FOUND THEN

@@ -153,7 +153,8 @@ type Row struct {
 	// made progress; the completer gives up on a key when they reach its
 	// MaxAttempts.
 	Failures int `json:"failures"`
-	// LastError is the error that ended the key's last unsuccessful run.
+	// LastError is the error that ended the key's last failed run, until
+	// a run commits a phase of the key (when Failures is reset too).
 	// Text Postgres cannot hold is kept escaped: a NUL as the two
 	// characters \0, bytes that are not UTF-8 as U+FFFD. A run's error is
 	// never the reason its lease stays taken: should the server refuse

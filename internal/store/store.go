@@ -557,6 +557,8 @@ func keyArgs(distributed bool, args []any) []any {
 }
 
 // advanceSQL moves the recovery point and state forward and renews the lease.
+// The key has made progress: the failures of earlier runs, and the error
+// the last of them ended with, no longer describe it.
 // It waits on the row lock of a concurrent takeover and then re-checks the
 // token against the newest row version (READ COMMITTED), so it never advances
 // a row someone else now holds.
@@ -575,7 +577,7 @@ var advanceSQL = committingByID(advanceUpdate, 7, "atomicphase_advance_from")
 // on Citus.
 const advanceUpdate = `
 UPDATE idempotency_keys
-SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, call_pending = NULL,
+SET recovery_point = $3, phase_state = $4, hold = NULL, failures = 0, last_error = NULL, call_pending = NULL,
     lock_expires_at = now() + $5::interval
 WHERE id = $1 AND lock_token = $2 AND recovery_point = $6 AND finished_at IS NULL{tenant}`
 

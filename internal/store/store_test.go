@@ -268,6 +268,38 @@ func TestReleaseKeepsRecoveryPointAndHoldParksTheKey(t *testing.T) {
 	}
 }
 
+// TestAPhaseCommitClearsTheErrorOfAnEarlierRun: the error a key keeps is
+// that of its last run that failed, and only until a run commits a phase
+// of it. A key that failed once, then moved on and was left by a crash (or
+// is running now) shows no error it has since got past, as its failures
+// are reset.
+func TestAPhaseCommitClearsTheErrorOfAnEarlierRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	req := request(t, "acme", "k1", `{}`)
+	_, row := acquire(t, db, req)
+	if err := store.Release(ctx, db, row.Holder(), "stripe down", "", store.EndedFailed, false); err != nil {
+		t.Fatal(err)
+	}
+	info, err := store.Inspect(ctx, db, "acme", "k1")
+	if err != nil || info.LastError != "stripe down" || info.Failures != 1 {
+		t.Fatalf("after a failed run: last error %q, failures %d, err %v; want the run's error, one failure", info.LastError, info.Failures, err)
+	}
+	if _, row = acquire(t, db, req); row == nil {
+		t.Fatal("the retry did not take the key")
+	}
+	if err := store.Advance(ctx, db, row.Holder(), "ride_created", []byte(`{"ride":1}`), ttl); err != nil {
+		t.Fatal(err)
+	}
+	// The run that committed ride_created now dies without a word.
+	info, err = store.Inspect(ctx, db, "acme", "k1")
+	if err != nil || info.LastError != "" || info.Failures != 0 || info.RecoveryPoint != "ride_created" {
+		t.Fatalf("after a phase commit: at %q, last error %q, failures %d, err %v; want ride_created, no error, no failure",
+			info.RecoveryPoint, info.LastError, info.Failures, err)
+	}
+}
+
 func TestAcquireReplayAndHeldEachSendOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
