@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -910,7 +911,7 @@ func TestAKeyTheCompleterLeftIsDueAtOnceForAnotherProcess(t *testing.T) {
 	<-started
 	stopping, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()
-	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = gen_random_uuid() WHERE idempotency_key = 'died'`); err != nil {
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = $1 WHERE idempotency_key = 'died'`, uuid.New()); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Stop(stopping); !errors.Is(err, context.DeadlineExceeded) {
@@ -947,6 +948,77 @@ func TestAKeyTheCompleterLeftIsDueAtOnceForAnotherProcess(t *testing.T) {
 	})
 	if keys != 2 {
 		t.Errorf("%d downstream keys; want one for each of the 2 keys", keys)
+	}
+}
+
+// TestAKeyWhoseRunKillsItsProcessEndsDead: a key whose every run by the
+// completer dies with its process (here: its lease taken from under it in
+// the middle of its call, so that it never gives it back) is not run
+// forever, once a lease TTL. Each claim that finds the last run dead
+// counts it as the completer's failure; at MaxAttempts the key is moved to
+// the dead hold without another run, and says why.
+func TestAKeyWhoseRunKillsItsProcessEndsDead(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	var sends atomic.Int32
+	w, err := phase.NewWorkflow("payout",
+		phase.Foreign("paid",
+			func(ctx context.Context, in *phase.Input[order, struct{}]) (string, error) {
+				sends.Add(1)
+				// The process dies here: its lease stays taken until it
+				// runs out, and the run's release finds it gone.
+				if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET lock_token = $1 WHERE idempotency_key = 'poison'`, uuid.New()); err != nil {
+					return "", err
+				}
+				return "", errors.New("killed")
+			},
+			func(ctx context.Context, tx pgx.Tx, in *phase.Input[order, struct{}], id string) (phase.Result, error) {
+				return phase.JSON(200, id), nil
+			}).Repeatable())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxAttempts = 3
+	c, err := phase.NewClient(db, &phase.Config{Logger: quiet, LeaseTTL: time.Second,
+		Completer: recovery.CompleterConfig{Interval: time.Hour, MaxAttempts: maxAttempts}}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := phase.WithInjector(ctx, phase.CrashAt(phase.Point{Phase: "paid", Stage: phase.BeforeCall}))
+	if _, err := w.Run(crashed, c, "acme", "poison", order{}); !errors.Is(err, phase.ErrCrash) {
+		t.Fatalf("crash of the client's run: %v", err)
+	}
+	// The client's run died an hour ago: it counts no failure.
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET last_run_at = now() - interval '1 hour', locked_at = now() - interval '1 hour',
+		lock_expires_at = now() - interval '59 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.TimePassed(t, db)
+	for pass := 1; pass <= maxAttempts+1; pass++ {
+		r, err := c.Complete(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pass <= maxAttempts && (r.Claimed != 1 || r.Dead != 0 || sends.Load() != int32(pass)) {
+			t.Fatalf("pass %d: %+v after %d sends; want the key claimed and run", pass, r, sends.Load())
+		}
+		if pass > maxAttempts && (r.Dead != 1 || sends.Load() != maxAttempts) {
+			t.Fatalf("pass %d: %+v after %d sends; want the key moved to dead, not run again", pass, r, sends.Load())
+		}
+		time.Sleep(1100 * time.Millisecond) // the dead run's lease runs out
+		pgtest.TimePassed(t, db)
+	}
+	row, err := c.Inspect(ctx, "acme", "poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.Hold != keyrow.HoldDead || row.Failures != maxAttempts || row.LeaseLeft != 0 || !strings.Contains(row.LastError, "never gave its lease back") {
+		t.Fatalf("the key is held %q, %d failures, lease %v left, last error %q; want dead after %d runs that never gave their lease back",
+			row.Hold, row.Failures, row.LeaseLeft, row.LastError, maxAttempts)
+	}
+	if r, err := c.Complete(ctx); err != nil || r.Claimed != 0 || sends.Load() != maxAttempts {
+		t.Fatalf("a pass after: %+v, %v, %d sends; want the dead key left alone", r, err, sends.Load())
 	}
 }
 
