@@ -504,7 +504,7 @@ func ExampleMigrations() {
 	// 014_status_history_on_citus
 	// 015_backlog_samples
 	// 016_claims_keep_last_run
-	// 017_last_error_and_dead_runs
+	// 017_progress_clears_last_error
 }
 
 func TestMigrateRemovesCookiesAndCredentialsFromStoredResponses(t *testing.T) {

@@ -89,7 +89,7 @@ COMMENT ON COLUMN idempotency_keys.attempts IS
 COMMENT ON COLUMN idempotency_keys.last_error IS
     'The error that ended the key''s last failed run, for operators; cleared when a run commits a phase of the key or finishes it.';
 COMMENT ON COLUMN idempotency_keys.failures IS
-    'Failed runs of the completer since the key last made progress, its runs that never gave the lease back included (counted by the claim that takes the key next); client retries do not count. Drives the completer''s backoff, and the move to dead of an idle key.';
+    'Failed runs of the completer since the key last made progress; client retries do not count. Drives the completer''s backoff, and the move to dead of an idle key.';
 COMMENT ON COLUMN idempotency_keys.definition IS
     'Identity of the workflow definition the key started under (phase.Workflow.Definition); only a process that registered it, or adopts it, resumes the key. Empty for keys written before definitions were recorded.';
 COMMENT ON COLUMN idempotency_keys.call_pending IS

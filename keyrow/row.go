@@ -150,8 +150,8 @@ type Row struct {
 	// Attempts counts the runs that took the key's lease.
 	Attempts int `json:"attempts"`
 	// Failures counts the completer's own failed runs since the key last
-	// made progress, its runs that never gave the lease back included;
-	// the completer gives up on a key when they reach its MaxAttempts.
+	// made progress; the completer gives up on a key when they reach its
+	// MaxAttempts.
 	Failures int `json:"failures"`
 	// LastError is the error that ended the key's last failed run, until
 	// a run commits a phase of the key (when Failures is reset too).

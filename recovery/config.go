@@ -79,10 +79,7 @@ type CompleterConfig struct {
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 	// MaxAttempts is how many times the completer fails an abandoned key
-	// before moving it to the dead hold. A run of the completer's that
-	// never gave the key's lease back (its process died, lost the
-	// database, or outlived its lease) counts as a failure when the next
-	// claim takes the key. Defaults to DefaultMaxAttempts.
+	// before moving it to the dead hold. Defaults to DefaultMaxAttempts.
 	MaxAttempts int
 }
 

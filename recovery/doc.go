@@ -16,8 +16,7 @@
 // NO KEY UPDATE SKIP LOCKED and the same lease a request takes, rebuilds the
 // typed request from the stored params, and runs the remaining phases.
 // Its claim leaves the key's last run as it was, so a key whose completer's
-// run died with its process is due again when its lease runs out; that
-// claim counts the dead run as the completer's failure on the key.
+// run died with its process is due again when its lease runs out.
 // Several completers in several processes share the work without a leader.
 // A process claims only keys of the workflows registered with its client,
 // so during a rolling deploy a process that does not know a new workflow
@@ -25,9 +24,7 @@
 //
 // A key the completer keeps failing is retried with growing backoff, and
 // after [CompleterConfig.MaxAttempts] failures of the completer's own moves
-// to the dead hold for an operator. Its runs that never gave the lease back
-// count too, so a key whose run kills its process each time ends dead,
-// not run again every lease TTL. A key is moved only once abandoned: a key a
+// to the dead hold for an operator, but only once it is abandoned: a key a
 // client retried within StuckAfter is never marked dead, so a client that keeps
 // retrying while a provider is down converges once the provider recovers.
 // Each run of the completer is bounded by the client's RunTimeout, so one

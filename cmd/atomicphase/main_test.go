@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -456,6 +457,34 @@ func TestRetryMakesADeadKeyClaimableWithAFreshFailureBudget(t *testing.T) {
 	}
 	if len(claimed) != 1 || claimed[0].ID != row.ID || claimed[0].RecoveryPoint != "charged" {
 		t.Fatalf("claim after retry = %+v, want the key at charged", claimed)
+	}
+}
+
+// TestAuditCallsALeaseLeasedOnlyWhileItRuns: the audit's summary of a
+// key before and after an action says "leased" for a lease that had not
+// run out, as inspect does, and not for one whose expiry is stored but
+// past (a run that died and was never given back).
+func TestAuditCallsALeaseLeasedOnlyWhileItRuns(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "live", "leased")
+	ok(t, dsn, "unlock", "acme", "live")
+	keyIn(t, db, "acme", "ran-out", "dead")
+	age(t, db, "acme", "ran-out", "lock_token = '"+uuid.NewString()+"', locked_at = now() - interval '2 minutes', lock_expires_at = now() - interval '1 minute'")
+	ok(t, dsn, "retry", "acme", "ran-out")
+	lines := map[string]string{}
+	for line := range strings.Lines(ok(t, dsn, "audit")) {
+		for _, key := range []string{"live", "ran-out"} {
+			if strings.Contains(line, " "+key+" ") {
+				lines[key] = strings.Join(strings.Fields(line), " ")
+			}
+		}
+	}
+	if !strings.Contains(lines["live"], "started,leased started") {
+		t.Errorf("audit of the unlock: %q; want it leased before, free after", lines["live"])
+	}
+	if !strings.Contains(lines["ran-out"], "charged,dead charged") || strings.Contains(lines["ran-out"], "leased") {
+		t.Errorf("audit of the retry: %q; want dead and not leased before, runnable after", lines["ran-out"])
 	}
 }
 

@@ -274,13 +274,15 @@ func printAudit(w io.Writer, entries []keyrow.AuditEntry) error {
 			action += " (refused: " + clean(e.Refused) + ")"
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.UTC().Format(time.RFC3339), clean(e.Actor), action,
-			clean(e.Tenant), clean(e.Key), standing(e.Before), standing(e.After))
+			clean(e.Tenant), clean(e.Key), standing(e.Before, e.At), standing(e.After, e.At))
 	}
 	return tw.Flush()
 }
 
-// standing summarises an audit snapshot: recovery point, hold, lease.
-func standing(snapshot json.RawMessage) string {
+// standing summarises an audit snapshot taken at at: recovery point, hold,
+// and "leased" when a lease had not run out then (a lease that ran out is
+// free, as inspect says, though its expiry is still stored).
+func standing(snapshot json.RawMessage, at time.Time) string {
 	var v struct {
 		RecoveryPoint  string             `json:"recovery_point"`
 		Hold           *string            `json:"hold"`
@@ -294,7 +296,7 @@ func standing(snapshot json.RawMessage) string {
 	if v.Hold != nil {
 		parts = append(parts, *v.Hold)
 	}
-	if v.LeaseExpiresAt != nil {
+	if v.LeaseExpiresAt != nil && v.LeaseExpiresAt.After(at) {
 		parts = append(parts, "leased")
 	}
 	if v.Resolution != nil {

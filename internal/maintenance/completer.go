@@ -179,7 +179,6 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		return res, nil, err
 	}
 	res.Claimed = len(rows)
-	rows = c.buryDeadRuns(ctx, rows, &res)
 	c.Live.drain(len(rows) > 0)
 	var (
 		wg  sync.WaitGroup
@@ -230,35 +229,6 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 	}
 	c.pace.observe(own)
 	return res, back, nil
-}
-
-// buryDeadRuns moves to the dead hold the keys of rows whose claim
-// counted their MaxAttempts-th failure of the completer's, a run that
-// never gave its lease back (store.DeadRunError), rather than run them
-// once more: a key whose run kills its process each time stops there. It
-// returns the others.
-func (c *Completer) buryDeadRuns(ctx context.Context, rows []*store.Row, res *recovery.PassResult) []*store.Row {
-	if c.cfg.MaxAttempts <= 0 {
-		return rows
-	}
-	left := rows[:0]
-	for _, row := range rows {
-		if row.Failures < c.cfg.MaxAttempts || row.Hold != "" {
-			left = append(left, row)
-			continue
-		}
-		if err := store.Release(ctx, c.db, row.Holder(), row.LastError, keyrow.HoldDead, store.EndedIdle, false); err != nil {
-			// Its lease runs out, and the next claim tries again.
-			c.log.Warn("completer could not move a key out of attempts to dead", "workflow", row.Workflow,
-				"tenant", row.Tenant, "key", row.Key, "err", err)
-			continue
-		}
-		res.Dead++
-		c.observe(ctx, keyrow.Event{Kind: keyrow.EventDead, Count: 1, Workflow: row.Workflow, Tenant: row.Tenant, Key: row.Key})
-		c.log.Warn("key moved to dead: its runs by the completer failed or never gave their lease back", "workflow", row.Workflow,
-			"tenant", row.Tenant, "key", row.Key, "failures", row.Failures, "max_attempts", c.cfg.MaxAttempts, "last_error", row.LastError)
-	}
-	return left
 }
 
 func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Duration, err error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
@@ -81,8 +80,7 @@ type ClaimParams struct {
 // that may retry, which StuckAfter waits for. So a key whose claimed run
 // died with its process is due again when its lease runs out, not
 // StuckAfter later; a run that ends unfinished sets the last run as it
-// frees the lease (releaseSQL). The claim that takes such a key counts
-// the dead run as the completer's failure (countDeadRun). Each candidate's key row is read by the
+// frees the lease (releaseSQL). Each candidate's key row is read by the
 // primary key: OFFSET 0 keeps the planner from joining the few candidates
 // to a scan of the whole key table, which it may find cheaper while the
 // table is small and its statistics old.
@@ -120,31 +118,10 @@ WITH cand AS (
 )
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $5::interval, lock_token = gen_random_uuid(),
-    attempts = k.attempts + 1, ` + countDeadRun + `
+    attempts = k.attempts + 1
 FROM due
 WHERE k.id = due.id
 RETURNING ` + claimedColumns
-
-// deadRun is true, in a claim's UPDATE of key k, when the lease the claim
-// takes was a completer's run's that never gave it back: its process
-// died, lost the database or outlived its lease. Every run but the
-// completer's sets the key's last run as it takes the lease, and every
-// run that gives a lease back clears the token; a completer's claim sets
-// only locked_at, later than the last run it leaves.
-const deadRun = `(k.lock_token IS NOT NULL AND k.locked_at > k.last_run_at)`
-
-// DeadRunError is the error a claim records for a key whose completer's
-// run never gave its lease back (see deadRun).
-const DeadRunError = "the completer's last run of the key never gave its lease back: its process stopped, lost the database, or outlived its lease"
-
-// countDeadRun counts a completer's run that never gave its lease back as
-// the completer's failure on the key, as a release would have, and
-// records why: so a key whose run kills its process each time is not run
-// again and again, every lease TTL, but moves to the dead hold after
-// MaxAttempts such runs. Its last run stays as it was, so the backoff of
-// the failures does not delay the run that the claim takes it for.
-var countDeadRun = `failures = k.failures + CASE WHEN ` + deadRun + ` THEN 1 ELSE 0 END,
-    last_error = CASE WHEN ` + deadRun + ` THEN '` + strings.ReplaceAll(DeadRunError, "'", "''") + `' ELSE k.last_error END`
 
 // backoff is the completer's backoff of a key in claimSQL and dueWhere.
 var backoff = backoffBy("$3", "$4")
@@ -173,7 +150,7 @@ func candidates(limit int) int {
 const claimedColumns = `k.id, k.tenant, k.idempotency_key AS key, k.workflow, k.recovery_point,
           k.phase_state AS state, k.request_params AS params, k.request_fingerprint AS fingerprint,
           coalesce(k.hold, '') AS hold, k.definition, coalesce(k.call_pending, '') AS call_pending,
-          k.attempts, k.failures, k.lock_token, coalesce(k.last_error, '') AS last_error`
+          k.attempts, k.lock_token, coalesce(k.last_error, '') AS last_error`
 
 // dueWhere selects the keys due for the completer, with $2 its idle
 // threshold, $3 and $4 its backoff and the backoff's cap. The first bound on

@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -238,9 +237,15 @@ func TestAKeyTheCompletersRunLeftIsDueAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
+	params := store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10,
+		StuckAfter: time.Minute, Backoff: 30 * time.Second, MaxBackoff: time.Hour, TTL: ttl}
 	claim := func() []*store.Row {
 		t.Helper()
-		return claimDefaults(t, db)
+		rows, err := store.Claim(ctx, db, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
 	}
 	keys := []string{"died", "cut", "failed", "client-died"}
 	for _, key := range keys[:3] {
@@ -275,76 +280,6 @@ func TestAKeyTheCompletersRunLeftIsDueAtOnce(t *testing.T) {
 	if err := db.QueryRow(ctx, `SELECT failures FROM idempotency_keys WHERE idempotency_key = 'cut'`).Scan(&failures); err != nil || failures != 0 {
 		t.Errorf("the cut key has %d failures (%v); want none counted", failures, err)
 	}
-}
-
-// TestAClaimCountsACompletersRunThatNeverGaveItsLeaseBack: a claim that
-// takes over the expired lease of a completer's run (its process died)
-// counts that run as the completer's failure and records why, each time;
-// it counts nothing for a client's run that died, nor for a completer's
-// run that gave its lease back. The key is still taken at once: the
-// count's backoff runs from the key's last run, an hour ago.
-func TestAClaimCountsACompletersRunThatNeverGaveItsLeaseBack(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.Pool(t)
-	claim := func() map[string]*store.Row {
-		t.Helper()
-		byKey := map[string]*store.Row{}
-		for _, r := range claimDefaults(t, db) {
-			byKey[r.Key] = r
-		}
-		return byKey
-	}
-	for _, key := range []string{"died", "cut"} {
-		fail(t, db, "acme", key, 1, store.EndedIdle)
-		age(t, db, "acme", key, "last_run_at = now() - interval '1 hour'")
-	}
-	first := claim()
-	if len(first) != 2 || first["died"].Failures != 0 || first["cut"].Failures != 0 {
-		t.Fatalf("first claim took %q; want died and cut, no failure counted", claimedKeys(slices.Collect(maps.Values(first))))
-	}
-	if err := store.Release(ctx, db, first["cut"].Holder(), "stopping", "", store.EndedCut, false); err != nil {
-		t.Fatal(err)
-	}
-	// A client's run that died an hour ago, its lease never freed.
-	if out, _ := acquire(t, db, request(t, "acme", "client-died", `{"amount":100}`)); !out.Acquiring() {
-		t.Fatalf("acquire = %v, want the lease", out)
-	}
-	age(t, db, "acme", "client-died", "last_run_at = now() - interval '1 hour', locked_at = now() - interval '1 hour'")
-	for round := 1; round <= 2; round++ {
-		age(t, db, "acme", "died", "lock_expires_at = now() - interval '1 second'")
-		if round == 2 {
-			age(t, db, "acme", "client-died", "lock_expires_at = now() - interval '1 second'")
-		}
-		got := claim()
-		died := got["died"]
-		if died == nil {
-			t.Fatalf("claim %d took %q; want died among them", round, claimedKeys(slices.Collect(maps.Values(got))))
-		}
-		if died.Failures != round || died.LastError != store.DeadRunError {
-			t.Fatalf("claim %d took died with %d failures and error %q; want %d and %q",
-				round, died.Failures, died.LastError, round, store.DeadRunError)
-		}
-		if round == 1 {
-			if cut := got["cut"]; cut == nil || cut.Failures != 0 || cut.LastError != "stopping" {
-				t.Fatalf("claim 1 took %q; want cut among them, with no failure and its own error", claimedKeys(slices.Collect(maps.Values(got))))
-			}
-		} else if c := got["client-died"]; c == nil || c.Failures != 0 || c.LastError != "" {
-			t.Fatalf("claim 2 took %q; want client-died among them, with no failure counted", claimedKeys(slices.Collect(maps.Values(got))))
-		}
-	}
-}
-
-// claimDefaults claims up to 10 keys of workflow "test" with the
-// completer's default idle threshold and backoff.
-func claimDefaults(t *testing.T, db store.Querier) []*store.Row {
-	t.Helper()
-	rows, err := store.Claim(context.Background(), db, store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"},
-		Limit: 10, StuckAfter: time.Minute, Backoff: 30 * time.Second, MaxBackoff: time.Hour, TTL: ttl})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rows
 }
 
 // claimedKeys returns the keys of the rows a claim took, sorted.

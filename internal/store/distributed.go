@@ -190,12 +190,11 @@ SELECT coalesce(json_agg(json_build_array(tenant, id, last_run_at) ORDER BY last
 // the meantime is left alone. Its workflow and definition are not checked
 // again: only a holder changes them. The token ($5) comes from the caller,
 // as Citus refuses a volatile function in an UPDATE. Like claimSQL it
-// leaves the key's last run as it was, and counts a completer's run that
-// never gave the lease back.
+// leaves the key's last run as it was.
 var claimOneSQL = `
 UPDATE idempotency_keys k
 SET locked_at = now(), lock_expires_at = now() + $1::interval, lock_token = $5,
-    attempts = k.attempts + 1, ` + countDeadRun + `
+    attempts = k.attempts + 1
 WHERE tenant = $6 AND id = $7 AND ` + dueWhere + ` AND (hold IS NOT NULL OR failures < $8)
 RETURNING ` + claimedColumns
 

@@ -44,9 +44,6 @@ type Row struct {
 	Fingerprint []byte
 	Hold        keyrow.Hold
 	Attempts    int
-	// Failures counts the completer's failed runs since the key last made
-	// progress; only a claim returns it.
-	Failures int
 	// LockToken is the caller's fencing token when it holds the lease.
 	LockToken uuid.UUID
 	// LeaseLeft is how long the current lease has to run, by the database

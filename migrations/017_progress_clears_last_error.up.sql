@@ -1,16 +1,11 @@
 -- A phase commit clears the error of the key's last failed run, as it
 -- already reset the count of its failures: the key has got past it. A key
 -- that failed once, then committed a phase and was left by a crash, no
--- longer shows an error it has moved on from. On a single Postgres the
--- runner sends the statement itself; below is the form it calls on a key
--- table distributed with Citus (migration 013), and the processes of
--- earlier releases calling it clear the error too.
+-- longer shows an error it has moved on from.
 --
--- And a completer's run that never gave the key's lease back (its process
--- died) counts as the completer's failure when the next claim takes the
--- key, so a key whose run kills its process each time ends dead after
--- MaxAttempts runs. The claims are the runner's statements; only the
--- columns' comments change here.
+-- On a single Postgres the runner sends the statement itself; this is the
+-- form it calls on a key table distributed with Citus (migration 013), and
+-- the processes of earlier releases calling it clear the error too.
 
 CREATE OR REPLACE FUNCTION atomicphase_advance_from(uuid, uuid, text, jsonb, interval, text, text) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -27,6 +22,3 @@ $$;
 
 COMMENT ON COLUMN idempotency_keys.last_error IS
     'The error that ended the key''s last failed run, for operators; cleared when a run commits a phase of the key or finishes it.';
-
-COMMENT ON COLUMN idempotency_keys.failures IS
-    'Failed runs of the completer since the key last made progress, its runs that never gave the lease back included (counted by the claim that takes the key next); client retries do not count. Drives the completer''s backoff, and the move to dead of an idle key.';
