@@ -100,9 +100,14 @@ func printList(w io.Writer, page keyrow.Page, f keyrow.ListFilter, now time.Time
 		case k.LeaseExpiresAt != nil:
 			lease = "expired"
 		}
+		// A finished key is not idle: nothing is left to run.
+		idle := "-"
+		if k.FinishedAt == nil {
+			idle = since(k.LastRunAt, now)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
 			clean(k.Tenant), clean(k.Key), clean(k.Workflow), clean(k.RecoveryPoint), k.Attempts,
-			since(k.LastRunAt, now), lease, orDash(clean(shorten(oneLine(k.LastError), errorPreview))))
+			idle, lease, orDash(clean(shorten(oneLine(k.LastError), errorPreview))))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -379,6 +379,12 @@ func TestListShowsStuckUnknownAndDeadKeys(t *testing.T) {
 	if out := ok(t, dsn, "list", "-dead"); !strings.Contains(out, "card declined") || !strings.Contains(out, "charged") {
 		t.Errorf("list -dead does not show the recovery point and last error:\n%s", out)
 	}
+	// A finished key is not idle; its IDLE column says so.
+	age(t, db, "acme", "paid", "last_run_at = now() - interval '2 minutes'")
+	finished := ok(t, dsn, "list", "-state", "finished")
+	if lines := strings.Split(strings.TrimSpace(finished), "\n"); len(lines) != 2 || !slices.Equal(strings.Fields(lines[1])[:6], []string{"acme", "paid", "wf", "finished", "1", "-"}) {
+		t.Errorf("list -state finished; want the finished key, not idle:\n%s", finished)
+	}
 	out := ok(t, dsn, "list", "-dead", "-limit", "1")
 	_, cursor, found := strings.Cut(strings.TrimSpace(out), "pass -after ")
 	if !found {
