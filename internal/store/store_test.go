@@ -282,9 +282,9 @@ func TestAPhaseCommitClearsTheErrorOfAnEarlierRun(t *testing.T) {
 	if err := store.Release(ctx, db, row.Holder(), "stripe down", "", store.EndedFailed, false); err != nil {
 		t.Fatal(err)
 	}
-	info, err := store.Inspect(ctx, db, "acme", "k1")
-	if err != nil || info.LastError != "stripe down" || info.Failures != 1 {
-		t.Fatalf("after a failed run: last error %q, failures %d, err %v; want the run's error, one failure", info.LastError, info.Failures, err)
+	info := inspect(t, db, "acme", "k1")
+	if info.LastError != "stripe down" || info.Failures != 1 {
+		t.Fatalf("after a failed run: last error %q, failures %d; want the run's error, one failure", info.LastError, info.Failures)
 	}
 	if _, row = acquire(t, db, req); row == nil {
 		t.Fatal("the retry did not take the key")
@@ -293,10 +293,10 @@ func TestAPhaseCommitClearsTheErrorOfAnEarlierRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The run that committed ride_created now dies without a word.
-	info, err = store.Inspect(ctx, db, "acme", "k1")
-	if err != nil || info.LastError != "" || info.Failures != 0 || info.RecoveryPoint != "ride_created" {
-		t.Fatalf("after a phase commit: at %q, last error %q, failures %d, err %v; want ride_created, no error, no failure",
-			info.RecoveryPoint, info.LastError, info.Failures, err)
+	info = inspect(t, db, "acme", "k1")
+	if info.LastError != "" || info.Failures != 0 || info.RecoveryPoint != "ride_created" {
+		t.Fatalf("after a phase commit: at %q, last error %q, failures %d; want ride_created, no error, no failure",
+			info.RecoveryPoint, info.LastError, info.Failures)
 	}
 }
 
