@@ -141,6 +141,11 @@ func TestDrainFinishesABacklogOnTwoNodesEachKeyOnce(t *testing.T) {
 	if res.Before.Requests() == 0 || res.During.Requests() == 0 {
 		t.Errorf("live requests: %d before, %d during the drain; want some of each", res.Before.Requests(), res.During.Requests())
 	}
+	// The completers' runs were timed, and no more ran at once than
+	// their Concurrency allows.
+	if most := float64(2 * recovery.DefaultConcurrency); res.AtOnce <= 0 || res.AtOnce > most {
+		t.Errorf("the nodes ran %.2f keys at once on average; want some, at most %.0f", res.AtOnce, most)
+	}
 	// A key costs its run's statements but the acquire (12 of the rides
 	// shape's 13: the claim took the lease) and its share of its pass's
 	// (the bury, the claim, now and then the history), under one.

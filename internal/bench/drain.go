@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,6 +55,11 @@ type DrainResult struct {
 	Drain time.Duration
 	// Completed counts the keys each node completed.
 	Completed []int64
+	// AtOnce is how many keys the nodes' completers ran at once, on
+	// average over the drain: the time their runs took, summed, over the
+	// drain's. A completer that never yielded holds it near Concurrency
+	// a node, less the moments between its passes.
+	AtOnce float64
 	// Statements and RoundTrips count what the completers sent.
 	Statements, RoundTrips int
 	// Before and During are the live traffic alone and during the drain.
@@ -97,6 +103,47 @@ func (r DrainResult) ServerCPUPerKey() time.Duration {
 // machine's CPU than about the calls' latency.
 func (r DrainResult) CPUBound() bool { return r.MachineBusy >= 0.9 }
 
+// yieldedShare is the share of its keys at once below which a drain is
+// taken as bound by the completers' yielding: one that never yields runs
+// 0.95 of them or more between its passes' claims.
+const yieldedShare = 0.85
+
+// Yielded reports whether the completers ran markedly fewer keys at once
+// than their Concurrency, having yielded to live requests (or to a busy
+// store), so that the rate says more about that priority than about the
+// calls' latency.
+func (r DrainResult) Yielded() bool {
+	return r.AtOnce < yieldedShare*float64(r.Nodes*cmp.Or(r.Completer.Concurrency, recovery.DefaultConcurrency))
+}
+
+// Bound names what bound the drain: this machine's CPU, the completers'
+// yielding, or the calls' latency.
+func (r DrainResult) Bound() string {
+	switch {
+	case r.CPUBound():
+		return "this machine's CPU"
+	case r.Yielded():
+		return "yielding to live requests"
+	default:
+		return "the calls' latency"
+	}
+}
+
+// atOnce sums the time of a completer's runs, as a RunWrapper.
+type atOnce struct {
+	phase.HookDefaults
+	took *atomic.Int64
+}
+
+func (a atOnce) WrapRun(ctx context.Context, run *phase.RunInfo, next func(context.Context) (*phase.Outcome, error)) (*phase.Outcome, error) {
+	if !run.ByCompleter {
+		return next(ctx)
+	}
+	began := time.Now()
+	defer func() { a.took.Add(int64(time.Since(began))) }()
+	return next(ctx)
+}
+
 // abandonSQL stores keys numbered $1 to $2 of the rides-shaped workflow
 // ($3, definition $4) as requests that took their lease and crashed before
 // their first phase, an hour ago: idle past any StuckAfter, their lease
@@ -122,7 +169,7 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 	defer e.charges.took.Store(0)
 
 	counter := completerStatements{&pgtest.StatementCounter{}}
-	var completed atomic.Int64
+	var completed, ran atomic.Int64
 	done := make(chan struct{})
 	nodes := make([]*phase.Client, p.Nodes)
 	for i := range nodes {
@@ -144,7 +191,7 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 			}
 		})
 		nodes[i], err = phase.NewClient(pool, &phase.Config{LeaseTTL: leaseTTL, Completer: p.Completer,
-			Reaper: recovery.ReaperConfig{Interval: -1}, Hooks: []phase.Hook{count}}, e.rides, e.workflow)
+			Reaper: recovery.ReaperConfig{Interval: -1}, Hooks: []phase.Hook{count, atOnce{took: &ran}}}, e.rides, e.workflow)
 		if err != nil {
 			return res, err
 		}
@@ -192,6 +239,7 @@ func (e *Env) DrainUnderTraffic(ctx context.Context, p DrainParams) (DrainResult
 		err = ctx.Err()
 	}
 	res.Drain = time.Since(start)
+	res.AtOnce = float64(ran.Load()) / float64(res.Drain)
 	stopReading()
 	res.MachineBusy = busy()
 	if e.CPU != nil {

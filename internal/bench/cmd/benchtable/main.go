@@ -48,10 +48,12 @@
 // and then by two completers with the default configuration while live
 // traffic (the three-phase request from 4 clients, each sending one every
 // 20 ms) runs. It prints the keys drained a second, the time to empty, the
-// live requests' p50 and p99 before and during the drain, the server's CPU
-// time and the completers' statements per drained key, and whether the
-// machine's CPU was saturated meanwhile (then the rate is this machine's,
-// not the calls' latency's); and, for each drain, the backlog as
+// keys the completers ran at once on average, the live requests' p50 and
+// p99 before and during the drain, the server's CPU time and the
+// completers' statements per drained key, and what bound the drain: this
+// machine's CPU when it was saturated meanwhile, the completers' yielding
+// to live requests when they ran under 85 % of their Concurrency, the
+// calls' latency otherwise; and, for each drain, the backlog as
 // `atomicphase counts` read it at five points of the drain against what
 // the drain then did.
 //
@@ -687,8 +689,8 @@ func drainBacklogs(ctx context.Context, env *bench.Env, plan drainPlan, w, progr
 	}
 	fmt.Fprintf(w, "Drain of a backlog of rides-shaped keys (charge 20 ms), completers with %s, live traffic of the three-phase request from 4 clients at one each per 20 ms, served by the nodes (30 s of it before the drain):\n", conf)
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| backlog | nodes | drained in | keys/s | live p50 before → during (ms) | live p99 before → during (ms) | p99 ratio | server CPU per key | statements per key | round trips per key | machine busy | bound |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| backlog | nodes | drained in | keys/s | keys at once | live p50 before → during (ms) | live p99 before → during (ms) | p99 ratio | server CPU per key | statements per key | round trips per key | machine busy | bound |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 	var runs []bench.DrainResult
 	for _, n := range plan.sizes {
 		for _, nodes := range []int{1, 2} {
@@ -699,19 +701,15 @@ func drainBacklogs(ctx context.Context, env *bench.Env, plan drainPlan, w, progr
 			if err != nil {
 				return err
 			}
-			bound := "the calls' latency"
-			if r.CPUBound() {
-				bound = "this machine's CPU"
-			}
 			cpu := "–"
 			if env.CPU != nil {
 				cpu = fmt.Sprintf("%.0f µs", us(r.ServerCPUPerKey()))
 			}
-			fmt.Fprintf(w, "| %d | %d | %.1f s | %.0f | %.1f → %.1f | %.1f → %.1f | %.2f | %s | %.2f | %.2f | %.0f %% | %s |\n",
-				n, nodes, r.Drain.Seconds(), r.PerSecond(),
+			fmt.Fprintf(w, "| %d | %d | %.1f s | %.0f | %.1f of %d | %.1f → %.1f | %.1f → %.1f | %.2f | %s | %.2f | %.2f | %.0f %% | %s |\n",
+				n, nodes, r.Drain.Seconds(), r.PerSecond(), r.AtOnce, nodes*plan.concurrency,
 				ms(r.Before.Quantile(0.5)), ms(r.During.Quantile(0.5)), ms(r.Before.Quantile(0.99)), ms(r.During.Quantile(0.99)),
 				float64(r.During.Quantile(0.99))/float64(r.Before.Quantile(0.99)),
-				cpu, r.StatementsPerKey(), r.RoundTripsPerKey(), 100*r.MachineBusy, bound)
+				cpu, r.StatementsPerKey(), r.RoundTripsPerKey(), 100*r.MachineBusy, r.Bound())
 			runs = append(runs, r)
 		}
 	}
