@@ -570,7 +570,7 @@ func (c *console) audit(w http.ResponseWriter, r *http.Request, rq *request) {
 		Limit: keyrow.DefaultListLimit}
 	f.Before, _ = strconv.ParseInt(q.Get("before"), 10, 64)
 	f.Before = max(f.Before, 0)
-	d := auditData{Filter: f, Actions: []string{keyrow.ActionUnlock, keyrow.ActionRetry, keyrow.ActionResolve}}
+	d := auditData{Filter: f, Actions: []string{keyrow.ActionUnlock, keyrow.ActionRetry, keyrow.ActionResolve, keyrow.ActionHold}}
 	d.Filtered = f.Tenant != "" || f.Key != "" || f.Actor != "" || f.Action != ""
 	if f.Key != "" && f.Tenant == "" {
 		c.render(w, r, rq, http.StatusBadRequest, "audit", "Audit", d, "A key is named within its tenant: give the tenant too.")

@@ -18,6 +18,9 @@ var (
 	ErrNotUnknown = errors.New("keyrow: key is not held as unknown at that recovery point")
 	// ErrNoLease is returned when unlocking a key that has no lease.
 	ErrNoLease = errors.New("keyrow: key has no lease to free")
+	// ErrNotRunnable is returned when putting on hold a key that is
+	// finished or already on hold.
+	ErrNotRunnable = errors.New("keyrow: key is finished or already on hold")
 	// ErrChanged is returned, as a *ChangedError, when an operator action
 	// is refused because the key is no longer as the operator saw it.
 	ErrChanged = errors.New("keyrow: key changed since it was seen")
@@ -126,11 +129,11 @@ func sameTime(a, b *time.Time) bool {
 // longer as the operator saw it, or that has a resolution pending which
 // the action would have replaced or dropped unseen. Nothing was changed;
 // the refusal is in the audit. It matches ErrChanged with errors.Is, and
-// also ErrNotUnknown, ErrNotHeld or ErrNoLease when the key has left the
-// state the action needs.
+// also ErrNotUnknown, ErrNotHeld, ErrNoLease or ErrNotRunnable when the key
+// has left the state the action needs.
 type ChangedError struct {
 	// Action is the refused action (ActionUnlock, ActionRetry,
-	// ActionResolve).
+	// ActionResolve, ActionHold).
 	Action string
 	// Seen is what the action was given; nil when it was given nothing
 	// and refused a pending resolution.
@@ -232,6 +235,7 @@ const (
 	ActionUnlock  = "unlock"
 	ActionRetry   = "retry"
 	ActionResolve = "resolve"
+	ActionHold    = "hold"
 )
 
 // AuditFilter selects audit entries; its zero value selects every entry,
@@ -241,7 +245,7 @@ type AuditFilter struct {
 	// of the tenant's keys.
 	Tenant, Key string
 	// Actor and Action select the entries of one actor and one action
-	// (ActionUnlock, ActionRetry, ActionResolve).
+	// (ActionUnlock, ActionRetry, ActionResolve, ActionHold).
 	Actor, Action string
 	// Before selects the entries older than the entry with this id, the
 	// last of the previous page; zero starts at the newest.

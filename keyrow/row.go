@@ -28,7 +28,8 @@ const (
 	// happened; it waits for reconciliation.
 	HoldUnknown Hold = "unknown"
 	// HoldDead marks a key the completer gave up on after repeated failures
-	// of its own while no client was retrying it; an operator can retry it.
+	// of its own while no client was retrying it, or that an operator put
+	// on hold (phase.Client.Hold); an operator can retry it.
 	HoldDead Hold = "dead"
 )
 

@@ -666,6 +666,38 @@ func (c *Client) Retry(ctx context.Context, tenant, key string, seen ...keyrow.S
 	return store.Retry(ctx, c.db, tenant, key, s)
 }
 
+// Hold puts an unfinished key on hold as dead, to run again only when
+// [Client.Retry] takes it off hold. The key keeps its recovery point,
+// state and pending call; neither the completer nor a request runs it
+// meanwhile (a request gets OutcomeOnHold). It is the way to stop a key
+// whose runs fail in a way the completer cannot count (a run that crashes
+// its process is run again once its lease runs out, every time) or that
+// must wait for a fix.
+//
+// A lease on the key is cleared: a holder still running is fenced out at
+// its next write, as with [Client.Unlock], and a foreign call it is
+// already making goes on. Retried, the key resumes at its recovery point,
+// and the call of a phase it was cut short in is made again with the same
+// downstream key, or reconciled when the phase's call is not safe to
+// repeat.
+//
+// Pass what the operator saw of the key (at most one [keyrow.Seen]): Hold
+// then applies only while the key is as seen, above all while its lease is
+// the one seen. Otherwise nothing changes, and the error is a
+// *keyrow.ChangedError (errors.Is keyrow.ErrChanged) holding the key as it
+// is now.
+//
+// It returns keyrow.ErrNotFound, or keyrow.ErrNotRunnable for a key that
+// is finished or already on hold. The change, or the refusal, is audited
+// under the actor of ctx (see [WithActor]).
+func (c *Client) Hold(ctx context.Context, tenant, key string, seen ...keyrow.Seen) error {
+	s, err := oneSeen(seen)
+	if err != nil {
+		return err
+	}
+	return store.Hold(ctx, c.db, tenant, key, s)
+}
+
 // oneSeen returns the one Seen an operator action was given, nil for none.
 func oneSeen(seen []keyrow.Seen) (*keyrow.Seen, error) {
 	switch len(seen) {

@@ -246,7 +246,7 @@ func (h *handler[Req, State]) writeOutcome(rw http.ResponseWriter, r *http.Reque
 	case OutcomeOnHold:
 		detail := "the outcome of a downstream operation of this request is not known, and the request waits for it to be reconciled, by the service or by an operator; retry later with the same Idempotency-Key"
 		if out.Hold == keyrow.HoldDead {
-			detail = "processing of this request was abandoned after repeated failures; an operator must retry it"
+			detail = "processing of this request was stopped, after repeated failures or by an operator; an operator must retry it"
 		}
 		WriteProblem(rw, http.StatusConflict, ProblemOnHold, "Request on hold", detail, out.RetryAfter)
 	case OutcomeElsewhere:

@@ -258,7 +258,7 @@ func Refuse(out *phase.Outcome, err error) Refusal {
 		case phase.OutcomeOnHold:
 			msg := "the outcome of this call is being reconciled with a downstream service; retry later with the same idempotency key"
 			if out.Hold == keyrow.HoldDead {
-				msg = "processing of this call was abandoned after repeated failures; an operator must retry it"
+				msg = "processing of this call was stopped, after repeated failures or by an operator; an operator must retry it"
 			}
 			return Refusal{code.Code_ABORTED, msg, ReasonOnHold, out.RetryAfter}
 		case phase.OutcomeMismatch:

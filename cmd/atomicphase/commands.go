@@ -22,7 +22,7 @@ var commands = []command{
 Show everything stored for the tenant's key: its status, where its workflow
 got to, who holds it, its attempts, the completer's failures on it, its last
 error, its request, state and stored response, and the token to pass as
--seen to unlock, retry or resolve, so that they act only on the key as shown.
+-seen to unlock, hold, retry or resolve, so that they act only on the key as shown.
 The response body is shown shortened; -json prints every field, the body
 base64-encoded, lease_left_ns (the lease time left by the database clock)
 in nanoseconds and the token as seen.
@@ -43,7 +43,8 @@ shorthands -stuck, -unknown and -dead), only the keys in that state:
   unknown    keys whose last foreign call may or may not have happened,
              waiting for reconciliation; see 'atomicphase resolve -h'.
   dead       keys the completer gave up on after MaxAttempts failed runs
-             of its own; see 'atomicphase retry -h'.
+             of its own, or an operator put on hold ('atomicphase hold');
+             see 'atomicphase retry -h'.
   in_flight, waiting, finished: see 'atomicphase counts -h'.
 
 Keys of the unfinished states are listed idle longest first; finished keys,
@@ -75,6 +76,33 @@ Exits with status 3 if the tenant has no such key, 4 if the key changed
 since it was seen (nothing is freed; the refusal is audited), and 0 with a
 note if the key had no lease.`,
 		define: defineUnlock,
+	},
+	{
+		name: "hold", args: "TENANT KEY", nargs: 2,
+		summary: "stop an unfinished key: dead until retried",
+		detail: `
+Put the tenant's unfinished key on hold as dead, keeping its recovery
+point, state and pending call: neither the completer nor a request runs it
+again (a request is answered 409, on hold) until 'atomicphase retry' takes
+it off hold. Use it for a key whose runs crash the process that runs them,
+which the completer cannot count as failures and runs again each time the
+lease runs out, or for one that must wait for a fix.
+
+A lease on the key is cleared. A holder still alive is fenced out, as with
+'atomicphase unlock': its next write fails, the phase it was running is
+rolled back, and a foreign call it was making goes on. Retried, the key
+resumes at its recovery point; the call of a phase it was cut short in is
+made again with the same downstream key, or reconciled when it is not safe
+to repeat.
+
+-seen takes the token 'atomicphase inspect' printed: the key is held only
+if it is still as inspect showed it. Without -seen, it is held only if it
+is still as read just before, so the lease cleared is the one the message
+names.
+Exits with status 3 if the tenant has no such key, 4 if the key changed
+since it was seen (nothing changes; the refusal is audited), and 1 if the
+key is finished or already on hold.`,
+		define: defineHold,
 	},
 	{
 		name: "retry", args: "TENANT KEY", nargs: 2,
@@ -147,7 +175,7 @@ moment are skipped. Every key changed is audited with the filter.`,
 		name: "audit", args: "", nargs: 0,
 		summary: "show the operator actions recorded",
 		detail: `
-Show the operator actions recorded (unlock, retry, resolve, from this
+Show the operator actions recorded (unlock, hold, retry, resolve, from this
 command, the console or the application), newest first: when, who, what,
 which key, and the key's recovery point and hold before and after. -json
 prints every field, with the key's fields before and after in full.`,
@@ -208,7 +236,7 @@ to the total:
   stuck      like waiting, but idle for longer than -stuck-after: the
              completer's backlog
   unknown    awaiting reconciliation of a foreign call
-  dead       given up on by the completer
+  dead       given up on by the completer, or put on hold by an operator
 
 'atomicphase list' shows the keys behind the last three.
 
@@ -325,24 +353,34 @@ func defineList(fs *flag.FlagSet) action {
 	}
 }
 
+// readKey reads the tenant's key before an action that clears its lease,
+// for the exit status of a missing key and to say what lease it was, and
+// returns what the action is to expect of the key: what -seen gave, or
+// else the key as read here, so that the lease the action clears is the
+// one its message names.
+func readKey(ctx context.Context, s *session, tenant, key string, seen *seenFlag) (*phase.Client, *keyrow.Row, []keyrow.Seen, error) {
+	c, err := s.client(ctx, phase.Config{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	info, err := inspect(ctx, c, tenant, key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	expect := seen.list()
+	if expect == nil {
+		expect = []keyrow.Seen{info.Seen()}
+	}
+	return c, info, expect, nil
+}
+
 func defineUnlock(fs *flag.FlagSet) action {
 	seen := defineSeen(fs)
 	return func(ctx context.Context, s *session, args []string) error {
 		tenant, key := args[0], args[1]
-		c, err := s.client(ctx, phase.Config{})
+		c, info, expect, err := readKey(ctx, s, tenant, key, seen)
 		if err != nil {
 			return err
-		}
-		// Read first, for the exit status of a missing key and to say what
-		// the freed lease was. Without -seen, the unlock expects the key as
-		// read here, so the lease it frees is the one the message names.
-		info, err := inspect(ctx, c, tenant, key)
-		if err != nil {
-			return err
-		}
-		expect := seen.list()
-		if expect == nil {
-			expect = []keyrow.Seen{info.Seen()}
 		}
 		freed, err := c.Unlock(s.acting(ctx), tenant, key, expect...)
 		if err != nil {
@@ -356,6 +394,34 @@ func defineUnlock(fs *flag.FlagSet) action {
 			}{tenant, key, freed})
 		}
 		return printUnlock(s.stdout, info, freed)
+	}
+}
+
+func defineHold(fs *flag.FlagSet) action {
+	seen := defineSeen(fs)
+	return func(ctx context.Context, s *session, args []string) error {
+		tenant, key := args[0], args[1]
+		c, info, expect, err := readKey(ctx, s, tenant, key, seen)
+		if err != nil {
+			return err
+		}
+		if info.Hold != "" || info.FinishedAt != nil {
+			return fmt.Errorf("key %q of tenant %q is %s; only an unfinished key off hold can be held", key, tenant, status(info))
+		}
+		err = acted(c.Hold(s.acting(ctx), tenant, key, expect...), tenant, key,
+			keyrow.ErrNotRunnable, "finished or went on hold while being held")
+		if err != nil {
+			return err
+		}
+		if s.json {
+			return s.writeJSON(struct {
+				Tenant        string `json:"tenant"`
+				Key           string `json:"key"`
+				RecoveryPoint string `json:"recovery_point"`
+				LeaseCleared  bool   `json:"lease_cleared"`
+			}{tenant, key, info.RecoveryPoint, info.LeaseTakenAt != nil})
+		}
+		return printHold(s.stdout, info)
 	}
 }
 
@@ -382,14 +448,8 @@ func defineRetry(fs *flag.FlagSet) action {
 					"and retrying makes it again; check with the provider, then pass -confirm-unknown", key, tenant)
 			}
 		}
-		err = refused(c.Retry(s.acting(ctx), tenant, key, seen.list()...), tenant, key)
-		var changed *changedError
-		if errors.As(err, &changed) {
-			return err
-		}
-		if errors.Is(err, keyrow.ErrNotHeld) {
-			return fmt.Errorf("key %q of tenant %q left its hold while being retried; inspect it", key, tenant)
-		}
+		err = acted(c.Retry(s.acting(ctx), tenant, key, seen.list()...), tenant, key,
+			keyrow.ErrNotHeld, "left its hold while being retried")
 		if err != nil {
 			return err
 		}

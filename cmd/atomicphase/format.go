@@ -75,7 +75,7 @@ func printKey(w io.Writer, k *keyrow.Row, now time.Time) error {
 		}
 		row("response body", preview(k.ResponseBody))
 	}
-	row("seen", k.Seen().String()+" (pass as -seen to unlock, retry or resolve)")
+	row("seen", k.Seen().String()+" (pass as -seen to unlock, hold, retry or resolve)")
 	return tw.Flush()
 }
 
@@ -117,6 +117,23 @@ func printList(w io.Writer, page keyrow.Page, f keyrow.ListFilter, now time.Time
 		return err
 	}
 	return nil
+}
+
+func printHold(w io.Writer, k *keyrow.Row) error {
+	name := fmt.Sprintf("key %s of tenant %s", clean(k.Key), clean(k.Tenant))
+	var err error
+	switch {
+	case k.LeaseLeft > 0:
+		_, err = fmt.Fprintf(w, "%s is on hold as dead at recovery point %s; its lease, with %s left, is cleared and its holder, if alive, is fenced out\n",
+			name, clean(k.RecoveryPoint), left(k.LeaseLeft))
+	default:
+		_, err = fmt.Fprintf(w, "%s is on hold as dead at recovery point %s\n", name, clean(k.RecoveryPoint))
+	}
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, "nothing runs it until 'atomicphase retry' takes it off hold")
+	return err
 }
 
 func printUnlock(w io.Writer, k *keyrow.Row, freed bool) error {

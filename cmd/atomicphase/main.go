@@ -95,9 +95,9 @@ Exit status:
      the key is not in a state the command acts on, or interrupted
   2  usage error: unknown command or flag, wrong arguments, no database
      URL; the usage is printed to stderr
-  3  not found: inspect, unlock, retry or resolve of a key that does not
+  3  not found: inspect, unlock, hold, retry or resolve of a key that does not
      exist
-  4  changed: unlock, retry or resolve refused because the key changed
+  4  changed: unlock, hold, retry or resolve refused because the key changed
      since it was seen (-seen), or has a resolution pending; nothing
      changed, and the refusal is audited
 `
@@ -158,7 +158,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	s := &session{stdout: stdout}
 	fs.StringVar(&s.dsn, "database-url", "", "PostgreSQL `URL` or DSN; overrides $DATABASE_URL")
 	fs.BoolVar(&s.json, "json", false, "print JSON instead of aligned text")
-	fs.StringVar(&s.actor, "actor", "", "who acts, for the audit of unlock, retry, resolve and bulk; defaults to cli:$USER")
+	fs.StringVar(&s.actor, "actor", "", "who acts, for the audit of unlock, hold, retry, resolve and bulk; defaults to cli:$USER")
 	fs.StringVar(&s.schema, "schema", "", "the Postgres `schema` that holds atomicphase's tables; defaults to the search_path's")
 	act := cmd.define(fs)
 

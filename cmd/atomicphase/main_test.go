@@ -494,6 +494,48 @@ func TestAuditCallsALeaseLeasedOnlyWhileItRuns(t *testing.T) {
 	}
 }
 
+// TestHoldStopsAKeyUntilRetried: hold parks an unfinished key as dead,
+// clearing its lease, so that nothing runs it until retry.
+func TestHoldStopsAKeyUntilRetried(t *testing.T) {
+	t.Parallel()
+	dsn, db := setup(t)
+	keyIn(t, db, "acme", "order-1", "leased")
+	out := ok(t, dsn, "hold", "acme", "order-1")
+	if !strings.Contains(out, "is on hold as dead at recovery point started") || !strings.Contains(out, "fenced out") {
+		t.Fatalf("hold output:\n%s", out)
+	}
+	if info := stored(t, db, "acme", "order-1"); info.Hold != keyrow.HoldDead || info.LeaseTakenAt != nil {
+		t.Fatalf("after hold: hold %q, lease %v; want dead with no lease", info.Hold, info.LeaseTakenAt)
+	}
+	if out, _ := acquire(t, db, "acme", "order-1"); out != store.Parked {
+		t.Fatalf("acquire of a held key = %v, want parked", out)
+	}
+	if r := runCLI(t, dsn, "hold", "acme", "order-1"); r.code != exitError || !strings.Contains(r.stderr, "is dead; only an unfinished key off hold can be held") {
+		t.Fatalf("hold of a held key = %d:\n%s", r.code, r.stderr)
+	}
+	if r := runCLI(t, dsn, "hold", "acme", "missing"); r.code != exitNotFound {
+		t.Fatalf("hold of a missing key = %d:\n%s", r.code, r.stderr)
+	}
+	keyIn(t, db, "acme", "order-2", "runnable")
+	got := decode[map[string]any](t, ok(t, dsn, "hold", "-json", "acme", "order-2"))
+	if got["key"] != "order-2" || got["recovery_point"] != "charged" || got["lease_cleared"] != false {
+		t.Fatalf("hold -json = %v", got)
+	}
+	held := 0
+	for _, e := range decode[[]keyrow.AuditEntry](t, ok(t, dsn, "audit", "-json")) {
+		if e.Action == keyrow.ActionHold && e.Tenant == "acme" && (e.Key == "order-1" || e.Key == "order-2") {
+			held++
+		}
+	}
+	if held != 2 {
+		t.Fatalf("audit -json has %d holds of the two keys, want 2", held)
+	}
+	ok(t, dsn, "retry", "acme", "order-1")
+	if out, _ := acquire(t, db, "acme", "order-1"); out != store.Resumed {
+		t.Fatalf("acquire after retry = %v, want resumed", out)
+	}
+}
+
 func TestRetryOfAnUnknownKeyNeedsConfirmation(t *testing.T) {
 	t.Parallel()
 	dsn, db := setup(t)

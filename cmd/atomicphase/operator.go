@@ -116,6 +116,18 @@ func refused(err error, tenant, key string) error {
 	return err
 }
 
+// acted is what a command reports of the error err of its action on a
+// key: a refusal as refused says, and the key having left the state the
+// action needs (left) as what it did meanwhile.
+func acted(err error, tenant, key string, left error, what string) error {
+	err = refused(err, tenant, key)
+	var changed *changedError
+	if !errors.As(err, &changed) && errors.Is(err, left) {
+		return fmt.Errorf("key %q of tenant %q %s; inspect it", key, tenant, what)
+	}
+	return err
+}
+
 // resolveReport is what resolve prints.
 type resolveReport struct {
 	Tenant     string            `json:"tenant"`

@@ -819,8 +819,18 @@ const (
 	// runnable keys idle for the whole retention as abandoned: a key that
 	// sat dead for days would otherwise race the completer to the
 	// reaper's next run.
-	retrySet   = `hold = NULL, failures = 0, call_pending = NULL, last_run_at = now(), resolution = NULL`
+	//
+	// A dead key keeps a pending call (a run that was cut short making a
+	// call not safe to repeat, then held by an operator): the resumed run
+	// reconciles it. Retrying an unknown key is the operator's word that
+	// the call did not happen, or may happen twice.
+	retrySet   = `hold = NULL, failures = 0, call_pending = CASE WHEN hold = 'dead' THEN call_pending END, last_run_at = now(), resolution = NULL`
 	retryWhere = `hold IS NOT NULL`
+	// holdSet parks a key as dead and clears its lease, so that a holder
+	// still running is fenced out at its next write and cannot take the
+	// key off hold by committing a phase.
+	holdSet   = `hold = 'dead', locked_at = NULL, lock_expires_at = NULL, lock_token = NULL`
+	holdWhere = `hold IS NULL AND finished_at IS NULL`
 	// unresolvedWhere keeps an action given nothing seen from replacing or
 	// dropping a pending resolution its operator may not know of.
 	unresolvedWhere = `resolution IS NULL`
@@ -878,6 +888,29 @@ func Retry(ctx context.Context, q Querier, tenant, key string, seen *keyrow.Seen
 	}
 	if seen == nil {
 		x.where = append(x.where, unresolvedWhere)
+	}
+	return actOnKey(ctx, q, x, tenant, key)
+}
+
+// Hold puts an unfinished key on hold as dead, keeping its recovery point,
+// state and pending call: neither the completer nor a request runs it
+// again until Retry takes it off hold. It is the operator's stop for a key
+// whose run fails in a way the completer cannot count, such as one that
+// crashes its process, and for one that must wait for a fix. A lease on the
+// key is cleared, so a holder still running is fenced out at its next
+// write (see Unlock).
+//
+// Given seen, it holds the key only while it is as seen; otherwise it
+// changes nothing and returns a *keyrow.ChangedError. It returns
+// ErrNotFound when there is no such key and ErrNotRunnable when the key is
+// finished or already on hold, and audits the change, or the refusal,
+// under the actor of ctx.
+func Hold(ctx context.Context, q Querier, tenant, key string, seen *keyrow.Seen) error {
+	x := keyAction{
+		action:     action{name: keyrow.ActionHold, set: holdSet, where: []string{holdWhere}, detail: seenDetail{seen}},
+		seen:       seen,
+		inState:    func(now *keyrow.Row) bool { return now.Hold == "" && now.FinishedAt == nil },
+		notInState: keyrow.ErrNotRunnable,
 	}
 	return actOnKey(ctx, q, x, tenant, key)
 }

@@ -415,3 +415,93 @@ func inspect(t *testing.T, db store.Querier, tenant, key string) *keyrow.Row {
 	}
 	return info
 }
+
+// TestHoldStopsAKeyUntilRetried: an operator's hold parks an unfinished
+// key as dead, fencing out the run that held its lease; neither the
+// completer nor a request runs it until Retry, which keeps a call the run
+// was cut short in pending, to be reconciled.
+func TestHoldStopsAKeyUntilRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	row := keyIn(t, db, "acme", "k1", "leased")
+	// The run was about to make a call not safe to repeat when its process
+	// died; its lease runs out.
+	age(t, db, "acme", "k1", "call_pending = 'charged', last_run_at = now() - interval '1 hour'")
+
+	if err := store.Hold(ctx, db, "acme", "k1", nil); err != nil {
+		t.Fatal(err)
+	}
+	info := inspect(t, db, "acme", "k1")
+	if info.Hold != keyrow.HoldDead || info.LeaseTakenAt != nil || info.RecoveryPoint != keyrow.Started || info.CallPending != "charged" {
+		t.Fatalf("after hold: hold %q, lease %v, at %q, call pending %q; want dead, no lease, at started, the call pending",
+			info.Hold, info.LeaseTakenAt, info.RecoveryPoint, info.CallPending)
+	}
+	// The holder, had it lived, is fenced out: it cannot take the key off
+	// hold by committing a phase.
+	if err := store.Advance(ctx, db, row.Holder(), "charged", []byte(`{}`), ttl); !errors.Is(err, keyrow.ErrLeaseLost) {
+		t.Fatalf("the old holder's commit after hold = %v, want ErrLeaseLost", err)
+	}
+	claim := store.ClaimParams{Distributed: pgtest.OnCitus(), Workflows: []string{"test"}, Limit: 10, TTL: ttl}
+	if claimed, err := store.Claim(ctx, db, claim); err != nil || len(claimed) != 0 {
+		t.Fatalf("claim of a held key = %d keys, %v; want none", len(claimed), err)
+	}
+	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != store.Parked {
+		t.Fatalf("a request for a held key = %v, want parked", out)
+	}
+	for _, tc := range []struct {
+		key  string
+		want error
+	}{{"k1", keyrow.ErrNotRunnable}, {"missing", keyrow.ErrNotFound}} {
+		if err := store.Hold(ctx, db, "acme", tc.key, nil); !errors.Is(err, tc.want) {
+			t.Errorf("hold of %s = %v, want %v", tc.key, err, tc.want)
+		}
+	}
+	keyIn(t, db, "acme", "done", "finished")
+	if err := store.Hold(ctx, db, "acme", "done", nil); !errors.Is(err, keyrow.ErrNotRunnable) {
+		t.Errorf("hold of a finished key = %v, want ErrNotRunnable", err)
+	}
+
+	if err := store.Retry(ctx, db, "acme", "k1", nil); err != nil {
+		t.Fatal(err)
+	}
+	age(t, db, "acme", "k1", "last_run_at = now() - interval '1 hour'")
+	claimed, err := store.Claim(ctx, db, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 || claimed[0].ID != row.ID || claimed[0].CallPending != "charged" {
+		t.Fatalf("claim after retry = %+v, want the key with its call pending, to reconcile", claimed)
+	}
+
+	// Retrying an unknown key is the operator's word on its call: the
+	// pending call goes.
+	keyIn(t, db, "acme", "k2", "unknown")
+	age(t, db, "acme", "k2", "call_pending = 'charged'")
+	if err := store.Retry(ctx, db, "acme", "k2", nil); err != nil {
+		t.Fatal(err)
+	}
+	if info := inspect(t, db, "acme", "k2"); info.CallPending != "" {
+		t.Fatalf("after retrying an unknown key: call pending %q, want none", info.CallPending)
+	}
+}
+
+// TestHoldGivenSeenLeavesALeaseANewRunTookAlone: a hold given what inspect
+// showed applies only while the key is as shown.
+func TestHoldGivenSeenLeavesALeaseANewRunTookAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "runnable")
+	seen := inspect(t, db, "acme", "k1").Seen()
+	if out, _ := acquire(t, db, request(t, "acme", "k1", `{"amount":100}`)); out != store.Resumed {
+		t.Fatalf("acquire = %v, want resumed", out)
+	}
+	err := store.Hold(ctx, db, "acme", "k1", &seen)
+	if !errors.Is(err, keyrow.ErrChanged) {
+		t.Fatalf("hold after a new run took the lease = %v, want ErrChanged", err)
+	}
+	if info := inspect(t, db, "acme", "k1"); info.Hold != "" || info.LeaseTakenAt == nil {
+		t.Fatalf("after the refused hold: hold %q, lease %v; want the new run's lease left alone", info.Hold, info.LeaseTakenAt)
+	}
+}
