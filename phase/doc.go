@@ -47,10 +47,11 @@
 // lease.
 //
 // Operators act through the client too: [Client.Inspect], [Client.List],
-// [Client.Counts], [Client.Unlock], [Client.Retry], [Client.Resolve],
-// [Client.Reap]. The atomicphase command wraps them. Unlock, Retry and
-// Resolve take what the operator saw ([keyrow.Row.Seen]). They refuse a key
-// that changed since, with a [keyrow.ChangedError].
+// [Client.Counts], [Client.Unlock], [Client.Hold], [Client.Retry],
+// [Client.Resolve], [Client.Reap]. The atomicphase command wraps them.
+// Unlock, Hold, Retry and Resolve take what the operator saw
+// ([keyrow.Row.Seen]). They refuse a key that changed since, with a
+// [keyrow.ChangedError].
 //
 // # Connection poolers
 //

@@ -15,7 +15,7 @@ import (
 )
 
 // WithActor returns ctx naming who performs the operator actions made with
-// it (Unlock, Retry, Resolve, Bulk), for the audit that records each of
+// it (Unlock, Hold, Retry, Resolve, Bulk), for the audit that records each of
 // them. Actions made without one are recorded as by "unnamed". An actor
 // is recorded whatever text it holds, a NUL escaped as \0 and bytes that
 // are not UTF-8 as U+FFFD.

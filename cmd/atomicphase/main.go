@@ -98,8 +98,9 @@ Exit status:
   3  not found: inspect, unlock, hold, retry or resolve of a key that does not
      exist
   4  changed: unlock, hold, retry or resolve refused because the key changed
-     since it was seen (-seen), or has a resolution pending; nothing
-     changed, and the refusal is audited
+     since it was seen (-seen; unlock and hold without it, since they read
+     it), or has a resolution pending; nothing changed, and the refusal is
+     audited
 `
 
 // command is one subcommand. define registers the command's own flags and
