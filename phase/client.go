@@ -676,7 +676,12 @@ func (c *Client) Retry(ctx context.Context, tenant, key string, seen ...keyrow.S
 //
 // A lease on the key is cleared: a holder still running is fenced out at
 // its next write, as with [Client.Unlock], and a foreign call it is
-// already making goes on. Retried, the key resumes at its recovery point,
+// already making goes on. So can one it is about to make: a run that
+// took the key, or committed, just before the hold has that as its proof
+// of the lease (see # Fencing), so a repeatable call may go out once
+// after Hold returns, under the same downstream key, and the run then
+// stops without writing. A call not safe to repeat is marked first, a
+// write the hold fences. Retried, the key resumes at its recovery point,
 // and the call of a phase it was cut short in is made again with the same
 // downstream key, or reconciled when the phase's call is not safe to
 // repeat.

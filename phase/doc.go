@@ -147,8 +147,9 @@
 // its TTL, until the call returns or exceeds CallTimeout.
 //
 // A holder that stalls longer than the whole TTL just before its call, or
-// whose lease an operator freed with [Client.Unlock] right after its last
-// commit, can still send its call after another run sent the same one.
+// whose lease an operator freed with [Client.Unlock] or cleared with
+// [Client.Hold] right after its last commit or its claim, can still send
+// its call after another run sent the same one, or after the hold.
 // Both calls carry the same downstream key, so a provider that honours
 // idempotency keys acts once. Unlock is for holders known to be dead.
 //

@@ -90,10 +90,11 @@ lease runs out, or for one that must wait for a fix.
 
 A lease on the key is cleared. A holder still alive is fenced out, as with
 'atomicphase unlock': its next write fails, the phase it was running is
-rolled back, and a foreign call it was making goes on. Retried, the key
-resumes at its recovery point; the call of a phase it was cut short in is
-made again with the same downstream key, or reconciled when it is not safe
-to repeat.
+rolled back, and a foreign call it was making goes on; a repeatable call
+it was about to make may still go out once, under the same downstream key.
+Retried, the key resumes at its recovery point; the call of a phase it was
+cut short in is made again with the same downstream key, or reconciled
+when it is not safe to repeat.
 
 -seen takes the token 'atomicphase inspect' printed: the key is held only
 if it is still as inspect showed it. Without -seen, it is held only if it
