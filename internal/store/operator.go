@@ -829,7 +829,7 @@ const (
 	// holdSet parks a key as dead and clears its lease, so that a holder
 	// still running is fenced out at its next write and cannot take the
 	// key off hold by committing a phase.
-	holdSet   = `hold = 'dead', locked_at = NULL, lock_expires_at = NULL, lock_token = NULL`
+	holdSet   = `hold = 'dead', ` + unlockSet
 	holdWhere = `hold IS NULL AND finished_at IS NULL`
 	// unresolvedWhere keeps an action given nothing seen from replacing or
 	// dropping a pending resolution its operator may not know of.
