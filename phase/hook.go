@@ -86,7 +86,9 @@ type CallWrapper interface {
 }
 
 // PassWrapper is a Hook that wraps one pass of the completer, the runs it
-// resumes included.
+// resumes included. A run that outlasts the rest of its pass by far (see
+// package recovery) goes on after the pass returns, under its context, and
+// is counted by the pass during which it ends.
 type PassWrapper interface {
 	Hook
 	WrapPass(ctx context.Context, next func(context.Context) (recovery.PassResult, error)) (recovery.PassResult, error)

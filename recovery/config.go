@@ -159,7 +159,9 @@ func (c ReaperConfig) WithDefaults() (ReaperConfig, error) {
 	return c, nil
 }
 
-// PassResult counts what one completer pass did.
+// PassResult counts what one completer pass did. Completed, Failed and
+// HandedBack count the keys that ended during the pass: its own, and any
+// that outlasted a pass before it.
 type PassResult struct {
 	// Claimed keys were taken for a run.
 	Claimed int

@@ -27,8 +27,11 @@
 // to the dead hold for an operator, but only once it is abandoned: a key a
 // client retried within StuckAfter is never marked dead, so a client that keeps
 // retrying while a provider is down converges once the provider recovers.
-// Each run of the completer is bounded by the client's RunTimeout, so one
-// hung key cannot stall a pass.
+// Each run of the completer is bounded by the client's RunTimeout, and a
+// pass does not wait for a key that outlasts the rest of its batch by far
+// (over four times their median, a call that hangs until CallTimeout): the
+// key goes on in its slot, and the next pass claims keys for the others.
+// One hung key costs a drain one slot, not the whole completer.
 //
 // # Pace
 //

@@ -2,6 +2,7 @@ package recovery_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -22,7 +23,10 @@ import (
 // provider is a stub payment provider: it counts the calls sent with each
 // downstream key, and the calls in flight at once.
 type provider struct {
-	took     time.Duration
+	took time.Duration
+	// hang, when set, holds the first call until it is closed.
+	hang     chan struct{}
+	hung     atomic.Bool
 	mu       sync.Mutex
 	sends    map[string]int
 	inFlight atomic.Int64
@@ -37,8 +41,17 @@ func (p *provider) charge(ctx context.Context, downstreamKey string) error {
 	p.mu.Lock()
 	p.sends[downstreamKey]++
 	p.mu.Unlock()
+	var (
+		took = time.After(p.took)
+		hang chan struct{}
+	)
+	if p.hang != nil && p.hung.CompareAndSwap(false, true) {
+		took, hang = nil, p.hang
+	}
 	select {
-	case <-time.After(p.took):
+	case <-took:
+		return nil
+	case <-hang:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -176,6 +189,108 @@ func TestTwoNodesDrainOneBacklogInBackToBackPassesEachKeyOnce(t *testing.T) {
 			if a+b != keys || a == 0 || b == 0 {
 				t.Errorf("the nodes completed %d and %d keys; want %d in all, some by each", a, b, keys)
 			}
+		})
+	}
+}
+
+// TestAHungCallHoldsOneSlotWhileTheBacklogDrains hangs the first call of a
+// drain, as a provider that never answers does until CallTimeout: the
+// other keys drain past it, in passes that do not wait for it, and the
+// hung key finishes once its call returns. Stopped meanwhile, the
+// completer waits for it, or, when Stop's context ends first, cancels it
+// and leaves it to be resumed.
+func TestAHungCallHoldsOneSlotWhileTheBacklogDrains(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"drain", "background", "stopped", "cancelled"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 20 })
+			p := &provider{took: 2 * time.Millisecond, sends: map[string]int{}, hang: make(chan struct{})}
+			w := ridesWorkflow(t, db, "rides", p)
+			const keys = 200
+			abandonMany(t, db, w.Name(), keys)
+			c := client(t, db, func(c *phase.Config) { c.Completer.Interval, c.Reaper.Interval = time.Hour, -1 }, w)
+			drained := make(chan recovery.PassResult, 1)
+			if how == "drain" {
+				go func() {
+					res, err := c.Complete(ctx)
+					if err != nil {
+						t.Error(err)
+					}
+					drained <- res
+				}()
+			} else if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			unfinished := func() (n int) {
+				t.Helper()
+				if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE finished_at IS NULL`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			deadline := time.Now().Add(time.Minute)
+			for left := unfinished(); left > 1; left = unfinished() {
+				if time.Now().After(deadline) {
+					close(p.hang)
+					t.Fatalf("%d keys unfinished a minute into the drain, while one call hung; want all but the hung one finished", left)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			switch how {
+			case "drain":
+				close(p.hang)
+				if res := <-drained; res.Completed != keys || res.Claimed != keys {
+					t.Errorf("drain: %+v, want %d keys claimed and completed", res, keys)
+				}
+			case "background":
+				close(p.hang)
+				waitUnfinished(t, db, time.Minute)
+				if err := c.Stop(ctx); err != nil {
+					t.Error(err)
+				}
+			case "stopped":
+				stopped := make(chan error, 1)
+				go func() { stopped <- c.Stop(ctx) }()
+				select {
+				case err := <-stopped:
+					t.Fatalf("Stop returned %v while a key still ran; want it to wait for the key", err)
+				case <-time.After(300 * time.Millisecond):
+				}
+				close(p.hang)
+				if err := <-stopped; err != nil {
+					t.Error(err)
+				}
+				if left := unfinished(); left != 0 {
+					t.Errorf("%d keys unfinished after Stop waited for the hung one", left)
+				}
+			case "cancelled":
+				stopCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+				if err := c.Stop(stopCtx); !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Stop: %v, want the deadline of its context, the hung key cut short", err)
+				}
+				close(p.hang)
+				// Cut short in a call not safe to repeat, the key waits
+				// for an operator, its lease freed and its phase kept.
+				var leased, held int
+				if err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE lock_expires_at IS NOT NULL OR lock_token IS NOT NULL),
+					count(*) FILTER (WHERE hold = 'unknown' AND recovery_point = 'ride_created') FROM idempotency_keys WHERE finished_at IS NULL`).
+					Scan(&leased, &held); err != nil {
+					t.Fatal(err)
+				}
+				if leased != 0 || held != 1 {
+					t.Errorf("after Stop cut the hung key short: %d keys leased, %d held as unknown at ride_created; want 0 and 1", leased, held)
+				}
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				if len(p.sends) != keys {
+					t.Errorf("%d downstream keys charged, want %d", len(p.sends), keys)
+				}
+				return
+			}
+			checkEachKeyRanOnce(t, db, p, keys)
 		})
 	}
 }

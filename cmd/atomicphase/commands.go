@@ -406,11 +406,13 @@ func defineHold(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
+		// A key the read found finished or held goes to the store all
+		// the same, which refuses it and audits the refusal.
+		what := "finished or went on hold while being held; inspect it"
 		if info.Hold != "" || info.FinishedAt != nil {
-			return fmt.Errorf("key %q of tenant %q is %s; only an unfinished key off hold can be held", key, tenant, status(info))
+			what = fmt.Sprintf("is %s; only an unfinished key off hold can be held", status(info))
 		}
-		err = acted(c.Hold(s.acting(ctx), tenant, key, expect...), tenant, key,
-			keyrow.ErrNotRunnable, "finished or went on hold while being held")
+		err = acted(c.Hold(s.acting(ctx), tenant, key, expect...), tenant, key, keyrow.ErrNotRunnable, what)
 		if err != nil {
 			return err
 		}
@@ -440,17 +442,23 @@ func defineRetry(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
+		// A key the read found off hold goes to the store all the same,
+		// which refuses it and audits the refusal.
+		what, expect := "left its hold while being retried; inspect it", seen.list()
 		switch info.Hold {
 		case "":
-			return fmt.Errorf("key %q of tenant %q is %s, not on hold; nothing to retry", key, tenant, status(info))
+			what = fmt.Sprintf("is %s, not on hold; nothing to retry", status(info))
+			if expect == nil {
+				// Held since the read, it is not the key the operator saw.
+				expect = []keyrow.Seen{info.Seen()}
+			}
 		case keyrow.HoldUnknown:
 			if !*confirmUnknown {
 				return usagef("key %q of tenant %q is held as unknown: its last foreign call may have happened "+
 					"and retrying makes it again; check with the provider, then pass -confirm-unknown", key, tenant)
 			}
 		}
-		err = acted(c.Retry(s.acting(ctx), tenant, key, seen.list()...), tenant, key,
-			keyrow.ErrNotHeld, "left its hold while being retried")
+		err = acted(c.Retry(s.acting(ctx), tenant, key, expect...), tenant, key, keyrow.ErrNotHeld, what)
 		if err != nil {
 			return err
 		}

@@ -521,14 +521,19 @@ func TestHoldStopsAKeyUntilRetried(t *testing.T) {
 	if got["key"] != "order-2" || got["recovery_point"] != "charged" || got["lease_cleared"] != false {
 		t.Fatalf("hold -json = %v", got)
 	}
-	held := 0
+	held, refused := 0, 0
 	for _, e := range decode[[]keyrow.AuditEntry](t, ok(t, dsn, "audit", "-json")) {
-		if e.Action == keyrow.ActionHold && e.Tenant == "acme" && (e.Key == "order-1" || e.Key == "order-2") {
+		switch {
+		case e.Action != keyrow.ActionHold || e.Tenant != "acme":
+		case e.Refused != "" && e.Key == "order-1":
+			refused++
+		case e.Key == "order-1" || e.Key == "order-2":
 			held++
 		}
 	}
-	if held != 2 {
-		t.Fatalf("audit -json has %d holds of the two keys, want 2", held)
+	// The hold of a key already held is refused and audited as such.
+	if held != 2 || refused != 1 {
+		t.Fatalf("audit -json has %d holds of the two keys and %d refused, want 2 and 1", held, refused)
 	}
 	ok(t, dsn, "retry", "acme", "order-1")
 	if out, _ := acquire(t, db, "acme", "order-1"); out != store.Resumed {
@@ -565,6 +570,11 @@ func TestRetryOfAKeyNotOnHoldExitsOne(t *testing.T) {
 	r := runCLI(t, dsn, "retry", "acme", "order-1")
 	if r.code != exitError || !strings.Contains(r.stderr, "is finished, not on hold") {
 		t.Fatalf("retry of a finished key = %d:\n%s", r.code, r.stderr)
+	}
+	// The refusal is audited, as one the store makes is.
+	entries := decode[[]keyrow.AuditEntry](t, ok(t, dsn, "audit", "-json"))
+	if len(entries) != 1 || entries[0].Action != keyrow.ActionRetry || entries[0].Refused == "" {
+		t.Fatalf("audit after a refused retry: %+v, want one refused retry", entries)
 	}
 }
 

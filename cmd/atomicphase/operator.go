@@ -117,13 +117,14 @@ func refused(err error, tenant, key string) error {
 }
 
 // acted is what a command reports of the error err of its action on a
-// key: a refusal as refused says, and the key having left the state the
-// action needs (left) as what it did meanwhile.
+// key: a refusal as refused says, and the key not in the state the action
+// needs (left) as what says: the state its read found, or what the key did
+// since.
 func acted(err error, tenant, key string, left error, what string) error {
 	err = refused(err, tenant, key)
 	var changed *changedError
 	if !errors.As(err, &changed) && errors.Is(err, left) {
-		return fmt.Errorf("key %q of tenant %q %s; inspect it", key, tenant, what)
+		return fmt.Errorf("key %q of tenant %q %s", key, tenant, what)
 	}
 	return err
 }

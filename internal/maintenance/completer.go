@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -54,6 +55,11 @@ type Completer struct {
 	Distributed func() bool
 	// Live takes the process's live runs, to which it yields.
 	Live Live
+	// mu guards started and cancelKeys: the keys of Start's passes, and
+	// the function that cancels them.
+	mu         sync.Mutex
+	started    *flight
+	cancelKeys context.CancelFunc
 }
 
 func distributed(f func() bool) bool { return f != nil && f() }
@@ -77,9 +83,12 @@ func NewCompleter(cfg recovery.CompleterConfig, db store.Querier, r Resumer, wor
 
 // RunOnce makes one pass: buries abandoned keys out of attempts when some
 // may be (see burial), claims up to BatchSize due keys, and resumes them,
-// at the pace the passes before it set.
+// at the pace the passes before it set. It returns once every key it
+// claimed has ended.
 func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
-	res, _, _, err := c.runOnce(ctx, streak{})
+	f := newFlight(ctx)
+	f.patient = true
+	res, _, _, err := c.runOnce(ctx, f, streak{})
 	return res, err
 }
 
@@ -92,29 +101,33 @@ func (c *Completer) RunOnce(ctx context.Context) (recovery.PassResult, error) {
 // keys the streak handed back already, it has seen every due key.
 type streak map[uuid.UUID]bool
 
-// fresh records the keys a pass handed back and reports whether it claimed
-// any key the streak had not handed back before.
-func (s streak) fresh(res recovery.PassResult, back []uuid.UUID) bool {
-	fresh := res.Claimed > res.HandedBack
-	for _, id := range back {
+// fresh records the keys handed back since the last pass and reports
+// whether the pass claimed any key the streak had not handed back before.
+// A key handed back by the pass itself counts as new: it goes behind the
+// keys due now, which the next pass claims.
+func (s streak) fresh(claimed, back []uuid.UUID) bool {
+	fresh := false
+	for _, id := range claimed {
 		fresh = fresh || !s[id]
+	}
+	for _, id := range back {
 		s[id] = true
 	}
 	return fresh
 }
 
-// runOnce is RunOnce within streak s. It also returns the pause the pace
-// sets before the next pass, and whether the pass claimed keys that s had
-// not handed back.
-func (c *Completer) runOnce(ctx context.Context, s streak) (recovery.PassResult, time.Duration, bool, error) {
+// runOnce is one pass of f's caller within streak s. It also returns the
+// pause the pace sets before the next pass, and whether the pass claimed
+// keys that s had not handed back.
+func (c *Completer) runOnce(ctx context.Context, f *flight, s streak) (recovery.PassResult, time.Duration, bool, error) {
 	claim, running := c.pace.plan()
-	var back []uuid.UUID
+	var claimed, back []uuid.UUID
 	pass := func(ctx context.Context) (recovery.PassResult, error) {
 		var (
 			res recovery.PassResult
 			err error
 		)
-		res, back, err = c.pass(ctx, claim, running)
+		res, claimed, back, err = c.pass(ctx, f, claim, running)
 		return res, err
 	}
 	began := time.Now()
@@ -127,26 +140,22 @@ func (c *Completer) runOnce(ctx context.Context, s streak) (recovery.PassResult,
 	} else {
 		res, err = pass(ctx)
 	}
-	fresh := err == nil && s.fresh(res, back)
+	fresh := err == nil && s.fresh(claimed, back)
 	return res, c.pace.record(claim, res, time.Since(began), fresh, err), fresh, err
 }
 
-// pass claims up to claim due keys and runs up to running of them at
-// once, each workflow's within its own cap. It returns the keys it handed
-// back besides the sums.
-func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.PassResult, []uuid.UUID, error) {
-	var (
-		res  recovery.PassResult
-		back []uuid.UUID
-		// done are the keys the pass finished.
-		done []uuid.UUID
-	)
-	defer c.Live.pass()()
+// pass claims up to claim due keys, runs them with f, up to running keys
+// of f at once and each workflow's within its own cap, and waits for them
+// (see flight.await). It counts the keys of f that ended meanwhile, its
+// own and those that outlasted passes before it, and returns the keys it
+// claimed and those handed back besides the sums.
+func (c *Completer) pass(ctx context.Context, f *flight, claim, running int) (res recovery.PassResult, claimed, back []uuid.UUID, err error) {
+	defer c.Live.busy()()
 	if c.burial.due() {
 		buried, err := store.Bury(ctx, c.db, c.workflows, c.definitions, c.cfg.MaxAttempts, c.cfg.StuckAfter)
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return res, nil, err
+			return res, nil, nil, err
 		case err != nil:
 			// The burial waits for the next minute, the claim does not:
 			// it leaves keys out of attempts alone, and a burial that
@@ -176,59 +185,254 @@ func (c *Completer) pass(ctx context.Context, claim, running int) (recovery.Pass
 		MaxAttempts: c.cfg.MaxAttempts, Unanswered: c.unansweredScan,
 	})
 	if err != nil {
-		return res, nil, err
+		return res, nil, nil, err
 	}
 	res.Claimed = len(rows)
 	c.Live.drain(len(rows) > 0)
+	f.limit(running)
 	var (
-		wg  sync.WaitGroup
-		mu  sync.Mutex
-		sem = make(chan struct{}, running)
-		// own holds each run's time but its calls': the store's and this
-		// process's, which grow when they are busy.
-		own = make([]time.Duration, 0, len(rows))
+		started = make(chan struct{}, len(rows))
+		ended   = make(chan time.Duration, len(rows))
+		// keys is the context of the pass's keys: a key that outlasts the
+		// pass keeps the pass's values (a trace's span, say); the keys end
+		// with the pass while it waits for them, and with f's context.
+		keys, cancel = context.WithCancel(context.WithoutCancel(ctx))
+		cut          = context.AfterFunc(ctx, cancel)
+		stopped      = context.AfterFunc(f.ctx, cancel)
+		woken        = context.AfterFunc(keys, f.wake)
+		mine         sync.WaitGroup
 	)
 	for _, row := range rows {
-		wg.Go(func() {
+		claimed = append(claimed, row.ID)
+		f.begin()
+		mine.Add(1)
+		f.keys.Go(func() {
+			defer mine.Done()
+			defer f.done()
 			// The workflow's slot first: a key waiting for it holds no
-			// slot that a key of another workflow could use.
+			// slot that a key of another workflow could use. A key cut
+			// short before it got one runs, for as long as it takes to
+			// free its lease, without.
 			if slot := c.slots[row.Workflow]; slot != nil {
-				slot <- struct{}{}
-				defer func() { <-slot }()
+				select {
+				case slot <- struct{}{}:
+					defer func() { <-slot }()
+				case <-keys.Done():
+				}
 			}
-			sem <- struct{}{}
-			defer func() { <-sem }()
+			f.acquire(keys)
+			started <- struct{}{}
+			defer c.Live.busy()()
 			began := time.Now()
-			calls, err := c.resume(ctx, row)
-			mu.Lock()
-			defer mu.Unlock()
-			own = append(own, time.Since(began)-calls)
-			switch {
-			case errors.Is(err, recovery.ErrHandedBack):
-				res.HandedBack++
-				back = append(back, row.ID)
-			case err != nil:
-				res.Failed++
-			default:
-				res.Completed++
-				done = append(done, row.ID)
-			}
+			calls, err := c.resume(keys, row)
+			took := time.Since(began)
+			f.end(row.ID, took-calls, err)
+			ended <- took
 		})
 	}
-	wg.Wait()
+	f.await(len(rows), started, ended)
+	cut()
+	go func() {
+		mine.Wait()
+		stopped()
+		woken()
+		cancel()
+	}()
+	o := f.take()
+	c.settle(ctx, o)
+	return res.Add(o.res), claimed, o.back, nil
+}
+
+// settle acts on what the keys of o left: it drops those that finished
+// from the watch, marks a burial due when some failed, and gives the pace
+// their times.
+func (c *Completer) settle(ctx context.Context, o outcomes) {
 	// A distributed key table has no watch: its claim reads an index of
 	// unfinished keys (atomicphase.DistributeSQL).
-	if ctx.Err() == nil && !distributed(c.Distributed) {
-		if err := store.Unwatch(ctx, c.db, done); err != nil {
+	if len(o.done) > 0 && ctx.Err() == nil && !distributed(c.Distributed) {
+		if err := store.Unwatch(ctx, c.db, o.done); err != nil {
 			// A later claim drops the rows when it reaches them.
-			c.log.Warn("completer could not drop finished keys from its watch", "count", len(done), "err", err)
+			c.log.Warn("completer could not drop finished keys from its watch", "count", len(o.done), "err", err)
 		}
 	}
-	if res.Failed > 0 {
+	if o.res.Failed > 0 {
 		c.burial.failed()
 	}
-	c.pace.observe(own)
-	return res, back, nil
+	c.pace.observe(o.own)
+}
+
+// flight holds the keys that the passes of one caller of a completer
+// (Start's background passes, one Drain, one RunOnce) started and that
+// have not ended, and the outcomes of those that ended until a pass counts
+// them. A pass waits for its keys, but not for one that outlasts the
+// others by far, a call that hangs until CallTimeout: it holds its slot
+// and ends in a later pass, while the next pass claims keys for the slots
+// that are free. So one slow key costs the drain one slot, not all of
+// them.
+type flight struct {
+	// ctx ends the keys' runs. Stop cancels Start's when its own context
+	// ends.
+	ctx context.Context
+	// patient: the passes wait for every key (RunOnce).
+	patient bool
+	keys    sync.WaitGroup
+	mu      sync.Mutex
+	// room is signalled when a key ends or the limit changes.
+	room *sync.Cond
+	// running counts the keys that hold a slot, at most max of them
+	// unless cut short; live counts those that have not returned.
+	running, max, live int
+	ended              outcomes
+}
+
+// outcomes are what the keys that ended leave for a pass to count: the
+// sums, the keys handed back and those finished, and each key's time but
+// its calls.
+type outcomes struct {
+	res        recovery.PassResult
+	back, done []uuid.UUID
+	own        []time.Duration
+}
+
+// lingerFactor is how many times the median time of its keys that ended a
+// pass waits for the rest once a slot is free and none of its keys waits
+// for one: the usual spread of a batch's keys ends within it, a hung
+// call does not.
+const lingerFactor = 4
+
+func newFlight(ctx context.Context) *flight {
+	f := &flight{ctx: ctx}
+	f.room = sync.NewCond(&f.mu)
+	return f
+}
+
+// limit sets how many keys may run at once; the keys above it that run
+// already go on.
+func (f *flight) limit(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.max = n
+	f.room.Broadcast()
+}
+
+// acquire waits for a slot and takes it; once ctx ends it takes one
+// without waiting, for a run that only frees its lease.
+func (f *flight) acquire(ctx context.Context) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for f.running >= f.max && ctx.Err() == nil {
+		f.room.Wait()
+	}
+	f.running++
+}
+
+// wake wakes the keys waiting for a slot, to see whether their context
+// ended.
+func (f *flight) wake() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.room.Broadcast()
+}
+
+// begin and done count a key of f from its claim to its return.
+func (f *flight) begin() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.live++
+}
+
+func (f *flight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.live--
+}
+
+// end frees the slot of a key that ended with err, its calls aside having
+// taken own, and records its outcome.
+func (f *flight) end(id uuid.UUID, own time.Duration, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.running--
+	f.room.Signal()
+	f.ended.own = append(f.ended.own, own)
+	switch {
+	case errors.Is(err, recovery.ErrHandedBack):
+		f.ended.res.HandedBack++
+		f.ended.back = append(f.ended.back, id)
+	case err != nil:
+		f.ended.res.Failed++
+	default:
+		f.ended.res.Completed++
+		f.ended.done = append(f.ended.done, id)
+	}
+}
+
+// idle reports whether a slot is free.
+func (f *flight) idle() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.running < f.max
+}
+
+// take returns the outcomes recorded since the last take.
+func (f *flight) take() outcomes {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	o := f.ended
+	f.ended = outcomes{}
+	return o
+}
+
+// await waits for the n keys of a pass, which report on started as they
+// take a slot and on ended with their time as they end. Unless f is
+// patient, once all have started, some have ended and a slot is free, it
+// waits for the rest at most lingerFactor times the median time of those
+// that ended.
+func (f *flight) await(n int, started <-chan struct{}, ended <-chan time.Duration) {
+	var (
+		began  int
+		took   []time.Duration
+		linger <-chan time.Time
+	)
+	for len(took) < n {
+		select {
+		case <-started:
+			began++
+		case d := <-ended:
+			took = append(took, d)
+		case <-linger:
+			return
+		}
+		if !f.patient && linger == nil && began == n && len(took) > 0 && f.idle() {
+			slices.Sort(took)
+			linger = time.After(lingerFactor * took[len(took)/2])
+		}
+	}
+}
+
+// wait waits for the keys of f until ctx ends, then cancels them with
+// cancel and waits for them to stop. It returns ctx's error when it had
+// to cancel any.
+func (f *flight) wait(ctx context.Context, cancel context.CancelFunc) error {
+	f.mu.Lock()
+	live := f.live
+	f.mu.Unlock()
+	if live == 0 {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() {
+		f.keys.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	cancel()
+	<-done
+	return ctx.Err()
 }
 
 func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Duration, err error) {
@@ -254,15 +458,20 @@ func (c *Completer) resume(ctx context.Context, row *store.Row) (calls time.Dura
 }
 
 // Drain runs passes, one streak, until one claims nothing or nothing but
-// keys it handed back before, and returns the sum.
+// keys it handed back before, waits for the keys still running, and
+// returns the sum.
 func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 	var total recovery.PassResult
+	f := newFlight(ctx)
 	s := streak{}
 	for {
-		res, _, fresh, err := c.runOnce(ctx, s)
+		res, _, fresh, err := c.runOnce(ctx, f, s)
 		total = total.Add(res)
 		if err != nil || !fresh {
-			return total, err
+			f.keys.Wait()
+			o := f.take()
+			c.settle(ctx, o)
+			return total.Add(o.res), err
 		}
 	}
 }
@@ -277,9 +486,13 @@ func (c *Completer) Drain(ctx context.Context) (recovery.PassResult, error) {
 // a pause after failing ones (up to a minute, after an outage) may hold
 // up.
 func (c *Completer) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys, cancel := context.WithCancel(ctx)
+	f := newFlight(keys)
 	s := streak{}
 	err := c.bg.Start(ctx, "completer", func(ctx context.Context) time.Duration {
-		_, wait, _, err := c.runOnce(ctx, s)
+		_, wait, _, err := c.runOnce(ctx, f, s)
 		if err != nil && ctx.Err() == nil {
 			c.log.Error("completer pass failed", "err", err, "next_pass_in", wait)
 		}
@@ -289,8 +502,10 @@ func (c *Completer) Start(ctx context.Context) error {
 		return wait
 	})
 	if err != nil {
+		cancel()
 		return err
 	}
+	c.started, c.cancelKeys = f, cancel
 	return c.counting.Start(ctx, "completer's counts", func(ctx context.Context) time.Duration {
 		c.recordHistory(ctx)
 		return c.samples.untilDue()
@@ -306,17 +521,31 @@ func (c *Completer) unansweredScan(err error) {
 }
 
 // Stop ends the background passes: it starts no other, and lets the keys
-// of the current one run until ctx ends. It then cancels them, waits for
-// them to stop, and returns ctx's error. A cancelled key keeps its
-// recovery point, frees its lease and is resumed later. The counts stop
-// at once and are never what Stop reports: a count cut short loses
-// nothing, as the next count of the slot, by any process, stands for it.
+// still running, the current pass's and any that outlasted theirs, run
+// until ctx ends. It then cancels them, waits for them to stop, and
+// returns ctx's error. A cancelled key keeps its recovery point, frees its
+// lease and is resumed later. The counts stop at once and are never what
+// Stop reports: a count cut short loses nothing, as the next count of the
+// slot, by any process, stands for it.
 func (c *Completer) Stop(ctx context.Context) error {
 	// Given a context that never ends, Stop cancels the count under way
 	// and waits for it, which pgx's cancellation keeps short, and
 	// returns nil.
 	_ = c.counting.Stop(context.WithoutCancel(ctx))
-	return c.bg.StopGracefully(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := c.bg.StopGracefully(ctx)
+	f, cancel := c.started, c.cancelKeys
+	if f == nil {
+		return err
+	}
+	c.started, c.cancelKeys = nil, nil
+	defer cancel()
+	if werr := f.wait(ctx, cancel); err == nil {
+		err = werr
+	}
+	c.settle(ctx, f.take())
+	return err
 }
 
 func (c *Completer) observe(ctx context.Context, ev keyrow.Event) {

@@ -33,8 +33,8 @@ type Live struct {
 	mu sync.Mutex
 	// draining is set while a pass of the completer holds keys.
 	draining bool
-	// passes counts the completer's passes under way, and quiet is when
-	// the last of them ended.
+	// passes counts the completer's passes and keys under way, and quiet
+	// is when the last of them ended.
 	passes int
 	quiet  time.Time
 	// idle holds the last len(idle) live runs' times that ended while the
@@ -93,9 +93,9 @@ func (l *Live) Record(began time.Time, own time.Duration) {
 	l.last = time.Now()
 }
 
-// pass marks a pass of the completer under way until the function it
-// returns is called.
-func (l *Live) pass() (end func()) {
+// busy marks a pass or a key of the completer under way until the
+// function it returns is called.
+func (l *Live) busy() (end func()) {
 	l.mu.Lock()
 	l.passes++
 	l.mu.Unlock()

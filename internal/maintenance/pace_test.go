@@ -153,7 +153,7 @@ func TestLiveDrawsTheLineFromRunsOutsideThePasses(t *testing.T) {
 	for range liveIdleRuns {
 		l.Record(time.Now(), 2*time.Millisecond)
 	}
-	end := l.pass()
+	end := l.busy()
 	for range 50 {
 		l.Record(time.Now(), 200*time.Millisecond)
 	}

@@ -750,6 +750,9 @@ WHERE tenant = $5 AND idempotency_key = $6`
 // with why, and returns x.notInState when the key is as seen but not in
 // the action's state, and a *keyrow.ChangedError when the key changed.
 func actOnKey(ctx context.Context, q Querier, x keyAction, tenant, key string) error {
+	if unstorable(tenant, key) {
+		return keyrow.ErrNotFound
+	}
 	if x.seen != nil {
 		w, err := seenWhere(*x.seen, &x.a)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
@@ -32,6 +33,9 @@ WHERE tenant = $1 AND idempotency_key = $2`
 // Inspect returns everything stored about the tenant's key, or
 // keyrow.ErrNotFound.
 func Inspect(ctx context.Context, q Querier, tenant, key string) (*keyrow.Row, error) {
+	if unstorable(tenant, key) {
+		return nil, keyrow.ErrNotFound
+	}
 	var info keyrow.Row
 	err := pgxscan.Get(ctx, q, &info, inspectSQL, tenant, key)
 	if pgxscan.NotFound(err) {
@@ -42,6 +46,11 @@ func Inspect(ctx context.Context, q Querier, tenant, key string) (*keyrow.Row, e
 	}
 	return &info, nil
 }
+
+// unstorable reports whether tenant or key holds a NUL byte, which a text
+// column cannot: no stored key has one, so an operator asking for such a
+// key is told it is not found, not the server's encoding error.
+func unstorable(tenant, key string) bool { return strings.ContainsRune(tenant+key, 0) }
 
 const existsSQL = `SELECT EXISTS (SELECT FROM idempotency_keys WHERE tenant = $1 AND idempotency_key = $2)`
 

@@ -505,3 +505,43 @@ func TestHoldGivenSeenLeavesALeaseANewRunTookAlone(t *testing.T) {
 		t.Fatalf("after the refused hold: hold %q, lease %v; want the new run's lease left alone", info.Hold, info.LeaseTakenAt)
 	}
 }
+
+// TestAKeyWithANulByteIsNotFound: no stored tenant or key holds a NUL
+// byte (a text column cannot), so an operator who names one is told the
+// key is not found, by every action, and nothing is audited.
+func TestAKeyWithANulByteIsNotFound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	keyIn(t, db, "acme", "k1", "leased")
+	for _, tk := range [][2]string{{"acme", "k1\x00"}, {"ac\x00me", "k1"}} {
+		tenant, key := tk[0], tk[1]
+		if _, err := store.Inspect(ctx, db, tenant, key); !errors.Is(err, keyrow.ErrNotFound) {
+			t.Errorf("inspect %q %q: %v, want ErrNotFound", tenant, key, err)
+		}
+		for name, act := range map[string]func() error{
+			"hold":  func() error { return store.Hold(ctx, db, tenant, key, nil) },
+			"retry": func() error { return store.Retry(ctx, db, tenant, key, nil) },
+			"resolve": func() error {
+				return store.Resolve(ctx, db, tenant, key, keyrow.Resolution{RecoveryPoint: keyrow.Started}, nil)
+			},
+		} {
+			if err := act(); !errors.Is(err, keyrow.ErrNotFound) {
+				t.Errorf("%s %q %q: %v, want ErrNotFound", name, tenant, key, err)
+			}
+		}
+		if freed, err := store.Unlock(ctx, db, tenant, key, nil); freed || err != nil {
+			t.Errorf("unlock %q %q: freed %v, %v; want nothing freed, no error (as for any missing key)", tenant, key, freed, err)
+		}
+	}
+	var audited int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM atomicphase_audit`).Scan(&audited); err != nil {
+		t.Fatal(err)
+	}
+	if audited != 0 {
+		t.Errorf("%d audit entries, want none for keys that cannot exist", audited)
+	}
+	if info := inspect(t, db, "acme", "k1"); info.LeaseTakenAt == nil {
+		t.Error("the key k1 lost its lease to an action on another key")
+	}
+}
