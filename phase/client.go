@@ -653,7 +653,10 @@ func (c *Client) Unlock(ctx context.Context, tenant, key string, seen ...keyrow.
 // and drops a pending resolution only when seen names it. Given nothing,
 // it applies only while no resolution is pending on the key. Otherwise
 // nothing changes, and the error is a *keyrow.ChangedError (errors.Is
-// keyrow.ErrChanged) holding the key as it is now.
+// keyrow.ErrChanged) holding the key as it is now. Given nothing, it can
+// also be refused so when another action or run changed the key while
+// Retry was applied (it found the key off hold, but on hold again when it
+// read it to say why): read the key again and decide.
 //
 // It returns keyrow.ErrNotFound or keyrow.ErrNotHeld when there is nothing
 // to retry. The change, or the refusal, is audited under the actor of ctx
@@ -681,7 +684,9 @@ func (c *Client) Retry(ctx context.Context, tenant, key string, seen ...keyrow.S
 // of the lease (see # Fencing), so a repeatable call may go out once
 // after Hold returns, under the same downstream key, and the run then
 // stops without writing. A call not safe to repeat is marked first, a
-// write the hold fences. Retried, the key resumes at its recovery point,
+// write the hold fences. A request's run fenced out by the hold ends with
+// OutcomeOnHold, as a request after it does, not with
+// keyrow.ErrLeaseLost. Retried, the key resumes at its recovery point,
 // and the call of a phase it was cut short in is made again with the same
 // downstream key, or reconciled when the phase's call is not safe to
 // repeat.

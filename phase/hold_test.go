@@ -2,7 +2,6 @@ package phase_test
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -70,10 +69,14 @@ func holdDuringCall(t *testing.T, repeatable bool) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	ran := make(chan error, 1)
+	type result struct {
+		out *phase.Outcome
+		err error
+	}
+	ran := make(chan result, 1)
 	go func() {
-		_, err := w.Run(ctx, c, "acme", "k1", order{})
-		ran <- err
+		out, err := w.Run(ctx, c, "acme", "k1", order{})
+		ran <- result{out, err}
 	}()
 	<-entered
 	row, err := c.Inspect(ctx, "acme", "k1")
@@ -84,8 +87,9 @@ func holdDuringCall(t *testing.T, repeatable bool) {
 		t.Fatal(err)
 	}
 	close(release)
-	if err := <-ran; !errors.Is(err, keyrow.ErrLeaseLost) {
-		t.Fatalf("the run in its call when the key was held returned %v, want ErrLeaseLost", err)
+	// Its caller is told what a later request is: the key is on hold.
+	if r := <-ran; r.err != nil || r.out == nil || r.out.Kind != phase.OutcomeOnHold || r.out.Hold != keyrow.HoldDead {
+		t.Fatalf("the run in its call when the key was held returned %+v, %v; want on hold as dead", r.out, r.err)
 	}
 	row, err = c.Inspect(ctx, "acme", "k1")
 	if err != nil {

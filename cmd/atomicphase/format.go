@@ -258,8 +258,12 @@ func status(k *keyrow.Row) string {
 
 // clean makes s safe to print in a table: tenants, keys and errors come
 // from clients and may hold tabs, newlines or terminal escapes, which are
-// shown quoted instead.
+// shown quoted instead; so is text with a space at either end, which a
+// table would not show.
 func clean(s string) string {
+	if s != strings.TrimSpace(s) {
+		return strconv.Quote(s)
+	}
 	for _, r := range s {
 		if !unicode.IsPrint(r) {
 			return strconv.Quote(s)

@@ -409,9 +409,13 @@ func TestListShowsClientControlledTextQuoted(t *testing.T) {
 	t.Parallel()
 	dsn, db := setup(t)
 	keyIn(t, db, "acme", "evil\x1b[2Jkey\tx", "dead")
+	keyIn(t, db, "acme", " sp ", "dead")
 	out := ok(t, dsn, "list", "-dead")
 	if strings.Contains(out, "\x1b") || !strings.Contains(out, `"evil\x1b[2Jkey\tx"`) {
 		t.Fatalf("list printed a raw escape sequence:\n%q", out)
+	}
+	if !strings.Contains(out, `" sp "`) {
+		t.Fatalf("list printed a key with spaces at its ends unquoted:\n%q", out)
 	}
 }
 

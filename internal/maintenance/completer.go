@@ -179,6 +179,12 @@ func (c *Completer) pass(ctx context.Context, f *flight, claim, running int) (re
 	if !c.counting.running() {
 		c.recordHistory(ctx)
 	}
+	// Keys that outlasted their passes may hold every slot: a key claimed
+	// now would wait for one with its lease running.
+	f.limit(running)
+	if !f.room(ctx) {
+		return res, nil, nil, ctx.Err()
+	}
 	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
 		Workflows: c.workflows, Definitions: c.definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
@@ -189,7 +195,6 @@ func (c *Completer) pass(ctx context.Context, f *flight, claim, running int) (re
 	}
 	res.Claimed = len(rows)
 	c.Live.drain(len(rows) > 0)
-	f.limit(running)
 	var (
 		started = make(chan struct{}, len(rows))
 		ended   = make(chan time.Duration, len(rows))
@@ -277,8 +282,9 @@ type flight struct {
 	patient bool
 	keys    sync.WaitGroup
 	mu      sync.Mutex
-	// room is signalled when a key ends or the limit changes.
-	room *sync.Cond
+	// cond is broadcast when a key ends, the limit changes or a context
+	// that a waiter for a slot heeds ends.
+	cond *sync.Cond
 	// running counts the keys that hold a slot, at most max of them
 	// unless cut short; live counts those that have not returned.
 	running, max, live int
@@ -302,7 +308,7 @@ const lingerFactor = 4
 
 func newFlight(ctx context.Context) *flight {
 	f := &flight{ctx: ctx}
-	f.room = sync.NewCond(&f.mu)
+	f.cond = sync.NewCond(&f.mu)
 	return f
 }
 
@@ -312,7 +318,7 @@ func (f *flight) limit(n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.max = n
-	f.room.Broadcast()
+	f.cond.Broadcast()
 }
 
 // acquire waits for a slot and takes it; once ctx ends it takes one
@@ -321,9 +327,21 @@ func (f *flight) acquire(ctx context.Context) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for f.running >= f.max && ctx.Err() == nil {
-		f.room.Wait()
+		f.cond.Wait()
 	}
 	f.running++
+}
+
+// room waits until a slot is free, and reports whether one is: false
+// when ctx ended first.
+func (f *flight) room(ctx context.Context) bool {
+	defer context.AfterFunc(ctx, f.wake)()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for f.running >= f.max && ctx.Err() == nil {
+		f.cond.Wait()
+	}
+	return ctx.Err() == nil
 }
 
 // wake wakes the keys waiting for a slot, to see whether their context
@@ -331,7 +349,7 @@ func (f *flight) acquire(ctx context.Context) {
 func (f *flight) wake() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.room.Broadcast()
+	f.cond.Broadcast()
 }
 
 // begin and done count a key of f from its claim to its return.
@@ -353,7 +371,7 @@ func (f *flight) end(id uuid.UUID, own time.Duration, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.running--
-	f.room.Signal()
+	f.cond.Broadcast()
 	f.ended.own = append(f.ended.own, own)
 	switch {
 	case errors.Is(err, recovery.ErrHandedBack):
