@@ -178,6 +178,8 @@ type PassResult struct {
 	//     a recovery point the adopting workflow cannot place
 	//   - an operator, for a call whose outcome is unknown and that has no
 	//     reconcile function
+	//   - a later pass, for keys that waited for their workflow's InFlight
+	//     cap while the keys holding it outlasted their pass
 	HandedBack int
 }
 

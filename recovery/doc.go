@@ -29,9 +29,12 @@
 // retrying while a provider is down converges once the provider recovers.
 // Each run of the completer is bounded by the client's RunTimeout, and a
 // pass does not wait for a key that outlasts the rest of its batch by far
-// (over four times their median, a call that hangs until CallTimeout): the
-// key goes on in its slot, and the next pass claims keys for the others.
-// One hung key costs a drain one slot, not the whole completer.
+// (none of them ending for four times their median, a call that hangs
+// until CallTimeout): the key goes on in its slot, and the next pass
+// claims keys for the others. One hung key costs a drain one slot, not the
+// whole completer. Under a workflow's [CompleterConfig.InFlight] cap whose
+// slots such keys hold, that workflow's keys are not claimed, and those
+// its pass claimed already are handed back, due again at once.
 //
 // # Pace
 //

@@ -295,6 +295,75 @@ func TestAHungCallHoldsOneSlotWhileTheBacklogDrains(t *testing.T) {
 	}
 }
 
+// TestAHungCallUnderAnInFlightCapHoldsOnlyItsWorkflow hangs the first call
+// of a workflow capped at one call at once: its other keys wait, unclaimed
+// (a key claimed to wait for the cap would hold its lease, and its pass,
+// for as long as the call hangs), while another workflow's drain past it.
+func TestAHungCallUnderAnInFlightCapHoldsOnlyItsWorkflow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 20 })
+	capped := &provider{took: 2 * time.Millisecond, sends: map[string]int{}, hang: make(chan struct{})}
+	free := &provider{took: 2 * time.Millisecond, sends: map[string]int{}}
+	wc := ridesWorkflow(t, db, "capped", capped)
+	wf := ridesWorkflow(t, db, "free", free)
+	const keys = 100
+	abandonMany(t, db, wc.Name(), keys/5)
+	abandonMany(t, db, wf.Name(), keys)
+	c := client(t, db, func(c *phase.Config) {
+		c.Completer.Interval, c.Reaper.Interval = time.Hour, -1
+		c.Completer.InFlight = map[string]int{wc.Name(): 1}
+	}, wc, wf)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	count := func(workflow, where string) (n int) {
+		t.Helper()
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE workflow = $1 AND `+where, workflow).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(time.Minute)
+	for left := count(wf.Name(), "finished_at IS NULL"); left > 0; left = count(wf.Name(), "finished_at IS NULL") {
+		if time.Now().After(deadline) {
+			close(capped.hang)
+			t.Fatalf("%d keys of the uncapped workflow unfinished a minute into the drain; want none", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if leased := count(wc.Name(), "lock_token IS NOT NULL"); leased != 1 {
+		t.Errorf("%d keys of the capped workflow leased while its one slot hung; want only the hung one", leased)
+	}
+	close(capped.hang)
+	deadline = time.Now().Add(time.Minute)
+	for count(wc.Name(), "finished_at IS NULL") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the capped workflow's keys unfinished a minute after its call returned")
+		}
+		if _, err := c.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []*provider{capped, free} {
+		p.mu.Lock()
+		for k, n := range p.sends {
+			if n != 1 {
+				t.Errorf("downstream key %s charged %d times, want once", k, n)
+			}
+		}
+		p.mu.Unlock()
+	}
+	if n := len(capped.sends) + len(free.sends); n != keys+keys/5 {
+		t.Errorf("%d downstream keys charged, want %d", n, keys+keys/5)
+	}
+}
+
 func TestInFlightCapsTheCallsToARateLimitedProvider(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

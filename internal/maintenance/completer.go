@@ -179,14 +179,23 @@ func (c *Completer) pass(ctx context.Context, f *flight, claim, running int) (re
 	if !c.counting.running() {
 		c.recordHistory(ctx)
 	}
-	// Keys that outlasted their passes may hold every slot: a key claimed
-	// now would wait for one with its lease running.
+	// Keys that outlasted their passes may hold every slot, or every slot
+	// of a workflow's cap: a key claimed now would wait for one with its
+	// lease running, and hold up the pass.
 	f.limit(running)
-	if !f.room(ctx) {
+	var workflows, definitions []string
+	if !f.room(ctx, func() bool {
+		workflows, definitions = c.claimable()
+		return len(workflows) > 0
+	}) {
 		return res, nil, nil, ctx.Err()
 	}
+	if len(workflows) == 0 {
+		// Every workflow's cap is full with keys of another caller.
+		return res, nil, nil, nil
+	}
 	rows, err := store.Claim(ctx, c.db, store.ClaimParams{
-		Workflows: c.workflows, Definitions: c.definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
+		Workflows: workflows, Definitions: definitions, Limit: claim, StuckAfter: c.cfg.StuckAfter,
 		Backoff: c.cfg.Backoff, MaxBackoff: c.cfg.MaxBackoff, TTL: c.ttl, Distributed: distributed(c.Distributed),
 		MaxAttempts: c.cfg.MaxAttempts, Unanswered: c.unansweredScan,
 	})
@@ -195,17 +204,17 @@ func (c *Completer) pass(ctx context.Context, f *flight, claim, running int) (re
 	}
 	res.Claimed = len(rows)
 	c.Live.drain(len(rows) > 0)
+	// The keys' context: a key that outlasts the pass keeps the pass's
+	// values (a trace's span, say); the keys end with the pass while it
+	// waits for them, and with f's context.
+	keys, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var (
-		started = make(chan struct{}, len(rows))
-		ended   = make(chan time.Duration, len(rows))
-		// keys is the context of the pass's keys: a key that outlasts the
-		// pass keeps the pass's values (a trace's span, say); the keys end
-		// with the pass while it waits for them, and with f's context.
-		keys, cancel = context.WithCancel(context.WithoutCancel(ctx))
-		cut          = context.AfterFunc(ctx, cancel)
-		stopped      = context.AfterFunc(f.ctx, cancel)
-		woken        = context.AfterFunc(keys, f.wake)
-		mine         sync.WaitGroup
+		b = &batch{keys: keys, started: make(chan bool, len(rows)), parked: make(chan struct{}, len(rows)),
+			ended: make(chan time.Duration, len(rows)), over: make(chan struct{})}
+		cut     = context.AfterFunc(ctx, cancel)
+		stopped = context.AfterFunc(f.ctx, cancel)
+		woken   = context.AfterFunc(keys, f.wake)
+		mine    sync.WaitGroup
 	)
 	for _, row := range rows {
 		claimed = append(claimed, row.ID)
@@ -214,28 +223,11 @@ func (c *Completer) pass(ctx context.Context, f *flight, claim, running int) (re
 		f.keys.Go(func() {
 			defer mine.Done()
 			defer f.done()
-			// The workflow's slot first: a key waiting for it holds no
-			// slot that a key of another workflow could use. A key cut
-			// short before it got one runs, for as long as it takes to
-			// free its lease, without.
-			if slot := c.slots[row.Workflow]; slot != nil {
-				select {
-				case slot <- struct{}{}:
-					defer func() { <-slot }()
-				case <-keys.Done():
-				}
-			}
-			f.acquire(keys)
-			started <- struct{}{}
-			defer c.Live.busy()()
-			began := time.Now()
-			calls, err := c.resume(keys, row)
-			took := time.Since(began)
-			f.end(row.ID, took-calls, err)
-			ended <- took
+			c.runKey(f, b, row)
 		})
 	}
-	f.await(len(rows), started, ended)
+	f.await(len(rows), b, c.ttl/4)
+	close(b.over)
 	cut()
 	go func() {
 		mine.Wait()
@@ -246,6 +238,74 @@ func (c *Completer) pass(ctx context.Context, f *flight, claim, running int) (re
 	o := f.take()
 	c.settle(ctx, o)
 	return res.Add(o.res), claimed, o.back, nil
+}
+
+// batch is the keys of one pass as they run, and what they tell the pass.
+type batch struct {
+	keys context.Context
+	// started: a key took its slot, after waiting for its workflow's cap
+	// (true) or not; parked: a key waits for its workflow's cap; ended: a
+	// key ended, after the time given.
+	started chan bool
+	parked  chan struct{}
+	ended   chan time.Duration
+	// over is closed when the pass stops waiting for its keys.
+	over chan struct{}
+}
+
+// runKey runs one key of batch b with f: it takes the key's workflow's
+// slot (CompleterConfig.InFlight) first, so that a key waiting for it
+// holds no slot a key of another workflow could use, then one of f's.
+// A key whose workflow's slots are all held past the end of its pass is
+// handed back, due again at once, for a later pass; one cut short while
+// it waits runs without, for as long as it takes to free its lease.
+func (c *Completer) runKey(f *flight, b *batch, row *store.Row) {
+	var queued bool
+	if slot := c.slots[row.Workflow]; slot != nil {
+		select {
+		case slot <- struct{}{}:
+			defer func() { <-slot }()
+		default:
+			queued = true
+			b.parked <- struct{}{}
+			select {
+			case slot <- struct{}{}:
+				defer func() { <-slot }()
+			case <-b.over:
+				if err := store.ReleaseDetached(b.keys, c.db, row.Holder(), "", "", store.EndedCut, false); err != nil {
+					// Its lease runs out instead.
+					c.log.Warn("completer could not hand back a key waiting for its workflow's cap", "workflow", row.Workflow,
+						"tenant", row.Tenant, "key", row.Key, "err", err)
+				}
+				f.handedBack(row.ID)
+				return
+			case <-b.keys.Done():
+			}
+		}
+	}
+	f.acquire(b.keys)
+	b.started <- queued
+	defer c.Live.busy()()
+	began := time.Now()
+	calls, err := c.resume(b.keys, row)
+	took := time.Since(began)
+	f.end(row.ID, took-calls, err)
+	b.ended <- took
+}
+
+// claimable returns, pairwise, the workflows and definitions whose keys a
+// pass may claim: those of workflows with a free slot of their own cap
+// (CompleterConfig.InFlight), or none.
+func (c *Completer) claimable() (workflows, definitions []string) {
+	if len(c.slots) == 0 {
+		return c.workflows, c.definitions
+	}
+	for i, w := range c.workflows {
+		if slot := c.slots[w]; slot == nil || len(slot) < cap(slot) {
+			workflows, definitions = append(workflows, w), append(definitions, c.definitions[i])
+		}
+	}
+	return workflows, definitions
 }
 
 // settle acts on what the keys of o left: it drops those that finished
@@ -289,6 +349,9 @@ type flight struct {
 	// unless cut short; live counts those that have not returned.
 	running, max, live int
 	ended              outcomes
+	// typical is the median time of the keys of the last pass that ended
+	// any, which its passes read one at a time.
+	typical time.Duration
 }
 
 // outcomes are what the keys that ended leave for a pass to count: the
@@ -301,9 +364,9 @@ type outcomes struct {
 }
 
 // lingerFactor is how many times the median time of its keys that ended a
-// pass waits for the rest once a slot is free and none of its keys waits
-// for one: the usual spread of a batch's keys ends within it, a hung
-// call does not.
+// pass waits for the next of the rest to end, once a slot is free and
+// none of its keys waits for one: the usual spread of a batch's keys ends
+// within it, a hung call does not.
 const lingerFactor = 4
 
 func newFlight(ctx context.Context) *flight {
@@ -332,16 +395,20 @@ func (f *flight) acquire(ctx context.Context) {
 	f.running++
 }
 
-// room waits until a slot is free, and reports whether one is: false
-// when ctx ended first.
-func (f *flight) room(ctx context.Context) bool {
+// room waits until a slot is free and ready reports true, as it may once
+// a key of f returns, or until no key of f is left to return. It reports
+// false when ctx ended first.
+func (f *flight) room(ctx context.Context, ready func() bool) bool {
 	defer context.AfterFunc(ctx, f.wake)()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for f.running >= f.max && ctx.Err() == nil {
+	for ctx.Err() == nil {
+		if f.running < f.max && (ready() || f.live == 0) {
+			return true
+		}
 		f.cond.Wait()
 	}
-	return ctx.Err() == nil
+	return false
 }
 
 // wake wakes the keys waiting for a slot, to see whether their context
@@ -363,6 +430,8 @@ func (f *flight) done() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.live--
+	// The key has given back its workflow's slot too.
+	f.cond.Broadcast()
 }
 
 // end frees the slot of a key that ended with err, its calls aside having
@@ -385,6 +454,14 @@ func (f *flight) end(id uuid.UUID, own time.Duration, err error) {
 	}
 }
 
+// handedBack records a key handed back without a run.
+func (f *flight) handedBack(id uuid.UUID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended.res.HandedBack++
+	f.ended.back = append(f.ended.back, id)
+}
+
 // idle reports whether a slot is free.
 func (f *flight) idle() bool {
 	f.mu.Lock()
@@ -401,30 +478,53 @@ func (f *flight) take() outcomes {
 	return o
 }
 
-// await waits for the n keys of a pass, which report on started as they
-// take a slot and on ended with their time as they end. Unless f is
-// patient, once all have started, some have ended and a slot is free, it
-// waits for the rest at most lingerFactor times the median time of those
-// that ended.
-func (f *flight) await(n int, started <-chan struct{}, ended <-chan time.Duration) {
+// await waits for the n keys of batch b. Unless f is patient, once each
+// has started or waits for its workflow's cap and a slot of f is free, it
+// waits for the rest only while one ends at least every lingerFactor
+// times the median time of those that ended (or of the last pass's, when
+// none has), and at most every most: a key waiting for its workflow's cap
+// holds a lease that runs.
+func (f *flight) await(n int, b *batch, most time.Duration) {
 	var (
-		began  int
-		took   []time.Duration
-		linger <-chan time.Time
+		began, parked int
+		took          []time.Duration
+		linger        <-chan time.Time
 	)
+	defer func() {
+		if len(took) > 0 {
+			slices.Sort(took)
+			f.typical = took[len(took)/2]
+		}
+	}()
 	for len(took) < n {
 		select {
-		case <-started:
+		case queued := <-b.started:
 			began++
-		case d := <-ended:
+			if queued {
+				parked--
+			}
+		case <-b.parked:
+			parked++
+		case d := <-b.ended:
 			took = append(took, d)
+			// The wait runs from the last key that ended: keys that end
+			// one after another, as under a workflow's cap, are waited
+			// for.
+			linger = nil
 		case <-linger:
 			return
 		}
-		if !f.patient && linger == nil && began == n && len(took) > 0 && f.idle() {
-			slices.Sort(took)
-			linger = time.After(lingerFactor * took[len(took)/2])
+		if f.patient || linger != nil || began+parked < n || !f.idle() {
+			continue
 		}
+		wait := most
+		if len(took) > 0 {
+			slices.Sort(took)
+			wait = min(wait, lingerFactor*took[len(took)/2])
+		} else if f.typical > 0 {
+			wait = min(wait, lingerFactor*f.typical)
+		}
+		linger = time.After(wait)
 	}
 }
 
