@@ -243,9 +243,6 @@ func (w *Workflow[Req, State]) start(ctx context.Context, c *Client, info *RunIn
 			Resumed: k.resumed, downstreamOf: c.downstreamOf(row)}
 		resp, err = w.execute(ctx, c, in, row, false)
 	}
-	if errors.Is(err, keyrow.ErrLeaseLost) {
-		return c.heldOff(ctx, row, err)
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -254,18 +251,6 @@ func (w *Workflow[Req, State]) start(ctx context.Context, c *Client, info *RunIn
 		out.Kind = OutcomeResumed
 	}
 	return out, nil
-}
-
-// heldOff ends a run that lost its lease, err: with OutcomeOnHold when
-// the key is on hold now (an operator's hold fenced the run out, and the
-// caller is told what any later request is told), else with err, another
-// run having taken the key over.
-func (c *Client) heldOff(ctx context.Context, row *store.Row, err error) (*Outcome, error) {
-	now, rerr := store.Inspect(context.WithoutCancel(ctx), c.db, row.Tenant, row.Key)
-	if rerr != nil || now.Hold == "" || now.FinishedAt != nil {
-		return nil, err
-	}
-	return &Outcome{Kind: OutcomeOnHold, Hold: now.Hold, RetryAfter: lockttl.RetryAfter(0)}, nil
 }
 
 // refuse ends a run that ran nothing with out, reporting ev as the event of

@@ -684,9 +684,7 @@ func (c *Client) Retry(ctx context.Context, tenant, key string, seen ...keyrow.S
 // of the lease (see # Fencing), so a repeatable call may go out once
 // after Hold returns, under the same downstream key, and the run then
 // stops without writing. A call not safe to repeat is marked first, a
-// write the hold fences. A request's run fenced out by the hold ends with
-// OutcomeOnHold, as a request after it does, not with
-// keyrow.ErrLeaseLost. Retried, the key resumes at its recovery point,
+// write the hold fences. Retried, the key resumes at its recovery point,
 // and the call of a phase it was cut short in is made again with the same
 // downstream key, or reconciled when the phase's call is not safe to
 // repeat.
